@@ -1,0 +1,116 @@
+"""The `gpipe-sim` command line: simulate, presets, bench (and the sweep commands)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from gpipe_sim.errors import GpipeError
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "default.yaml"
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from gpipe_sim.plan import compile_plan
+    from gpipe_sim.report import summary_text
+    from gpipe_sim.scenario import Scenario, load_scenario
+    from gpipe_sim.simulate import result_from_times, run_engine
+    from gpipe_sim.trace import write_chrome_trace
+
+    if args.scenario is not None:
+        scenario = load_scenario(args.scenario)
+    elif DEFAULT_SCENARIO.exists():
+        scenario = load_scenario(DEFAULT_SCENARIO)
+    else:
+        scenario = Scenario()
+    plan = compile_plan(scenario)
+    start, end = run_engine(plan, args.engine)
+    result = result_from_times(plan, start, end)
+    if args.trace:
+        write_chrome_trace(result.timeline, args.trace, name="gpipe-sim prediction")
+    if args.json:
+        sys.stdout.write(result.to_json(timeline=not args.no_timeline) + "\n")
+    else:
+        sys.stdout.write(summary_text(scenario, result) + "\n")
+        if args.trace:
+            sys.stdout.write(f"trace written to {args.trace} (open in ui.perfetto.dev)\n")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from gpipe_sim.report import presets_text
+
+    sys.stdout.write(presets_text() + "\n")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from gpipe_sim.bench import run_benchmark
+
+    sys.stdout.write(run_benchmark(args.stages, args.micro_batches, args.repeat) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpipe-sim", description="Predict a pipeline-parallel training step (GPipe, 1F1B)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("simulate", help="simulate one scenario and print a summary")
+    p.add_argument("scenario", nargs="?", help="scenario YAML (default: scenarios/default.yaml)")
+    p.add_argument("--json", action="store_true", help="print the result JSON on stdout")
+    p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timeline")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
+    p.add_argument("--engine", choices=("simpy", "fast", "auto"), default="simpy",
+                   help="simpy (default, models contention) or the fast evaluator (contention-free)")
+    p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("presets", help="list model and hardware presets")
+    p.set_defaults(func=_cmd_presets)
+
+    p = sub.add_parser("bench", help="benchmark the engines (simulated actions per second)")
+    p.add_argument("--stages", type=int, default=128)
+    p.add_argument("--micro-batches", type=int, default=1024)
+    p.add_argument("--repeat", type=int, default=3)
+    p.set_defaults(func=_cmd_bench)
+
+    for register in EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+# Further subcommands (sweeps, max-model, paper) register here: each adds its own parser.
+EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+
+
+def _load_extra_commands() -> None:
+    try:
+        from gpipe_sim import sweep_cli
+    except ImportError:
+        return
+    if sweep_cli.register not in EXTRA_COMMANDS:
+        EXTRA_COMMANDS.append(sweep_cli.register)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: one clear line and exit status 2 on bad input, never a traceback."""
+    _load_extra_commands()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except GpipeError as exc:
+        sys.stderr.write(f"gpipe-sim: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("gpipe-sim: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

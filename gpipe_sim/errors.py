@@ -1,0 +1,19 @@
+"""Exceptions with one-line, user-facing messages."""
+
+from __future__ import annotations
+
+
+class GpipeError(Exception):
+    """Base class: the message is one line that names the field or the cause."""
+
+
+class ScenarioError(GpipeError, ValueError):
+    """A scenario (or a file it names) is malformed or describes an impossible pipeline."""
+
+
+class ScheduleError(GpipeError, ValueError):
+    """A schedule's action lists are inconsistent (unmatched transfer, deadlock, ...)."""
+
+
+class SimulationError(GpipeError, RuntimeError):
+    """The simulation could not complete (for example, a schedule that deadlocks)."""

@@ -1,0 +1,73 @@
+"""Memory accounting: activation bytes held per stage and per device over the step.
+
+A forward that keeps its activations allocates the stage's saved bytes for that micro-batch at its
+start; under re-materialization it keeps only the stage input, and the re-computation allocates
+the saved bytes again. The backward frees all of the micro-batch's bytes at its end. Parameters,
+gradients and optimizer states are static.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpipe_sim.plan import BACKWARD, FORWARD, RECOMPUTE, Plan
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Activation memory per stage: the step function over time and its peak."""
+
+    times: tuple[np.ndarray, ...]  # per stage: event times (allocations at starts, frees at ends)
+    activation_bytes: tuple[np.ndarray, ...]  # per stage: bytes held from that time on
+    peak_activation_bytes: np.ndarray  # per stage
+    device_peak_bytes: dict[int, float]  # per device: static bytes of its stages + activation peak
+
+
+def activation_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes allocated at each action's start, bytes freed at its end), in program order."""
+    prog = plan.program
+    alloc = np.zeros(len(prog.kind))
+    free = np.zeros(len(prog.kind))
+    act = np.array([s.activation_bytes for s in plan.stages])  # [stage, micro_batch]
+    inp = np.array([s.input_bytes for s in plan.stages])
+    st, mb, kind, save = prog.stage, prog.micro_batch, prog.kind, prog.save
+    fwd = kind == FORWARD
+    alloc[fwd & save] = act[st[fwd & save], mb[fwd & save]]
+    alloc[fwd & ~save] = inp[st[fwd & ~save], mb[fwd & ~save]]
+    rec = kind == RECOMPUTE
+    alloc[rec] = act[st[rec], mb[rec]]
+    bwd = kind == BACKWARD
+    free[bwd] = act[st[bwd], mb[bwd]] + np.where(save[bwd], 0.0, inp[st[bwd], mb[bwd]])
+    return alloc, free
+
+
+def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProfile:
+    """Activation memory over time from the engine's action times."""
+    alloc, free = activation_deltas(plan)
+    offsets = plan.program.offsets
+    times, held, peaks = [], [], []
+    for k in range(len(plan.stages)):
+        lo, hi = int(offsets[k]), int(offsets[k + 1])
+        t = np.empty(2 * (hi - lo))
+        t[0::2], t[1::2] = start[lo:hi], end[lo:hi]
+        delta = np.empty_like(t)
+        delta[0::2], delta[1::2] = alloc[lo:hi], -free[lo:hi]
+        level = np.cumsum(delta)
+        times.append(t)
+        held.append(level)
+        peaks.append(float(level.max(initial=0.0)))
+    device_peak: dict[int, float] = {}
+    for device in sorted(set(plan.device_map)):
+        members = [k for k, d in enumerate(plan.device_map) if d == device]
+        static = sum(plan.stages[k].param_bytes + plan.stages[k].state_bytes for k in members)
+        if len(members) == 1:
+            device_peak[device] = static + peaks[members[0]]
+            continue
+        t = np.concatenate([times[k] for k in members])
+        d = np.concatenate([np.diff(held[k], prepend=0.0) for k in members])
+        # At equal times, frees before allocations.
+        order = np.lexsort((d, t))
+        device_peak[device] = static + float(np.cumsum(d[order]).max(initial=0.0))
+    return MemoryProfile(tuple(times), tuple(held), np.asarray(peaks), device_peak)

@@ -1,0 +1,108 @@
+"""Partitioning: layers into K contiguous stages, and the mini-batch into M micro-batches."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from gpipe_sim.errors import ScenarioError
+
+
+def micro_batch_sizes(batch_size: int, micro_batches: int) -> list[int]:
+    """Split `batch_size` samples into `micro_batches` parts differing by at most one sample
+    (the first `batch_size % micro_batches` parts get the extra one, as `torch.tensor_split` does)."""
+    if not 1 <= micro_batches <= batch_size:
+        raise ScenarioError(
+            f"pipeline.micro_batches: {micro_batches} must be between 1 and the batch size {batch_size}"
+        )
+    base, extra = divmod(batch_size, micro_batches)
+    return [base + (1 if i < extra else 0) for i in range(micro_batches)]
+
+
+def balance_by_count(layers: int, stages: int) -> list[int]:
+    """Layer counts per stage as equal as possible (the first stages take the remainder)."""
+    _check(layers, stages)
+    base, extra = divmod(layers, stages)
+    return [base + (1 if k < extra else 0) for k in range(stages)]
+
+
+def balance_by_weight(weights: Sequence[float], stages: int) -> list[int]:
+    """Layer counts per stage that minimise the largest stage weight, exactly.
+
+    The optimal bottleneck is found by bisection on the greedy feasibility test until the bracket
+    closes to adjacent floating-point values; every stage gets at least one layer.
+    """
+    w = np.asarray(weights, dtype=float)
+    _check(len(w), stages)
+    if np.any(w < 0) or not np.all(np.isfinite(w)):
+        raise ScenarioError("pipeline.partition: layer weights must be finite and non-negative")
+    prefix = np.concatenate(([0.0], np.cumsum(w)))
+    lo, hi = float(w.max()), float(prefix[-1])
+    if _parts_needed(prefix, hi) > stages:  # rounding in prefix sums; widen slightly
+        hi = float(np.nextafter(hi, np.inf))
+    while True:
+        mid = lo + (hi - lo) / 2
+        if mid <= lo or mid >= hi:
+            break
+        if _parts_needed(prefix, mid) <= stages:
+            hi = mid
+        else:
+            lo = mid
+    cap = hi if _parts_needed(prefix, lo) > stages else lo
+    return _split_at_cap(prefix, cap, stages)
+
+
+def _parts_needed(prefix: np.ndarray, cap: float) -> int:
+    n, i, parts = len(prefix) - 1, 0, 0
+    while i < n:
+        j = int(np.searchsorted(prefix, prefix[i] + cap, side="right")) - 1
+        if j <= i:
+            return n + 1  # one layer alone exceeds the cap
+        i, parts = j, parts + 1
+    return parts
+
+
+def _split_at_cap(prefix: np.ndarray, cap: float, stages: int) -> list[int]:
+    n, i, counts = len(prefix) - 1, 0, []
+    while i < n:
+        j = max(i + 1, int(np.searchsorted(prefix, prefix[i] + cap, side="right")) - 1)
+        counts.append(j - i)
+        i = j
+    # Fewer parts than stages: split the longest parts (splitting never raises the bottleneck).
+    while len(counts) < stages:
+        longest = max(range(len(counts)), key=lambda c: counts[c])
+        half = counts[longest] // 2
+        counts[longest : longest + 1] = [counts[longest] - half, half]
+    return counts
+
+
+def resolve_partition(
+    partition: str | Sequence[int],
+    stages: int,
+    time_weights: Sequence[float],
+    memory_weights: Sequence[float],
+) -> list[int]:
+    """Layer counts per stage for a `pipeline.partition` value."""
+    if isinstance(partition, str):
+        if partition == "uniform":
+            return balance_by_count(len(time_weights), stages)
+        if partition == "time":
+            return balance_by_weight(time_weights, stages)
+        if partition == "memory":
+            return balance_by_weight(memory_weights, stages)
+        raise ScenarioError(f"pipeline.partition: unknown method {partition!r}")
+    counts = list(partition)
+    if len(counts) != stages or sum(counts) != len(time_weights) or min(counts) < 1:
+        raise ScenarioError(
+            f"pipeline.partition: {counts} must give {stages} stages of >= 1 layer "
+            f"summing to {len(time_weights)}"
+        )
+    return counts
+
+
+def _check(layers: int, stages: int) -> None:
+    if stages < 1:
+        raise ScenarioError(f"pipeline.stages: must be >= 1, got {stages}")
+    if stages > layers:
+        raise ScenarioError(f"pipeline.stages: {stages} stages but the model has only {layers} layers")
