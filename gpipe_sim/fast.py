@@ -68,14 +68,20 @@ def evaluate_fast(plan: Plan, max_sweeps: int | None = None) -> tuple[np.ndarray
     prog = plan.program
     K = len(plan.stages)
     stages = [_StageArrays(plan, k) for k in range(K)]
+    receiver = prog.stage[prog.kind == RECV][np.argsort(prog.message[prog.kind == RECV])]
     arrival = np.zeros(prog.num_messages)
     start = np.zeros(len(prog.kind))
     end = np.zeros(len(prog.kind))
+    dirty = np.ones(K, dtype=bool)  # a stage whose incoming arrivals changed since it was computed
     order = list(range(K)) + list(reversed(range(K)))
     limit = max_sweeps if max_sweeps is not None else 4 * K + 16
     for _ in range(limit):
-        changed = False
+        if not dirty.any():
+            return start, end
         for k in order:
+            if not dirty[k]:
+                continue
+            dirty[k] = False
             st = stages[k]
             ready = st.ready
             ready[st.recv_at] = arrival[st.recv_msg]
@@ -87,16 +93,17 @@ def evaluate_fast(plan: Plan, max_sweeps: int | None = None) -> tuple[np.ndarray
             for link, idx, msgs, ser, lat in st.groups:
                 posted = T[idx]
                 if link < 0:
-                    free, arrive = posted, posted
+                    start[st.lo + idx] = posted
+                    arrive = posted
                 else:
                     free = _chain(ser, posted)
+                    start[st.lo + idx] = free - ser
                     arrive = free + lat
-                start[st.lo + idx] = free - ser if link >= 0 else posted
                 end[st.lo + idx] = arrive
-                old = arrival[msgs]
-                if not np.array_equal(old, arrive):
-                    changed = True
+                moved = arrival[msgs] != arrive
+                if moved.any():
                     arrival[msgs] = arrive
-        if not changed:
-            return start, end
+                    dirty[receiver[msgs[moved]]] = True
+    if not dirty.any():
+        return start, end
     raise SimulationError(f"fast evaluator did not converge in {limit} sweeps (does the schedule deadlock?)")

@@ -12,7 +12,7 @@ from gpipe_sim.costs import layer_seconds, update_seconds
 from gpipe_sim.models import build_layers, input_bytes_per_sample
 from gpipe_sim.partition import micro_batch_sizes, resolve_partition
 from gpipe_sim.scenario import LayerSpec, Scenario
-from gpipe_sim.schedule import ACTION_KINDS, Schedule, build_schedule, saves_activations
+from gpipe_sim.schedule import ACTION_KINDS, Schedule, build_schedule
 
 KIND_CODE = {kind: code for code, kind in enumerate(ACTION_KINDS)}
 FORWARD, BACKWARD, RECOMPUTE, SEND, RECV, UPDATE = (KIND_CODE[k] for k in ACTION_KINDS)
@@ -79,14 +79,6 @@ class Plan:
     def memory_capacity_bytes(self) -> float:
         return self.scenario.hardware.accelerator.memory_bytes
 
-    def transfer_times(self, src: int, dst: int, micro_batch: int) -> tuple[float, float]:
-        """(seconds on the link, latency) to move stage `min(src,dst)`'s output for a micro-batch."""
-        if self.device_map[src] == self.device_map[dst]:
-            return 0.0, 0.0
-        link = self.scenario.hardware.link
-        nbytes = self.stages[min(src, dst)].output_bytes[micro_batch]
-        return nbytes / link.bandwidth, link.latency_s
-
     @cached_property
     def program(self) -> Program:
         return _flatten(self)
@@ -144,60 +136,59 @@ def compile_plan(scenario: Scenario) -> Plan:
 
 
 def _flatten(plan: Plan) -> Program:
-    kinds, stage_of, mbs, durs, sers, lats, msgs, links, saves = ([] for _ in range(9))
-    remat, M = plan.schedule.remat, plan.schedule.micro_batches
-    offsets = [0]
-    message_ids: dict[tuple[int, int, str | None, int], int] = {}
-    link_ids: dict[tuple[int, int], int] = {}
-    link_users: dict[int, set[int]] = {}
-    dmap = plan.device_map
-    for k, actions in enumerate(plan.schedule.actions):
-        sp = plan.stages[k]
-        for a in actions:
-            code = KIND_CODE[a.kind]
-            m = a.micro_batch
-            dur = ser = lat = 0.0
-            msg = lnk = -1
-            if code == FORWARD or code == RECOMPUTE:
-                dur = sp.forward_s[m]
-            elif code == BACKWARD:
-                dur = sp.backward_s[m]
-            elif code == UPDATE:
-                dur = sp.update_s
-            else:
-                src, dst = (k, a.peer) if code == SEND else (a.peer, k)
-                key = (src, dst, a.tensor, m)
-                msg = message_ids.setdefault(key, len(message_ids))
-                if code == SEND:
-                    ser, lat = plan.transfer_times(src, dst, m)
-                    if dmap[src] != dmap[dst]:
-                        lnk = link_ids.setdefault((dmap[src], dmap[dst]), len(link_ids))
-                        link_users.setdefault(lnk, set()).add(k)
-            kinds.append(code)
-            stage_of.append(k)
-            mbs.append(m)
-            durs.append(dur)
-            sers.append(ser)
-            lats.append(lat)
-            msgs.append(msg)
-            links.append(lnk)
-            saves.append(m < 0 or saves_activations(remat, m, M))
-        offsets.append(len(kinds))
-    per_device: dict[int, int] = {}
-    for d in dmap:
-        per_device[d] = per_device.get(d, 0) + 1
+    """Vectorised: durations, transfer times, message pairing and link ids for every action."""
+    c = plan.schedule.columns
+    K, M = len(plan.stages), plan.schedule.micro_batches
+    st, kind, mb, peer = c.stage, c.kind, c.micro_batch, c.peer
+    fwd = np.array([s.forward_s for s in plan.stages])  # [stage, micro_batch]
+    bwd = np.array([s.backward_s for s in plan.stages])
+    upd = np.array([s.update_s for s in plan.stages])
+    out = np.array([s.output_bytes for s in plan.stages])
+    mbc = np.clip(mb, 0, M - 1)
+    duration = np.zeros(len(kind))
+    sel = (kind == FORWARD) | (kind == RECOMPUTE)
+    duration[sel] = fwd[st[sel], mbc[sel]]
+    sel = kind == BACKWARD
+    duration[sel] = bwd[st[sel], mbc[sel]]
+    sel = kind == UPDATE
+    duration[sel] = upd[st[sel]]
+
+    is_send, is_recv = kind == SEND, kind == RECV
+    comm = is_send | is_recv
+    src = np.where(is_send, st, peer).astype(np.int64)
+    dst = np.where(is_send, peer, st).astype(np.int64)
+    message = np.full(len(kind), -1, dtype=np.int64)
+    keys = ((src[comm] * K + dst[comm]) * 2 + c.tensor[comm]) * M + mb[comm]
+    unique_keys, message[comm] = np.unique(keys, return_inverse=True)
+
+    dmap = np.asarray(plan.device_map, dtype=np.int64)
+    link = np.full(len(kind), -1, dtype=np.int64)
+    serialization = np.zeros(len(kind))
+    latency = np.zeros(len(kind))
+    remote = is_send & (dmap[np.clip(src, 0, K - 1)] != dmap[np.clip(dst, 0, K - 1)])
+    n_dev = int(dmap.max()) + 1
+    pair = dmap[src[remote]] * n_dev + dmap[dst[remote]]
+    pairs, link[remote] = np.unique(pair, return_inverse=True)
+    hw_link = plan.scenario.hardware.link
+    nbytes = out[np.minimum(src[remote], dst[remote]), mb[remote]]
+    serialization[remote] = nbytes / hw_link.bandwidth
+    latency[remote] = hw_link.latency_s
+    users = np.unique(np.stack([link[remote], st[remote].astype(np.int64)]), axis=1)
+    dedicated = np.bincount(users[0], minlength=len(pairs)) == 1 if users.size else np.ones(0, bool)
+
+    per_device = np.bincount(dmap)
     return Program(
-        offsets=np.asarray(offsets, dtype=np.int64),
-        kind=np.asarray(kinds, dtype=np.int8),
-        stage=np.asarray(stage_of, dtype=np.int32),
-        micro_batch=np.asarray(mbs, dtype=np.int32),
-        duration=np.asarray(durs, dtype=float),
-        serialization=np.asarray(sers, dtype=float),
-        latency=np.asarray(lats, dtype=float),
-        save=np.asarray(saves, dtype=bool),
-        message=np.asarray(msgs, dtype=np.int64),
-        link=np.asarray(links, dtype=np.int64),
-        dedicated=np.asarray([len(link_users[l]) == 1 for l in range(len(link_ids))], dtype=bool),
-        shared_device=np.asarray([per_device[d] > 1 for d in dmap], dtype=bool),
-        num_messages=len(message_ids),
+        offsets=c.offsets,
+        kind=kind,
+        stage=st,
+        micro_batch=mb,
+        duration=duration,
+        serialization=serialization,
+        latency=latency,
+        save=c.save,
+        message=message,
+        link=link,
+        dedicated=dedicated,
+        shared_device=per_device[dmap] > 1,
+        num_messages=len(unique_keys),
     )
