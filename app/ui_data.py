@@ -1,0 +1,126 @@
+"""Loading the app's input files (validation JSON, sweep tables, layer tables) with one-line errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpipe_sim.result import Result
+from gpipe_sim.scenario import load_layer_table_file
+
+SWEEP_FILES = ("results.parquet", "results.csv")
+
+
+@dataclass
+class Validation:
+    """A `gpipe-exec validate --json` document: prediction, measurement and relative errors."""
+
+    predicted: Result
+    measured: Result
+    relative_error: dict[str, float]
+    extra: dict[str, Any]
+
+
+def load_validation(text: str | bytes) -> Validation:
+    """Parse a validation document; ValueError with one line on anything malformed."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object with keys predicted, measured, relative_error")
+    halves = {}
+    for key in ("predicted", "measured"):
+        if not isinstance(data.get(key), dict):
+            raise ValueError(f"{key}: missing (expected the output of `gpipe-exec validate --json`)")
+        try:
+            halves[key] = Result.from_dict(data[key])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"{key}: not a result ({type(exc).__name__}: {exc})") from None
+    errors = data.get("relative_error") or {}
+    if not isinstance(errors, dict):
+        raise ValueError("relative_error: expected a mapping from field to number")
+    rel = {str(k): float(v) for k, v in errors.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    extra = {k: v for k, v in data.items() if k not in ("predicted", "measured", "relative_error")}
+    return Validation(halves["predicted"], halves["measured"], rel, extra)
+
+
+def read_sweep_bytes(name: str, data: bytes) -> pd.DataFrame:
+    """A sweep table from an uploaded `.parquet` or `.csv` file's bytes."""
+    try:
+        if name.endswith(".parquet"):
+            return pd.read_parquet(io.BytesIO(data))
+        if name.endswith(".csv"):
+            return pd.read_csv(io.BytesIO(data))
+    except Exception as exc:  # pandas/pyarrow raise many types for malformed files
+        raise ValueError(f"cannot read {name!r}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+    raise ValueError(f"{name!r}: expected results.parquet or results.csv")
+
+
+def find_sweep_file(path: str | Path) -> Path:
+    """The results file of a sweep output folder (or `path` itself when it is a file)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        for name in SWEEP_FILES:
+            if (path / name).is_file():
+                return path / name
+        raise ValueError(f"{str(path)!r} holds neither {' nor '.join(SWEEP_FILES)}")
+    if path.is_file():
+        return path
+    raise ValueError(f"{str(path)!r} does not exist")
+
+
+def load_sweep_path(path: str | Path) -> pd.DataFrame:
+    """A sweep table from a sweep output folder or a results file."""
+    file = find_sweep_file(path)
+    return read_sweep_bytes(file.name, file.read_bytes())
+
+
+@dataclass
+class SweepColumns:
+    """A sweep table's columns: inputs (dotted names), numeric results, and the failed rows."""
+
+    inputs: list[str]
+    results: list[str]
+    ok: pd.DataFrame
+    failed: pd.DataFrame
+
+
+def split_sweep(df: pd.DataFrame) -> SweepColumns:
+    """Separate input columns, numeric result columns, and successful from failed rows."""
+    if df.empty:
+        raise ValueError("the sweep table has no rows")
+    inputs = [c for c in df.columns if "." in str(c)]
+    if not inputs:
+        raise ValueError("the sweep table has no input columns (dotted names such as pipeline.stages)")
+    if "error" in df.columns:
+        err = df["error"]
+        bad = err.notna() & (err.astype(str).str.strip() != "")
+    else:
+        bad = pd.Series(False, index=df.index)
+    ok, failed = df[~bad], df[bad]
+    results = [
+        c for c in df.columns
+        if c not in inputs and c != "error"
+        and (pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]))
+    ]
+    return SweepColumns(inputs, results, ok, failed)
+
+
+def read_layer_table(name: str, data: bytes) -> dict[str, Any]:
+    """An uploaded per-layer table (YAML/JSON) as a `model` mapping `{preset: table, layers: [...]}`."""
+    suffix = ".json" if name.lower().endswith(".json") else ".yaml"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"layers{suffix}"
+        path.write_bytes(data)
+        try:
+            table = load_layer_table_file(path)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace(str(path), name)) from None
+    return {"preset": "table", **table}

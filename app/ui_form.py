@@ -1,0 +1,228 @@
+"""The scenario form: sidebar widgets that build scenario data (validated later by parse_scenario)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from gpipe_sim.errors import GpipeError
+from gpipe_sim.presets import hardware_presets
+from gpipe_sim.scenario import (
+    PARTITION_METHODS,
+    REMAT_MODES,
+    AmoebaNetModel,
+    ConvNetModel,
+    Hardware,
+    MlpModel,
+    Scenario,
+    TransformerModel,
+    UniformModel,
+    load_scenario,
+)
+from gpipe_sim.schedule import SCHEDULES
+from gpipe_sim.scenario import DTYPE_BYTES, OPTIMIZER_STATES
+from ui_data import read_layer_table
+
+PREFIX = "cfg."  # widget keys with this prefix keep their values across pages
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"
+MODEL_CLASSES = {
+    cls.model_fields["preset"].default: cls
+    for cls in (TransformerModel, UniformModel, MlpModel, ConvNetModel, AmoebaNetModel)
+}
+MODEL_CHOICES = (*MODEL_CLASSES, "table")
+_DECIMAL = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0))
+_BINARY = (("Ti", 2.0**40), ("Gi", 2.0**30), ("Mi", 2.0**20), ("Ki", 2.0**10))
+_SUFFIX = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOPS"}
+
+
+@lru_cache(maxsize=1)
+def _default_data() -> dict[str, Any]:
+    try:
+        return load_scenario(DEFAULT_SCENARIO).to_dict()
+    except GpipeError:
+        return Scenario().to_dict()
+
+
+def default_scenario_data() -> dict[str, Any]:
+    """The app's starting scenario (scenarios/default.yaml, or the schema defaults) as plain data."""
+    return copy.deepcopy(_default_data())
+
+
+@lru_cache(maxsize=32)
+def _hardware_data(preset: str) -> dict[str, Any]:
+    return Hardware.model_validate({"preset": preset}).model_dump(mode="python")
+
+
+def format_quantity(value: float, kind: str) -> str:
+    """`value` as text with a unit that `gpipe_sim.units.parse_quantity` reads back exactly enough."""
+    if math.isinf(value):
+        return "inf"
+    if kind == "seconds":
+        for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+            if abs(value) >= scale:
+                return f"{value / scale:.6g} {unit}"
+        return f"{value / 1e-9:.6g} ns" if value else "0 s"
+    suffix = _SUFFIX[kind]
+    if kind == "bytes":
+        for prefix, scale in _BINARY:
+            if value >= scale and value % scale == 0:
+                return f"{value / scale:g} {prefix}{suffix}"
+    for prefix, scale in _DECIMAL:
+        if abs(value) >= scale:
+            return f"{value / scale:.6g} {prefix}{suffix}"
+    return f"{value:.6g} {suffix}"
+
+
+def _init(key: str, value: Any) -> str:
+    if key not in st.session_state:
+        st.session_state[key] = value
+    return key
+
+
+def _label(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def _model_fields(box: Any, preset: str, base: dict[str, Any]) -> dict[str, Any]:
+    cls = MODEL_CLASSES[preset]
+    model: dict[str, Any] = {"preset": preset}
+    for name, field in cls.model_fields.items():
+        if name == "preset":
+            continue
+        default = base.get(name, field.default) if base.get("preset") == preset else field.default
+        key = _init(f"{PREFIX}model.{preset}.{name}", default)
+        if field.annotation is int:
+            model[name] = box.number_input(_label(name), step=1, key=key)
+        else:
+            st.session_state[key] = float(st.session_state[key])
+            value = float(default) or 1.0
+            step = 10.0 ** math.floor(math.log10(abs(value)))
+            model[name] = box.number_input(_label(name), step=step, format="%g", key=key)
+    return model
+
+
+def _table_model(box: Any) -> tuple[dict[str, Any] | None, str | None]:
+    upload = box.file_uploader(
+        "per-layer table (YAML/JSON from the profiler)", type=["yaml", "yml", "json"],
+        key="upload.layer_table",
+        help="The rows `gpipe-exec profile` writes: name, params, activation/output bytes per sample, "
+             "forward/backward FLOPs or seconds per sample or measured timings.",
+    )
+    if upload is None:
+        return None, "Upload a per-layer table (YAML or JSON) to simulate a `table` model."
+    try:
+        return _read_table(upload.name, upload.getvalue()), None
+    except ValueError as exc:
+        return None, f"model: {exc}"
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _read_table(name: str, data: bytes) -> dict[str, Any]:
+    return read_layer_table(name, data)
+
+
+def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) -> dict[str, Any]:
+    data = _hardware_data(preset)
+    if base.get("preset") == preset:
+        data = {**data, "accelerator": {**data["accelerator"], **base.get("accelerator", {})},
+                "link": {**data["link"], **base.get("link", {})}}
+    acc, link = data["accelerator"], data["link"]
+    key = f"{PREFIX}hw.{preset}."
+
+    def text(name: str, label: str, value: float, kind: str, help: str) -> str:
+        return box.text_input(label, key=_init(key + name, format_quantity(value, kind)), help=help)
+
+    peak = text(f"peak.{dtype}", f"peak compute ({dtype})", acc["peak_flops"][dtype], "flops",
+                "Peak FLOP/s in the training dtype, e.g. '312 TFLOPS'.")
+    efficiency = box.number_input("compute efficiency", min_value=0.01, max_value=1.0, step=0.05,
+                                  key=_init(key + "efficiency", float(acc["efficiency"])))
+    memory = text("memory", "device memory", acc["memory_bytes"], "bytes", "e.g. '80 GB', '32 GiB', 'inf'.")
+    bandwidth = text("memory_bandwidth", "memory bandwidth", acc["memory_bandwidth"], "bandwidth",
+                     "e.g. '2039 GB/s'.")
+    overhead = text("kernel_overhead", "per-kernel overhead", acc["kernel_overhead_s"], "seconds",
+                    "Fixed cost per kernel launch, e.g. '4 us'.")
+    link_bw = text("link_bandwidth", "link bandwidth (per direction)", link["bandwidth"], "bandwidth",
+                   "Between consecutive stages, e.g. '300 GB/s'.")
+    latency = text("link_latency", "link latency", link["latency_s"], "seconds", "e.g. '3 us'.")
+    return {
+        "preset": preset,
+        "accelerator": {
+            "peak_flops": {**{k: v for k, v in acc["peak_flops"].items()}, dtype: peak},
+            "efficiency": efficiency, "memory_bytes": memory, "memory_bandwidth": bandwidth,
+            "kernel_overhead_s": overhead,
+        },
+        "link": {"bandwidth": link_bw, "latency_s": latency},
+    }
+
+
+def scenario_form(box: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """Draw the scenario widgets in `box` (the sidebar); return (scenario data, or None and a notice)."""
+    base = default_scenario_data()
+    bp, bt = base["pipeline"], base["training"]
+    box.header("Scenario")
+    pipe_box = box.container()
+    model_box = box.expander("Model", expanded=True)
+    hw_box = box.expander("Hardware", expanded=False)
+    train_box = box.container()
+
+    pipe_box.subheader("Pipeline")
+    c1, c2 = pipe_box.columns(2)
+    stages = c1.number_input("stages K", min_value=1, max_value=1024, step=1,
+                             key=_init(PREFIX + "pipeline.stages", bp["stages"]))
+    micro = c2.number_input("micro-batches M", min_value=1, max_value=8192, step=1,
+                            key=_init(PREFIX + "pipeline.micro_batches", bp["micro_batches"]))
+    batch = pipe_box.number_input("mini-batch size", min_value=1, max_value=10_000_000, step=1,
+                                  key=_init(PREFIX + "pipeline.batch_size", bp["batch_size"]))
+    schedules = list(SCHEDULES)
+    schedule = pipe_box.selectbox("schedule", schedules, key=_init(PREFIX + "pipeline.schedule", bp["schedule"]))
+    remat = pipe_box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
+                               help="always: every forward keeps only its input and is re-computed "
+                                    "before backward (GPipe); none: keep all activations.")
+    partition_default = bp["partition"] if isinstance(bp["partition"], str) else "uniform"
+    partition = pipe_box.selectbox("partition", PARTITION_METHODS,
+                                   key=_init(PREFIX + "pipeline.partition", partition_default),
+                                   help="uniform: equal layer counts; time: balance compute; memory: balance bytes.")
+    if schedule == "naive" and micro != 1:
+        pipe_box.caption("The naive schedule runs the mini-batch whole: M = 1 is used.")
+        micro = 1
+
+    train_box.subheader("Training")
+    t1, t2 = train_box.columns(2)
+    optimizer = t1.selectbox("optimizer", list(OPTIMIZER_STATES), key=_init(PREFIX + "training.optimizer", bt["optimizer"]))
+    dtype = t2.selectbox("dtype", list(DTYPE_BYTES), key=_init(PREFIX + "training.dtype", bt["dtype"]))
+
+    preset = model_box.selectbox("model preset", MODEL_CHOICES,
+                                 key=_init(PREFIX + "model.preset", base["model"]["preset"]))
+    notice = None
+    if preset == "table":
+        model, notice = _table_model(model_box)
+    else:
+        model = _model_fields(model_box, preset, base["model"])
+
+    hw_presets = list(hardware_presets())
+    hw_preset = hw_box.selectbox("hardware preset", hw_presets,
+                                 key=_init(PREFIX + "hardware.preset", base["hardware"].get("preset", "v100")))
+    hw_box.caption(hardware_presets()[hw_preset].get("description", ""))
+    hardware = _hardware_fields(hw_box, hw_preset, dtype, base["hardware"])
+
+    if model is None:
+        return None, notice
+    return {
+        "model": model,
+        "hardware": hardware,
+        "pipeline": {"stages": stages, "micro_batches": micro, "batch_size": batch,
+                     "schedule": schedule, "remat": remat, "partition": partition},
+        "training": {"optimizer": optimizer, "dtype": dtype},
+    }, None
+
+
+def keep_form_state() -> None:
+    """Keep the form's values while another page (which does not draw the form) is shown."""
+    for key in list(st.session_state.keys()):
+        if isinstance(key, str) and key.startswith(PREFIX):
+            st.session_state[key] = st.session_state[key]

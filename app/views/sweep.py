@@ -1,0 +1,95 @@
+"""Sweep: a sweep's results table, any result plotted against any input, coloured by another."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from gpipe_sim import plots
+from ui_data import load_sweep_path, read_sweep_bytes, split_sweep
+from ui_run import show_elapsed
+
+PREFERRED_X = ("pipeline.micro_batches", "pipeline.stages")
+PREFERRED_Y = ("bubble_fraction", "step_time_s", "throughput_samples_per_s")
+PREFERRED_COLOR = ("pipeline.stages", "pipeline.schedule")
+NONE = "(none)"
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _read_upload(name: str, data: bytes) -> pd.DataFrame:
+    return read_sweep_bytes(name, data)
+
+
+def _load() -> tuple[str, pd.DataFrame] | None:
+    upload = st.file_uploader("sweep results (results.parquet or results.csv)", type=["parquet", "csv"],
+                              key="upload.sweep")
+    path = st.text_input("... or a sweep output folder (or results file) on the server",
+                         key="cfg.sweep.path", placeholder="out/sweep")
+    if upload is not None:
+        return upload.name, _read_upload(upload.name, upload.getvalue())
+    if path.strip():
+        return path.strip(), load_sweep_path(path.strip())
+    return None
+
+
+def _pick(label: str, options: list[str], preferred: tuple[str, ...], key: str, box=st) -> str:
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = next((p for p in preferred if p in options), options[0])
+    return box.selectbox(label, options, key=key)
+
+
+st.title("Sweep results")
+try:
+    loaded = _load()
+except ValueError as exc:
+    st.error(str(exc), icon=":material/error:")
+    st.stop()
+if loaded is None:
+    st.info(
+        "No sweep loaded. Run a sweep (see the README's sweeps section) and upload its "
+        "`results.parquet` or `results.csv`, or type the sweep's output folder. Then plot any "
+        "result column against any input column, coloured by another.",
+        icon=":material/scatter_plot:",
+    )
+    st.stop()
+name, table = loaded
+try:
+    cols = split_sweep(table)
+except ValueError as exc:
+    st.error(f"{name}: {exc}", icon=":material/error:")
+    st.stop()
+if not cols.results:
+    st.error(f"{name}: no numeric result columns to plot", icon=":material/error:")
+    st.stop()
+st.caption(f"{name}: {len(table)} scenarios, {len(cols.failed)} failed; "
+           f"{len(cols.inputs)} input columns, {len(cols.results)} result columns.")
+
+varying = [c for c in cols.inputs if cols.ok[c].nunique(dropna=False) > 1] or cols.inputs
+c1, c2, c3 = st.columns(3)
+x = _pick("x axis (input)", varying, PREFERRED_X, "cfg.sweep.x", c1)
+y = _pick("y axis (result)", cols.results, PREFERRED_Y, "cfg.sweep.y", c2)
+color = _pick("colour by", [NONE] + [c for c in varying if c != x], PREFERRED_COLOR, "cfg.sweep.color", c3)
+color = None if color == NONE else color
+
+rows = cols.ok
+others = [c for c in varying if c not in (x, color)]
+if others:
+    with st.expander("Filter the other inputs"):
+        for column in others:
+            values = sorted(rows[column].dropna().unique().tolist(), key=str)
+            chosen = st.multiselect(column, values, default=values, key=f"cfg.sweep.filter.{column}")
+            rows = rows[rows[column].isin(chosen)]
+if rows.empty:
+    st.warning("No successful rows match the filters.")
+else:
+    lines = st.toggle("connect points", value=True, key="cfg.sweep.lines")
+    st.plotly_chart(plots.sweep_figure(rows, x, y, color, lines=lines), key="sweep.figure")
+    if "analytic_bubble_fraction" in rows.columns and y == "bubble_fraction":
+        st.caption("analytic_bubble_fraction holds GPipe's (K-1)/(M+K-1) for each row.")
+st.dataframe(rows, hide_index=True)
+st.download_button("Shown rows (CSV)", rows.to_csv(index=False), file_name="sweep_rows.csv",
+                   mime="text/csv", key="dl.sweep.csv", on_click="ignore", icon=":material/download:")
+if not cols.failed.empty:
+    with st.expander(f"{len(cols.failed)} failed scenarios"):
+        st.dataframe(cols.failed[[*cols.inputs, "error"]], hide_index=True)
+show_elapsed()
