@@ -1,0 +1,94 @@
+"""Run a scenario for real: check it can run, launch the ranks, and turn their records into a Result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpipe_exec.launch import LaunchOptions, launch
+from gpipe_exec.runtime import Job, boundary_shape
+from gpipe_exec.zoo import check_buildable
+from gpipe_sim.errors import ScenarioError
+from gpipe_sim.plan import Plan, compile_plan
+from gpipe_sim.result import Result, Timeline, summarize
+from gpipe_sim.scenario import Scenario
+
+
+@dataclass
+class Measurement:
+    """A measured step in the result schema, plus what only a real run has."""
+
+    result: Result
+    step_times_s: list[float]
+    loss: float
+    cuda_peak_bytes: list[float | None] = field(default_factory=list)
+
+
+def check_runnable(scenario: Scenario) -> Plan:
+    """Compile the plan and build the model on the meta device; one clear line if it cannot run."""
+    check_buildable(scenario.model)
+    plan = compile_plan(scenario)
+    try:
+        boundary_shape(scenario, len(plan.layers) - 1, 0, 0.0)
+    except (RuntimeError, ValueError) as exc:
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ScenarioError(f"model: the {scenario.model.preset} model cannot be built ({line})") from None
+    return plan
+
+
+def job_for(scenario: Scenario, plan: Plan, *, steps: int = 5, warmup: int = 2, seed: int = 0,
+            dropout: float | None = None, **extra: Any) -> Job:
+    """The job that runs `scenario` with the plan's partition (the simulator's)."""
+    partition = [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    return Job(scenario=scenario.to_dict(), partition=partition, steps=steps, warmup=warmup,
+               seed=seed, dropout=dropout, **extra)
+
+
+def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
+    """The measured Result (median step after warm-up), via gpipe_sim.result.summarize."""
+    ranks = output["ranks"]
+    K = len(plan.stages)
+    steps = len(ranks[0]["records"])
+    prog = plan.program
+    timelines, times = [], []
+    for s in range(steps):
+        recs = [ranks[k]["records"][s] for k in range(K)]
+        t0 = min(r.step_start for r in recs)
+        start = np.concatenate([np.asarray(r.starts) for r in recs]) - t0
+        end = np.concatenate([np.asarray(r.ends) for r in recs]) - t0
+        timelines.append(Timeline(prog.stage.copy(), prog.kind.copy(), prog.micro_batch.copy(), start, end))
+        times.append(float(end.max()))
+    order = np.argsort(times)
+    median = int(order[(steps - 1) // 2])
+    recs = [ranks[k]["records"][median] for k in range(K)]
+    training = plan.scenario.training
+    state_per_param = training.bytes_per_param - training.dtype_bytes
+    result = summarize(
+        timelines[median],
+        batch_size=plan.scenario.pipeline.batch_size,
+        micro_batches=plan.schedule.micro_batches,
+        stage_layers=[(s.first_layer, s.last_layer) for s in plan.stages],
+        device_map=plan.device_map,
+        peak_activation_bytes=[r.peak_activation_bytes for r in recs],
+        param_bytes=[float(ranks[k]["param_bytes"]) for k in range(K)],
+        state_bytes=[float(ranks[k]["param_count"] * state_per_param) for k in range(K)],
+        memory_capacity_bytes=plan.memory_capacity_bytes,
+        source="measured",
+    )
+    return Measurement(
+        result=result,
+        step_times_s=times,
+        loss=float(recs[-1].loss),
+        cuda_peak_bytes=[r.cuda_peak_bytes for r in recs],
+    )
+
+
+def execute(scenario: Scenario, *, steps: int = 5, warmup: int = 2, seed: int = 0,
+            dropout: float | None = None, options: LaunchOptions = LaunchOptions()) -> Measurement:
+    """Train `scenario` for warm-up + measured steps with one process per stage; measure the step."""
+    plan = check_runnable(scenario)
+    job = job_for(scenario, plan, steps=steps, warmup=warmup, seed=seed, dropout=dropout)
+    output = launch([job], plan.device_map, options)[0]
+    return measured_result(plan, output)

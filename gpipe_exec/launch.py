@@ -1,0 +1,202 @@
+"""Starting the ranks: K processes on this machine (spawned and watched), or one rank under torchrun."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.connection
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gpipe_exec.errors import ExecutionError, PeerError
+from gpipe_exec.measure import AlignedClock
+from gpipe_exec.runtime import Job, run_job
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How ranks run: torch threads each, pinning to the scenario's devices, and time limits."""
+
+    threads: int = 1
+    pin: bool = True
+    comm_timeout_s: float = 60.0  # gloo/NCCL collective and point-to-point timeout
+    run_timeout_s: float = 1800.0  # the whole launch
+    backend: str | None = None  # None: nccl with CUDA, else gloo
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _setup_rank(rank: int, device_map: Sequence[int], options: LaunchOptions) -> torch.device:
+    torch.set_num_threads(max(1, options.threads))
+    use_cuda = torch.cuda.is_available() and options.backend != "gloo"
+    if use_cuda:
+        device = torch.device("cuda", device_map[rank] % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    devices = sorted(set(device_map))
+    if options.pin and cores and len(devices) <= len(cores):
+        # Device d of the scenario is a set of cores: stages mapped to one device share them.
+        per = len(cores) // len(devices)
+        d = devices.index(device_map[rank])
+        os.sched_setaffinity(0, set(cores[d * per:(d + 1) * per]))
+    return torch.device("cpu")
+
+
+def _backend(device: torch.device, options: LaunchOptions) -> str:
+    return options.backend or ("nccl" if device.type == "cuda" else "gloo")
+
+
+def run_rank(rank: int, world: int, jobs: list[Job], device_map: Sequence[int],
+             options: LaunchOptions, init_method: str = "env://") -> list[dict[str, Any]]:
+    """One rank: join the process group, align clocks, run every job, leave the group."""
+    device = _setup_rank(rank, device_map, options)
+    dist.init_process_group(_backend(device, options), init_method=init_method, rank=rank,
+                            world_size=world, timeout=timedelta(seconds=options.comm_timeout_s))
+    try:
+        clock = AlignedClock.synchronize()
+        return [run_job(job, rank, device, clock) for job in jobs]
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker(rank: int, world: int, port: int, jobs: list[Job], device_map: Sequence[int],
+            options: LaunchOptions, out_dir: str) -> None:
+    try:
+        results = run_rank(rank, world, jobs, device_map, options, f"tcp://127.0.0.1:{port}")
+        if rank == 0:
+            torch.save(results, Path(out_dir) / "result.pt")
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit non-zero
+        record = {
+            "rank": rank, "time": time.time(), "peer": isinstance(exc, PeerError),
+            "message": (str(exc).strip().splitlines() or [""])[0], "type": type(exc).__name__,
+            "traceback": traceback.format_exc(),
+        }
+        (Path(out_dir) / f"error{rank}.json").write_text(json.dumps(record))
+        os._exit(1)
+
+
+def _failure_message(out_dir: Path, exitcodes: dict[int, int | None]) -> str:
+    errors = []
+    for path in out_dir.glob("error*.json"):
+        errors.append(json.loads(path.read_text()))
+    own = sorted((e for e in errors if not e["peer"]), key=lambda e: e["time"])
+    if own:
+        e = own[0]
+        return f"rank {e['rank']} failed: {e['type']}: {e['message']} (the other ranks were stopped)"
+    reported = {e["rank"] for e in errors}
+    for rank, code in sorted(exitcodes.items()):
+        if code is not None and code < 0 and rank not in reported:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            return f"rank {rank} was killed by {name} (the other ranks were stopped)"
+    for rank, code in sorted(exitcodes.items()):
+        if code not in (0, None) and rank not in reported:
+            return f"rank {rank} exited with status {code} (the other ranks were stopped)"
+    if errors:
+        e = min(errors, key=lambda e: e["time"])
+        return f"rank {e['rank']} failed: {e['message']}"
+    return "a rank failed without a message"
+
+
+def launch(jobs: list[Job], device_map: Sequence[int], options: LaunchOptions = LaunchOptions()
+           ) -> list[dict[str, Any]]:
+    """Spawn one process per stage, run `jobs` in order, return rank 0's result for each job.
+
+    If any rank fails, the others are stopped within about a second and ExecutionError names the
+    failing rank; the whole launch is bounded by `options.run_timeout_s`.
+    """
+    world = len(device_map)
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="gpipe-exec-") as tmp:
+        port = _free_port()
+        procs = [
+            ctx.Process(target=_worker, args=(r, world, port, jobs, tuple(device_map), options, tmp),
+                        daemon=False, name=f"gpipe-exec-rank{r}")
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + options.run_timeout_s
+        failed = False
+        try:
+            while any(p.is_alive() for p in procs):
+                alive = [p.sentinel for p in procs if p.is_alive()]
+                multiprocessing.connection.wait(alive, timeout=0.5)
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    failed = True
+                    break
+                if time.monotonic() > deadline:
+                    raise ExecutionError(f"the run took longer than {options.run_timeout_s:.0f} s; stopped")
+            if failed:
+                grace = time.monotonic() + 1.0  # let peers record how they saw the failure
+                while time.monotonic() < grace and any(p.is_alive() for p in procs):
+                    time.sleep(0.05)
+        finally:
+            _stop(procs)
+        codes = {r: p.exitcode for r, p in enumerate(procs)}
+        if failed or any(c != 0 for c in codes.values()):
+            raise ExecutionError(_failure_message(Path(tmp), codes))
+        return torch.load(Path(tmp) / "result.pt", weights_only=False)
+
+
+def _stop(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    limit = time.monotonic() + 3.0
+    for p in procs:
+        p.join(timeout=max(0.0, limit - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def torchrun_main(argv: Sequence[str] | None = None) -> int:
+    """Worker entry under torchrun: `torchrun --nproc-per-node K -m gpipe_exec.launch SCENARIO.yaml`."""
+    import argparse
+
+    from gpipe_exec.execute import job_for, measured_result
+    from gpipe_sim.plan import compile_plan
+    from gpipe_sim.scenario import load_scenario
+
+    parser = argparse.ArgumentParser(prog="gpipe_exec.launch")
+    parser.add_argument("scenario")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    scenario = load_scenario(args.scenario)
+    plan = compile_plan(scenario)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != scenario.pipeline.stages:
+        sys.stderr.write(f"gpipe-exec: error: pipeline.stages is {scenario.pipeline.stages}, "
+                         f"torchrun started {world} processes\n")
+        return 2
+    job = job_for(scenario, plan, steps=args.steps, warmup=args.warmup)
+    options = LaunchOptions(threads=args.threads, pin=False)
+    out = run_rank(rank, world, [job], plan.device_map, options)
+    if rank == 0:
+        result = measured_result(plan, out[0])
+        sys.stdout.write(result.to_json(timeline=args.json) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(torchrun_main())

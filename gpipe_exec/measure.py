@@ -1,0 +1,109 @@
+"""Measurement: an aligned clock across ranks and the bytes saved for backward (activation memory)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's elements (a view counts its own elements, not its whole storage)."""
+    return t.numel() * t.element_size()
+
+
+class SavedBytesMeter:
+    """Counts the bytes that autograd saves for backward, per micro-batch, as the simulator defines them.
+
+    Inside `track(m)`, every tensor packed by `saved_tensors_hooks` adds its bytes to micro-batch
+    `m`, except tensors that share storage with a parameter or buffer (static memory). `retain`
+    adds bytes kept by hand (the stage input under re-materialization); `release(m)` frees all of
+    `m`'s bytes (its backward ended). `peak` is the largest total held at any time.
+    """
+
+    def __init__(self, modules: Iterable[torch.nn.Module] = ()) -> None:
+        self.static: set[int] = set()
+        for module in modules:
+            for t in [*module.parameters(), *module.buffers()]:
+                self.static.add(t.untyped_storage().data_ptr())
+        self.held: dict[int, int] = {}
+        self.total = 0
+        self.peak = 0
+        self._current: int | None = None
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self._current is not None and t.untyped_storage().data_ptr() not in self.static:
+            self._add(self._current, tensor_bytes(t))
+        return t
+
+    def _add(self, m: int, nbytes: int) -> None:
+        self.held[m] = self.held.get(m, 0) + nbytes
+        self.total += nbytes
+        self.peak = max(self.peak, self.total)
+
+    @contextmanager
+    def track(self, m: int) -> Iterator[None]:
+        self._current = m
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+                yield
+        finally:
+            self._current = None
+
+    def retain(self, m: int, nbytes: int) -> None:
+        self._add(m, nbytes)
+
+    def release(self, m: int) -> None:
+        self.total -= self.held.pop(m, 0)
+
+    def reset(self) -> None:
+        self.held.clear()
+        self.total = self.peak = 0
+
+
+class AlignedClock:
+    """Seconds on a clock shared by all ranks: local `perf_counter` plus an offset to rank 0's.
+
+    The offset is estimated NTP-style (several ping-pongs with rank 0, the one with the shortest
+    round trip wins); on one machine it is close to zero because all processes read the same
+    monotonic clock.
+    """
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def __call__(self) -> float:
+        return time.perf_counter() + self.offset
+
+    @classmethod
+    def synchronize(cls, rounds: int = 8) -> "AlignedClock":
+        """Estimate this rank's offset to rank 0 (collective: every rank must call it)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return cls()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        buf = torch.zeros(1, dtype=torch.float64)
+        best_rtt, offset = float("inf"), 0.0
+        for peer in range(1, world):
+            for _ in range(rounds):
+                if rank == 0:
+                    dist.recv(buf, src=peer)
+                    buf[0] = time.perf_counter()
+                    dist.send(buf, dst=peer)
+                elif rank == peer:
+                    t1 = time.perf_counter()
+                    dist.send(buf, dst=0)
+                    dist.recv(buf, src=0)
+                    t2 = time.perf_counter()
+                    if t2 - t1 < best_rtt:
+                        best_rtt, offset = t2 - t1, float(buf[0]) - (t1 + t2) / 2
+        return cls(offset)
+
+
+def cuda_peak_bytes(device: torch.device) -> float | None:
+    """`torch.cuda.max_memory_allocated` on a CUDA device (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    return float(torch.cuda.max_memory_allocated(device))

@@ -1,0 +1,28 @@
+"""Plain single-process training of the same model on the whole mini-batch (the correctness baseline)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpipe_exec.stage import make_optimizer
+from gpipe_exec.zoo import build_model, loss_sum, make_batch
+from gpipe_sim.scenario import Scenario
+
+
+def reference_step(scenario: Scenario, *, seed: int = 0, dropout: float | None = 0.0,
+                   steps: int = 1) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Parameters and gradients after `steps` plain steps, keyed like `StageRunner.params`."""
+    model = build_model(scenario.model, seed=seed, dropout=dropout, dtype=scenario.training.dtype)
+    optimizer = make_optimizer(list(model.parameters()), scenario.training.optimizer)
+    x, y = make_batch(scenario.model, scenario.pipeline.batch_size, seed=seed,
+                      dtype=scenario.training.dtype)
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum(model(x), y, scenario.pipeline.batch_size).backward()
+        optimizer.step()
+    out: dict[str, Any] = {}
+    for name, p in model.named_parameters():
+        out[name] = (p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
+    return out

@@ -1,0 +1,212 @@
+"""The model zoo: real `nn.Sequential` models whose layers match `gpipe_sim.models.build_layers`."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpipe_sim.errors import ScenarioError
+from gpipe_sim.models import build_layers, layer_count
+from gpipe_sim.scenario import ConvNetModel, MlpModel, ModelSpec, TransformerModel
+
+ZOO_PRESETS = ("mlp", "transformer", "convnet")
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULT_DROPOUT = 0.1
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embedding."""
+
+    def __init__(self, vocab: int, seq_len: int, d_model: int, dropout: float) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d_model)
+        self.positions = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.tokens(ids) + self.positions[: ids.shape[1]])
+
+
+class Block(nn.Module):
+    """A pre-LayerNorm GPT block: causal self-attention and a GELU MLP, each with a residual."""
+
+    def __init__(self, d_model: int, d_ff: int, heads: int, seq_len: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.attn_drop = nn.Dropout(dropout)
+        # A buffer, so the saved-bytes meter (which skips parameters and buffers) does not count it.
+        self.register_buffer("causal", torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
+        mask = self.causal[:s, :s]
+        attn = self.attn_drop(scores.masked_fill(mask, float("-inf")).softmax(-1))
+        context = (attn @ v).transpose(1, 2).reshape(b, s, d)
+        x = x + self.drop(self.proj(context))
+        return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the vocabulary projection (logits)."""
+
+    def __init__(self, d_model: int, vocab: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    # GroupNorm, not BatchNorm: per-sample statistics make micro-batching exact.
+    return nn.GroupNorm(math.gcd(channels, 8), channels)
+
+
+class ResBlock(nn.Module):
+    """Two 3x3 convolutions with GroupNorm and a residual; stride 2 and a 1x1 projection to downsample."""
+
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__()
+        stride = 1 if c_in == c_out else 2
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.n1 = _norm(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.n2 = _norm(c_out)
+        self.shortcut = (
+            nn.Identity() if c_in == c_out else nn.Conv2d(c_in, c_out, 1, stride, 0, bias=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.n1(self.conv1(x)))
+        return F.relu(self.n2(self.conv2(y)) + self.shortcut(x))
+
+
+class ConvHead(nn.Module):
+    """Global average pooling and a linear classifier."""
+
+    def __init__(self, channels: int, classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def _transformer_layer(m: TransformerModel, i: int, dropout: float) -> nn.Module:
+    if i == 0:
+        return Embedding(m.vocab, m.seq_len, m.d_model, dropout)
+    if i == m.layers + 1:
+        return Head(m.d_model, m.vocab)
+    return Block(m.d_model, m.d_ff, m.heads, m.seq_len, dropout)
+
+
+def _mlp_layer(m: MlpModel, i: int, dropout: float) -> nn.Module:
+    if i == 0:
+        return nn.Sequential(nn.Linear(m.input_dim, m.width), nn.ReLU())
+    if i == m.layers + 1:
+        return nn.Linear(m.width, m.num_classes)
+    return nn.Sequential(nn.Linear(m.width, m.width), nn.ReLU())
+
+
+def _conv_channels(m: ConvNetModel, i: int) -> tuple[int, int]:
+    """(c_in, c_out) of block i, as gpipe_sim.models._convnet lays them out."""
+    n, c = m.layers, m.channels
+    group = min(2, 3 * i // n)
+    c_out = c * 2**group
+    c_in = c_out if (i == 0 or 3 * (i - 1) // n == group) else c_out // 2
+    return c_in, c_out
+
+
+def _convnet_layer(m: ConvNetModel, i: int, dropout: float) -> nn.Module:
+    if i == 0:
+        c = m.channels
+        return nn.Sequential(nn.Conv2d(3, c, 3, 1, 1, bias=False), _norm(c), nn.ReLU())
+    if i == m.layers + 1:
+        return ConvHead(_conv_channels(m, m.layers - 1)[1], m.num_classes)
+    return ResBlock(*_conv_channels(m, i - 1))
+
+
+_LAYER_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "transformer": _transformer_layer,
+    "mlp": _mlp_layer,
+    "convnet": _convnet_layer,
+}
+
+
+def check_buildable(model: ModelSpec) -> None:
+    """Raise ScenarioError (one line) if the executor has no real module for this model."""
+    if model.preset not in _LAYER_BUILDERS:
+        raise ScenarioError(
+            f"model.preset: the executor builds {', '.join(ZOO_PRESETS)} models, not {model.preset!r}"
+        )
+    if isinstance(model, ConvNetModel) and model.image_size < 4:
+        raise ScenarioError("model.image_size: the convnet needs images of at least 4x4 pixels")
+
+
+def build_layer(model: ModelSpec, index: int, *, seed: int = 0, dropout: float | None = None,
+                dtype: str = "fp32") -> nn.Module:
+    """Layer `index` of the model, initialised from `seed + index` (the same in every process)."""
+    check_buildable(model)
+    p = DEFAULT_DROPOUT if dropout is None else dropout
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed * 100_003 + index)
+        layer = _LAYER_BUILDERS[model.preset](model, index, p)
+    return layer.to(TORCH_DTYPES[dtype])
+
+
+def build_layers_range(model: ModelSpec, first: int, last: int, **kwargs: object) -> list[nn.Module]:
+    """Layers `first..last` (inclusive), e.g. one pipeline stage."""
+    return [build_layer(model, i, **kwargs) for i in range(first, last + 1)]  # type: ignore[arg-type]
+
+
+def build_model(model: ModelSpec, **kwargs: object) -> nn.Sequential:
+    """The whole model as an `nn.Sequential`; its layers match gpipe_sim's layer list one for one."""
+    check_buildable(model)
+    return nn.Sequential(*build_layers_range(model, 0, layer_count(model) - 1, **kwargs))
+
+
+def layer_names(model: ModelSpec) -> list[str]:
+    """The simulator's names for the layers (embedding, block0, ..., head)."""
+    return [layer.name for layer in build_layers(model)]
+
+
+def make_batch(model: ModelSpec, batch_size: int, *, seed: int = 0,
+               dtype: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+    """A deterministic synthetic mini-batch (inputs, targets) for the model."""
+    g = torch.Generator().manual_seed(seed + 7919)
+    if isinstance(model, TransformerModel):
+        ids = torch.randint(0, model.vocab, (batch_size, model.seq_len), generator=g)
+        return ids, torch.randint(0, model.vocab, (batch_size, model.seq_len), generator=g)
+    float_dtype = TORCH_DTYPES[dtype]
+    if isinstance(model, MlpModel):
+        x = torch.randn(batch_size, model.input_dim, generator=g).to(float_dtype)
+    elif isinstance(model, ConvNetModel):
+        size = model.image_size
+        x = torch.randn(batch_size, 3, size, size, generator=g).to(float_dtype)
+    else:
+        check_buildable(model)
+        raise AssertionError("unreachable")
+    return x, torch.randint(0, model.num_classes, (batch_size,), generator=g)
+
+
+def loss_sum(output: torch.Tensor, target: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """This micro-batch's share of the mini-batch mean cross-entropy (so shares add up exactly)."""
+    per_sample = output.shape[1] if output.dim() == 3 else 1
+    logits = output.reshape(-1, output.shape[-1]).float()
+    return F.cross_entropy(logits, target.reshape(-1), reduction="sum") / (batch_size * per_sample)
