@@ -1,0 +1,227 @@
+"""Sweeps: expansion, output columns, failing scenarios, resume after a kill, the report, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from gpipe_sim.cli import main
+from gpipe_sim.scenario import parse_scenario
+from gpipe_sim.simulate import simulate
+from gpipe_sim.sweep import SweepError, expand, load_sweep, parse_sweep, resolve_base, run_sweep
+
+BASE = {
+    "model": {"preset": "uniform", "layers": 8},
+    "hardware": {"preset": "ideal"},
+    "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 16, "remat": "none"},
+}
+
+
+def _spec(**extra):
+    spec = parse_sweep({"base": BASE, **extra})
+    return spec, resolve_base(spec)
+
+
+def test_product_expansion_covers_every_combination_in_order():
+    spec, base = _spec(axes={"pipeline.stages": [1, 2, 4], "pipeline.micro_batches": [1, 4]})
+    points = expand(spec, base)
+    got = [(p.scenario["pipeline"]["stages"], p.scenario["pipeline"]["micro_batches"]) for p in points]
+    assert got == [(1, 1), (1, 4), (2, 1), (2, 4), (4, 1), (4, 4)]
+    assert len({p.key for p in points}) == 6
+    # The rest of the scenario is the base's.
+    assert all(p.scenario["model"] == points[0].scenario["model"] for p in points)
+
+
+def test_points_mode_and_points_times_axes():
+    spec, base = _spec(points=[{"pipeline.stages": 4}, {"pipeline.schedule": "1f1b"}])
+    assert spec.resolved_mode == "points"
+    points = expand(spec, base)
+    assert [p.updates for p in points] == [{"pipeline.stages": 4}, {"pipeline.schedule": "1f1b"}]
+    assert points[1].scenario["pipeline"]["stages"] == 2  # untouched fields keep the base's value
+    spec, base = _spec(points=[{"pipeline.remat": "none"}, {"pipeline.remat": "always"}],
+                       axes={"pipeline.stages": [1, 2]})
+    combos = [(p.scenario["pipeline"]["remat"], p.scenario["pipeline"]["stages"]) for p in expand(spec, base)]
+    assert combos == [("none", 1), ("none", 2), ("always", 1), ("always", 2)]
+
+
+def test_key_is_stable_and_depends_on_the_scenario():
+    spec, base = _spec(axes={"pipeline.stages": [1, 2]})
+    a, b = expand(spec, base), expand(spec, base)
+    assert [p.key for p in a] == [p.key for p in b]
+    assert a[0].key != a[1].key
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"axes": {"pipeline.stages": 3}}, "axes.pipeline.stages"),
+        ({"axes": {"stages": [1]}}, "axes.stages: not a dotted scenario field"),
+        ({"axes": {"pipeline.stages": []}}, "axes.pipeline.stages: needs at least one value"),
+        ({"axis": {"pipeline.stages": [1]}}, "axis: unknown key"),
+        ({"mode": "points"}, "points: `mode: points` needs at least one point"),
+        ({"mode": "grid", "axes": {"pipeline.stages": [1]}}, "mode"),
+    ],
+)
+def test_bad_sweep_files_name_the_field(data, message):
+    with pytest.raises(SweepError) as info:
+        parse_sweep({"base": BASE, **data})
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_misspelled_axis_field_is_refused_before_running():
+    spec, base = _spec(axes={"pipeline.stagez": [1, 2]})
+    with pytest.raises(SweepError, match="pipeline.stagez: unknown key"):
+        expand(spec, base)
+
+
+def test_results_have_every_input_and_result_column_and_match_simulate(tmp_path):
+    spec, base = _spec(axes={"pipeline.stages": [1, 2, 4], "pipeline.micro_batches": [1, 4]})
+    points = expand(spec, base)
+    run = run_sweep(points, base, tmp_path, workers=0, progress=False)
+    table = pd.read_parquet(tmp_path / "results.parquet")
+    csv = pd.read_csv(tmp_path / "results.csv")
+    assert len(table) == len(csv) == 6 and run.computed == 6 and run.failed == 0
+    for column in ("pipeline.stages", "pipeline.micro_batches", "pipeline.schedule", "model.preset",
+                   "model.layers", "hardware.preset", "hardware.accelerator.memory_bytes",
+                   "training.optimizer", "step_time_s", "throughput_samples_per_s", "bubble_fraction",
+                   "fits_in_memory", "max_stage_peak_memory_bytes", "stage_peak_memory_bytes",
+                   "status", "error"):
+        assert column in table.columns and column in csv.columns
+    for point, (_, row) in zip(points, table.iterrows()):
+        expected = simulate(parse_scenario(point.scenario), engine="simpy")
+        assert row["step_time_s"] == pytest.approx(expected.step_time_s, rel=1e-9)
+        assert row["bubble_fraction"] == pytest.approx(expected.bubble_fraction, abs=1e-12)
+        assert list(row["stage_peak_memory_bytes"]) == pytest.approx(
+            [s.peak_memory_bytes for s in expected.stages])
+        assert bool(row["fits_in_memory"]) == expected.fits_in_memory
+
+
+def test_failing_scenarios_are_recorded_and_the_sweep_goes_on(tmp_path):
+    # 16 stages > 8 layers and 32 micro-batches > 16 samples are invalid combinations.
+    spec, base = _spec(axes={"pipeline.stages": [2, 16], "pipeline.micro_batches": [4, 32]})
+    run = run_sweep(expand(spec, base), base, tmp_path, workers=0, progress=False)
+    table = run.table.set_index(["pipeline.stages", "pipeline.micro_batches"])
+    assert table.loc[(2, 4), "status"] == "ok"
+    assert table.loc[(16, 4), "status"] == "error"
+    assert "pipeline.stages" in table.loc[(16, 4), "error"]
+    assert "pipeline.micro_batches" in table.loc[(2, 32), "error"]
+    assert pd.isna(table.loc[(16, 32), "step_time_s"])
+    assert run.failed == 3
+    # A failure is a finished point: running again computes nothing.
+    again = run_sweep(expand(spec, base), base, tmp_path, workers=0, progress=False)
+    assert again.computed == 0 and again.reused == 4
+
+
+def test_a_failing_simulation_is_recorded(tmp_path, monkeypatch):
+    import gpipe_sim.sweep as sweep
+
+    spec, base = _spec(axes={"pipeline.stages": [1, 2]})
+    real = sweep.result_columns
+
+    def flaky(scenario, engine):
+        if scenario.pipeline.stages == 2:
+            raise RuntimeError("engine exploded\nsecond line")
+        return real(scenario, engine)
+
+    monkeypatch.setattr(sweep, "result_columns", flaky)
+    run = run_sweep(expand(spec, base), base, tmp_path, workers=0, progress=False)
+    assert list(run.table["status"]) == ["ok", "error"]
+    assert run.table["error"].iloc[1] == "RuntimeError: engine exploded"
+
+
+def test_any_executor_can_run_the_sweep(tmp_path):
+    spec, base = _spec(axes={"pipeline.stages": [1, 2, 4]})
+    with ThreadPoolExecutor(2) as pool:
+        run = run_sweep(expand(spec, base), base, tmp_path, executor=pool, chunk_size=1, progress=False)
+    assert run.computed == 3 and list(run.table["status"]) == ["ok"] * 3
+
+
+def test_process_pool_gives_the_same_table_as_serial(tmp_path):
+    spec, base = _spec(axes={"pipeline.stages": [1, 2, 4], "pipeline.schedule": ["gpipe", "1f1b"]})
+    serial = run_sweep(expand(spec, base), base, tmp_path / "a", workers=0, progress=False).table
+    pooled = run_sweep(expand(spec, base), base, tmp_path / "b", workers=2, progress=False).table
+    cols = ["sweep.key", "step_time_s", "bubble_fraction", "max_stage_peak_memory_bytes"]
+    pd.testing.assert_frame_equal(serial[cols], pooled[cols])
+
+
+def test_resume_after_the_sweep_is_killed(tmp_path):
+    """Kill a running sweep with SIGKILL, re-run it: finished scenarios are neither lost nor redone."""
+    sweep_file = tmp_path / "sweep.yaml"
+    base = {
+        "model": {"preset": "uniform", "layers": 64},
+        "hardware": {"preset": "v100"},
+        "pipeline": {"stages": 32, "micro_batches": 64, "batch_size": 256},
+    }
+    sweep_file.write_text(yaml.safe_dump({
+        "base": base, "engine": "simpy",
+        "axes": {"pipeline.micro_batches": list(range(64, 256, 2)), "pipeline.schedule": ["gpipe", "1f1b"]},
+    }))
+    out = tmp_path / "out"
+    runs = out / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpipe_sim.cli", "sweep", str(sweep_file), "--out", str(out),
+         "--workers", "1", "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if runs.exists() and len(list(runs.glob("*.json"))) >= 3:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"sweep ended before it was killed: {proc.stderr.read().decode()}")
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert not (out / "results.parquet").exists()  # it really was killed part-way
+    finished = {p.name: p.read_text() for p in runs.glob("*.json")}
+    spec, base_data = load_sweep(sweep_file)
+    points = expand(spec, base_data)
+    assert 3 <= len(finished) < len(points)
+    run = run_sweep(points, base_data, out, workers=0, progress=False, engine=spec.engine)
+    assert run.reused == len(finished)
+    assert run.computed == len(points) - len(finished)
+    assert len(run.table) == len(points) and (run.table["status"] == "ok").all()
+    for name, text in finished.items():  # nothing finished was recomputed
+        assert (runs / name).read_text() == text
+
+
+def test_cli_sweep_writes_tables_and_a_self_contained_report(tmp_path, capsys):
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "base": BASE,
+        "axes": {"pipeline.stages": [1, 2, 4], "pipeline.micro_batches": [1, 2, 4],
+                 "pipeline.schedule": ["gpipe", "1f1b"]},
+    }))
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep_file), "--out", str(out), "--workers", "0", "--quiet"]) == 0
+    assert "18 scenarios: 18 computed, 0 reused, 0 failed" in capsys.readouterr().out
+    html = (out / "report.html").read_text()
+    assert len(html) > 1_000_000 and html.count("window.PlotlyConfig") == 1  # plotly.js inlined once
+    assert "<script src=" not in html  # nothing fetched from a CDN
+    for title in ("Bubble fraction against M", "Throughput against K", "Per-stage peak memory",
+                  "by pipeline.schedule"):
+        assert title in html
+    assert main(["sweep", str(sweep_file), "--out", str(out), "--workers", "0", "--quiet"]) == 0
+    assert "0 computed, 18 reused" in capsys.readouterr().out
+
+
+def test_cli_bad_sweep_is_one_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: {pipeline: {stages: 0}}\n")
+    assert main(["sweep", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpipe-sim: error: base.pipeline.stages") and err.count("\n") == 1
+    assert main(["sweep", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]) == 2
