@@ -2,8 +2,9 @@
 
 A forward that keeps its activations allocates the stage's saved bytes for that micro-batch at its
 start; under re-materialization it keeps only the stage input, and the re-computation allocates
-the saved bytes again. The backward frees all of the micro-batch's bytes at its end. Parameters,
-gradients and optimizer states are static.
+the rest of the saved bytes (the stage's first layer saves that very input, so it is not counted
+twice: max(saved - input, 0)). The backward frees all of the micro-batch's bytes at its end.
+Parameters, gradients and optimizer states are static.
 """
 
 from __future__ import annotations
@@ -36,10 +37,14 @@ def activation_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     fwd = kind == FORWARD
     alloc[fwd & save] = act[st[fwd & save], mb[fwd & save]]
     alloc[fwd & ~save] = inp[st[fwd & ~save], mb[fwd & ~save]]
+    beyond_input = np.maximum(act - inp, 0.0)
     rec = kind == RECOMPUTE
-    alloc[rec] = act[st[rec], mb[rec]]
+    alloc[rec] = beyond_input[st[rec], mb[rec]]
     bwd = kind == BACKWARD
-    free[bwd] = act[st[bwd], mb[bwd]] + np.where(save[bwd], 0.0, inp[st[bwd], mb[bwd]])
+    kept = save[bwd]
+    free[bwd] = np.where(
+        kept, act[st[bwd], mb[bwd]], inp[st[bwd], mb[bwd]] + beyond_input[st[bwd], mb[bwd]]
+    )
     return alloc, free
 
 

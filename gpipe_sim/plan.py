@@ -107,10 +107,10 @@ def compile_plan(scenario: Scenario) -> Plan:
     first = 0
     for k, count in enumerate(counts):
         own = layers[first : first + count]
-        by_size = {
-            b: [layer_seconds(l, b, accel, dtype, dtype_bytes) for l in own] for b in set(sizes)
-        }
-        per_mb = [by_size[b] for b in sizes]
+        by_size = {}
+        for b in set(sizes):
+            times_b = [layer_seconds(layer, b, accel, dtype, dtype_bytes) for layer in own]
+            by_size[b] = (math.fsum(t[0] for t in times_b), math.fsum(t[1] for t in times_b))
         params = sum(layer.params for layer in own)
         input_per_sample = model_input if k == 0 else layers[first - 1].output_bytes_per_sample
         act_per_sample = sum(layer.activation_bytes_per_sample for layer in own)
@@ -123,8 +123,8 @@ def compile_plan(scenario: Scenario) -> Plan:
                 params=params,
                 param_bytes=float(params * dtype_bytes),
                 state_bytes=float(params * (bpp - dtype_bytes)),
-                forward_s=tuple(math.fsum(t[0] for t in mb) for mb in per_mb),
-                backward_s=tuple(math.fsum(t[1] for t in mb) for mb in per_mb),
+                forward_s=tuple(by_size[b][0] for b in sizes),
+                backward_s=tuple(by_size[b][1] for b in sizes),
                 activation_bytes=tuple(act_per_sample * b for b in sizes),
                 input_bytes=tuple(input_per_sample * b for b in sizes),
                 output_bytes=tuple(own[-1].output_bytes_per_sample * b for b in sizes),

@@ -1,0 +1,33 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from gpipe_sim.scenario import Scenario, parse_scenario
+
+
+def make_uniform(
+    stages: int,
+    micro_batches: int,
+    batch_size: int = 64,
+    layers: int = 16,
+    schedule: str = "gpipe",
+    remat: str = "none",
+    hardware: dict[str, Any] | None = None,
+    **model: Any,
+) -> Scenario:
+    """A uniform-layer scenario on ideal hardware unless `hardware` says otherwise."""
+    return parse_scenario({
+        "model": {"preset": "uniform", "layers": layers, **model},
+        "hardware": hardware or {"preset": "ideal"},
+        "pipeline": {"stages": stages, "micro_batches": micro_batches, "batch_size": batch_size,
+                     "schedule": schedule, "remat": remat},
+    })
+
+
+@pytest.fixture(scope="session")
+def uniform() -> Callable[..., Scenario]:
+    return make_uniform

@@ -1,0 +1,128 @@
+"""Engine behaviour: contention, deadlock detection, engine agreement, trace export."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gpipe_sim import SimulationError, parse_scenario, simulate
+from gpipe_sim.bench import straightforward_simpy
+from gpipe_sim.engine import run_simpy
+from gpipe_sim.plan import compile_plan
+from gpipe_sim.schedule import SCHEDULES, register
+from gpipe_sim.trace import chrome_trace
+
+
+def _table(outputs, stages, micro_batches, schedule, device_map, compute_s=0.0):
+    layers = [
+        {"name": f"l{i}", "forward_s_per_sample": compute_s, "backward_s_per_sample": compute_s,
+         "output_bytes_per_sample": out, "activation_bytes_per_sample": out}
+        for i, out in enumerate(outputs)
+    ]
+    return parse_scenario({
+        "model": {"preset": "table", "layers": layers},
+        "hardware": {"accelerator": {"peak_flops": {"fp32": 1e12}},
+                     "link": {"bandwidth": 1.0, "latency_s": 0.0}, "stage_to_device": device_map},
+        "pipeline": {"stages": stages, "micro_batches": micro_batches, "batch_size": micro_batches,
+                     "schedule": schedule, "remat": "none", "partition": [1] * stages},
+    })
+
+
+def test_shared_link_serialises_transfers_first_come_first_served():
+    # Stages 0 and 2 share device 0, so stage 0's activations and stage 2's gradients share the
+    # link from device 0 to device 1. Hand-computed (1 byte/s, zero compute): stage 2's gradient
+    # for micro-batch 0 waits for stage 0's second activation (link busy until t=6): step = 13 s.
+    scenario = _table([3, 1, 1], 3, 2, "1f1b", [0, 1, 0])
+    result = simulate(scenario)
+    assert result.step_time_s == pytest.approx(13.0)
+    plan = compile_plan(scenario)
+    assert np.allclose(straightforward_simpy(plan)[1], run_simpy(plan)[1])
+
+
+def test_stages_sharing_one_device_serialise_and_leave_no_bubble(uniform):
+    scenario = uniform(2, 4, 16, 4, hardware={"preset": "ideal", "stage_to_device": [0, 0]})
+    result = simulate(scenario)
+    total_compute = 16 * (1e-3 + 2e-3) * 4
+    assert result.step_time_s == pytest.approx(total_compute, rel=1e-9)
+    assert result.bubble_fraction == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("device_map", [[0, 1, 0, 1], [0, 0, 1, 1], [0, 1, 1, 0]])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_engine_agrees_with_straightforward_simpy_under_contention(device_map, schedule):
+    rng = np.random.default_rng(7)
+    layers = [
+        {"name": f"l{i}", "forward_s_per_sample": float(rng.uniform(1e-3, 3e-3)),
+         "backward_s_per_sample": float(rng.uniform(2e-3, 6e-3)),
+         "output_bytes_per_sample": float(rng.uniform(1e5, 1e6)), "activation_bytes_per_sample": 1e6}
+        for i in range(8)
+    ]
+    scenario = parse_scenario({
+        "model": {"preset": "table", "layers": layers},
+        "hardware": {"preset": "p100-pcie", "stage_to_device": device_map},
+        "pipeline": {"stages": 4, "micro_batches": 6, "batch_size": 12, "schedule": schedule,
+                     "remat": "always", "partition": "time"},
+    })
+    plan = compile_plan(scenario)
+    ours = run_simpy(plan)
+    theirs = straightforward_simpy(plan)
+    assert np.allclose(ours[1], theirs[1], rtol=1e-9)
+    assert np.allclose(ours[0], theirs[0], rtol=1e-9)
+
+
+def test_deadlocking_schedule_is_reported_not_hung():
+    @register("deadlock-test")
+    def crossed(stages, micro_batches):
+        return [[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("B", 1), ("F", 0), ("B", 0)]]
+
+    try:
+        scenario = parse_scenario({
+            "model": {"preset": "uniform", "layers": 2}, "hardware": {"preset": "ideal"},
+            "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 2, "schedule": "deadlock-test"},
+        })
+        with pytest.raises(SimulationError, match="deadlocks: stage 0 waits forever"):
+            simulate(scenario)
+        with pytest.raises(SimulationError, match="did not converge"):
+            simulate(scenario, engine="fast")
+    finally:
+        del SCHEDULES["deadlock-test"]
+
+
+def test_fast_evaluator_refuses_contended_plans(uniform):
+    scenario = uniform(2, 2, 4, 4, hardware={"preset": "ideal", "stage_to_device": [0, 0]})
+    with pytest.raises(SimulationError, match="contention-free"):
+        simulate(scenario, engine="fast")
+    assert simulate(scenario, engine="auto").step_time_s == simulate(scenario).step_time_s
+
+
+def test_timeline_is_consistent(uniform):
+    result = simulate(uniform(4, 8, 32, 8, schedule="1f1b", remat="always", hardware={"preset": "v100"}))
+    tl = result.timeline
+    assert (tl.end_s >= tl.start_s).all()
+    assert result.step_time_s == pytest.approx(tl.end_s.max())
+    for k in range(4):
+        compute = tl.is_compute & (tl.stage == k)
+        starts, ends = tl.start_s[compute], tl.end_s[compute]
+        assert (starts[1:] >= ends[:-1] - 1e-15).all(), "a stage runs one action at a time"
+    names = set(tl.kind_names)
+    assert {"forward", "backward", "recompute", "send", "recv", "update"} <= names
+
+
+def test_chrome_trace_has_one_event_per_action(uniform, tmp_path):
+    result = simulate(uniform(2, 4, 8, 4, hardware={"preset": "v100"}))
+    trace = chrome_trace(result.timeline)
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == len(result.timeline)
+    assert {e["cat"] for e in complete} == set(result.timeline.kind_names)
+    assert max(e["ts"] + e["dur"] for e in complete) == pytest.approx(result.step_time_s * 1e6)
+    json.dumps(trace)
+
+
+def test_result_round_trips_through_json(uniform):
+    result = simulate(uniform(2, 4, 8, 4, remat="always", hardware={"preset": "v100"}))
+    from gpipe_sim.result import Result
+
+    again = Result.from_dict(json.loads(result.to_json()))
+    assert again.to_dict() == result.to_dict()

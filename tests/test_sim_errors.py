@@ -1,0 +1,117 @@
+"""Bad input: one clear line naming the field, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpipe_sim.cli import main
+
+BASE = {
+    "model": {"preset": "uniform", "layers": 8},
+    "hardware": {"preset": "v100"},
+    "pipeline": {"stages": 4, "micro_batches": 4, "batch_size": 16},
+}
+
+
+def _with(path: str, value):
+    data = yaml.safe_load(yaml.safe_dump(BASE))
+    node = data
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return data
+
+
+CASES = [
+    (_with("pipeline.stages", 9), "pipeline.stages: 9 stages but the model has only 8 layers"),
+    (_with("pipeline.micro_batches", 0), "pipeline.micro_batches"),
+    (_with("pipeline.micro_batches", 17), "pipeline.micro_batches: 17 micro-batches exceed"),
+    (_with("pipeline.partition", [2, 2, 2, 1]), "pipeline.partition: layer counts sum to 7"),
+    (_with("pipeline.partition", [4, 4]), "pipeline.partition: 2 entries for 4 stages"),
+    (_with("hardware.link", {"bandwidth": 0}), "hardware.link.bandwidth"),
+    (_with("hardware.link", {"bandwidth": -5}), "hardware.link.bandwidth"),
+    (_with("hardware.link", {"bandwidth": "fast"}), "hardware.link.bandwidth"),
+    (_with("hardware.accelerator", {"memory_bytes": -1}), "hardware.accelerator.memory_bytes"),
+    (_with("hardware.preset", "tpu-v9"), "hardware.preset: unknown hardware preset 'tpu-v9'"),
+    (_with("model.preset", "resnet"), "model.preset: unknown model preset 'resnet'"),
+    (_with("pipeline.stagez", 3), "pipeline.stagez: unknown key"),
+    (_with("pipeline.schedule", "zigzag"), "pipeline.schedule: unknown schedule 'zigzag'"),
+    (_with("pipeline.remat", "sometimes"), "pipeline.remat"),
+    (_with("model.layers", -2), "model.layers"),
+    (_with("hardware.stage_to_device", [0, 1]), "hardware.stage_to_device: 2 entries for 4 stages"),
+    (_with("training.optimizer", "lion"), "training.optimizer"),
+]
+
+
+@pytest.mark.parametrize("data, message", CASES, ids=[c[1].split(":")[0] for c in CASES])
+def test_bad_scenario_gives_one_line_and_exit_2(tmp_path, capsys, data, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gpipe-sim: error: ")
+    assert message in err
+
+
+def test_malformed_yaml_names_the_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("pipeline:\n  stages: 4\n   micro_batches: [1,\n")
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "malformed YAML" in err and "line" in err and err.count("\n") == 1
+
+
+def test_missing_file_and_missing_table(tmp_path, capsys):
+    assert main(["simulate", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read scenario" in capsys.readouterr().err
+    path = tmp_path / "table.yaml"
+    path.write_text(yaml.safe_dump({"model": {"preset": "table", "path": "missing.json"}}))
+    assert main(["simulate", str(path)]) == 2
+    assert "cannot read layer table" in capsys.readouterr().err
+
+
+def test_command_line_process_prints_no_traceback(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_with("pipeline.stages", 99)))
+    proc = subprocess.run([sys.executable, "-m", "gpipe_sim.cli", "simulate", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
+    assert "pipeline.stages" in proc.stderr
+
+
+def test_default_scenario_simulates(capsys):
+    assert main(["simulate"]) == 0
+    out = capsys.readouterr().out
+    assert "bubble" in out and "per stage" in out
+
+
+def test_json_output_has_the_result_schema(tmp_path, capsys):
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    trace = tmp_path / "trace.json"
+    assert main(["simulate", str(path), "--json", "--trace", str(trace)]) == 0
+    import json
+
+    result = json.loads(capsys.readouterr().out)
+    for key in ("step_time_s", "throughput_samples_per_s", "bubble_fraction",
+                "analytic_bubble_fraction", "fits_in_memory", "stages", "timeline"):
+        assert key in result
+    for key in ("index", "layers", "busy_s", "peak_activation_bytes", "peak_memory_bytes", "param_bytes"):
+        assert key in result["stages"][0]
+    assert set(result["timeline"][0]) == {"stage", "kind", "micro_batch", "start_s", "end_s"}
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
+def test_presets_lists_every_preset(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    for name in ("uniform", "transformer", "amoebanet", "ideal", "tpuv2", "tpuv3", "p100-pcie",
+                 "v100", "a100-80gb", "h100-sxm", "h200"):
+        assert name in out
