@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from gpipe_sim.result import Result
-from gpipe_sim.scenario import load_layer_table_file
+from gpipe_sim.scenario import Scenario, load_layer_table_file
 
 SWEEP_FILES = ("results.parquet", "results.csv")
 
@@ -92,13 +92,53 @@ class SweepColumns:
     failed: pd.DataFrame
 
 
+MAX_STAGE_COLUMNS = 64
+
+
+def _as_list(value: Any) -> list[float] | None:
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
+        items = list(value.tolist() if hasattr(value, "tolist") else value)
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+            return [float(v) for v in items]
+    return None
+
+
+def _expand_lists(df: pd.DataFrame, skip: set[str]) -> pd.DataFrame:
+    """Per-stage list columns (e.g. stage_peak_memory_bytes) as one numeric column per stage: NAME[k]."""
+    extra: dict[str, list[float | None]] = {}
+    for column in df.columns:
+        if column in skip or df[column].dtype != object:
+            continue
+        lists = df[column].map(_as_list)
+        present = lists.dropna()
+        if present.empty or len(present) != df[column].notna().sum():
+            continue
+        width = min(MAX_STAGE_COLUMNS, max(len(v) for v in present))
+        for k in range(width):
+            extra[f"{column}[{k}]"] = [v[k] if isinstance(v, list) and k < len(v) else None for v in lists]
+    if not extra:
+        return df
+    return pd.concat([df, pd.DataFrame(extra, index=df.index, dtype=float)], axis=1)
+
+
 def split_sweep(df: pd.DataFrame) -> SweepColumns:
-    """Separate input columns, numeric result columns, and successful from failed rows."""
+    """Separate input columns, numeric result columns, and successful from failed rows.
+
+    Inputs are the dotted scenario fields (model.*, hardware.*, pipeline.*, training.*); list-valued
+    per-stage results become one column per stage.
+    """
     if df.empty:
         raise ValueError("the sweep table has no rows")
-    inputs = [c for c in df.columns if "." in str(c)]
+    sections = tuple(f"{name}." for name in Scenario.model_fields)
+    inputs = [c for c in df.columns if str(c).startswith(sections)]
     if not inputs:
         raise ValueError("the sweep table has no input columns (dotted names such as pipeline.stages)")
+    df = _expand_lists(df, set(inputs) | {"error"})
     if "error" in df.columns:
         err = df["error"]
         bad = err.notna() & (err.astype(str).str.strip() != "")
@@ -107,7 +147,7 @@ def split_sweep(df: pd.DataFrame) -> SweepColumns:
     ok, failed = df[~bad], df[bad]
     results = [
         c for c in df.columns
-        if c not in inputs and c != "error"
+        if c not in inputs and c != "error" and "." not in str(c)
         and (pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]))
     ]
     return SweepColumns(inputs, results, ok, failed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,21 @@ def format_quantity(value: float, kind: str) -> str:
     return f"{value:.6g} {suffix}"
 
 
+@dataclass(frozen=True)
+class FormNotice:
+    """Why the form has no scenario yet: a missing upload (info) or a bad one (error)."""
+
+    message: str
+    error: bool = False
+
+    def show(self) -> None:
+        """Show it on the page: st.error for bad input, st.info otherwise."""
+        if self.error:
+            st.error(self.message, icon=":material/error:")
+        else:
+            st.info(self.message, icon=":material/upload_file:")
+
+
 def _init(key: str, value: Any) -> str:
     if key not in st.session_state:
         st.session_state[key] = value
@@ -106,7 +122,7 @@ def _model_fields(box: Any, preset: str, base: dict[str, Any]) -> dict[str, Any]
     return model
 
 
-def _table_model(box: Any) -> tuple[dict[str, Any] | None, str | None]:
+def _table_model(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     upload = box.file_uploader(
         "per-layer table (YAML/JSON from the profiler)", type=["yaml", "yml", "json"],
         key="upload.layer_table",
@@ -114,11 +130,11 @@ def _table_model(box: Any) -> tuple[dict[str, Any] | None, str | None]:
              "forward/backward FLOPs or seconds per sample or measured timings.",
     )
     if upload is None:
-        return None, "Upload a per-layer table (YAML or JSON) to simulate a `table` model."
+        return None, FormNotice("Upload a per-layer table (YAML or JSON) to simulate a `table` model.")
     try:
         return _read_table(upload.name, upload.getvalue()), None
     except ValueError as exc:
-        return None, f"model: {exc}"
+        return None, FormNotice(f"model: {exc}", error=True)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -160,7 +176,7 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
     }
 
 
-def scenario_form(box: Any) -> tuple[dict[str, Any] | None, str | None]:
+def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     """Draw the scenario widgets in `box` (the sidebar); return (scenario data, or None and a notice)."""
     base = default_scenario_data()
     bp, bt = base["pipeline"], base["training"]

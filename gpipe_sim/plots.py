@@ -330,6 +330,8 @@ def stage_comparison_figure(named: Sequence[tuple[str, Result]], field: str = "b
 def sweep_figure(rows: Any, x: str, y: str, color: str | None = None, lines: bool = True) -> go.Figure:
     """A sweep's result column `y` against input column `x`, one series per value of `color`."""
     df = rows.sort_values(x, kind="stable")
+    if df[y].dtype == bool or str(df[y].dtype) == "boolean":
+        df = df.assign(**{y: df[y].astype(float)})
     groups = [(None, df)] if not color else [(value, part) for value, part in df.groupby(color, sort=True, dropna=False)]
     fig = go.Figure()
     for value, part in groups:

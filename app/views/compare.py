@@ -92,7 +92,7 @@ st.title("Compare two configurations")
 st.caption("A is the sidebar configuration; B changes a few of its fields. Rows that differ are highlighted.")
 a_data, notice = scenario_form(st.sidebar)
 if notice:
-    st.info(notice, icon=":material/upload_file:")
+    notice.show()
     st.stop()
 b_data = _variant_form(a_data)
 run_a = try_run(a_data, "Configuration A: ")

@@ -16,7 +16,7 @@ BUBBLE_K = (2, 4, 8, 16)
 st.title("Explore a pipeline")
 data, notice = scenario_form(st.sidebar)
 if notice:
-    st.info(notice, icon=":material/upload_file:")
+    notice.show()
     st.stop()
 run = try_run(data)
 if run is None:
