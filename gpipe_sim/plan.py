@@ -169,10 +169,13 @@ def _flatten(plan: Plan) -> Program:
     n_dev = int(dmap.max()) + 1
     pair = dmap[src[remote]] * n_dev + dmap[dst[remote]]
     pairs, link[remote] = np.unique(pair, return_inverse=True)
-    hw_link = plan.scenario.hardware.link
-    nbytes = out[np.minimum(src[remote], dst[remote]), mb[remote]]
-    serialization[remote] = nbytes / hw_link.bandwidth
-    latency[remote] = hw_link.latency_s
+    hardware = plan.scenario.hardware
+    pair_links = [hardware.link_between(k) for k in range(max(K - 1, 1))]
+    bandwidth = np.array([link.bandwidth for link in pair_links])
+    pair_latency = np.array([link.latency_s for link in pair_links])
+    lower = np.minimum(src[remote], dst[remote])
+    serialization[remote] = out[lower, mb[remote]] / bandwidth[lower]
+    latency[remote] = pair_latency[lower]
     users = np.unique(np.stack([link[remote], st[remote].astype(np.int64)]), axis=1)
     dedicated = np.bincount(users[0], minlength=len(pairs)) == 1 if users.size else np.ones(0, bool)
 

@@ -238,7 +238,12 @@ class Hardware(_Strict):
     preset: str | None = None
     accelerator: Accelerator
     link: Link
+    links: tuple[Link, ...] | None = None  # per consecutive stage pair (K-1), overriding `link`
     stage_to_device: tuple[Annotated[int, Field(ge=0)], ...] | None = None
+
+    def link_between(self, stage: int) -> Link:
+        """The link carrying transfers between stage `stage` and stage `stage + 1`."""
+        return self.links[stage] if self.links is not None else self.link
 
     @model_validator(mode="before")
     @classmethod
@@ -344,6 +349,11 @@ class Scenario(_Strict):
                     f"pipeline.partition: layer counts sum to {sum(p.partition)}, "
                     f"the model has {layers} layers"
                 )
+        if self.hardware.links is not None and len(self.hardware.links) != p.stages - 1:
+            raise ValueError(
+                f"hardware.links: {len(self.hardware.links)} links for {p.stages} stages "
+                f"(give one per consecutive pair: {p.stages - 1})"
+            )
         device_map = self.hardware.stage_to_device
         if device_map is not None and len(device_map) != p.stages:
             raise ValueError(

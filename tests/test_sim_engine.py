@@ -126,3 +126,13 @@ def test_result_round_trips_through_json(uniform):
 
     again = Result.from_dict(json.loads(result.to_json()))
     assert again.to_dict() == result.to_dict()
+
+
+def test_per_pair_links_override_the_default_link(uniform):
+    slow = {"bandwidth": 1e6, "latency_s": 0.0}
+    fast_link = {"bandwidth": "inf", "latency_s": 0.0}
+    base = {"accelerator": {"peak_flops": {"fp32": 1e12}}, "link": fast_link}
+    quick = simulate(uniform(3, 1, 1, 3, hardware=base))
+    slowed = simulate(uniform(3, 1, 1, 3, hardware={**base, "links": [slow, fast_link]}))
+    # One sample crosses the slow pair twice (activation forward, gradient back), 1e6 B at 1e6 B/s.
+    assert slowed.step_time_s == pytest.approx(quick.step_time_s + 2.0, rel=1e-9)
