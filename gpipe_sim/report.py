@@ -39,8 +39,13 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
     head.add_row("bubble", f"{result.bubble_fraction:.4f} (analytic (K-1)/(M+K-1) = "
                            f"{result.analytic_bubble_fraction:.4f})")
-    fit = "yes" if result.fits_in_memory else "NO: a device exceeds its memory"
-    head.add_row("fits in memory", f"{fit} (capacity {format_bytes(result.memory_capacity_bytes)})")
+    cap = result.memory_capacity_bytes
+    over = [
+        f"device {d} needs {format_bytes(v)}"
+        for d, v in sorted(result.device_peak_memory_bytes.items()) if v > cap
+    ]
+    fit = "yes" if result.fits_in_memory else "NO: " + "; ".join(over)
+    head.add_row("fits in memory", f"{fit} (capacity {format_bytes(cap)} per device)")
     table = Table(title="per stage")
     for col in ("stage", "layers", "device", "busy", "params", "optimizer+grads", "peak activations", "peak memory"):
         table.add_column(col, justify="right")
