@@ -378,7 +378,8 @@ class Scenario(_Strict):
     def with_updates(self, updates: dict[str, Any]) -> "Scenario":
         """A copy with dotted-name fields replaced, e.g. {"pipeline.stages": 8}; revalidated."""
         data = self.to_dict()
-        for dotted, value in updates.items():
+        # Preset switches first, so that fields given beside them override the new preset.
+        for dotted, value in sorted(updates.items(), key=lambda kv: not kv[0].endswith(".preset")):
             set_dotted(data, dotted, value)
         return parse_scenario(data)
 
@@ -393,9 +394,12 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
             child = {}
             node[key] = child
         node = child
-    if keys[-1] == "preset" and len(keys) >= 2 and keys[-2] == "model":
-        # Switching model preset: drop the old preset's size fields.
-        node.clear()
+    if keys[-1] == "preset" and len(keys) == 2 and node.get("preset") != value:
+        if keys[0] == "model":
+            node.clear()  # the old preset's size fields mean nothing to the new one
+        elif keys[0] == "hardware":
+            for resolved in ("accelerator", "link", "links"):
+                node.pop(resolved, None)  # resolved from the old preset
     node[keys[-1]] = value
 
 

@@ -115,3 +115,16 @@ def test_presets_lists_every_preset(capsys):
     for name in ("uniform", "transformer", "amoebanet", "ideal", "tpuv2", "tpuv3", "p100-pcie",
                  "v100", "a100-80gb", "h100-sxm", "h200"):
         assert name in out
+
+
+def test_with_updates_switches_presets_cleanly():
+    from gpipe_sim import Scenario
+
+    base = Scenario().with_updates({"hardware.preset": "v100", "model.preset": "uniform"})
+    h100 = base.with_updates({"hardware.preset": "h100-sxm", "hardware.accelerator.memory_bytes": 1e9})
+    assert h100.hardware.accelerator.name == "H100 SXM"
+    assert h100.hardware.accelerator.peak_flops["bf16"] == 989e12
+    assert h100.hardware.accelerator.memory_bytes == 1e9
+    assert base.with_updates({"model.layers": 32}).model.layers == 32
+    deeper = Scenario().with_updates({"model.layers": 30, "pipeline.stages": 6})
+    assert (deeper.model.preset, deeper.model.layers, deeper.pipeline.stages) == ("transformer", 30, 6)
