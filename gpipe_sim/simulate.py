@@ -7,6 +7,7 @@ from typing import Literal
 import numpy as np
 
 from gpipe_sim.engine import run_simpy
+from gpipe_sim.errors import SimulationError
 from gpipe_sim.fast import contention_free, evaluate_fast
 from gpipe_sim.memory import memory_profile
 from gpipe_sim.plan import Plan, compile_plan
@@ -16,10 +17,23 @@ from gpipe_sim.scenario import Scenario
 Engine = Literal["simpy", "fast", "auto"]
 
 
+AUTO_SWEEPS = 12  # "auto" gives the fast evaluator this many sweeps before taking SimPy
+
+
 def run_engine(plan: Plan, engine: Engine = "simpy") -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of every action; "auto" takes the fast evaluator where there is no contention."""
-    if engine == "fast" or (engine == "auto" and contention_free(plan)):
+    """(start, end) of every action.
+
+    "auto" takes the fast evaluator where there is no contention and it converges within a few
+    sweeps (GPipe always does; 1F1B does unless its critical path zig-zags between stages many
+    times, as on very deep pipelines with free communication), else the SimPy engine.
+    """
+    if engine == "fast":
         return evaluate_fast(plan)
+    if engine == "auto" and contention_free(plan):
+        try:
+            return evaluate_fast(plan, max_sweeps=AUTO_SWEEPS)
+        except SimulationError:
+            pass
     return run_simpy(plan)
 
 
