@@ -10,7 +10,7 @@ import numpy as np
 from gpipe_exec.launch import LaunchOptions, launch
 from gpipe_exec.runtime import Job, boundary_shape
 from gpipe_exec.zoo import check_buildable
-from gpipe_sim.errors import ScenarioError
+from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.plan import Plan, compile_plan
 from gpipe_sim.result import Result, Timeline, summarize
 from gpipe_sim.scenario import Scenario
@@ -88,6 +88,8 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
 def execute(scenario: Scenario, *, steps: int = 5, warmup: int = 2, seed: int = 0,
             dropout: float | None = None, options: LaunchOptions = LaunchOptions()) -> Measurement:
     """Train `scenario` for warm-up + measured steps with one process per stage; measure the step."""
+    if steps < 1 or warmup < 0:
+        raise GpipeError(f"steps must be >= 1 and warm-up >= 0, got {steps} and {warmup}")
     plan = check_runnable(scenario)
     job = job_for(scenario, plan, steps=steps, warmup=warmup, seed=seed, dropout=dropout)
     output = launch([job], plan.device_map, options)[0]

@@ -14,7 +14,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -63,23 +63,32 @@ def _backend(device: torch.device, options: LaunchOptions) -> str:
     return options.backend or ("nccl" if device.type == "cuda" else "gloo")
 
 
-def run_rank(rank: int, world: int, jobs: list[Job], device_map: Sequence[int],
-             options: LaunchOptions, init_method: str = "env://") -> list[dict[str, Any]]:
-    """One rank: join the process group, align clocks, run every job, leave the group."""
+# A task runs on every rank: task(rank, device, clock, payload) -> rank 0's answer.
+Task = Callable[[int, torch.device, AlignedClock, Any], Any]
+
+
+def run_jobs(rank: int, device: torch.device, clock: AlignedClock, jobs: list[Job]) -> list[dict[str, Any]]:
+    """The executor's task: run the jobs in order in this process group."""
+    return [run_job(job, rank, device, clock) for job in jobs]
+
+
+def run_rank(rank: int, world: int, payload: Any, device_map: Sequence[int], options: LaunchOptions,
+             init_method: str = "env://", task: Task = run_jobs) -> Any:
+    """One rank: join the process group, align clocks, run the task, leave the group."""
     device = _setup_rank(rank, device_map, options)
     dist.init_process_group(_backend(device, options), init_method=init_method, rank=rank,
                             world_size=world, timeout=timedelta(seconds=options.comm_timeout_s))
     try:
         clock = AlignedClock.synchronize()
-        return [run_job(job, rank, device, clock) for job in jobs]
+        return task(rank, device, clock, payload)
     finally:
         dist.destroy_process_group()
 
 
-def _worker(rank: int, world: int, port: int, jobs: list[Job], device_map: Sequence[int],
-            options: LaunchOptions, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, payload: Any, device_map: Sequence[int],
+            options: LaunchOptions, out_dir: str, task: Task) -> None:
     try:
-        results = run_rank(rank, world, jobs, device_map, options, f"tcp://127.0.0.1:{port}")
+        results = run_rank(rank, world, payload, device_map, options, f"tcp://127.0.0.1:{port}", task)
         if rank == 0:
             torch.save(results, Path(out_dir) / "result.pt")
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit non-zero
@@ -114,9 +123,9 @@ def _failure_message(out_dir: Path, exitcodes: dict[int, int | None]) -> str:
     return "a rank failed without a message"
 
 
-def launch(jobs: list[Job], device_map: Sequence[int], options: LaunchOptions = LaunchOptions()
-           ) -> list[dict[str, Any]]:
-    """Spawn one process per stage, run `jobs` in order, return rank 0's result for each job.
+def launch(jobs: Any, device_map: Sequence[int], options: LaunchOptions = LaunchOptions(),
+           task: Task = run_jobs) -> Any:
+    """Spawn one process per stage, run `task` (by default: `jobs` in order), return rank 0's answer.
 
     If any rank fails, the others are stopped within about a second and ExecutionError names the
     failing rank; the whole launch is bounded by `options.run_timeout_s`.
@@ -126,7 +135,7 @@ def launch(jobs: list[Job], device_map: Sequence[int], options: LaunchOptions = 
     with tempfile.TemporaryDirectory(prefix="gpipe-exec-") as tmp:
         port = _free_port()
         procs = [
-            ctx.Process(target=_worker, args=(r, world, port, jobs, tuple(device_map), options, tmp),
+            ctx.Process(target=_worker, args=(r, world, port, jobs, tuple(device_map), options, tmp, task),
                         daemon=False, name=f"gpipe-exec-rank{r}")
             for r in range(world)
         ]

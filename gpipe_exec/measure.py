@@ -25,17 +25,25 @@ class SavedBytesMeter:
     """
 
     def __init__(self, modules: Iterable[torch.nn.Module] = ()) -> None:
-        self.static: set[int] = set()
+        self.static: set[int] = set()  # storage addresses of parameters and buffers
+        self.static_ids: set[int] = set()  # their ids (meta tensors have no addresses)
         for module in modules:
             for t in [*module.parameters(), *module.buffers()]:
-                self.static.add(t.untyped_storage().data_ptr())
+                self.static_ids.add(id(t))
+                if t.device.type != "meta":
+                    self.static.add(t.untyped_storage().data_ptr())
         self.held: dict[int, int] = {}
         self.total = 0
         self.peak = 0
         self._current: int | None = None
 
+    def _is_static(self, t: torch.Tensor) -> bool:
+        if id(t) in self.static_ids or (t._base is not None and id(t._base) in self.static_ids):
+            return True
+        return t.device.type != "meta" and t.untyped_storage().data_ptr() in self.static
+
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if self._current is not None and t.untyped_storage().data_ptr() not in self.static:
+        if self._current is not None and not self._is_static(t):
             self._add(self._current, tensor_bytes(t))
         return t
 

@@ -1,0 +1,170 @@
+"""The `gpipe-exec` command line: run, profile, calibrate and validate a scenario for real."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from gpipe_exec.errors import ExecutionError
+from gpipe_sim.errors import GpipeError
+
+
+def _options(args: argparse.Namespace):  # -> LaunchOptions
+    from gpipe_exec.launch import LaunchOptions
+
+    return LaunchOptions(threads=args.threads, pin=not args.no_pin, comm_timeout_s=args.timeout,
+                         run_timeout_s=args.run_timeout)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from gpipe_exec.execute import execute
+    from gpipe_sim.report import summary_text
+    from gpipe_sim.scenario import load_scenario
+    from gpipe_sim.trace import write_chrome_trace
+
+    scenario = load_scenario(args.scenario)
+    m = execute(scenario, steps=args.steps, warmup=args.warmup, options=_options(args))
+    if args.trace:
+        write_chrome_trace(m.result.timeline, args.trace, name="gpipe-exec measurement")
+    if args.json:
+        sys.stdout.write(m.result.to_json(timeline=not args.no_timeline) + "\n")
+        return 0
+    sys.stdout.write(summary_text(scenario, m.result) + "\n")
+    steps = ", ".join(f"{t * 1e3:.2f}" for t in m.step_times_s)
+    sys.stdout.write(f"measured step times (ms, after {args.warmup} warm-up): {steps}; loss {m.loss:.5f}\n")
+    if any(p is not None for p in m.cuda_peak_bytes):
+        sys.stdout.write(f"cuda max_memory_allocated per stage: {m.cuda_peak_bytes}\n")
+    if args.trace:
+        sys.stdout.write(f"trace written to {args.trace} (open in ui.perfetto.dev)\n")
+    return 0
+
+
+def _sizes(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        sizes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise GpipeError(f"--micro-batches: expected sizes like 1,2,4, got {text!r}") from None
+    if min(sizes) < 1:
+        raise GpipeError("--micro-batches: sizes must be >= 1")
+    return sizes
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from gpipe_exec.profile import ProfileOptions, profile_model, write_table
+    from gpipe_sim.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    options = ProfileOptions(micro_batches=_sizes(args.micro_batches), warmup=args.warmup,
+                             repeats=args.repeats, threads=args.threads, meta=args.meta)
+    with Progress(transient=True) as bar:
+        task = bar.add_task("profiling", total=None)
+
+        def progress(i: int, n: int, name: str) -> None:
+            bar.update(task, total=n, completed=i, description=f"profiling {name}")
+
+        table = profile_model(scenario, options, progress=progress)
+    write_table(table, args.out)
+    sys.stdout.write(f"{len(table['layers'])} layers written to {args.out} "
+                     f"(use model: {{preset: table, path: {args.out}}})\n")
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from gpipe_exec.calibrate import calibrate_link
+
+    fit = calibrate_link(options=_options(args))
+    sys.stdout.write(json.dumps({"link": fit.as_link(), "samples": fit.samples}) + "\n")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from gpipe_exec.validate import validate, validation_text
+    from gpipe_sim.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    console = Console(stderr=True)
+    with console.status("validating") as status:
+        v = validate(scenario, steps=args.steps, warmup=args.warmup, options=_options(args),
+                     progress=lambda msg: status.update(msg))
+    if args.json:
+        sys.stdout.write(json.dumps(v.to_dict(timeline=not args.no_timeline)) + "\n")
+    else:
+        sys.stdout.write(validation_text(v) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpipe-exec", description="Run gpipe_sim's pipeline schedules for real on torch.distributed."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def launch_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+        p.add_argument("--no-pin", action="store_true", help="do not pin ranks to their device's cores")
+        p.add_argument("--timeout", type=float, default=60.0,
+                       help="seconds a rank waits on a peer before failing (default 60)")
+        p.add_argument("--run-timeout", type=float, default=1800.0, help="seconds for the whole run")
+
+    p = sub.add_parser("run", help="train one step per iteration for real and measure it")
+    p.add_argument("scenario")
+    p.add_argument("--steps", type=int, default=5, help="measured steps (the median is reported)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up steps, not measured")
+    p.add_argument("--json", action="store_true", help="print the measured result JSON")
+    p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timeline")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the measured step")
+    launch_flags(p)
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("profile", help="measure every layer and write the simulator's layer table")
+    p.add_argument("scenario")
+    p.add_argument("--out", required=True, help="table file (.yaml or .json)")
+    p.add_argument("--micro-batches", help="sizes to time, e.g. 1,2,4 (default: the scenario's)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--meta", action="store_true", help="FLOPs and bytes only, on the meta device")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("calibrate", help="measure the backend's point-to-point latency and bandwidth")
+    launch_flags(p)
+    p.set_defaults(func=_cmd_calibrate)
+
+    p = sub.add_parser("validate", help="predicted vs measured step time, throughput, bubble, memory")
+    p.add_argument("scenario")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--json", action="store_true",
+                   help="print {predicted, measured, relative_error} as JSON")
+    p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timelines")
+    launch_flags(p)
+    p.set_defaults(func=_cmd_validate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: a failed rank exits 1, bad input exits 2, both with one line on stderr."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ExecutionError as exc:
+        sys.stderr.write(f"gpipe-exec: error: {exc}\n")
+        return 1
+    except GpipeError as exc:
+        sys.stderr.write(f"gpipe-exec: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("gpipe-exec: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

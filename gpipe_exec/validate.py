@@ -1,0 +1,116 @@
+"""Predicted versus measured: profile here, calibrate the link, simulate, run for real, compare."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from gpipe_exec.calibrate import LinkFit, calibrate_link
+from gpipe_exec.execute import Measurement, check_runnable, execute
+from gpipe_exec.launch import LaunchOptions
+from gpipe_exec.profile import ProfileOptions, profile_model, table_scenario
+from gpipe_sim.plan import compile_plan
+from gpipe_sim.result import Result
+from gpipe_sim.scenario import Scenario
+from gpipe_sim.simulate import simulate
+
+
+@dataclass
+class Validation:
+    """One scenario's prediction (from this machine's profile and link) beside its measurement."""
+
+    scenario: Scenario  # as run: the zoo model with the simulator's partition written out
+    predicted: Result
+    measured: Measurement
+    link: LinkFit | None
+
+    @property
+    def relative_error(self) -> dict[str, float]:
+        return relative_errors(self.predicted, self.measured.result)
+
+    def to_dict(self, timeline: bool = True) -> dict[str, Any]:
+        return {
+            "predicted": self.predicted.to_dict(timeline),
+            "measured": self.measured.result.to_dict(timeline),
+            "relative_error": self.relative_error,
+            "measured_step_times_s": self.measured.step_times_s,
+            "link": None if self.link is None else self.link.as_link(),
+        }
+
+
+def _rel(predicted: float, measured: float) -> float:
+    if measured == 0:
+        return 0.0 if predicted == 0 else float("inf")
+    return abs(predicted - measured) / abs(measured)
+
+
+def compared_fields(predicted: Result, measured: Result) -> list[tuple[str, float, float]]:
+    """(field, predicted, measured) for every compared figure."""
+    rows = [
+        ("step_time_s", predicted.step_time_s, measured.step_time_s),
+        ("throughput_samples_per_s", predicted.throughput_samples_per_s, measured.throughput_samples_per_s),
+        ("bubble_fraction", predicted.bubble_fraction, measured.bubble_fraction),
+    ]
+    for p, m in zip(predicted.stages, measured.stages):
+        rows.append((f"stage{p.index}.peak_activation_bytes", p.peak_activation_bytes, m.peak_activation_bytes))
+    return rows
+
+
+def relative_errors(predicted: Result, measured: Result) -> dict[str, float]:
+    """|predicted - measured| / |measured| per compared field."""
+    return {name: _rel(p, m) for name, p, m in compared_fields(predicted, measured)}
+
+
+def predict_with_profile(scenario: Scenario, table: dict[str, Any], link: LinkFit | None) -> tuple[Scenario, Result]:
+    """Simulate the scenario with the measured layer table (and link); return the scenario to run,
+    whose partition is the one the simulator chose, written out as layer counts."""
+    updates: dict[str, Any] = {}
+    if link is not None:
+        updates["hardware.link"] = link.as_link()
+    predicted_scenario = table_scenario(scenario, table, updates)
+    plan = compile_plan(predicted_scenario)
+    counts = [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    run_scenario = scenario.with_updates({"pipeline.partition": counts})
+    return run_scenario, simulate(predicted_scenario)
+
+
+def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: ProfileOptions | None = None,
+             options: LaunchOptions = LaunchOptions(), link: LinkFit | None = None, calibrate: bool = True,
+             table: dict[str, Any] | None = None,
+             progress: Callable[[str], None] | None = None) -> Validation:
+    """Profile, calibrate, simulate and execute `scenario`; everything on this machine."""
+    say = progress or (lambda _msg: None)
+    check_runnable(scenario)
+    if table is None:
+        say("profiling layers")
+        table = profile_model(scenario, profile or ProfileOptions(threads=options.threads))
+    devices = sorted(set(scenario.device_map))
+    if link is None and calibrate and len(devices) > 1:
+        say("calibrating the link")
+        link = calibrate_link((devices[0], devices[1]), options=options)
+    run_scenario, predicted = predict_with_profile(scenario, table, link)
+    say("running the pipeline")
+    measured = execute(run_scenario, steps=steps, warmup=warmup, options=options)
+    return Validation(run_scenario, predicted, measured, link)
+
+
+def validation_text(v: Validation) -> str:
+    """A table: predicted, measured and relative error per compared field."""
+    table = Table(title="predicted vs measured")
+    for col in ("field", "predicted", "measured", "relative error"):
+        table.add_column(col, justify="right" if col != "field" else "left")
+    errors = v.relative_error
+    for name, p, m in compared_fields(v.predicted, v.measured.result):
+        table.add_row(name, f"{p:.6g}", f"{m:.6g}", f"{100 * errors[name]:.2f}%")
+    buf = io.StringIO()
+    console = Console(file=buf, width=100, force_terminal=False)
+    console.print(table)
+    steps = ", ".join(f"{t * 1e3:.2f}" for t in v.measured.step_times_s)
+    console.print(f"measured step times (ms): {steps}")
+    if v.link is not None:
+        console.print(f"link: latency {v.link.latency_s * 1e6:.1f} us, bandwidth {v.link.bandwidth / 1e9:.2f} GB/s")
+    return buf.getvalue().rstrip()
