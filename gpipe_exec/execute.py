@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,23 @@ from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.plan import Plan, compile_plan
 from gpipe_sim.result import Result, Timeline, summarize
 from gpipe_sim.scenario import Scenario
+
+
+FAULT_ENV = "GPIPE_EXEC_FAULT"  # fault injection for tests: "RANK:raise|kill[:ACTION[:STEP]]"
+
+
+def parse_fault(text: str) -> dict[str, Any]:
+    """Parse a fault-injection spec such as "1:kill:3" (rank 1 is killed before its action 3)."""
+    parts = text.split(":")
+    try:
+        fault = {"rank": int(parts[0]), "kind": parts[1],
+                 "action": int(parts[2]) if len(parts) > 2 else 0,
+                 "step": int(parts[3]) if len(parts) > 3 else 0}
+    except (IndexError, ValueError):
+        raise GpipeError(f"{FAULT_ENV}: expected RANK:raise|kill[:ACTION[:STEP]], got {text!r}") from None
+    if fault["kind"] not in ("raise", "kill"):
+        raise GpipeError(f"{FAULT_ENV}: kind must be raise or kill, got {fault['kind']!r}")
+    return fault
 
 
 @dataclass
@@ -42,6 +60,8 @@ def job_for(scenario: Scenario, plan: Plan, *, steps: int = 5, warmup: int = 2, 
             dropout: float | None = None, **extra: Any) -> Job:
     """The job that runs `scenario` with the plan's partition (the simulator's)."""
     partition = [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    if "fault" not in extra and os.environ.get(FAULT_ENV):
+        extra["fault"] = parse_fault(os.environ[FAULT_ENV])
     return Job(scenario=scenario.to_dict(), partition=partition, steps=steps, warmup=warmup,
                seed=seed, dropout=dropout, **extra)
 

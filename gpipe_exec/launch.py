@@ -101,10 +101,11 @@ def _worker(rank: int, world: int, port: int, payload: Any, device_map: Sequence
         os._exit(1)
 
 
-def _failure_message(out_dir: Path, exitcodes: dict[int, int | None]) -> str:
-    errors = []
-    for path in out_dir.glob("error*.json"):
-        errors.append(json.loads(path.read_text()))
+def _rank_errors(out_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(path.read_text()) for path in sorted(out_dir.glob("error*.json"))]
+
+
+def _failure_message(errors: list[dict[str, Any]], exitcodes: dict[int, int | None]) -> str:
     own = sorted((e for e in errors if not e["peer"]), key=lambda e: e["time"])
     if own:
         e = own[0]
@@ -160,7 +161,10 @@ def launch(jobs: Any, device_map: Sequence[int], options: LaunchOptions = Launch
             _stop(procs)
         codes = {r: p.exitcode for r, p in enumerate(procs)}
         if failed or any(c != 0 for c in codes.values()):
-            raise ExecutionError(_failure_message(Path(tmp), codes))
+            errors = _rank_errors(Path(tmp))
+            exc = ExecutionError(_failure_message(errors, codes))
+            exc.rank_errors = errors  # type: ignore[attr-defined]
+            raise exc
         return torch.load(Path(tmp) / "result.pt", weights_only=False)
 
 

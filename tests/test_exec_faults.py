@@ -1,0 +1,88 @@
+"""Faults: a failing or killed rank stops the run with a clear error in bounded time; bad input fails
+before any process starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from gpipe_exec import cli, execute  # noqa: E402
+from gpipe_exec.errors import ExecutionError  # noqa: E402
+from gpipe_exec.launch import LaunchOptions, launch  # noqa: E402
+from gpipe_sim.scenario import parse_scenario  # noqa: E402
+
+SCENARIO = {
+    "model": {"preset": "mlp", "layers": 2, "width": 16, "input_dim": 8},
+    "hardware": {"preset": "cpu"},
+    "pipeline": {"stages": 2, "micro_batches": 4, "batch_size": 8, "schedule": "gpipe", "remat": "none"},
+}
+OPTIONS = LaunchOptions(comm_timeout_s=20, run_timeout_s=120)
+
+
+def _job(fault: dict) -> tuple:
+    sc = parse_scenario(SCENARIO)
+    plan = execute.check_runnable(sc)
+    return execute.job_for(sc, plan, steps=2, warmup=0, fault=fault), plan
+
+
+@pytest.mark.parametrize("kind", ["raise", "kill"])
+def test_failing_rank_stops_everyone_and_is_named(kind: str) -> None:
+    # Rank 1 fails before its 5th action; rank 0 is then blocked waiting for its gradient.
+    job, plan = _job({"rank": 1, "kind": kind, "action": 4, "step": 1})
+    t0 = time.monotonic()
+    with pytest.raises(ExecutionError) as info:
+        launch([job], plan.device_map, OPTIONS)
+    elapsed = time.monotonic() - t0
+    message = str(info.value)
+    assert "rank 1" in message and "\n" not in message
+    assert ("killed by SIGKILL" if kind == "kill" else "injected fault") in message
+    assert elapsed < 60  # bounded: far below the comm timeout plus start-up
+    # The surviving rank noticed on its own and named the peer that stopped.
+    peers = [e for e in info.value.rank_errors if e["rank"] == 0]
+    assert peers and peers[0]["peer"] and "rank 1" in peers[0]["message"]
+
+
+def test_cli_exits_nonzero_naming_the_rank(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    env = {**os.environ, execute.FAULT_ENV: "0:raise:2"}
+    proc = subprocess.run([sys.executable, "-m", "gpipe_exec.cli", "run", str(path), "--steps", "1",
+                           "--warmup", "0", "--timeout", "20"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("gpipe-exec: error: rank 0 failed") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"pipeline": {**SCENARIO["pipeline"], "micro_batches": 16}}, "pipeline.micro_batches"),
+        ({"pipeline": {**SCENARIO["pipeline"], "stages": 5}}, "pipeline.stages"),
+        ({"model": {"preset": "amoebanet", "layers": 3, "filters": 8, "image_size": 16}}, "model.preset"),
+        ({"model": {"preset": "convnet", "layers": 2, "channels": 4, "image_size": 2}}, "model.image_size"),
+    ],
+)
+def test_unrunnable_scenario_fails_before_any_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture, change: dict,
+                                                      field: str) -> None:
+    import yaml
+
+    def no_launch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(execute, "launch", no_launch)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**SCENARIO, **change}))
+    assert cli.main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err, err
