@@ -15,7 +15,7 @@ from gpipe_sim.simulate import simulate
 from gpipe_sim.trace import chrome_trace
 from gpipe_sim.units import format_bytes, format_seconds
 
-MAX_GANTT_BARS = 2500
+MAX_GANTT_BARS = 1000
 _RUN_STARTED = "_run_started"
 
 

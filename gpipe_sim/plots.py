@@ -28,6 +28,8 @@ _LANES: dict[str, tuple[float, float]] = {
     "send": (0.32, 0.14),
 }
 _COMPUTE_LANE = (-0.3, 0.6)
+# Below the time axis, so that it never covers a title in narrow (side-by-side) charts.
+_BOTTOM_LEGEND = dict(orientation="h", yanchor="bottom", y=0.0, yref="container", xanchor="left", x=0.0)
 GIB = 2.0**30
 
 
@@ -135,10 +137,11 @@ def _gantt_traces(bars: GanttBars, scale: float, unit: str, legend: bool,
             for a, b, c in zip(lo.tolist(), hi.tolist(), cnt.tolist())
         ]
         start, end = bars.start_s[sel] / scale, bars.end_s[sel] / scale
+        outline = dict(width=0.6, color="white") if len(bars) <= 1200 else dict(width=0)
         traces.append(go.Bar(
             name=name, legendgroup=name + legendgroup_suffix, showlegend=legend,
             orientation="h", y=bars.stage[sel], base=start, x=end - start,
-            offset=offset, width=width, marker=dict(color=KIND_COLORS[name], line=dict(width=0)),
+            offset=offset, width=width, marker=dict(color=KIND_COLORS[name], line=outline),
             customdata=np.column_stack([labels, np.round(start, 6), np.round(end, 6)]),
             hovertemplate=(f"stage %{{y}}<br>{name}<br>micro-batch %{{customdata[0]}}<br>"
                            f"%{{customdata[1]}} - %{{customdata[2]}} {unit}<extra></extra>"),
@@ -163,8 +166,8 @@ def timeline_figure(timeline: Timeline, *, title: str = "Schedule timeline", max
     fig = go.Figure(_gantt_traces(bars, scale, unit, legend=True))
     fig.update_layout(
         title=title, barmode="overlay", bargap=0, xaxis_title=f"time ({unit})",
-        height=max(220, 60 + 34 * stages), legend_title_text="action",
-        margin=dict(l=10, r=10, t=50, b=40),
+        height=max(260, 160 + 34 * stages), margin=dict(l=10, r=10, t=50, b=100),
+        legend=_BOTTOM_LEGEND,
     )
     if x_range_s:
         fig.update_xaxes(range=[0, x_range_s / scale])
@@ -202,18 +205,30 @@ def memory_timeline_figure(result: Result, *, max_points_per_stage: int = 600) -
             x=t / scale, y=(static + level) / GIB, mode="lines", line_shape="hv", name=f"stage {k}",
             hovertemplate=f"stage {k}<br>%{{x:.4g}} {unit}<br>%{{y:.3f}} GiB<extra></extra>",
         ))
-    _capacity_line(fig, result.memory_capacity_bytes)
-    fig.update_layout(title="Memory over time (parameters, states and activations held)",
+    cap = result.memory_capacity_bytes
+    peak = max(result.device_peak_memory_bytes.values(), default=0.0)
+    title = "Memory over time (parameters, states and activations held)"
+    if peak >= 0.5 * cap:
+        _capacity_line(fig, cap)
+    elif math.isfinite(cap):
+        title += f"<br><sup>device capacity {cap / GIB:.1f} GiB is off the chart</sup>"
+    fig.update_layout(title=title,
                       xaxis_title=f"time ({unit})", yaxis_title="GiB", height=360,
                       margin=dict(l=10, r=10, t=50, b=40))
     return fig
 
 
-def _capacity_line(fig: go.Figure, capacity: float, **where: Any) -> None:
+def _capacity_line(fig: go.Figure, capacity: float) -> None:
+    """A dashed horizontal line at the device capacity (a layout shape: cheaper than add_hline)."""
     if math.isfinite(capacity):
-        fig.add_hline(y=capacity / GIB, line_dash="dash", line_color="crimson",
-                      annotation_text=f"capacity {capacity / GIB:.1f} GiB",
-                      annotation_position="top left", **where)
+        y = capacity / GIB
+        fig.update_layout(
+            shapes=[dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=y, y1=y,
+                         line=dict(color="crimson", dash="dash", width=2))],
+            annotations=[dict(xref="paper", x=0, yref="y", y=y, text=f"capacity {y:.1f} GiB",
+                              showarrow=False, xanchor="left", yanchor="bottom",
+                              font=dict(color="crimson"))],
+        )
 
 
 def stage_memory_figure(result: Result) -> go.Figure:
@@ -271,6 +286,8 @@ def bubble_vs_m_figure(stages_list: Sequence[int], current_k: int, current_m: in
         marker=dict(size=15, symbol="star", color="crimson", line=dict(width=1, color="black")),
         hovertemplate="current<br>M=%{x}<br>bubble %{y:.4f}<extra></extra>",
     ))
+    ticks = [2**i for i in range(int(math.log2(m_max)) + 2) if 2**i <= 2 * m_max]
+    fig.update_xaxes(tickvals=ticks, ticktext=[str(t) for t in ticks])
     fig.update_layout(title="Bubble fraction against micro-batches M", xaxis_type="log",
                       xaxis_title="micro-batches M", yaxis_title="bubble fraction", height=380,
                       yaxis_range=[0, 1], margin=dict(l=10, r=10, t=50, b=40))
@@ -292,8 +309,8 @@ def compare_timelines_figure(timelines: Sequence[tuple[str, Timeline]], *,
         for trace in _gantt_traces(bars, scale, unit, legend=row == 1):
             fig.add_trace(trace, row=row, col=1)
         _stage_axis(fig, sizes[row - 1], row=row, col=1)
-    fig.update_layout(barmode="overlay", bargap=0, height=max(300, 80 + 34 * sum(sizes)),
-                      legend_title_text="action", margin=dict(l=10, r=10, t=50, b=40))
+    fig.update_layout(barmode="overlay", bargap=0, height=max(340, 160 + 34 * sum(sizes)),
+                      margin=dict(l=10, r=10, t=50, b=100), legend=_BOTTOM_LEGEND)
     fig.update_xaxes(title_text=f"time ({unit})", row=len(timelines), col=1)
     return fig, all_bars
 

@@ -77,12 +77,17 @@ if others:
     with st.expander("Filter the other inputs"):
         for column in others:
             values = sorted(rows[column].dropna().unique().tolist(), key=str)
-            chosen = st.multiselect(column, values, default=values, key=f"cfg.sweep.filter.{column}")
+            key = f"cfg.sweep.filter.{column}"
+            if not set(st.session_state.get(key, values)) <= set(values):
+                del st.session_state[key]  # a different table: start from every value again
+            st.session_state.setdefault(key, values)
+            chosen = st.multiselect(column, values, key=key)
             rows = rows[rows[column].isin(chosen)]
 if rows.empty:
     st.warning("No successful rows match the filters.")
 else:
-    lines = st.toggle("connect points", value=True, key="cfg.sweep.lines")
+    st.session_state.setdefault("cfg.sweep.lines", True)
+    lines = st.toggle("connect points", key="cfg.sweep.lines")
     st.plotly_chart(plots.sweep_figure(rows, x, y, color, lines=lines), key="sweep.figure")
     if "analytic_bubble_fraction" in rows.columns and y == "bubble_fraction":
         st.caption("analytic_bubble_fraction holds GPipe's (K-1)/(M+K-1) for each row.")

@@ -1,0 +1,150 @@
+"""End to end: `streamlit run` on localhost driven in headless Chromium; change K, check the bubble."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gpipe_sim import load_scenario, simulate
+from gpipe_sim.result import analytic_bubble
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "app" / "streamlit_app.py"
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run"]
+READY_TIMEOUT_S = 60
+# True once the page shows the wanted bubble and analytic values (checked every animation frame).
+SHOWN = """([bubble, analytic]) => {
+  const value = (label) => [...document.querySelectorAll('[data-testid="stMetric"]')]
+    .filter((m) => m.innerText.includes(label))
+    .map((m) => m.querySelector('[data-testid="stMetricValue"]').innerText.trim())[0];
+  return value("Bubble fraction") === bubble && value("Analytic (K-1)/(M+K-1)") === analytic;
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"streamlit exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read().strip() == b"ok":
+                    return
+        time.sleep(0.25)
+    pytest.fail(f"streamlit not ready within {READY_TIMEOUT_S} s: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (/usr/bin/chromium)")
+    pytest.importorskip("playwright.sync_api")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    env = {**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+             "--server.port", str(port), "--server.address", "127.0.0.1",
+             "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url, proc, log)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _screenshot(page, name: str) -> None:
+    """The whole page: Streamlit scrolls inside its main block, so grow the viewport to fit it."""
+    height = page.evaluate(
+        "() => Math.max(...[...document.querySelectorAll('[data-testid=\"stMain\"], "
+        "[data-testid=\"stMainBlockContainer\"]')].map((e) => e.scrollHeight), 1100)")
+    page.set_viewport_size({"width": 1500, "height": min(int(height) + 100, 6000)})
+    page.wait_for_timeout(800)  # let plotly re-lay out at the new size
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+    page.set_viewport_size({"width": 1500, "height": 1100})
+
+
+def _expected_bubble(stages: int, micro_batches: int) -> str:
+    scenario = load_scenario(ROOT / "scenarios" / "default.yaml").with_updates(
+        {"pipeline.stages": stages, "pipeline.micro_batches": micro_batches})
+    return f"{simulate(scenario, engine='auto').bubble_fraction:.4f}"
+
+
+def test_change_k_in_the_browser_updates_the_bubble(app_url):
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    latencies: list[tuple[str, float]] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.set_default_timeout(30_000)
+            page.goto(app_url)
+
+            def metric(label: str):
+                return (page.locator('[data-testid="stMetric"]').filter(has_text=label)
+                        .locator('[data-testid="stMetricValue"]'))
+
+            bubble, analytic = metric("Bubble fraction"), metric("Analytic (K-1)/(M+K-1)")
+            scenario = load_scenario(ROOT / "scenarios" / "default.yaml")
+            K, M = scenario.pipeline.stages, scenario.pipeline.micro_batches
+            expect(bubble).to_have_text(_expected_bubble(K, M), timeout=60_000)
+            expect(analytic).to_have_text(f"{analytic_bubble(K, M):.4f}")
+            expect(page.locator(".js-plotly-plot").first).to_be_visible()
+            _screenshot(page, "explore_default.png")
+
+            for field, K, M in (("stages K", 8, M), ("stages K", 16, M), ("micro-batches M", 16, 64),
+                                ("stages K", 2, 64), ("stages K", 8, 64)):
+                want = (_expected_bubble(K, M), f"{analytic_bubble(K, M):.4f}")
+                box = page.get_by_label(field, exact=True)
+                box.fill(str(K if field == "stages K" else M))
+                started = time.perf_counter()
+                box.press("Enter")
+                page.wait_for_function(SHOWN, arg=list(want), polling="raf")
+                latencies.append((f"K={K} M={M}", time.perf_counter() - started))
+                expect(bubble).to_have_text(want[0])
+                expect(analytic).to_have_text(want[1])
+            expect(page.locator('[data-testid="stStatusWidget"]')).to_have_count(0, timeout=10_000)
+            _screenshot(page, "explore_k8_m64.png")
+
+            page.get_by_role("link", name="Compare").click()
+            expect(page.get_by_text("Configuration B: A with these changes")).to_be_visible()
+            expect(metric("Bubble fraction")).to_have_count(2)
+            _screenshot(page, "compare.png")
+        finally:
+            browser.close()
+    print("\nbrowser latency, Enter to updated bubble metric (s): "
+          + ", ".join(f"{name}: {seconds:.2f}" for name, seconds in latencies))
+    assert all(seconds < 5 for _, seconds in latencies)
