@@ -112,7 +112,8 @@ def _expand_lists(df: pd.DataFrame, skip: set[str]) -> pd.DataFrame:
     """Per-stage list columns (e.g. stage_peak_memory_bytes) as one numeric column per stage: NAME[k]."""
     extra: dict[str, list[float | None]] = {}
     for column in df.columns:
-        if column in skip or df[column].dtype != object:
+        dtype = df[column].dtype
+        if column in skip or not (pd.api.types.is_object_dtype(dtype) or pd.api.types.is_string_dtype(dtype)):
             continue
         lists = df[column].map(_as_list)
         present = lists.dropna()

@@ -37,7 +37,7 @@ MODEL_CLASSES = {
 }
 MODEL_CHOICES = (*MODEL_CLASSES, "table")
 _DECIMAL = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0))
-_BINARY = (("Ti", 2.0**40), ("Gi", 2.0**30), ("Mi", 2.0**20), ("Ki", 2.0**10))
+_BINARY = (("Ti", 2.0**40), ("Gi", 2.0**30), ("Mi", 2.0**20))
 _SUFFIX = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOPS"}
 
 
@@ -71,7 +71,7 @@ def format_quantity(value: float, kind: str) -> str:
     suffix = _SUFFIX[kind]
     if kind == "bytes":
         for prefix, scale in _BINARY:
-            if value >= scale and value % scale == 0:
+            if value >= scale and value % scale == 0:  # whole GiB etc.; else decimal units
                 return f"{value / scale:g} {prefix}{suffix}"
     for prefix, scale in _DECIMAL:
         if abs(value) >= scale:
