@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
 from gpipe_sim.result import Result
-from gpipe_sim.scenario import Scenario, load_layer_table_file
+from gpipe_sim.scenario import Scenario, load_layer_table_file, set_dotted
 
 SWEEP_FILES = ("results.parquet", "results.csv")
 
@@ -152,6 +154,25 @@ def split_sweep(df: pd.DataFrame) -> SweepColumns:
         and (pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]))
     ]
     return SweepColumns(inputs, results, ok, failed)
+
+
+def row_scenario_data(row: Mapping[str, Any], inputs: Sequence[str]) -> dict[str, Any]:
+    """Scenario data rebuilt from one sweep row's dotted input columns (presets first)."""
+    data: dict[str, Any] = {}
+    for column in sorted(inputs, key=lambda c: (not c.endswith(".preset"), c)):
+        value = row[column]
+        if hasattr(value, "item") and not isinstance(value, (list, tuple)):
+            value = value.item()
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        if isinstance(value, str) and value.startswith("<") and value.endswith("entries>"):
+            raise ValueError(f"{column}: the table keeps only a summary ({value}); "
+                             "load the sweep's scenario file instead")
+        if isinstance(value, str) and value.startswith("["):
+            with contextlib.suppress(json.JSONDecodeError):
+                value = json.loads(value)
+        set_dotted(data, column, value)
+    return data
 
 
 def read_layer_table(name: str, data: bytes) -> dict[str, Any]:

@@ -196,6 +196,12 @@ def test_validate_plots_prediction_against_measurement(tmp_path):
         assert len({t["yaxis"] for t in gantt["data"] if "yaxis" in t}) == 2  # predicted, measured
         bars = dict(zip(errors["data"][0]["x"], errors["data"][0]["y"]))
         assert bars == pytest.approx({k: 100 * v for k, v in doc["relative_error"].items()})
+        assert len(specs) == 5  # Gantt, errors, busy, activations, step times
+        assert specs[4]["data"][0]["y"] == pytest.approx(doc["measured_step_times_s"])
+        assert any("Calibrated link" in c.value and "2 GB/s" in c.value for c in at.caption)
+        table = at.dataframe[0].value
+        step = table[table["figure"] == "step time"].iloc[0]
+        assert step["relative error"] == f"{100 * doc['relative_error']['step_time_s']:.1f}%"
 
 
 def test_validate_upload_and_bad_files(tmp_path):
@@ -255,6 +261,15 @@ def test_sweep_plots_any_result_against_any_input(tmp_path):
     ok = table[table["error"].isna()].sort_values("pipeline.stages", kind="stable")
     assert fig["data"][0]["x"] == ok["pipeline.stages"].tolist()
     assert fig["data"][0]["y"] == pytest.approx(ok["step_time_s"].tolist())
+    # One row rebuilt into its scenario and re-simulated gives the table's step time; downloads.
+    index = int(table[(table["pipeline.stages"] == 4) & (table["pipeline.micro_batches"] == 8)].index[0])
+    at.selectbox(key="cfg.sweep.row").set_value(index).run()
+    assert_clean(at)
+    (note,) = [c.value for c in at.caption if c.value.startswith("Re-simulated here")]
+    again, in_table = note.removeprefix("Re-simulated here: step time ").split(" (the sweep's table: ")
+    assert again == in_table.rstrip(").")
+    assert [b.label for b in at.get("download_button")][1:] == [
+        "Scenario (YAML)", "Result (JSON)", "Timeline (Chrome trace)"]
 
 
 def test_sweep_csv_upload_and_bad_input(tmp_path):

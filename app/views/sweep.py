@@ -6,13 +6,16 @@ import pandas as pd
 import streamlit as st
 
 from gpipe_sim import plots
-from ui_data import load_sweep_path, read_sweep_bytes, split_sweep
-from ui_run import show_elapsed
+from gpipe_sim.errors import GpipeError
+from gpipe_sim.units import format_seconds
+from ui_data import load_sweep_path, read_sweep_bytes, row_scenario_data, split_sweep
+from ui_run import download_buttons, show_elapsed, to_scenario, try_run
 
 PREFERRED_X = ("pipeline.micro_batches", "pipeline.stages")
 PREFERRED_Y = ("bubble_fraction", "step_time_s", "throughput_samples_per_s")
 PREFERRED_COLOR = ("pipeline.stages", "pipeline.schedule")
 NONE = "(none)"
+MAX_ROW_CHOICES = 500
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -66,9 +69,11 @@ st.caption(f"{name}: {len(table)} scenarios, {len(cols.failed)} failed; "
 
 varying = [c for c in cols.inputs if cols.ok[c].nunique(dropna=False) > 1] or cols.inputs
 c1, c2, c3 = st.columns(3)
-x = _pick("x axis (input)", varying, PREFERRED_X, "cfg.sweep.x", c1)
+constant = [c for c in cols.inputs if c not in varying]
+x = _pick("x axis (input; varying ones first)", varying + constant, PREFERRED_X, "cfg.sweep.x", c1)
 y = _pick("y axis (result)", cols.results, PREFERRED_Y, "cfg.sweep.y", c2)
-color = _pick("colour by", [NONE] + [c for c in varying if c != x], PREFERRED_COLOR, "cfg.sweep.color", c3)
+color = _pick("colour by", [NONE] + [c for c in varying + constant if c != x], PREFERRED_COLOR,
+              "cfg.sweep.color", c3)
 color = None if color == NONE else color
 
 rows = cols.ok
@@ -94,6 +99,26 @@ else:
 st.dataframe(rows, hide_index=True)
 st.download_button("Shown rows (CSV)", rows.to_csv(index=False), file_name="sweep_rows.csv",
                    mime="text/csv", key="dl.sweep.csv", on_click="ignore", icon=":material/download:")
+if not rows.empty:
+    st.subheader("One scenario of the sweep")
+    shown = rows.head(MAX_ROW_CHOICES)
+    labels = {i: ", ".join(f"{c}={shown.at[i, c]}" for c in varying) or f"row {i}" for i in shown.index}
+    if st.session_state.get("cfg.sweep.row") not in labels:
+        st.session_state["cfg.sweep.row"] = next(iter(labels))
+    choice = st.selectbox("scenario", list(labels), format_func=labels.get, key="cfg.sweep.row",
+                          help=f"The first {MAX_ROW_CHOICES} shown rows; filter to reach others.")
+    try:
+        scenario = to_scenario(row_scenario_data(shown.loc[choice], cols.inputs))
+    except (GpipeError, ValueError) as exc:
+        st.error(f"This row does not rebuild into a scenario: {exc}", icon=":material/error:")
+    else:
+        run = try_run(scenario.to_dict())
+        if run is not None:
+            _, result = run
+            table_step = shown.at[choice, "step_time_s"] if "step_time_s" in shown.columns else None
+            st.caption(f"Re-simulated here: step time {format_seconds(result.step_time_s)}"
+                       + (f" (the sweep's table: {format_seconds(float(table_step))})." if table_step is not None else "."))
+            download_buttons(scenario, result, "sweep")
 if not cols.failed.empty:
     with st.expander(f"{len(cols.failed)} failed scenarios"):
         st.dataframe(cols.failed[[*cols.inputs, "error"]], hide_index=True)

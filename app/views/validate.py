@@ -10,7 +10,8 @@ import streamlit as st
 from gpipe_sim import plots
 from gpipe_sim.units import format_bytes, format_seconds
 from ui_data import Validation, load_validation
-from ui_run import MAX_GANTT_BARS, bubble_text, download_buttons, show_elapsed
+from gpipe_sim.errors import GpipeError
+from ui_run import MAX_GANTT_BARS, bubble_text, download_buttons, show_elapsed, to_scenario
 
 FIELDS = (
     ("step_time_s", "step time", format_seconds),
@@ -42,24 +43,32 @@ def _source() -> tuple[str, bytes] | None:
     return None
 
 
+def _relative(pred: float, meas: float) -> float | None:
+    """|predicted - measured| / |measured|, as `gpipe-exec validate` reports it."""
+    return abs(pred - meas) / abs(meas) if meas else None
+
+
 def _figures_table(v: Validation) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for field, label, fmt in FIELDS:
         pred, meas = getattr(v.predicted, field), getattr(v.measured, field)
-        err = v.relative_error.get(field)
-        if err is None and meas:
-            err = (pred - meas) / meas
+        err = v.relative_error.get(field, _relative(pred, meas))
         rows.append({"figure": label, "predicted": fmt(pred), "measured": fmt(meas),
-                     "relative error": "" if err is None else f"{100 * err:+.1f}%"})
-    peak = [max(r.device_peak_memory_bytes.values(), default=0.0) for r in (v.predicted, v.measured)]
-    rows.append({"figure": "largest device peak memory", "predicted": format_bytes(peak[0]),
-                 "measured": format_bytes(peak[1]),
-                 "relative error": _pct(v.relative_error.get("peak_memory_bytes"))})
+                     "relative error": _pct(err)})
+    for p, m in zip(v.predicted.stages, v.measured.stages):
+        for field, label in (("busy_s", "busy"), ("peak_activation_bytes", "peak activations")):
+            pred, meas = getattr(p, field), getattr(m, field)
+            err = v.relative_error.get(f"stage{p.index}.{field}", _relative(pred, meas))
+            fmt = format_seconds if field == "busy_s" else format_bytes
+            rows.append({"figure": f"stage {p.index} {label}", "predicted": fmt(pred),
+                         "measured": fmt(meas), "relative error": _pct(err)})
     return pd.DataFrame(rows)
 
 
 def _pct(value: float | None) -> str:
-    return "" if value is None else f"{100 * value:+.1f}%"
+    if value is None:
+        return ""
+    return f"{100 * value:+.1f}%" if value < 0 else f"{100 * value:.1f}%"
 
 
 st.title("Validate: predicted against measured")
@@ -90,6 +99,10 @@ cols[1].metric("Measured step", format_seconds(v.measured.step_time_s),
                help="Delta: relative error of the prediction.")
 cols[2].metric("Predicted bubble", bubble_text(v.predicted.bubble_fraction))
 cols[3].metric("Measured bubble", bubble_text(v.measured.bubble_fraction))
+link = v.extra.get("link")
+if isinstance(link, dict) and "bandwidth" in link:
+    st.caption(f"Calibrated link used by the prediction: {float(link['bandwidth']) / 1e9:.3g} GB/s, "
+               f"latency {format_seconds(float(link.get('latency_s', 0.0)))}.")
 st.dataframe(_figures_table(v), hide_index=True)
 
 fig, all_bars = plots.compare_timelines_figure(
@@ -105,7 +118,19 @@ else:
     left.info("The file has no relative errors.")
 pair = [("predicted", v.predicted), ("measured", v.measured)]
 right.plotly_chart(plots.stage_comparison_figure(pair, "busy_s"), key="validate.busy")
-st.plotly_chart(plots.stage_comparison_figure(pair, "peak_memory_bytes"), key="validate.memory")
+left, right = st.columns(2)
+left.plotly_chart(plots.stage_comparison_figure(pair, "peak_activation_bytes"), key="validate.memory")
+steps = v.extra.get("measured_step_times_s")
+if isinstance(steps, list) and steps and all(isinstance(t, (int, float)) for t in steps):
+    right.plotly_chart(plots.step_times_figure(v.predicted.step_time_s, steps), key="validate.steps")
+scenario_data = v.extra.get("scenario")
+if isinstance(scenario_data, dict):
+    try:
+        st.download_button("Scenario (YAML)", to_scenario(scenario_data).to_yaml(), file_name="scenario.yaml",
+                           mime="application/x-yaml", key="dl.validate.yaml", on_click="ignore",
+                           icon=":material/download:")
+    except GpipeError as exc:
+        st.warning(f"The file's scenario is not valid here: {exc}")
 for label, result in pair:
     with st.expander(f"Downloads: {label}"):
         download_buttons(None, result, f"validate.{label}")
