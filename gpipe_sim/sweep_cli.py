@@ -31,7 +31,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         )
         return 130
     if not args.no_report:
-        write_report(run.table, out / "report.html", title=f"gpipe-sim sweep: {spec.name}")
+        axes = list(dict.fromkeys([*spec.axes, *(k for point in spec.points for k in point)]))
+        write_report(run.table, out / "report.html", title=f"gpipe-sim sweep: {spec.name}", axes=axes)
     rate = f"{run.scenarios_per_second:,.1f} scenarios/s" if run.computed else "nothing to compute"
     sys.stdout.write(
         f"{run.total} scenarios: {run.computed} computed, {run.reused} reused, {run.failed} failed "

@@ -16,14 +16,15 @@ MAX_TRACES = 24
 RESULT_PREFIXES = ("sweep.", "status", "error", "elapsed_s")
 
 
-def varying_inputs(table: pd.DataFrame) -> list[str]:
-    """Input columns (dotted scenario fields) that take more than one value in the sweep."""
-    out = []
-    for column in table.columns:
-        if column.split(".", 1)[0] not in ("model", "hardware", "pipeline", "training"):
-            continue
-        if table[column].astype(str).nunique(dropna=False) > 1:
-            out.append(column)
+def varying_inputs(table: pd.DataFrame, axes: list[str] | None = None) -> list[str]:
+    """The sweep's axes that take more than one value (by default: every varying input column,
+    leaving out the accelerator and link fields a varying `hardware.preset` fills in)."""
+    columns = axes if axes is not None else [
+        c for c in table.columns if c.split(".", 1)[0] in ("model", "hardware", "pipeline", "training")
+    ]
+    out = [c for c in columns if c in table.columns and table[c].astype(str).nunique(dropna=False) > 1]
+    if axes is None and "hardware.preset" in out:
+        out = [c for c in out if not c.startswith(("hardware.accelerator.", "hardware.link."))]
     return out
 
 
@@ -107,15 +108,17 @@ def figure_memory(ok: pd.DataFrame) -> go.Figure | None:
 def figure_axis(ok: pd.DataFrame, table: pd.DataFrame, axis: str) -> go.Figure:
     """Throughput (and the share of scenarios that fit) for each value of one further axis."""
     values = sorted(table[axis].dropna().unique(), key=lambda v: (str(type(v)), v))
+    labels = [str(v) for v in values]
     fig = go.Figure()
     fig.add_trace(go.Box(x=ok[axis].astype(str), y=ok["throughput_samples_per_s"], name="throughput",
                          boxpoints="all", jitter=0.3))
     fits = [float(table.loc[table[axis] == v, "fits_in_memory"].fillna(False).astype(bool).mean()) for v in values]
-    fig.add_trace(go.Scatter(x=[str(v) for v in values], y=fits, name="share that fits", yaxis="y2",
-                             mode="lines+markers"))
+    fig.add_trace(go.Scatter(x=labels, y=fits, name="share that fits", yaxis="y2", mode="lines+markers"))
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=labels)
     fig.update_layout(title=f"Throughput and memory fit by {axis}", xaxis_title=axis,
                       yaxis_title="samples / s",
                       yaxis2={"title": "share fitting in memory", "overlaying": "y", "side": "right",
+                              "tickformat": ".0%", "tickmode": "linear", "dtick": 0.25, "showgrid": False,
                               "range": [0, 1.05]})
     return fig
 
@@ -138,10 +141,11 @@ def _failures(table: pd.DataFrame) -> str:
     return f"<table><tr><th>#</th><th>error</th></tr>{rows}</table>{more}"
 
 
-def build_report(table: pd.DataFrame, title: str = "sweep") -> str:
-    """The whole report as one HTML string (plotly's JavaScript inlined once)."""
+def build_report(table: pd.DataFrame, title: str = "sweep", axes: list[str] | None = None) -> str:
+    """The whole report as one HTML string (plotly's JavaScript inlined once); `axes` names the
+    sweep's varied fields (default: every input column that varies)."""
     ok = table[table["status"] == "ok"]
-    varying = varying_inputs(table)
+    varying = varying_inputs(table, axes)
     figures = []
     if not ok.empty:
         for fig in (figure_bubble(ok, varying), figure_throughput(ok, varying), figure_memory(ok)):
@@ -166,8 +170,9 @@ def build_report(table: pd.DataFrame, title: str = "sweep") -> str:
     )
 
 
-def write_report(table: pd.DataFrame, path: str | Path, title: str = "sweep") -> Path:
+def write_report(table: pd.DataFrame, path: str | Path, title: str = "sweep",
+                 axes: list[str] | None = None) -> Path:
     """Write the report to `path` (normally DIR/report.html)."""
     path = Path(path)
-    path.write_text(build_report(table, title))
+    path.write_text(build_report(table, title, axes))
     return path
