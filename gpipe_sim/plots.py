@@ -363,7 +363,8 @@ def stage_comparison_figure(named: Sequence[tuple[str, Result]], field: str = "b
     return fig
 
 
-def sweep_figure(rows: Any, x: str, y: str, color: str | None = None, lines: bool = True) -> go.Figure:
+def sweep_figure(rows: Any, x: str, y: str, color: str | None = None, lines: bool = True,
+                 log_x: bool = False) -> go.Figure:
     """A sweep's result column `y` against input column `x`, one series per value of `color`."""
     df = rows.sort_values(x, kind="stable")
     if df[y].dtype == bool or str(df[y].dtype) == "boolean":
@@ -376,6 +377,8 @@ def sweep_figure(rows: Any, x: str, y: str, color: str | None = None, lines: boo
             name=y if value is None else f"{color}={value}",
             hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y:.4g}}<extra></extra>",
         ))
+    if log_x:
+        fig.update_xaxes(type="log")
     fig.update_layout(title=f"{y} against {x}", xaxis_title=x, yaxis_title=y, height=420,
                       legend_title_text=color or "", margin=dict(l=10, r=10, t=50, b=40))
     return fig

@@ -261,6 +261,9 @@ def test_sweep_plots_any_result_against_any_input(tmp_path):
     ok = table[table["error"].isna()].sort_values("pipeline.stages", kind="stable")
     assert fig["data"][0]["x"] == ok["pipeline.stages"].tolist()
     assert fig["data"][0]["y"] == pytest.approx(ok["step_time_s"].tolist())
+    assert fig["layout"]["xaxis"].get("type") != "log"
+    at.toggle(key="cfg.sweep.log_x").set_value(True).run()
+    assert plotly_specs(at)[0]["layout"]["xaxis"]["type"] == "log"
     # One row rebuilt into its scenario and re-simulated gives the table's step time; downloads.
     index = int(table[(table["pipeline.stages"] == 4) & (table["pipeline.micro_batches"] == 8)].index[0])
     at.selectbox(key="cfg.sweep.row").set_value(index).run()

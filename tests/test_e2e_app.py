@@ -101,8 +101,16 @@ def _expected_bubble(stages: int, micro_batches: int) -> str:
     return f"{simulate(scenario, engine='auto').bubble_fraction:.4f}"
 
 
-def test_change_k_in_the_browser_updates_the_bubble(app_url):
+def test_change_k_in_the_browser_updates_the_bubble(app_url, tmp_path):
     from playwright.sync_api import expect, sync_playwright
+
+    from test_app_support import sweep_table, write_validation
+
+    validation = tmp_path / "validate.json"
+    write_validation(validation, 4, 8)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    sweep_table().to_parquet(sweep / "results.parquet", index=False)
 
     ARTIFACTS.mkdir(exist_ok=True)
     latencies: list[tuple[str, float]] = []
@@ -143,6 +151,23 @@ def test_change_k_in_the_browser_updates_the_bubble(app_url):
             expect(page.get_by_text("Configuration B: A with these changes")).to_be_visible()
             expect(metric("Bubble fraction")).to_have_count(2)
             _screenshot(page, "compare.png")
+
+            page.get_by_role("link", name="Validate").click()
+            expect(page.get_by_text("No validation loaded")).to_be_visible()
+            page.get_by_label("... or a path on the server").fill(str(validation))
+            page.get_by_label("... or a path on the server").press("Enter")
+            expect(metric("Predicted bubble")).to_have_text(f"{analytic_bubble(4, 8):.4f}")
+            expect(page.locator(".js-plotly-plot")).to_have_count(5)
+            _screenshot(page, "validate.png")
+
+            page.get_by_role("link", name="Sweep").click()
+            expect(page.get_by_text("No sweep loaded")).to_be_visible()
+            box = page.get_by_label("... or a sweep output folder (or results file) on the server")
+            box.fill(str(sweep))
+            box.press("Enter")
+            expect(page.get_by_text("16 scenarios, 1 failed")).to_be_visible()
+            expect(page.locator(".js-plotly-plot")).to_have_count(1)
+            _screenshot(page, "sweep.png")
         finally:
             browser.close()
     print("\nbrowser latency, Enter to updated bubble metric (s): "

@@ -92,8 +92,12 @@ if rows.empty:
     st.warning("No successful rows match the filters.")
 else:
     st.session_state.setdefault("cfg.sweep.lines", True)
-    lines = st.toggle("connect points", key="cfg.sweep.lines")
-    st.plotly_chart(plots.sweep_figure(rows, x, y, color, lines=lines), key="sweep.figure")
+    st.session_state.setdefault("cfg.sweep.log_x", False)
+    t1, t2 = st.columns(2)
+    lines = t1.toggle("connect points", key="cfg.sweep.lines")
+    numeric_x = pd.api.types.is_numeric_dtype(rows[x]) and bool((rows[x] > 0).all())
+    log_x = t2.toggle("log x axis", key="cfg.sweep.log_x", disabled=not numeric_x) and numeric_x
+    st.plotly_chart(plots.sweep_figure(rows, x, y, color, lines=lines, log_x=log_x), key="sweep.figure")
     if "analytic_bubble_fraction" in rows.columns and y == "bubble_fraction":
         st.caption("analytic_bubble_fraction holds GPipe's (K-1)/(M+K-1) for each row.")
 st.dataframe(rows, hide_index=True)
