@@ -136,7 +136,7 @@ def test_compare_defaults_gpipe_against_1f1b():
     at.switch_page("views/compare.py").run()
     assert_clean(at)
     assert not at.error
-    assert at.selectbox(key="cmp.b.pipeline.schedule").value == "1f1b"
+    assert at.selectbox(key="cfg.cmp.b.pipeline.schedule").value == "1f1b"
     assert [m.label for m in at.metric].count("Bubble fraction") == 2
     inputs_table = at.dataframe[0].value
     assert list(inputs_table.index) == ["pipeline.schedule"]
@@ -148,21 +148,33 @@ def test_compare_bubble_of_b_follows_its_k_and_m():
     at = uniform_app()
     at.switch_page("views/compare.py").run()
     for K, M in K_M[:3]:
-        at.number_input(key="cmp.b.pipeline.stages").set_value(K)
-        at.number_input(key="cmp.b.pipeline.micro_batches").set_value(M).run()
+        at.number_input(key="cfg.cmp.b.pipeline.stages").set_value(K)
+        at.number_input(key="cfg.cmp.b.pipeline.micro_batches").set_value(M).run()
         assert_clean(at)
         bubbles = [m.value for m in at.metric if m.label == "Bubble fraction"]
         analytic = [m.value for m in at.metric if m.label == "Analytic (K-1)/(M+K-1)"]
         assert bubbles[1] == analytic[1] == f"{analytic_bubble(K, M):.4f}", (K, M)
     at.button(key="btn.cmp.reset").click().run()
-    assert at.number_input(key="cmp.b.pipeline.stages").value == at.sidebar.number_input(
+    assert at.number_input(key="cfg.cmp.b.pipeline.stages").value == at.sidebar.number_input(
         key="cfg.pipeline.stages").value
+
+
+def test_pages_keep_the_form_and_b_when_switching():
+    at = app_test().run()
+    at.sidebar.number_input(key="cfg.pipeline.stages").set_value(8).run()
+    at.switch_page("views/compare.py").run()
+    at.number_input(key="cfg.cmp.b.pipeline.micro_batches").set_value(32).run()
+    at.switch_page("views/sweep.py").run()
+    at.switch_page("views/compare.py").run()
+    assert_clean(at)
+    assert at.sidebar.number_input(key="cfg.pipeline.stages").value == 8
+    assert at.number_input(key="cfg.cmp.b.pipeline.micro_batches").value == 32
 
 
 def test_compare_impossible_b_shows_error():
     at = app_test().run()
     at.switch_page("views/compare.py").run()
-    at.number_input(key="cmp.b.pipeline.stages").set_value(100).run()
+    at.number_input(key="cfg.cmp.b.pipeline.stages").set_value(100).run()
     assert_clean(at)
     assert [e.value.split(":")[0] for e in at.error] == ["Configuration B"]
     assert "pipeline.stages" in at.error[0].value

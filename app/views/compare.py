@@ -16,7 +16,7 @@ from gpipe_sim.units import format_bytes, format_seconds
 from ui_form import scenario_form
 from ui_run import MAX_GANTT_BARS, download_buttons, show_elapsed, show_metrics, try_run
 
-B = "cmp.b."  # B's widget keys; they persist across pages like the form's (prefix cfg.)
+B = "cfg.cmp.b."  # B's widget keys; the cfg. prefix keeps them across pages
 B_FIELDS = ("pipeline.schedule", "pipeline.remat", "pipeline.stages", "pipeline.micro_batches",
             "pipeline.batch_size", "pipeline.partition", "hardware.preset")
 
