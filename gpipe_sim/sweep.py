@@ -365,6 +365,8 @@ def run_sweep(
     out = Path(out_dir)
     runs = out / RUNS_DIR
     runs.mkdir(parents=True, exist_ok=True)
+    for stale in runs.glob("*.tmp*"):  # a write cut short by a kill; its scenario reruns
+        stale.unlink(missing_ok=True)
     t0 = time.perf_counter()
     done: dict[str, dict[str, Any]] = {}
     todo: list[SweepPoint] = []

@@ -225,3 +225,19 @@ def test_cli_bad_sweep_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("gpipe-sim: error: base.pipeline.stages") and err.count("\n") == 1
     assert main(["sweep", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_ctrl_c_keeps_what_finished(tmp_path):
+    spec, base = _spec(axes={"pipeline.stages": [1, 2, 4, 8], "pipeline.micro_batches": [1, 2, 4]})
+    points = expand(spec, base)
+
+    def interrupt_after_five(done, total):
+        if done >= 5:
+            raise KeyboardInterrupt
+
+    run = run_sweep(points, base, tmp_path, workers=0, chunk_size=1, progress=interrupt_after_five)
+    assert run.interrupted and len(run.table) == 5
+    (tmp_path / "runs" / "junk.tmp123").write_text("{half a row")  # a write cut short
+    again = run_sweep(points, base, tmp_path, workers=0, progress=False)
+    assert not again.interrupted and again.reused == 5 and again.computed == len(points) - 5
+    assert not list((tmp_path / "runs").glob("*.tmp*"))
