@@ -37,8 +37,8 @@ def _ping_pong(rank: int, device: torch.device, clock: AlignedClock, payload: di
     for n in sizes:
         buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=device)
         samples = []
-        for r in range(repeats + 2):
-            dist.barrier()
+        dist.barrier()
+        for r in range(repeats + 3):  # rank 0 times round trips; rank 1 echoes
             t0 = time.perf_counter()
             if rank == 0:
                 dist.send(buf, 1)
@@ -46,24 +46,26 @@ def _ping_pong(rank: int, device: torch.device, clock: AlignedClock, payload: di
             else:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
-            if r >= 2:
+            if r >= 3:
                 samples.append((time.perf_counter() - t0) / 2)
         out.append((buf.numel() * 4, statistics.median(samples)))
     return out if rank == 0 else None
 
 
 def fit_link(samples: Sequence[tuple[int, float]]) -> LinkFit:
-    """Least-squares fit of latency and bandwidth (both kept positive)."""
+    """Latency: the smallest message's time; bandwidth: least squares of the time above that
+    latency against size (robust to a noisy mid-size point, always positive)."""
     n = np.array([s[0] for s in samples], dtype=float)
     t = np.array([s[1] for s in samples], dtype=float)
-    slope, intercept = np.polyfit(n, t, 1)
-    slope = max(float(slope), 1e-15)
-    latency = max(float(intercept), float(t[np.argmin(n)]) * 0.5, 0.0)
-    return LinkFit(latency, 1.0 / slope, tuple((int(a), float(b)) for a, b in zip(n, t)))
+    latency = float(t[np.argmin(n)])
+    extra = np.maximum(t - latency, 0.0)
+    slope = float(np.dot(n, extra) / np.dot(n, n))
+    bandwidth = 1.0 / slope if slope > 0 else float("inf")
+    return LinkFit(latency, bandwidth, tuple((int(a), float(b)) for a, b in zip(n, t)))
 
 
 def calibrate_link(device_map: Sequence[int] = (0, 1), *, sizes: Sequence[int] = DEFAULT_SIZES,
-                   repeats: int = 10, options: LaunchOptions = LaunchOptions()) -> LinkFit:
+                   repeats: int = 30, options: LaunchOptions = LaunchOptions()) -> LinkFit:
     """Measure the backend between two ranks placed on `device_map` (two different devices)."""
     samples = launch({"sizes": list(sizes), "repeats": repeats}, device_map, options, task=_ping_pong)
     return fit_link(samples)

@@ -15,6 +15,7 @@ from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.plan import Plan, compile_plan
 from gpipe_sim.result import Result, Timeline, summarize
 from gpipe_sim.scenario import Scenario
+from gpipe_sim.schedule import ACTION_KINDS
 
 
 FAULT_ENV = "GPIPE_EXEC_FAULT"  # fault injection for tests: "RANK:raise|kill[:ACTION[:STEP]]"
@@ -66,6 +67,19 @@ def job_for(scenario: Scenario, plan: Plan, *, steps: int = 5, warmup: int = 2, 
                seed=seed, dropout=dropout, **extra)
 
 
+def _end_sends_at_arrival(plan: Plan, start: np.ndarray, end: np.ndarray) -> None:
+    """A send ends when its data has arrived: no later than the matching receive's end (the sender
+    only notices completion when it next polls)."""
+    prog = plan.program
+    sends = np.flatnonzero(prog.kind == ACTION_KINDS.index("send"))
+    recvs = np.flatnonzero(prog.kind == ACTION_KINDS.index("recv"))
+    recv_of = {int(prog.message[i]): int(i) for i in recvs}
+    for i in sends:
+        r = recv_of.get(int(prog.message[i]))
+        if r is not None:
+            end[i] = max(start[i], min(end[i], end[r]))
+
+
 def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
     """The measured Result (median step after warm-up), via gpipe_sim.result.summarize."""
     ranks = output["ranks"]
@@ -78,6 +92,7 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
         t0 = min(r.step_start for r in recs)
         start = np.concatenate([np.asarray(r.starts) for r in recs]) - t0
         end = np.concatenate([np.asarray(r.ends) for r in recs]) - t0
+        _end_sends_at_arrival(plan, start, end)
         timelines.append(Timeline(prog.stage.copy(), prog.kind.copy(), prog.micro_batch.copy(), start, end))
         times.append(float(end.max()))
     order = np.argsort(times)

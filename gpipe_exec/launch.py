@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing.connection
 import os
@@ -87,10 +88,15 @@ def run_rank(rank: int, world: int, payload: Any, device_map: Sequence[int], opt
 
 def _worker(rank: int, world: int, port: int, payload: Any, device_map: Sequence[int],
             options: LaunchOptions, out_dir: str, task: Task) -> None:
+    faulthandler.enable()  # a native crash still shows where in Python it happened
     try:
         results = run_rank(rank, world, payload, device_map, options, f"tcp://127.0.0.1:{port}", task)
         if rank == 0:
             torch.save(results, Path(out_dir) / "result.pt")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip C++ static destructors: a gloo thread torn down at interpreter exit can abort().
+        os._exit(0)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit non-zero
         record = {
             "rank": rank, "time": time.time(), "peer": isinstance(exc, PeerError),
@@ -111,11 +117,11 @@ def _failure_message(errors: list[dict[str, Any]], exitcodes: dict[int, int | No
         e = own[0]
         return f"rank {e['rank']} failed: {e['type']}: {e['message']} (the other ranks were stopped)"
     reported = {e["rank"] for e in errors}
-    for rank, code in sorted(exitcodes.items()):
+    for rank, code in exitcodes.items():
         if code is not None and code < 0 and rank not in reported:
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
             return f"rank {rank} was killed by {name} (the other ranks were stopped)"
-    for rank, code in sorted(exitcodes.items()):
+    for rank, code in exitcodes.items():
         if code not in (0, None) and rank not in reported:
             return f"rank {rank} exited with status {code} (the other ranks were stopped)"
     if errors:
@@ -144,6 +150,7 @@ def launch(jobs: Any, device_map: Sequence[int], options: LaunchOptions = Launch
             p.start()
         deadline = time.monotonic() + options.run_timeout_s
         failed = False
+        first_codes: dict[int, int | None] = {}
         try:
             while any(p.is_alive() for p in procs):
                 alive = [p.sentinel for p in procs if p.is_alive()]
@@ -154,6 +161,7 @@ def launch(jobs: Any, device_map: Sequence[int], options: LaunchOptions = Launch
                 if time.monotonic() > deadline:
                     raise ExecutionError(f"the run took longer than {options.run_timeout_s:.0f} s; stopped")
             if failed:
+                first_codes = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode not in (None, 0)}
                 grace = time.monotonic() + 1.0  # let peers record how they saw the failure
                 while time.monotonic() < grace and any(p.is_alive() for p in procs):
                     time.sleep(0.05)
@@ -162,7 +170,9 @@ def launch(jobs: Any, device_map: Sequence[int], options: LaunchOptions = Launch
         codes = {r: p.exitcode for r, p in enumerate(procs)}
         if failed or any(c != 0 for c in codes.values()):
             errors = _rank_errors(Path(tmp))
-            exc = ExecutionError(_failure_message(errors, codes))
+            # Ranks that had failed before the others were stopped come first.
+            exc = ExecutionError(_failure_message(errors, {**first_codes, **{
+                r: c for r, c in codes.items() if r not in first_codes}}))
             exc.rank_errors = errors  # type: ignore[attr-defined]
             raise exc
         return torch.load(Path(tmp) / "result.pt", weights_only=False)

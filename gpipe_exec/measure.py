@@ -21,7 +21,9 @@ class SavedBytesMeter:
     Inside `track(m)`, every tensor packed by `saved_tensors_hooks` adds its bytes to micro-batch
     `m`, except tensors that share storage with a parameter or buffer (static memory). `retain`
     adds bytes kept by hand (the stage input under re-materialization); `release(m)` frees all of
-    `m`'s bytes (its backward ended). `peak` is the largest total held at any time.
+    `m`'s bytes (its backward ended). `peak` is the largest total held at any time. So a kept
+    forward holds its saved bytes, a re-materialized one its input, and the re-computation brings
+    the micro-batch to max(saved, input) bytes, exactly gpipe_sim.memory's definition.
     """
 
     def __init__(self, modules: Iterable[torch.nn.Module] = ()) -> None:
@@ -53,13 +55,22 @@ class SavedBytesMeter:
         self.peak = max(self.peak, self.total)
 
     @contextmanager
-    def track(self, m: int) -> Iterator[None]:
+    def track(self, m: int, retained: int = 0) -> Iterator[None]:
+        """Count what autograd saves for micro-batch m. `retained`: bytes of the input kept since a
+        re-materialized forward; the first layer saves that very input, so the re-computation adds
+        only max(saved - retained, 0), as gpipe_sim.memory counts it."""
         self._current = m
+        self.total -= retained
+        self.held[m] = self.held.get(m, 0) - retained
+        before = self.held[m]
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
                 yield
         finally:
             self._current = None
+            shortfall = retained - (self.held[m] - before)
+            if shortfall > 0:
+                self._add(m, shortfall)
 
     def retain(self, m: int, nbytes: int) -> None:
         self._add(m, nbytes)

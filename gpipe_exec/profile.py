@@ -78,64 +78,24 @@ def _median_time(fn: Callable[[], tuple[float, float]], warmup: int, repeats: in
     return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
 
 
-def profile_layer(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, index: int,
-                  last: bool, name: str, sizes: Sequence[int], options: ProfileOptions,
-                  optimizer: str) -> dict[str, Any]:
-    """One table row: parameters, FLOPs, output and saved bytes per sample, timings per size."""
-    device = x.device
-    first = index == 0
-    big = max(sizes)
-    xb, tb = x[:big], target[:big]
+def _measure_static(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
+                    last: bool, batch: int) -> tuple[dict[str, Any], torch.Tensor]:
+    """Parameters, FLOPs, output and saved bytes per sample of one layer at `batch` samples."""
     meter = SavedBytesMeter([layer])
     with FlopCounterMode(display=False) as counter:
-        out, end = _pass(layer, xb, last, first, tb, big, meter)
+        out, end = _pass(layer, x[:batch], last, first, target[:batch], batch, meter)
     forward_flops = counter.get_total_flops()
-    grad = None if last else _grad_like(out, index)
     with FlopCounterMode(display=False) as counter:
-        _backward(end, last, grad)
-    backward_flops = counter.get_total_flops()
-    row: dict[str, Any] = {
-        "name": name,
+        _backward(end, last, None if last else _grad_like(out, 0))
+    layer.zero_grad(set_to_none=True)
+    row = {
         "params": int(sum(p.numel() for p in layer.parameters())),
-        "activation_bytes_per_sample": meter.peak / big,
-        "output_bytes_per_sample": tensor_bytes(out) / big,
-        "forward_flops_per_sample": forward_flops / big,
-        "backward_flops_per_sample": backward_flops / big,
+        "activation_bytes_per_sample": meter.peak / batch,
+        "output_bytes_per_sample": tensor_bytes(out) / batch,
+        "forward_flops_per_sample": forward_flops / batch,
+        "backward_flops_per_sample": counter.get_total_flops() / batch,
     }
-    if options.meta:
-        return row
-    timings = []
-    for b in sorted(set(sizes)):
-        xs, ts = x[:b], target[:b]
-        g = None if last else _grad_like(out[:b].detach(), index)
-
-        def once() -> tuple[float, float]:
-            layer.zero_grad(set_to_none=True)
-            _sync(device)
-            t0 = time.perf_counter()
-            _, e = _pass(layer, xs, last, first, ts, b, None)
-            _sync(device)
-            t1 = time.perf_counter()
-            _backward(e, last, g)
-            _sync(device)
-            return t1 - t0, time.perf_counter() - t1
-
-        fwd, bwd = _median_time(once, options.warmup, options.repeats)
-        timings.append({"micro_batch": b, "forward_s": fwd, "backward_s": bwd})
-    row["timings"] = timings
-    params = list(layer.parameters())
-    if params:
-        opt = make_optimizer(params, optimizer)
-
-        def step() -> tuple[float, float]:
-            _sync(device)
-            t0 = time.perf_counter()
-            opt.step()
-            _sync(device)
-            return time.perf_counter() - t0, 0.0
-
-        row["update_s"] = _median_time(step, options.warmup, options.repeats)[0]
-    return row
+    return row, out.detach()
 
 
 def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions(), *, seed: int = 0,
@@ -143,35 +103,105 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
                   progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
     """The model's per-layer table ({"layers": [...], "input_bytes_per_sample": ...}).
 
-    Layers are built and measured one at a time (the activations flow from one to the next), so
-    only one layer's parameters are in memory; with `meta` nothing is allocated at all.
+    Bytes and FLOPs are measured layer by layer (with `meta`, on the meta device, allocating
+    nothing). Times are measured with the layers chained as a stage runs them: each repeat times
+    every layer's forward in order, then every layer's backward in reverse order; the median of
+    the repeats is kept, per layer and micro-batch size.
     """
     from gpipe_exec.zoo import layer_names
 
     check_buildable(scenario.model)
     torch.set_num_threads(max(1, options.threads))
     dtype = scenario.training.dtype
-    sizes = options.micro_batches or default_sizes(scenario)
+    sizes = tuple(sorted(set(options.micro_batches or default_sizes(scenario))))
+    big = max(sizes)
     device = torch.device("meta" if options.meta else options.device)
     names = layer_names(scenario.model)
-    x, y = make_batch(scenario.model, max(sizes), seed=seed, dtype=dtype)
-    h, y = x.to(device), y.to(device)
-    table = {"input_bytes_per_sample": tensor_bytes(x) / max(sizes), "layers": []}
+    x, y = make_batch(scenario.model, big, seed=seed, dtype=dtype)
+    x, y = x.to(device), y.to(device)
     n = layer_count(scenario.model)
+    rows: list[dict[str, Any]] = []
+    layers: list[torch.nn.Module] = []
+    h = x
     for i in range(n):
         if progress:
-            progress(i, n, names[i])
+            progress(i, n + len(sizes), names[i])
         with torch.device(device):
             layer = build_layer(scenario.model, i, seed=seed, dropout=dropout, dtype=dtype)
         layer.to(device)
-        row = profile_layer(layer, h, y, index=i, last=i == n - 1, name=names[i], sizes=sizes,
-                            options=options, optimizer=scenario.training.optimizer)
-        LayerSpec.model_validate(row)  # the row format gpipe_sim loads
-        table["layers"].append(row)
-        with torch.no_grad():
-            h = layer(h)
-        del layer
+        row, h = _measure_static(layer, h, y, first=i == 0, last=i == n - 1, batch=big)
+        rows.append({"name": names[i], **row})
+        if not options.meta:
+            layers.append(layer)
+    table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
+    if options.meta:
+        return table
+    timings: list[list[dict[str, float]]] = [[] for _ in range(n)]
+    for j, b in enumerate(sizes):
+        if progress:
+            progress(n + j, n + len(sizes), f"timing micro-batch {b}")
+        samples = []
+        for r in range(options.warmup + max(1, options.repeats)):
+            for layer in layers:
+                layer.zero_grad(set_to_none=True)
+            times = _chain_times_with_grads(layers, x, y, b, device)
+            if r >= options.warmup:
+                samples.append(times)
+        for i in range(n):
+            timings[i].append({
+                "micro_batch": b,
+                "forward_s": statistics.median(t[0][i] for t in samples),
+                "backward_s": statistics.median(t[1][i] for t in samples),
+            })
+    for i, layer in enumerate(layers):
+        rows[i]["timings"] = timings[i]
+        params = list(layer.parameters())
+        if params:
+            opt = make_optimizer(params, scenario.training.optimizer)
+
+            def step() -> tuple[float, float]:
+                _sync(device)
+                t0 = time.perf_counter()
+                opt.step()
+                _sync(device)
+                return time.perf_counter() - t0, 0.0
+
+            rows[i]["update_s"] = _median_time(step, options.warmup, options.repeats)[0]
+        LayerSpec.model_validate(rows[i])  # the row format gpipe_sim loads
     return table
+
+
+def _chain_times_with_grads(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor,
+                            batch: int, device: torch.device) -> tuple[list[float], list[float]]:
+    n = len(layers)
+    fwd, bwd = [0.0] * n, [0.0] * n
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    h = x[:batch]
+    for i, layer in enumerate(layers):
+        inp = h.detach()
+        if i > 0 and inp.is_floating_point():
+            inp.requires_grad_(True)
+        _sync(device)
+        t0 = time.perf_counter()
+        out = layer(inp)
+        end = loss_sum(out, target[:batch], batch) if i == n - 1 else out
+        _sync(device)
+        fwd[i] = time.perf_counter() - t0
+        kept.append((inp, end))
+        h = out
+    grad: torch.Tensor | None = None
+    for i in reversed(range(n)):
+        inp, end = kept[i]
+        _sync(device)
+        t0 = time.perf_counter()
+        if i == n - 1:
+            end.backward()
+        else:
+            torch.autograd.backward(end, grad)
+        _sync(device)
+        bwd[i] = time.perf_counter() - t0
+        grad = inp.grad
+    return fwd, bwd
 
 
 def write_table(table: dict[str, Any], path: str | Path) -> None:

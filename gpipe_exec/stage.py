@@ -110,8 +110,9 @@ class Stage:
         current = _rng_state(self.device)
         _set_rng_state(mb.rng, self.device)
         try:
+            retained = tensor_bytes(mb.input)
             mb.input = self._input(mb.input)
-            with self.meter.track(m):
+            with self.meter.track(m, retained):
                 mb.output = self._run(m, mb.input, target)
         finally:
             _set_rng_state(current, self.device)

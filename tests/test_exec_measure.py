@@ -1,0 +1,142 @@
+"""Measurement: the timeline on one aligned clock, activation memory as the simulator defines it, the
+profiler's table, link fitting and the CLI's JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpipe_exec.calibrate import fit_link  # noqa: E402
+from gpipe_exec.execute import check_runnable, job_for, measured_result  # noqa: E402
+from gpipe_exec.launch import LaunchOptions, launch  # noqa: E402
+from gpipe_exec.profile import ProfileOptions, profile_model, write_table  # noqa: E402
+from gpipe_exec.validate import predict_with_profile, relative_errors  # noqa: E402
+from gpipe_exec.zoo import build_model  # noqa: E402
+from gpipe_sim.plan import compile_plan  # noqa: E402
+from gpipe_sim.result import summarize  # noqa: E402
+from gpipe_sim.scenario import load_scenario, parse_scenario  # noqa: E402
+from gpipe_sim.schedule import ACTION_KINDS  # noqa: E402
+from gpipe_sim.trace import chrome_trace  # noqa: E402
+
+BASE = {
+    "model": {"preset": "transformer", "layers": 2, "d_model": 16, "d_ff": 32, "heads": 2, "seq_len": 8,
+              "vocab": 31},
+    "hardware": {"preset": "cpu"},
+    "pipeline": {"stages": 2, "micro_batches": 3, "batch_size": 6, "schedule": "gpipe", "remat": "none"},
+}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Several schedules and remat modes, each predicted from a profile and run for real (one spawn)."""
+    base = parse_scenario(BASE)
+    table = profile_model(base, ProfileOptions(warmup=0, repeats=1))
+    cases = []
+    for schedule, remat in [("gpipe", "none"), ("gpipe", "always"), ("1f1b", "except_last"),
+                            ("1f1b", "always")]:
+        sc = base.with_updates({"pipeline.schedule": schedule, "pipeline.remat": remat})
+        run_sc, predicted = predict_with_profile(sc, table, None)
+        plan = compile_plan(run_sc)
+        cases.append((plan, predicted, job_for(run_sc, check_runnable(run_sc), steps=3, warmup=1)))
+    outs = launch([c[2] for c in cases], [0, 1], LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
+    return [(plan, predicted, measured_result(plan, out)) for (plan, predicted, _), out in zip(cases, outs)]
+
+
+def test_peak_activation_memory_matches_the_simulator_definition(runs) -> None:
+    for plan, predicted, m in runs:
+        for p, q in zip(predicted.stages, m.result.stages):
+            assert q.peak_activation_bytes > 0
+            assert q.peak_activation_bytes == pytest.approx(p.peak_activation_bytes, rel=1e-9), plan.schedule
+        errors = relative_errors(predicted, m.result)
+        assert set(errors) >= {"step_time_s", "throughput_samples_per_s", "bubble_fraction",
+                               "stage0.peak_activation_bytes", "stage1.peak_activation_bytes"}
+
+
+def test_remat_lowers_the_measured_peak(runs) -> None:
+    none = runs[0][2].result.stages[0].peak_activation_bytes
+    always = runs[1][2].result.stages[0].peak_activation_bytes
+    assert always < none
+
+
+def test_timeline_is_causal_on_one_clock(runs) -> None:
+    for plan, _, m in runs:
+        t = m.result.timeline
+        prog = plan.program
+        assert np.array_equal(t.kind, prog.kind) and np.array_equal(t.stage, prog.stage)
+        assert np.all(t.end_s >= t.start_s) and t.start_s.min() >= 0
+        assert m.result.step_time_s == pytest.approx(t.end_s.max())
+        assert m.result.step_time_s == pytest.approx(sorted(m.step_times_s)[1])  # the median of 3
+        compute = t.is_compute
+        for k in range(plan.schedule.stages):
+            sel = np.flatnonzero((t.stage == k) & compute)
+            assert np.all(t.start_s[sel][1:] >= t.end_s[sel][:-1] - 1e-9)  # in order, no overlap
+        # a receive cannot end before the matching send started
+        send, recv = ACTION_KINDS.index("send"), ACTION_KINDS.index("recv")
+        starts = {int(prog.message[i]): t.start_s[i] for i in np.flatnonzero(t.kind == send)}
+        for i in np.flatnonzero(t.kind == recv):
+            assert t.end_s[i] >= starts[int(prog.message[i])] - 1e-4
+        # throughput and bubble are gpipe_sim.result.summarize's definitions
+        r = m.result
+        again = summarize(t, batch_size=r.batch_size, micro_batches=r.micro_batches,
+                          stage_layers=[s.layers for s in r.stages], device_map=plan.device_map,
+                          peak_activation_bytes=[s.peak_activation_bytes for s in r.stages],
+                          param_bytes=[s.param_bytes for s in r.stages],
+                          state_bytes=[s.state_bytes for s in r.stages], memory_capacity_bytes=float("inf"))
+        assert again.bubble_fraction == pytest.approx(r.bubble_fraction)
+        assert r.throughput_samples_per_s == pytest.approx(r.batch_size / r.step_time_s)
+        trace = chrome_trace(t)
+        assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == len(t)
+
+
+def test_profile_table_loads_and_matches_the_model(tmp_path: Path) -> None:
+    sc = parse_scenario(BASE)
+    table = profile_model(sc, ProfileOptions(micro_batches=(1, 3), warmup=0, repeats=2))
+    meta = profile_model(sc, ProfileOptions(micro_batches=(1, 3), meta=True))
+    model = build_model(sc.model)
+    assert [r["params"] for r in table["layers"]] == [sum(p.numel() for p in l.parameters()) for l in model]
+    for row, meta_row in zip(table["layers"], meta["layers"]):
+        assert row["forward_flops_per_sample"] == meta_row["forward_flops_per_sample"]
+        assert row["activation_bytes_per_sample"] == meta_row["activation_bytes_per_sample"]
+        assert [t["micro_batch"] for t in row["timings"]] == [1, 3]
+        assert "timings" not in meta_row
+    block = table["layers"][1]
+    d, f, s = 16, 32, 8
+    assert block["forward_flops_per_sample"] == 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d
+    path = tmp_path / "table.yaml"
+    write_table(table, path)
+    loaded = parse_scenario({**BASE, "model": {"preset": "table", "path": str(path)}})
+    assert len(loaded.model.layers) == len(model)
+    assert loaded.model.input_bytes_per_sample == 8 * 8  # int64 token ids
+
+
+def test_fit_link_recovers_latency_and_bandwidth() -> None:
+    fit = fit_link([(n, 5e-5 + n / 2e9) for n in (4, 1 << 12, 1 << 16, 1 << 20)])
+    assert fit.latency_s == pytest.approx(5e-5, rel=1e-3)
+    assert fit.bandwidth == pytest.approx(2e9, rel=1e-2)
+
+
+def test_cli_validate_json(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    proc = subprocess.run([sys.executable, "-m", "gpipe_exec.cli", "validate", str(path), "--json",
+                           "--steps", "1", "--warmup", "0", "--no-timeline"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["predicted"]["source"] == "simulated" and out["measured"]["source"] == "measured"
+    assert set(out["relative_error"]) >= {"step_time_s", "throughput_samples_per_s", "bubble_fraction"}
+    assert out["relative_error"]["stage1.peak_activation_bytes"] < 1e-9
+
+
+def test_example_scenarios_are_runnable() -> None:
+    for path in sorted(Path(__file__).resolve().parent.parent.glob("scenarios/exec/*.yaml")):
+        check_runnable(load_scenario(path))
