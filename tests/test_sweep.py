@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -239,3 +240,14 @@ def test_ctrl_c_keeps_what_finished(tmp_path):
     again = run_sweep(points, base, tmp_path, workers=0, progress=False)
     assert not again.interrupted and again.reused == 5 and again.computed == len(points) - 5
     assert not list((tmp_path / "runs").glob("*.tmp*"))
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "scenarios" / "sweeps").glob("*.yaml")))
+def test_shipped_sweep_files_expand_to_valid_scenarios(path):
+    spec, base = load_sweep(path)
+    points = expand(spec, base)
+    assert points and all(p.error is None for p in points)
+    sizes = 1
+    for values in spec.axes.values():
+        sizes *= len(values)
+    assert len(points) == sizes * max(1, len(spec.points))
