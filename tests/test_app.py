@@ -68,6 +68,26 @@ def test_explore_bubble_follows_k_and_m_to_the_analytic_value():
     assert statistics.median(timings) < 500
 
 
+def test_explore_every_preset_schedule_and_remat_renders():
+    from gpipe_sim.presets import hardware_presets
+    from gpipe_sim.schedule import SCHEDULES
+
+    at = app_test().run()
+    settings = [("cfg.model.preset", p) for p in ("uniform", "mlp", "convnet", "amoebanet", "transformer")]
+    settings += [("cfg.hardware.preset", h) for h in hardware_presets()]
+    settings += [("cfg.pipeline.schedule", s) for s in SCHEDULES]
+    settings += [("cfg.pipeline.remat", r) for r in ("none", "except_last", "always")]
+    settings += [("cfg.pipeline.partition", p) for p in ("uniform", "memory", "time")]
+    for key, value in settings:
+        set_widget(at, key, value)
+        at.run()
+        assert_clean(at)
+        assert [e.value for e in at.error if not e.value.startswith("Does not fit")] == [], (key, value)
+        assert len(plotly_specs(at)) == 4, (key, value)
+        if value == "naive":
+            assert metric(at, "Analytic (K-1)/(M+K-1)") == f"{analytic_bubble(4, 1):.4f}"  # M = 1
+
+
 def test_explore_impossible_inputs_show_one_line_errors():
     at = app_test().run()
     at.sidebar.number_input(key="cfg.pipeline.stages").set_value(100).run()

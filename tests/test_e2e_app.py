@@ -34,6 +34,8 @@ SHOWN = """([bubble, analytic]) => {
     .map((m) => m.querySelector('[data-testid="stMetricValue"]').innerText.trim())[0];
   return value("Bubble fraction") === bubble && value("Analytic (K-1)/(M+K-1)") === analytic;
 }"""
+# True once the script run has finished (Streamlit's running indicator is gone).
+IDLE = """() => !document.querySelector('[data-testid="stStatusWidget"]')"""
 
 
 def _free_port() -> int:
@@ -113,7 +115,7 @@ def test_change_k_in_the_browser_updates_the_bubble(app_url, tmp_path):
     sweep_table().to_parquet(sweep / "results.parquet", index=False)
 
     ARTIFACTS.mkdir(exist_ok=True)
-    latencies: list[tuple[str, float]] = []
+    latencies: list[tuple[str, float, float, float]] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
@@ -138,10 +140,15 @@ def test_change_k_in_the_browser_updates_the_bubble(app_url, tmp_path):
                 want = (_expected_bubble(K, M), f"{analytic_bubble(K, M):.4f}")
                 box = page.get_by_label(field, exact=True)
                 box.fill(str(K if field == "stages K" else M))
+                page.wait_for_timeout(1000)  # a person's pace: the previous page has finished drawing
                 started = time.perf_counter()
                 box.press("Enter")
                 page.wait_for_function(SHOWN, arg=list(want), polling="raf")
-                latencies.append((f"K={K} M={M}", time.perf_counter() - started))
+                shown = time.perf_counter() - started
+                page.wait_for_function(IDLE, polling="raf")
+                done = time.perf_counter() - started
+                server = page.get_by_text("Page computed in").inner_text().split()[3]
+                latencies.append((f"K={K} M={M}", shown, done, float(server) / 1000))
                 expect(bubble).to_have_text(want[0])
                 expect(analytic).to_have_text(want[1])
             expect(page.locator('[data-testid="stStatusWidget"]')).to_have_count(0, timeout=10_000)
@@ -170,6 +177,7 @@ def test_change_k_in_the_browser_updates_the_bubble(app_url, tmp_path):
             _screenshot(page, "sweep.png")
         finally:
             browser.close()
-    print("\nbrowser latency, Enter to updated bubble metric (s): "
-          + ", ".join(f"{name}: {seconds:.2f}" for name, seconds in latencies))
-    assert all(seconds < 5 for _, seconds in latencies)
+    print("\nafter Enter (s): bubble metric shown / run finished in the browser / server script: "
+          + ", ".join(f"{name}: {shown:.2f}/{done:.2f}/{server:.2f}"
+                      for name, shown, done, server in latencies))
+    assert all(shown < 5 for _, shown, _, _ in latencies)
