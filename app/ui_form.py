@@ -30,6 +30,7 @@ from gpipe_sim.scenario import DTYPE_BYTES, OPTIMIZER_STATES
 from ui_data import read_layer_table
 
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages
+_KEPT_TABLE = "kept.layer_table"
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"
 MODEL_CLASSES = {
     cls.model_fields["preset"].default: cls
@@ -114,7 +115,7 @@ def _model_fields(box: Any, preset: str, base: dict[str, Any]) -> dict[str, Any]
         key = _init(f"{PREFIX}model.{preset}.{name}", default)
         if field.annotation is int:
             model[name] = box.number_input(_label(name), step=1, key=key)
-        else:
+        elif field.annotation is float:
             st.session_state[key] = float(st.session_state[key])
             value = float(default) or 1.0
             step = 10.0 ** math.floor(math.log10(abs(value)))
@@ -130,11 +131,19 @@ def _table_model(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
              "forward/backward FLOPs or seconds per sample or measured timings.",
     )
     if upload is None:
-        return None, FormNotice("Upload a per-layer table (YAML or JSON) to simulate a `table` model.")
+        kept = st.session_state.get(_KEPT_TABLE)
+        if kept is None:
+            return None, FormNotice("Upload a per-layer table (YAML or JSON) to simulate a `table` model.")
+        name, model = kept
+        box.caption(f"Using {name} ({len(model['layers'])} layers), uploaded earlier.")
+        box.button("Forget this table", key="btn.forget_table", on_click=st.session_state.pop, args=(_KEPT_TABLE,))
+        return model, None
     try:
-        return _read_table(upload.name, upload.getvalue()), None
+        model = _read_table(upload.name, upload.getvalue())
     except ValueError as exc:
         return None, FormNotice(f"model: {exc}", error=True)
+    st.session_state[_KEPT_TABLE] = (upload.name, model)  # the upload widget resets on other pages
+    return model, None
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

@@ -133,6 +133,13 @@ def test_explore_uploaded_layer_table():
     at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(8).run()
     assert_clean(at)
     assert metric(at, "Bubble fraction") == f"{analytic_bubble(4, 8):.4f}"
+    at.switch_page("views/validate.py").run()
+    at.switch_page("views/explore.py").run()  # the upload widget is new: the table is kept
+    assert_clean(at)
+    assert metric(at, "Bubble fraction") == f"{analytic_bubble(4, 8):.4f}"
+    assert any("Using layers.yaml (8 layers)" in c.value for c in at.sidebar.caption)
+    at.button(key="btn.forget_table").click().run()
+    assert not at.metric and "Upload a per-layer table" in at.info[0].value
     bad = app_test().run()
     set_widget(bad, "cfg.model.preset", "table")
     bad.run().sidebar.file_uploader[0].set_value(("bad.yaml", b"layers: [{name: x}]", "text/yaml"))
