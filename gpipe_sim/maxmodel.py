@@ -124,9 +124,11 @@ def find_max_model(
     current = _get(scenario, dotted)
     if not isinstance(current, int) or isinstance(current, bool):
         raise SearchError(f"--grow: {dotted} is not an integer field (it is {current!r})")
-    step = step or natural_step(scenario, dotted)
-    if step < 1:
-        raise SearchError("--step: must be >= 1")
+    if step is None:
+        step = natural_step(scenario, dotted)
+    for flag, value in (("--step", step), ("--start", start), ("--limit", limit)):
+        if value is not None and value < 1:
+            raise SearchError(f"{flag}: must be >= 1, got {value}")
     limit = limit or DEFAULT_LIMIT
     tried: dict[int, Fit] = {}
 

@@ -22,8 +22,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.workers is not None and args.workers < 0:
         raise GpipeError("--workers: must be >= 0")
-    run = run_sweep(points, base, out, workers=args.workers, progress=not args.quiet,
-                    engine=spec.engine)
+    try:
+        run = run_sweep(points, base, out, workers=args.workers, progress=not args.quiet,
+                        engine=spec.engine)
+    except OSError as exc:
+        raise GpipeError(f"--out: cannot write to {str(out)!r}: {exc.strerror or exc}") from None
     if run.interrupted:
         sys.stderr.write(
             f"gpipe-sim: interrupted: {len(run.table)} of {run.total} scenarios saved in {out}; "
@@ -32,7 +35,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         return 130
     if not args.no_report:
         axes = list(dict.fromkeys([*spec.axes, *(k for point in spec.points for k in point)]))
-        write_report(run.table, out / "report.html", title=f"gpipe-sim sweep: {spec.name}", axes=axes)
+        try:
+            write_report(run.table, out / "report.html", title=f"gpipe-sim sweep: {spec.name}", axes=axes)
+        except OSError as exc:
+            raise GpipeError(f"--out: cannot write the report: {exc.strerror or exc}") from None
     rate = f"{run.scenarios_per_second:,.1f} scenarios/s" if run.computed else "nothing to compute"
     sys.stdout.write(
         f"{run.total} scenarios: {run.computed} computed, {run.reused} reused, {run.failed} failed "

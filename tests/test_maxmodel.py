@@ -87,6 +87,8 @@ def test_unknown_field_is_one_line():
         find_max_model(_uniform(), "depth")
     with pytest.raises(SearchError, match="not an integer field"):
         find_max_model(_uniform(), "pipeline.schedule")
+    with pytest.raises(SearchError, match="--step: must be >= 1"):
+        find_max_model(_uniform(), "layers", step=0)
 
 
 def test_cli_max_model(tmp_path, capsys):

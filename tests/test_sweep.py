@@ -224,6 +224,12 @@ def test_cli_bad_sweep_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("gpipe-sim: error: base.pipeline.stages") and err.count("\n") == 1
     assert main(["sweep", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]) == 2
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"base": BASE, "axes": {"pipeline.stages": [1, 2]}}))
+    (tmp_path / "file").write_text("")
+    capsys.readouterr()
+    assert main(["sweep", str(good), "--out", str(tmp_path / "file" / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("gpipe-sim: error: --out: cannot write")
 
 
 def test_ctrl_c_keeps_what_finished(tmp_path):
