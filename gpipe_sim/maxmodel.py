@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -124,6 +125,8 @@ def find_max_model(
     current = _get(scenario, dotted)
     if not isinstance(current, int) or isinstance(current, bool):
         raise SearchError(f"--grow: {dotted} is not an integer field (it is {current!r})")
+    if math.isinf(scenario.hardware.accelerator.memory_bytes):
+        raise SearchError("hardware.accelerator.memory_bytes: unlimited memory, so every size fits")
     if step is None:
         step = natural_step(scenario, dotted)
     for flag, value in (("--step", step), ("--start", start), ("--limit", limit)):

@@ -87,6 +87,9 @@ def test_unknown_field_is_one_line():
         find_max_model(_uniform(), "depth")
     with pytest.raises(SearchError, match="not an integer field"):
         find_max_model(_uniform(), "pipeline.schedule")
+    unlimited = _uniform().with_updates({"hardware.accelerator.memory_bytes": "inf"})
+    with pytest.raises(SearchError, match="unlimited memory"):
+        find_max_model(unlimited, "layers")
     with pytest.raises(SearchError, match="--step: must be >= 1"):
         find_max_model(_uniform(), "layers", step=0)
 
