@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,7 +13,6 @@ import pytest
 from gpipe_sim import parse_scenario, plots, simulate
 from gpipe_sim.presets import hardware_presets
 from gpipe_sim.result import Result, Timeline, analytic_bubble
-from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS
 from gpipe_sim.units import parse_quantity
 from test_app_support import ROOT, sweep_table, uniform_data, write_validation
 
