@@ -10,7 +10,7 @@ from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.scenario import AmoebaNetModel, Scenario, TransformerModel
 from gpipe_sim.units import format_bytes
 
-DEFAULT_LIMIT = 2**20
+DEFAULT_LIMIT = 2**16
 SHORT_NAMES = {"width": ("width", "d_model", "filters", "channels")}
 
 

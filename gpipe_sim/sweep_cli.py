@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="size field to grow: layers, filters, d_model, width... (or a dotted field)")
     p.add_argument("--step", type=int, default=None, help="search step (default: the field's natural step)")
     p.add_argument("--start", type=int, default=None, help="smallest value tried (default: one step)")
-    p.add_argument("--limit", type=int, default=None, help="largest value tried (default: 2**20)")
+    p.add_argument("--limit", type=int, default=None, help="largest value tried (default: 65536)")
     p.set_defaults(func=_cmd_max_model)
 
     p = subparsers.add_parser("paper", help="the GPipe paper's tables: published figures beside predictions")
