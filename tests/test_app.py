@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -254,9 +255,14 @@ def test_validate_upload_and_bad_files(tmp_path):
     assert_clean(at)
     assert at.error[0].value.startswith("bad.json: not valid JSON")
     missing = {"predicted": good["predicted"]}
-    at.file_uploader[0].set_value(("half.json", str.encode(__import__("json").dumps(missing)),
+    at.file_uploader[0].set_value(("half.json", str.encode(json.dumps(missing)),
                                    "application/json")).run()
     assert at.error[0].value.startswith("half.json: measured: missing")
+    no_timeline = {k: {**good[k], "timeline": []} for k in ("predicted", "measured")}
+    at.file_uploader[0].set_value(("short.json", str.encode(json.dumps(no_timeline)),
+                                   "application/json")).run()
+    assert_clean(at)
+    assert "no timelines" in at.info[0].value and not at.error
     at.file_uploader[0].set_value(None)
     at.text_input(key="cfg.validate.path").set_value(str(tmp_path / "nope.json")).run()
     assert_clean(at)

@@ -105,12 +105,15 @@ if isinstance(link, dict) and "bandwidth" in link:
                f"latency {format_seconds(float(link.get('latency_s', 0.0)))}.")
 st.dataframe(_figures_table(v), hide_index=True)
 
-fig, all_bars = plots.compare_timelines_figure(
-    [("predicted", v.predicted.timeline), ("measured", v.measured.timeline)], max_bars=MAX_GANTT_BARS)
-st.plotly_chart(fig, key="validate.gantt")
-notes = [b.note for b in all_bars if b.note]
-if notes:
-    st.caption(" ".join(notes))
+if len(v.predicted.timeline) or len(v.measured.timeline):
+    fig, all_bars = plots.compare_timelines_figure(
+        [("predicted", v.predicted.timeline), ("measured", v.measured.timeline)], max_bars=MAX_GANTT_BARS)
+    st.plotly_chart(fig, key="validate.gantt")
+    notes = [b.note for b in all_bars if b.note]
+    if notes:
+        st.caption(" ".join(notes))
+else:
+    st.info("The file has no timelines (written with `--no-timeline`): only the figures are compared.")
 left, right = st.columns(2)
 if v.relative_error:
     left.plotly_chart(plots.relative_error_figure(v.relative_error), key="validate.errors")
