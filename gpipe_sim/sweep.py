@@ -9,7 +9,7 @@ import math
 import os
 import signal
 import time
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait, FIRST_COMPLETED
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence
@@ -286,14 +286,19 @@ def run_task(task: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
         row = result_columns(parse_scenario(scenario_data), engine)
         row.update(status="ok", error=None)
     except Exception as exc:  # a failing scenario must not stop the sweep
-        lines = str(exc).strip().splitlines()
-        message = lines[0] if lines else ""
-        if not isinstance(exc, GpipeError):
-            message = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-        row = {"status": "error", "error": message}
+        row = {"status": "error", "error": _first_line(exc)}
     row["sweep.key"] = key
     row["elapsed_s"] = time.perf_counter() - t0
     return row
+
+
+def _first_line(exc: BaseException) -> str:
+    """One line for an exception: our own messages as they are, others prefixed by their type."""
+    lines = str(exc).strip().splitlines()
+    message = lines[0] if lines else ""
+    if isinstance(exc, GpipeError):
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def run_chunk(tasks: list[tuple[str, dict[str, Any], str]]) -> list[dict[str, Any]]:
@@ -459,7 +464,7 @@ def _execute(
                     try:
                         finish(fut.result())
                     except Exception as exc:  # the executor failed, not the scenario: not saved
-                        message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                        message = _first_line(exc)
                         infra.append(message)
                         for key, _, _ in chunk:
                             rows[key] = {"status": "error", "error": f"executor: {message}",
