@@ -77,7 +77,7 @@ class Plan:
 
     @property
     def memory_capacity_bytes(self) -> float:
-        return self.scenario.hardware.accelerator.memory_bytes
+        return self.scenario.hardware.accelerator.usable_memory_bytes
 
     @cached_property
     def program(self) -> Program:

@@ -221,8 +221,14 @@ class Accelerator(_Strict):
     peak_flops: dict[Literal["fp32", "bf16", "fp16"], Flops]
     efficiency: Annotated[float, Field(gt=0, le=1)] = 0.5
     memory_bytes: PositiveBytes = math.inf
+    usable_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0  # the rest: runtime, fragmentation
     memory_bandwidth: Bandwidth = math.inf
     kernel_overhead_s: Seconds = 0.0
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """The capacity a stage's memory is checked against."""
+        return self.memory_bytes * self.usable_memory_fraction
 
 
 class Link(_Strict):
@@ -460,11 +466,12 @@ def load_scenario(path: str | Path) -> Scenario:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or _first_line(exc)
         raise ScenarioError(f"malformed YAML in {str(path)!r}{where}: {problem}") from None
-    _resolve_relative_paths(data, path.parent)
+    resolve_relative_paths(data, path.parent)
     return parse_scenario(data)
 
 
-def _resolve_relative_paths(data: Any, base: Path) -> None:
+def resolve_relative_paths(data: Any, base: Path) -> None:
+    """Make a table model's relative `path` relative to `base` (the scenario file's folder)."""
     model = data.get("model") if isinstance(data, dict) else None
     if isinstance(model, dict) and isinstance(model.get("path"), str):
         table = Path(model["path"])

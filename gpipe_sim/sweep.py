@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.scenario import (
     Scenario,
-    _resolve_relative_paths,
+    resolve_relative_paths,
     load_scenario,
     parse_scenario,
     set_dotted,
@@ -154,7 +154,7 @@ def resolve_base(spec: SweepSpec, base_dir: Path = Path(".")) -> dict[str, Any]:
         except ScenarioError as exc:
             raise SweepError(f"base: {exc}") from None
     data = json.loads(json.dumps(spec.base))
-    _resolve_relative_paths(data, base_dir)
+    resolve_relative_paths(data, base_dir)
     try:
         return parse_scenario(data).to_dict()
     except ScenarioError as exc:
