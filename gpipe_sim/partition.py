@@ -27,20 +27,36 @@ def balance_by_count(layers: int, stages: int) -> list[int]:
     return [base + (1 if k < extra else 0) for k in range(stages)]
 
 
+_CANDIDATE_LAYERS = 256  # up to this many layers, search the contiguous sums themselves
+
+
 def balance_by_weight(weights: Sequence[float], stages: int) -> list[int]:
     """Layer counts per stage that minimise the largest stage weight, exactly.
 
-    The optimal bottleneck is found by bisection on the greedy feasibility test until the bracket
-    closes to adjacent floating-point values; every stage gets at least one layer.
+    The optimal bottleneck is the sum of some contiguous run of layers: for up to 256 layers the
+    sorted run sums are searched by bisection with a greedy feasibility test; beyond, the
+    bottleneck is bisected as a float until the bracket closes to adjacent values. Every stage
+    gets at least one layer.
     """
     w = np.asarray(weights, dtype=float)
     _check(len(w), stages)
     if np.any(w < 0) or not np.all(np.isfinite(w)):
         raise ScenarioError("pipeline.partition: layer weights must be finite and non-negative")
     prefix = np.concatenate(([0.0], np.cumsum(w)))
-    lo, hi = float(w.max()), float(prefix[-1])
-    if _parts_needed(prefix, hi) > stages:  # rounding in prefix sums; widen slightly
-        hi = float(np.nextafter(hi, np.inf))
+    slack = 8 * np.finfo(float).eps * max(float(prefix[-1]), 1e-300)  # prefix-sum rounding
+    if len(w) <= _CANDIDATE_LAYERS:
+        first, last = np.triu_indices(len(prefix), k=1)
+        sums = np.unique(prefix[last] - prefix[first])
+        sums = sums[sums >= w.max() - slack]
+        lo, hi = 0, len(sums) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _parts_needed(prefix, sums[mid] + slack) <= stages:
+                hi = mid
+            else:
+                lo = mid + 1
+        return _split_at_cap(prefix, float(sums[lo]) + slack, stages)
+    lo, hi = float(w.max()), float(prefix[-1]) + slack
     while True:
         mid = lo + (hi - lo) / 2
         if mid <= lo or mid >= hi:

@@ -88,3 +88,33 @@ def test_time_partition_minimises_the_slowest_stage(weights, stages, expected_ma
         sums.append(sum(weights[i : i + c]))
         i += c
     assert max(sums) == expected_max
+
+
+def _brute_force_bottleneck(weights, stages):
+    from itertools import combinations
+
+    n, best = len(weights), float("inf")
+    for cuts in combinations(range(1, n), stages - 1):
+        bounds = (0, *cuts, n)
+        best = min(best, max(sum(weights[a:b]) for a, b in zip(bounds, bounds[1:])))
+    return best
+
+
+def test_time_partition_equals_brute_force_on_random_weights():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 10))
+        stages = int(rng.integers(1, n + 1))
+        weights = rng.choice([0.0, 0.1, 1.0, 2.5, 7.0], size=n) * rng.uniform(0.5, 1.5, size=n)
+        counts = balance_by_weight(weights.tolist(), stages)
+        assert len(counts) == stages and sum(counts) == n and min(counts) >= 1
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        got = max(weights[a:b].sum() for a, b in zip(bounds, bounds[1:]))
+        assert got == pytest.approx(_brute_force_bottleneck(weights.tolist(), stages), rel=1e-12)
+
+
+def test_large_partition_uses_float_bisection_and_stays_balanced():
+    counts = balance_by_weight([1.0] * 1000, 7)
+    assert sum(counts) == 1000 and max(counts) == 143
