@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -21,6 +20,7 @@ from pydantic import (
 )
 
 from gpipe_sim.errors import ScenarioError
+from gpipe_sim.files import read_data_file
 from gpipe_sim.units import parse_quantity
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -195,13 +195,9 @@ MODEL_PRESETS = ("uniform", "transformer", "amoebanet", "mlp", "convnet", "table
 def load_layer_table_file(path: Path) -> dict[str, Any]:
     """Read a per-layer table (YAML or JSON) as a dict with `layers` (a list of rows)."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read layer table {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"layer table {str(path)!r} is malformed: {_first_line(exc)}") from None
+        data = read_data_file(path, "layer table")
+    except ScenarioError as exc:
+        raise ValueError(str(exc)) from None
     if isinstance(data, list):
         data = {"layers": data}
     if not isinstance(data, dict) or "layers" not in data:
@@ -455,17 +451,7 @@ def parse_scenario(data: Any) -> Scenario:
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario YAML (or JSON) file; raise ScenarioError on any problem."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"cannot read scenario {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or _first_line(exc)
-        raise ScenarioError(f"malformed YAML in {str(path)!r}{where}: {problem}") from None
+    data = read_data_file(path, "scenario")
     resolve_relative_paths(data, path.parent)
     return parse_scenario(data)
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.files import read_data_file
 from gpipe_sim.scenario import (
     Scenario,
     resolve_relative_paths,
@@ -129,16 +129,7 @@ def parse_sweep(data: Any) -> SweepSpec:
 def load_sweep(path: str | Path) -> tuple[SweepSpec, dict[str, Any]]:
     """Read a sweep file; return the spec and its validated base scenario as plain data."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SweepError(f"cannot read sweep {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise SweepError(f"malformed YAML in {str(path)!r}{where}") from None
+    data = read_data_file(path, "sweep", SweepError)
     spec = parse_sweep(data)
     return spec, resolve_base(spec, path.parent)
 

@@ -153,7 +153,7 @@ def test_explore_uploaded_layer_table():
     broken.run().sidebar.file_uploader[0].set_value(("broken.yaml", b"layers: [", "text/yaml"))
     broken.run()
     assert_clean(broken)
-    assert broken.error[0].value.startswith("model: layer table 'broken.yaml' is malformed")
+    assert broken.error[0].value.startswith("model: malformed YAML in 'broken.yaml' at line 1")
 
 
 # --- Compare -------------------------------------------------------------------------------------
