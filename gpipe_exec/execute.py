@@ -63,7 +63,9 @@ def job_for(scenario: Scenario, plan: Plan, *, steps: int = 5, warmup: int = 2, 
     partition = [s.last_layer - s.first_layer + 1 for s in plan.stages]
     if "fault" not in extra and os.environ.get(FAULT_ENV):
         extra["fault"] = parse_fault(os.environ[FAULT_ENV])
-    return Job(scenario=scenario.to_dict(), partition=partition, steps=steps, warmup=warmup,
+    # The worker runs the parent's action lists as they are: a schedule registered here needs no
+    # executor change (and no registration in the worker processes).
+    return Job(scenario=scenario, schedule=plan.schedule, partition=partition, steps=steps, warmup=warmup,
                seed=seed, dropout=dropout, **extra)
 
 

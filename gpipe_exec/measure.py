@@ -37,6 +37,7 @@ class SavedBytesMeter:
         self.held: dict[int, int] = {}
         self.total = 0
         self.peak = 0
+        self.last_packed = 0  # bytes packed during the latest `track`
         self._current: int | None = None
 
     def _is_static(self, t: torch.Tensor) -> bool:
@@ -46,7 +47,9 @@ class SavedBytesMeter:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if self._current is not None and not self._is_static(t):
-            self._add(self._current, tensor_bytes(t))
+            nbytes = tensor_bytes(t)
+            self.last_packed += nbytes
+            self._add(self._current, nbytes)
         return t
 
     def _add(self, m: int, nbytes: int) -> None:
@@ -60,6 +63,7 @@ class SavedBytesMeter:
         re-materialized forward; the first layer saves that very input, so the re-computation adds
         only max(saved - retained, 0), as gpipe_sim.memory counts it."""
         self._current = m
+        self.last_packed = 0
         self.total -= retained
         self.held[m] = self.held.get(m, 0) - retained
         before = self.held[m]
@@ -71,6 +75,13 @@ class SavedBytesMeter:
             shortfall = retained - (self.held[m] - before)
             if shortfall > 0:
                 self._add(m, shortfall)
+
+    def add_saved(self, m: int, nbytes: int, retained: int = 0) -> None:
+        """Account `nbytes` saved for micro-batch m without hooks (a figure `track` measured before
+        for the same pass and size), with the same `retained` rule as `track`."""
+        self.total -= retained
+        self.held[m] = self.held.get(m, 0) - retained
+        self._add(m, max(nbytes, retained))
 
     def retain(self, m: int, nbytes: int) -> None:
         self._add(m, nbytes)

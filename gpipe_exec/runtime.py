@@ -21,7 +21,7 @@ from gpipe_exec.stage import Stage, make_optimizer
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.partition import micro_batch_sizes
 from gpipe_sim.scenario import Scenario, parse_scenario
-from gpipe_sim.schedule import ACTION_KINDS, Action, build_schedule
+from gpipe_sim.schedule import ACTION_KINDS, Action, Schedule, build_schedule
 
 RECV_WINDOW = 2  # receives posted ahead of the action that needs them
 
@@ -30,8 +30,9 @@ RECV_WINDOW = 2  # receives posted ahead of the action that needs them
 class Job:
     """One configuration to run: the scenario (with an explicit partition) and how to run it."""
 
-    scenario: dict[str, Any]
+    scenario: Scenario | dict[str, Any]
     partition: list[int]
+    schedule: Schedule | None = None  # the parent's action lists (else built from the scenario)
     steps: int = 1
     warmup: int = 0
     seed: int = 0
@@ -108,12 +109,12 @@ class StageRunner:
 
     def __init__(self, job: Job, rank: int, device: torch.device, clock: AlignedClock) -> None:
         self.job = job
-        self.scenario = parse_scenario(job.scenario)
+        self.scenario = job.scenario if isinstance(job.scenario, Scenario) else parse_scenario(job.scenario)
         sc, p = self.scenario, self.scenario.pipeline
         self.rank, self.device, self.clock = rank, device, clock
         self.K = p.stages
         self.M = p.effective_micro_batches
-        self.schedule = build_schedule(self.K, self.M, p.schedule, p.remat)
+        self.schedule = job.schedule or build_schedule(self.K, self.M, p.schedule, p.remat)
         self.actions = self.schedule.actions[rank]
         first, last = stage_bounds(job.partition, rank)
         self.first, self.last = first, last

@@ -105,3 +105,16 @@ def test_full_matrix(K: int) -> None:
         for model, M, s, r in itertools.product(MODELS, (1, 3, 4), SCHEDULES, REMATS)
     ]
     assert_equal_to_reference(run_all(K, configs))
+
+
+def test_a_newly_registered_schedule_runs_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule added to gpipe_sim.schedule's registry runs with no executor change."""
+    from gpipe_sim import schedule as schedules
+
+    def backward_in_order(stages: int, micro_batches: int) -> list:
+        order = [("F", m) for m in range(micro_batches)] + [("B", m) for m in range(micro_batches)]
+        return [list(order) for _ in range(stages)]
+
+    monkeypatch.setitem(schedules.SCHEDULES, "backward-in-order", backward_in_order)
+    assert_equal_to_reference(run_all(2, [("mlp", 2, 3, "backward-in-order", "always"),
+                                          ("transformer", 2, 4, "backward-in-order", "none")]))

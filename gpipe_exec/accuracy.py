@@ -1,0 +1,151 @@
+"""Accuracy study: predicted versus measured over a grid of scenarios on this machine (`python -m
+gpipe_exec.accuracy`); prints the README's table with the median and worst errors."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Sequence
+
+from rich.progress import Progress
+
+from gpipe_exec.calibrate import calibrate_link
+from gpipe_exec.execute import job_for, measured_result
+from gpipe_exec.runtime import run_job
+from gpipe_exec.launch import LaunchOptions, launch
+from gpipe_exec.profile import ProfileOptions, profile_model
+from gpipe_exec.validate import predict_with_profile, relative_errors
+from gpipe_sim.partition import micro_batch_sizes
+from gpipe_sim.plan import compile_plan
+from gpipe_sim.scenario import Scenario, parse_scenario
+
+MODELS: dict[str, dict[str, Any]] = {
+    "transformer": {"preset": "transformer", "layers": 6, "d_model": 128, "d_ff": 512, "heads": 4,
+                    "seq_len": 64, "vocab": 512},
+    "convnet": {"preset": "convnet", "layers": 6, "channels": 16, "image_size": 32, "num_classes": 10},
+}
+DEVICE_MAPS = {2: [0, 1], 4: [0, 0, 1, 1]}  # K=4 shares the two cores, and the hardware says so
+
+
+def base_scenario(model: str, K: int, batch: int) -> Scenario:
+    return parse_scenario({
+        "model": MODELS[model],
+        "hardware": {"preset": "cpu", "stage_to_device": DEVICE_MAPS[K]},
+        "pipeline": {"stages": K, "micro_batches": 1, "batch_size": batch, "schedule": "gpipe",
+                     "remat": "none", "partition": "time"},
+        "training": {"optimizer": "momentum"},
+    })
+
+
+def _row(sc: Scenario, predicted: Any, measured: Any) -> dict[str, Any]:
+    errors = relative_errors(predicted, measured)
+    memory = [v for k, v in errors.items() if k.endswith("peak_activation_bytes")]
+    return {
+        "model": sc.model.preset, "K": sc.pipeline.stages, "M": sc.pipeline.micro_batches,
+        "schedule": sc.pipeline.schedule, "remat": sc.pipeline.remat,
+        "predicted_step_s": predicted.step_time_s, "measured_step_s": measured.step_time_s,
+        "step_time_error": errors["step_time_s"], "bubble_predicted": predicted.bubble_fraction,
+        "bubble_measured": measured.bubble_fraction, "memory_error": max(memory),
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def _cases_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """On every rank, for each case: rank 0 profiles the model (the others wait), simulates it with
+    that profile, and hands out the job; then all ranks run it. Profile and run are seconds apart,
+    so both see the same machine load."""
+    import torch.distributed as dist
+
+    rows = []
+    for sc in payload["cases"]:
+        box: list[Any] = [None]
+        if rank == 0:
+            sizes = tuple(sorted(set(micro_batch_sizes(sc.pipeline.batch_size, sc.pipeline.micro_batches))))
+            table = profile_model(sc, ProfileOptions(micro_batches=sizes, warmup=1, repeats=payload["repeats"]))
+            run_sc, predicted = predict_with_profile(sc, table, payload["link"])
+            plan = compile_plan(run_sc)
+            box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]
+        dist.broadcast_object_list(box, src=0)
+        out = run_job(box[0], rank, device, clock)
+        if rank == 0:
+            rows.append(_row(sc, predicted, measured_result(plan, out).result))
+    return rows if rank == 0 else None
+
+
+def run_group(model: str, K: int, Ms: Sequence[int], schedules: Sequence[str], remats: Sequence[str],
+              batch: int, steps: int, warmup: int, options: LaunchOptions, link: Any,
+              repeats: int = 5) -> list[dict[str, Any]]:
+    """Every (M, schedule, remat) for this model and K, in one process group."""
+    base = base_scenario(model, K, batch)
+    cases = [base.with_updates({"pipeline.micro_batches": M, "pipeline.schedule": schedule,
+                                "pipeline.remat": remat})
+             for M, schedule, remat in itertools.product(Ms, schedules, remats)]
+    payload = {"cases": cases, "link": link, "steps": steps, "warmup": warmup, "repeats": repeats}
+    return launch(payload, DEVICE_MAPS[K], options, task=_cases_task)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table: one line per (model, K, schedule, remat) with the errors over M, then a summary."""
+    lines = ["| model | K | schedule | remat | step-time error per M (1,2,4,8,16...) | peak activation error (max) |",
+             "|---|---|---|---|---|---|"]
+    key = lambda r: (r["model"], r["K"], r["schedule"], r["remat"])  # noqa: E731
+    for group, items in itertools.groupby(sorted(rows, key=key), key=key):
+        items = sorted(items, key=lambda r: r["M"])
+        errs = " / ".join(f"{100 * r['step_time_error']:.1f}%" for r in items)
+        mem = max(r["memory_error"] for r in items)
+        lines.append(f"| {group[0]} | {group[1]} | {group[2]} | {group[3]} | {errs} | {100 * mem:.3f}% |")
+    step = [r["step_time_error"] for r in rows]
+    mem = [r["memory_error"] for r in rows]
+    within = sum(e <= 0.05 for e in step)
+    lines.append("")
+    lines.append(f"{len(rows)} runs. Step time: median error {100 * statistics.median(step):.1f}%, "
+                 f"worst {100 * max(step):.1f}%, {within}/{len(rows)} within 5%. Peak activation memory: "
+                 f"median {100 * statistics.median(mem):.3f}%, worst {100 * max(mem):.3f}%.")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpipe_exec.accuracy", description=__doc__)
+    parser.add_argument("--models", default="transformer,convnet")
+    parser.add_argument("--stages", default="2,4")
+    parser.add_argument("--micro-batches", default="1,2,4,8,16")
+    parser.add_argument("--schedules", default="gpipe,1f1b")
+    parser.add_argument("--remat", default="none,always")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--json", metavar="FILE", help="also write every row as JSON")
+    args = parser.parse_args(argv)
+    options = LaunchOptions(comm_timeout_s=120, run_timeout_s=3600)
+    Ms = [int(v) for v in args.micro_batches.split(",")]
+    groups = [(m, int(k)) for m in args.models.split(",") for k in args.stages.split(",")]
+    rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    with Progress() as bar:
+        task = bar.add_task("calibrating the link", total=len(groups) + 1)
+        link = calibrate_link((0, 1), options=options)
+        bar.advance(task)
+        for model, K in groups:
+            bar.update(task, description=f"{model} K={K}: profile and run")
+            rows += run_group(model, K, Ms, args.schedules.split(","), args.remat.split(","),
+                              args.batch_size, args.steps, args.warmup, options, link)
+            bar.advance(task)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"link": link.as_link(), "rows": rows}, f, indent=1)
+    sys.stdout.write(markdown(rows) + "\n")
+    loads = [r["load_average"] for r in rows]
+    sys.stdout.write(f"(1-minute load average during the runs: {min(loads):.1f} to {max(loads):.1f} on "
+                     f"{os.cpu_count()} cores)\n")
+    sys.stdout.write(f"(link: latency {link.latency_s * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; "
+                     f"{time.monotonic() - t0:.0f} s)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
