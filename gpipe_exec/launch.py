@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gpipe_exec.device_lock import LOCK_DIR_ENV
 from gpipe_exec.errors import ExecutionError, PeerError
 from gpipe_exec.measure import AlignedClock
 from gpipe_exec.runtime import Job, run_job
@@ -35,6 +36,7 @@ class LaunchOptions:
     comm_timeout_s: float = 60.0  # gloo/NCCL collective and point-to-point timeout
     run_timeout_s: float = 1800.0  # the whole launch
     backend: str | None = None  # None: nccl with CUDA, else gloo
+    serialize_shared_devices: bool = True  # stages on one device compute one at a time (device_lock)
 
 
 def _free_port() -> int:
@@ -52,8 +54,12 @@ def _setup_rank(rank: int, device_map: Sequence[int], options: LaunchOptions) ->
         return device
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     devices = sorted(set(device_map))
-    if options.pin and cores and len(devices) <= len(cores):
-        # Device d of the scenario is a set of cores: stages mapped to one device share them.
+    shared = sum(1 for d in device_map if d == device_map[rank]) > 1
+    if options.pin and cores and len(devices) <= len(cores) and not (shared and options.serialize_shared_devices):
+        # Device d of the scenario is a set of cores. Stages sharing a device are serialized by the
+        # device lock instead: left unpinned, the one holding the lock runs on whichever core is
+        # free, and a stage that gets the lock is not stuck behind the one that released it
+        # (measured on 2 cores, K=4: 20-40% shorter steps, far less idle time).
         per = len(cores) // len(devices)
         d = devices.index(device_map[rank])
         os.sched_setaffinity(0, set(cores[d * per:(d + 1) * per]))
@@ -77,6 +83,12 @@ def run_rank(rank: int, world: int, payload: Any, device_map: Sequence[int], opt
              init_method: str = "env://", task: Task = run_jobs) -> Any:
     """One rank: join the process group, align clocks, run the task, leave the group."""
     device = _setup_rank(rank, device_map, options)
+    if options.serialize_shared_devices and LOCK_DIR_ENV not in os.environ:
+        # One lock directory per launch (per rendezvous under torchrun), shared by this machine's ranks.
+        where = init_method.replace("/", "_").replace(":", "_") + "_" + os.environ.get("MASTER_PORT", "")
+        lock_dir = Path(tempfile.gettempdir()) / f"gpipe-exec-locks{where}"
+        lock_dir.mkdir(exist_ok=True)
+        os.environ[LOCK_DIR_ENV] = str(lock_dir)
     dist.init_process_group(_backend(device, options), init_method=init_method, rank=rank,
                             world_size=world, timeout=timedelta(seconds=options.comm_timeout_s))
     try:
@@ -89,6 +101,8 @@ def run_rank(rank: int, world: int, payload: Any, device_map: Sequence[int], opt
 def _worker(rank: int, world: int, port: int, payload: Any, device_map: Sequence[int],
             options: LaunchOptions, out_dir: str, task: Task) -> None:
     faulthandler.enable()  # a native crash still shows where in Python it happened
+    if options.serialize_shared_devices:
+        os.environ[LOCK_DIR_ENV] = out_dir  # removed with the launch's temporary directory
     try:
         results = run_rank(rank, world, payload, device_map, options, f"tcp://127.0.0.1:{port}", task)
         if rank == 0:

@@ -15,13 +15,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpipe_exec.device_lock import device_lock, holding
 from gpipe_exec.errors import PeerError
 from gpipe_exec.measure import AlignedClock, cuda_peak_bytes
 from gpipe_exec.stage import Stage, make_optimizer
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.partition import micro_batch_sizes
 from gpipe_sim.scenario import Scenario, parse_scenario
-from gpipe_sim.schedule import ACTION_KINDS, Action, Schedule, build_schedule
+from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Schedule, build_schedule
 
 RECV_WINDOW = 2  # receives posted ahead of the action that needs them
 
@@ -131,6 +132,7 @@ class StageRunner:
         self.in_shape = boundary_shape(sc, first - 1, job.seed, job.dropout) if rank > 0 else ()
         self.out_shape = boundary_shape(sc, last, job.seed, job.dropout) if rank < self.K - 1 else ()
         self.comm = _Comm(rank, device)
+        self.lock = device_lock(rank, sc.device_map) if device.type == "cpu" else None
 
     def _buffer(self, action: Action) -> torch.Tensor:
         shape = self.in_shape if action.tensor == "activation" else self.out_shape
@@ -168,30 +170,32 @@ class StageRunner:
                 posted[j] = (comm.irecv(buf, acts[j]), buf)
                 next_post += 1
             self._fault(step, i)
-            rec.starts[i] = clock()
             m = a.micro_batch
             if st.is_last and m >= 0:
                 target = self.targets[m]
-            if a.kind == "recv":
-                work, buf = posted.pop(i)
-                comm.wait(work, a)
-                arrived[(a.tensor, m)] = buf
-            elif a.kind == "forward":
-                x = self.inputs[m] if st.is_first else arrived.pop(("activation", m))
-                out = st.forward(m, x, target, a.save)
-                arrived[("output", m)] = out
-            elif a.kind == "recompute":
-                st.recompute(m, target)
-            elif a.kind == "backward":
-                grad = st.backward(m, None if st.is_last else arrived.pop(("gradient", m)))
-                if grad is not None:
-                    arrived[("input_grad", m)] = grad
-            elif a.kind == "send":
-                key = ("output", m) if a.tensor == "activation" else ("input_grad", m)
-                sends.append((i, comm.isend(arrived.pop(key), a)))
-            elif a.kind == "update":
-                st.update()
-            now = clock()
+            # Stages sharing a device compute one at a time; the action starts once it has the device.
+            with holding(self.lock if a.kind in COMPUTE_KINDS else None):
+                rec.starts[i] = clock()
+                if a.kind == "recv":
+                    work, buf = posted.pop(i)
+                    comm.wait(work, a)
+                    arrived[(a.tensor, m)] = buf
+                elif a.kind == "forward":
+                    x = self.inputs[m] if st.is_first else arrived.pop(("activation", m))
+                    out = st.forward(m, x, target, a.save)
+                    arrived[("output", m)] = out
+                elif a.kind == "recompute":
+                    st.recompute(m, target)
+                elif a.kind == "backward":
+                    grad = st.backward(m, None if st.is_last else arrived.pop(("gradient", m)))
+                    if grad is not None:
+                        arrived[("input_grad", m)] = grad
+                elif a.kind == "send":
+                    key = ("output", m) if a.tensor == "activation" else ("input_grad", m)
+                    sends.append((i, comm.isend(arrived.pop(key), a)))
+                elif a.kind == "update":
+                    st.update()
+                now = clock()
             if a.kind != "send":
                 rec.ends[i] = now
             still = []
