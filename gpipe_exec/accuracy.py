@@ -64,9 +64,13 @@ def _cases_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> 
     rows = []
     for sc in payload["cases"]:
         box: list[Any] = [None]
+        sizes = tuple(sorted(set(micro_batch_sizes(sc.pipeline.batch_size, sc.pipeline.micro_batches))))
+        options = ProfileOptions(micro_batches=sizes, warmup=1, repeats=payload["repeats"])
+        dmap = list(sc.device_map)
+        if payload["concurrent"] and rank > 0 and dmap.index(dmap[rank]) == rank:
+            profile_model(sc, options)  # keep this device busy too while rank 0 profiles (discarded)
         if rank == 0:
-            sizes = tuple(sorted(set(micro_batch_sizes(sc.pipeline.batch_size, sc.pipeline.micro_batches))))
-            table = profile_model(sc, ProfileOptions(micro_batches=sizes, warmup=1, repeats=payload["repeats"]))
+            table = profile_model(sc, options)
             run_sc, predicted = predict_with_profile(sc, table, payload["link"])
             plan = compile_plan(run_sc)
             box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]
@@ -79,13 +83,14 @@ def _cases_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> 
 
 def run_group(model: str, K: int, Ms: Sequence[int], schedules: Sequence[str], remats: Sequence[str],
               batch: int, steps: int, warmup: int, options: LaunchOptions, link: Any,
-              repeats: int = 5) -> list[dict[str, Any]]:
+              repeats: int = 5, concurrent: bool = False) -> list[dict[str, Any]]:
     """Every (M, schedule, remat) for this model and K, in one process group."""
     base = base_scenario(model, K, batch)
     cases = [base.with_updates({"pipeline.micro_batches": M, "pipeline.schedule": schedule,
                                 "pipeline.remat": remat})
              for M, schedule, remat in itertools.product(Ms, schedules, remats)]
-    payload = {"cases": cases, "link": link, "steps": steps, "warmup": warmup, "repeats": repeats}
+    payload = {"cases": cases, "link": link, "steps": steps, "warmup": warmup, "repeats": repeats,
+               "concurrent": concurrent}
     return launch(payload, DEVICE_MAPS[K], options, task=_cases_task)
 
 
@@ -120,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", metavar="FILE", help="also write every row as JSON")
+    parser.add_argument("--profile-concurrently", action="store_true",
+                        help="profile while every device computes (the pipeline's steady state)")
     args = parser.parse_args(argv)
     options = LaunchOptions(comm_timeout_s=120, run_timeout_s=3600)
     Ms = [int(v) for v in args.micro_batches.split(",")]
@@ -133,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for model, K in groups:
             bar.update(task, description=f"{model} K={K}: profile and run")
             rows += run_group(model, K, Ms, args.schedules.split(","), args.remat.split(","),
-                              args.batch_size, args.steps, args.warmup, options, link)
+                              args.batch_size, args.steps, args.warmup, options, link,
+                              concurrent=args.profile_concurrently)
             bar.advance(task)
     if args.json:
         with open(args.json, "w") as f:

@@ -140,3 +140,19 @@ def test_cli_validate_json(tmp_path: Path) -> None:
 def test_example_scenarios_are_runnable() -> None:
     for path in sorted(Path(__file__).resolve().parent.parent.glob("scenarios/exec/*.yaml")):
         check_runnable(load_scenario(path))
+
+
+def test_stages_sharing_a_device_never_compute_at_once() -> None:
+    """K=4 on two devices ([0, 0, 1, 1]): the device lock serializes compute as the simulator does."""
+    sc = parse_scenario({**BASE, "hardware": {"preset": "cpu", "stage_to_device": [0, 0, 1, 1]},
+                         "model": {"preset": "mlp", "layers": 4, "width": 32, "input_dim": 16},
+                         "pipeline": {**BASE["pipeline"], "stages": 4, "micro_batches": 4, "batch_size": 8,
+                                      "schedule": "1f1b"}})
+    plan = check_runnable(sc)
+    out = launch([job_for(sc, plan, steps=1, warmup=0)], plan.device_map, LaunchOptions(comm_timeout_s=60))[0]
+    t = measured_result(plan, out).result.timeline
+    for pair in ((0, 1), (2, 3)):
+        spans = sorted((t.start_s[i], t.end_s[i]) for i in np.flatnonzero(t.is_compute)
+                       if int(t.stage[i]) in pair)
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            assert b0 >= a1 - 1e-4, (pair, (a0, a1), (b0, b1))
