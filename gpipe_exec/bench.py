@@ -120,14 +120,20 @@ def run_benchmark(sc: Scenario, steps: int = 7, warmup: int = 2) -> dict[str, fl
     """Median step seconds of every contender (a string where one could not run)."""
     plan = check_runnable(sc)
     partition = [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    shared = len(set(plan.device_map)) < len(plan.device_map)
+    variants = [(schedule, lock) for lock in ((True, False) if shared else (True,))
+                for schedule in ("gpipe", "1f1b")]
     jobs = [job_for(sc.with_updates({"pipeline.schedule": schedule, "pipeline.remat": "none",
                                      "pipeline.partition": partition}),
-                    plan, steps=steps, warmup=warmup, dropout=0.0) for schedule in ("gpipe", "1f1b")]
+                    plan, steps=steps, warmup=warmup, dropout=0.0, device_lock=lock)
+            for schedule, lock in variants]
     payload = {"jobs": jobs, "scenario": sc.to_dict(), "partition": partition, "steps": steps, "warmup": warmup}
     out = launch(payload, plan.device_map, LaunchOptions(comm_timeout_s=120), task=_bench_task)
     results: dict[str, float | str] = {}
-    for schedule, ours in zip(("gpipe", "1f1b"), out["ours"]):
-        results[f"gpipe_exec {schedule}"] = statistics.median(measured_result(plan, ours).step_times_s)
+    for (schedule, lock), ours in zip(variants, out["ours"]):
+        name = f"gpipe_exec {schedule}" + ("" if lock else " (no device lock: OS time-slicing)")
+        results[name] = statistics.median(measured_result(plan, ours).step_times_s)
+    for schedule in ("gpipe", "1f1b"):
         results[f"torch.distributed.pipelining {schedule}"] = statistics.median(out[f"torch_{schedule}"])
     cores = len(set(plan.device_map))
     tg = _torchgpipe(sc, partition, steps, warmup, threads=1)
@@ -141,16 +147,20 @@ def report(sc: Scenario, results: dict[str, float | str]) -> str:
     p = sc.pipeline
     lines = [f"model {sc.model.preset}, K={p.stages}, M={p.micro_batches}, batch {p.batch_size}, remat none, "
              f"devices {list(sc.device_map)}",
-             f"{'contender':42s} {'step (ms)':>10s} {'vs gpipe_exec gpipe':>20s}"]
+             f"{'contender':58s} {'step (ms)':>10s} {'vs gpipe_exec gpipe':>20s}"]
     base = results["gpipe_exec gpipe"]
     for name, value in results.items():
         if isinstance(value, str):
-            lines.append(f"{name:42s} {value}")
+            lines.append(f"{name:58s} {value}")
         else:
-            lines.append(f"{name:42s} {value * 1e3:10.1f} {value / float(base):20.3f}")
+            lines.append(f"{name:58s} {value * 1e3:10.1f} {value / float(base):20.3f}")
     for schedule in ("gpipe", "1f1b"):
         ours, theirs = results[f"gpipe_exec {schedule}"], results[f"torch.distributed.pipelining {schedule}"]
         lines.append(f"{schedule}: gpipe_exec / torch.distributed.pipelining = {float(ours) / float(theirs):.3f}")
+        unlocked = results.get(f"gpipe_exec {schedule} (no device lock: OS time-slicing)")
+        if unlocked is not None:
+            lines.append(f"{schedule}: gpipe_exec without device lock / torch.distributed.pipelining = "
+                         f"{float(unlocked) / float(theirs):.3f}")
     return "\n".join(lines)
 
 

@@ -230,9 +230,11 @@ def torchrun_main(argv: Sequence[str] | None = None) -> int:
     options = LaunchOptions(threads=args.threads, pin=False)
     out = run_rank(rank, world, [job], plan.device_map, options)
     if rank == 0:
-        result = measured_result(plan, out[0])
-        sys.stdout.write(result.to_json(timeline=args.json) + "\n")
-    return 0
+        measurement = measured_result(plan, out[0])
+        sys.stdout.write(measurement.result.to_json(timeline=args.json) + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as in _worker: no C++ static destructors after the process group is gone
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ class Job:
     seed: int = 0
     dropout: float | None = None
     return_params: bool = False
+    device_lock: bool = True  # serialize the compute of stages sharing a device (CPU)
     fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill, "step", "action"} (tests)
     tag: str = ""
 
@@ -132,7 +133,7 @@ class StageRunner:
         self.in_shape = boundary_shape(sc, first - 1, job.seed, job.dropout) if rank > 0 else ()
         self.out_shape = boundary_shape(sc, last, job.seed, job.dropout) if rank < self.K - 1 else ()
         self.comm = _Comm(rank, device)
-        self.lock = device_lock(rank, sc.device_map) if device.type == "cpu" else None
+        self.lock = device_lock(rank, sc.device_map) if device.type == "cpu" and job.device_lock else None
 
     def _buffer(self, action: Action) -> torch.Tensor:
         shape = self.in_shape if action.tensor == "activation" else self.out_shape

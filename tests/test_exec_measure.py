@@ -156,3 +156,24 @@ def test_stages_sharing_a_device_never_compute_at_once() -> None:
                        if int(t.stage[i]) in pair)
         for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
             assert b0 >= a1 - 1e-4, (pair, (a0, a1), (b0, b1))
+
+
+def test_torchrun_runs_the_same_worker(tmp_path: Path) -> None:
+    import shutil
+
+    import yaml
+
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    if not Path(torchrun).exists():
+        pytest.skip("torchrun not installed")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    from gpipe_exec.launch import _free_port
+
+    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
+                           "-m", "gpipe_exec.launch",
+                           str(path), "--steps", "1", "--warmup", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["source"] == "measured" and len(result["stages"]) == 2 and result["step_time_s"] > 0
