@@ -49,7 +49,9 @@ def _setup_rank(rank: int, device_map: Sequence[int], options: LaunchOptions) ->
     torch.set_num_threads(max(1, options.threads))
     use_cuda = torch.cuda.is_available() and options.backend != "gloo"
     if use_cuda:
-        device = torch.device("cuda", device_map[rank] % torch.cuda.device_count())
+        # Under torchrun on several machines, LOCAL_RANK picks this machine's GPU.
+        local = int(os.environ.get("LOCAL_RANK", device_map[rank]))
+        device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
         return device
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

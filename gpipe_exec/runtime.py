@@ -115,8 +115,8 @@ class StageRunner:
         sc, p = self.scenario, self.scenario.pipeline
         self.rank, self.device, self.clock = rank, device, clock
         self.K = p.stages
-        self.M = p.effective_micro_batches
-        self.schedule = job.schedule or build_schedule(self.K, self.M, p.schedule, p.remat)
+        self.schedule = job.schedule or build_schedule(self.K, p.effective_micro_batches, p.schedule, p.remat)
+        self.M = self.schedule.micro_batches
         self.actions = self.schedule.actions[rank]
         first, last = stage_bounds(job.partition, rank)
         self.first, self.last = first, last
