@@ -167,7 +167,7 @@ def test_layer_table_upload_names_the_upload():
     assert model["preset"] == "table" and model["layers"][0]["name"] == "a"
     with pytest.raises(ValueError) as info:
         read_layer_table("mine.yaml", b"layers: [")
-    assert "'mine.yaml' is malformed" in str(info.value) and "/tmp" not in str(info.value)
+    assert "malformed YAML in 'mine.yaml'" in str(info.value) and "/tmp" not in str(info.value)
 
 
 def test_quantities_shown_in_the_form_read_back():
