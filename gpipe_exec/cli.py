@@ -59,9 +59,15 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from gpipe_exec.profile import ProfileOptions, profile_model, write_table
     from gpipe_sim.scenario import load_scenario
 
+    from gpipe_exec.profile import too_large_to_build
+
     scenario = load_scenario(args.scenario)
+    meta = args.meta or too_large_to_build(scenario)
+    if meta and not args.meta:
+        sys.stderr.write("gpipe-exec: the model does not fit in memory here; profiling FLOPs and bytes "
+                         "on the meta device (no timings)\n")
     options = ProfileOptions(micro_batches=_sizes(args.micro_batches), warmup=args.warmup,
-                             repeats=args.repeats, threads=args.threads, meta=args.meta)
+                             repeats=args.repeats, threads=args.threads, meta=meta)
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=None)
 

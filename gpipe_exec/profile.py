@@ -31,6 +31,21 @@ class ProfileOptions:
     device: str = "cpu"
 
 
+def too_large_to_build(scenario: Scenario, fraction: float = 0.5) -> bool:
+    """Whether the model's parameters (gpipe_sim's analytic count) exceed `fraction` of this
+    machine's memory: then only the meta device can profile it."""
+    import os
+
+    from gpipe_sim.models import build_layers
+
+    params = sum(layer.params for layer in build_layers(scenario.model))
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return False
+    return params * scenario.training.dtype_bytes > fraction * memory
+
+
 def default_sizes(scenario: Scenario) -> tuple[int, ...]:
     """The micro-batch sizes the scenario runs (tensor_split gives at most two)."""
     from gpipe_sim.partition import micro_batch_sizes

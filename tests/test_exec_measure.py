@@ -177,3 +177,14 @@ def test_torchrun_runs_the_same_worker(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["source"] == "measured" and len(result["stages"]) == 2 and result["step_time_s"] > 0
+
+
+def test_models_too_large_to_build_are_profiled_on_meta() -> None:
+    from gpipe_exec.profile import too_large_to_build
+
+    huge = parse_scenario({**BASE, "model": {"preset": "transformer", "layers": 96, "d_model": 12288,
+                                             "d_ff": 49152, "heads": 96, "seq_len": 2048, "vocab": 50257}})
+    assert too_large_to_build(huge) and not too_large_to_build(parse_scenario(BASE))
+    table = profile_model(huge.with_updates({"model.layers": 1}), ProfileOptions(micro_batches=(1,), meta=True))
+    d, f = 12288, 49152  # block: 4d^2 + 2df weights, biases and LayerNorms 9d + f
+    assert table["layers"][1]["params"] == 4 * d * d + 2 * d * f + 9 * d + f  # built, never allocated
