@@ -76,7 +76,7 @@ source = _source()
 if source is None:
     st.info(
         "No validation loaded. Run the executor on a scenario, for example "
-        "`gpipe-exec validate scenarios/default.yaml --json > validate.json`, then upload the file "
+        "`gpipe-exec validate scenarios/exec/transformer_k2.yaml --json > validate.json`, then upload the file "
         "here or type its path. The page then plots the predicted and the measured timelines "
         "side by side, with the relative error of every figure.",
         icon=":material/fact_check:",
