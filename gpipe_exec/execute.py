@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from gpipe_exec.launch import LaunchOptions, launch
 from gpipe_exec.runtime import Job, boundary_shape
@@ -15,6 +16,7 @@ from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.plan import Plan, compile_plan
 from gpipe_sim.result import Result, Timeline, summarize
 from gpipe_sim.scenario import Scenario
+from gpipe_sim.simulate import result_from_times, run_engine
 from gpipe_sim.schedule import ACTION_KINDS
 
 
@@ -45,8 +47,12 @@ class Measurement:
     cuda_peak_bytes: list[float | None] = field(default_factory=list)
 
 
+RANK_OVERHEAD_BYTES = 0.5 * 2**30  # a rank's interpreter, torch and gloo, before the model
+
+
 def check_runnable(scenario: Scenario) -> Plan:
-    """Compile the plan and build the model on the meta device; one clear line if it cannot run."""
+    """Compile the plan, build the model on the meta device and, on CPU, check that all ranks fit
+    in this machine's free memory; one clear line if it cannot run."""
     check_buildable(scenario.model)
     plan = compile_plan(scenario)
     try:
@@ -54,7 +60,40 @@ def check_runnable(scenario: Scenario) -> Plan:
     except (RuntimeError, ValueError) as exc:
         line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ScenarioError(f"model: the {scenario.model.preset} model cannot be built ({line})") from None
+    if not torch.cuda.is_available():
+        check_host_memory(plan)
     return plan
+
+
+def host_available_bytes() -> float | None:
+    """Memory this machine can still give (Linux MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_host_memory(plan: Plan, available: float | None = None) -> None:
+    """Refuse a CPU run whose ranks (all on this machine) would need more memory than is free:
+    the simulator's per-stage peak (weights, gradients, optimizer states, activations) plus a
+    fixed allowance per process."""
+    available = host_available_bytes() if available is None else available
+    if available is None:
+        return
+    start, end = run_engine(plan, "auto")
+    stages = result_from_times(plan, start, end).stages
+    needed = sum(s.peak_memory_bytes for s in stages) + RANK_OVERHEAD_BYTES * len(stages)
+    if needed > available:
+        gib = 2.0**30
+        raise ScenarioError(
+            f"model: running these {len(stages)} stages here needs about {needed / gib:.1f} GiB "
+            f"(weights, gradients, optimizer states and peak activations, as gpipe_sim predicts), "
+            f"but this machine has {available / gib:.1f} GiB free; use a smaller model or batch"
+        )
 
 
 def job_for(scenario: Scenario, plan: Plan, *, steps: int = 5, warmup: int = 2, seed: int = 0,

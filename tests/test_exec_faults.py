@@ -18,6 +18,7 @@ from gpipe_exec.errors import ExecutionError  # noqa: E402
 from gpipe_exec.launch import LaunchOptions, launch  # noqa: E402
 from gpipe_sim.scenario import parse_scenario  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = {
     "model": {"preset": "mlp", "layers": 2, "width": 16, "input_dim": 8},
     "hardware": {"preset": "cpu"},
@@ -86,3 +87,26 @@ def test_unrunnable_scenario_fails_before_any_process(tmp_path: Path, monkeypatc
     assert cli.main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and field in err, err
+
+
+def test_a_run_too_large_for_this_machine_is_refused_before_any_process_starts():
+    from gpipe_exec.execute import check_host_memory
+    from gpipe_sim import load_scenario
+    from gpipe_sim.errors import ScenarioError
+    from gpipe_sim.plan import compile_plan
+
+    plan = compile_plan(load_scenario(ROOT / "scenarios" / "exec" / "transformer_k2.yaml"))
+    check_host_memory(plan, available=64 * 2**30)  # fits
+    with pytest.raises(ScenarioError, match=r"model: running these 2 stages here needs about .* GiB"):
+        check_host_memory(plan, available=0.5 * 2**30)
+
+
+def test_cli_refuses_the_default_scenario_on_this_cpu_with_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpipe_exec.cli", "run", str(ROOT / "scenarios" / "default.yaml")],
+        capture_output=True, text=True, timeout=120,
+    )
+    if proc.returncode == 0:
+        pytest.skip("this machine has room for the default scenario")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "GiB free" in proc.stderr
