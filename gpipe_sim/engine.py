@@ -15,7 +15,7 @@ import numpy as np
 import simpy
 
 from gpipe_sim.errors import SimulationError
-from gpipe_sim.plan import BACKWARD, FORWARD, RECOMPUTE, RECV, SEND, UPDATE, Plan
+from gpipe_sim.plan import RECV, SEND, Plan
 
 _Proc = Generator[simpy.Event, object, None]
 
@@ -136,5 +136,3 @@ def run_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         raise SimulationError(f"schedule deadlocks: stage {k} waits forever at {action}")
     return np.asarray(run.start), np.asarray(run.end)
 
-
-COMPUTE_CODES = (FORWARD, BACKWARD, RECOMPUTE, UPDATE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Iterator, Literal, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import numpy as np
 
@@ -97,13 +97,6 @@ class Schedule:
     @cached_property
     def actions(self) -> tuple[tuple[Action, ...], ...]:
         return tuple(self.stage_actions(k) for k in range(self.stages))
-
-    def __iter__(self) -> Iterator[tuple[Action, ...]]:
-        return iter(self.actions)
-
-    @property
-    def num_actions(self) -> int:
-        return int(self.columns.offsets[-1])
 
     def count(self, kind: ActionKind) -> int:
         return int((self.columns.kind == ACTION_KINDS.index(kind)).sum())
