@@ -121,4 +121,4 @@ def _check(layers: int, stages: int) -> None:
     if stages < 1:
         raise ScenarioError(f"pipeline.stages: must be >= 1, got {stages}")
     if stages > layers:
-        raise ScenarioError(f"pipeline.stages: {stages} stages but the model has only {layers} layers")
+        raise ScenarioError(f"pipeline.stages: {stages} stages but the model has only {layers} layer{'s' if layers != 1 else ''}")

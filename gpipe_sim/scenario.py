@@ -330,7 +330,7 @@ class Scenario(_Strict):
         p = self.pipeline
         if p.stages > layers:
             raise ValueError(
-                f"pipeline.stages: {p.stages} stages but the model has only {layers} layers"
+                f"pipeline.stages: {p.stages} stages but the model has only {layers} layer{'s' if layers != 1 else ''}"
             )
         if p.micro_batches > p.batch_size:
             raise ValueError(
