@@ -121,4 +121,7 @@ def _check(layers: int, stages: int) -> None:
     if stages < 1:
         raise ScenarioError(f"pipeline.stages: must be >= 1, got {stages}")
     if stages > layers:
-        raise ScenarioError(f"pipeline.stages: {stages} stages but the model has only {layers} layer{'s' if layers != 1 else ''}")
+        plural = "s" if layers != 1 else ""
+        raise ScenarioError(
+            f"pipeline.stages: {stages} stages but the model has only {layers} layer{plural}"
+        )
