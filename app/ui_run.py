@@ -89,14 +89,11 @@ def show_metrics(scenario: Scenario, result: Result, box: Any = st, reference: R
 
 def memory_lines(result: Result) -> list[str]:
     """One line per device over capacity (empty when everything fits)."""
-    cap = result.memory_capacity_bytes
-    lines = []
-    for device, peak in sorted(result.device_peak_memory_bytes.items()):
-        if peak > cap:
-            stages = ", ".join(str(s.index) for s in result.stages if s.device == device)
-            lines.append(f"device {device} (stage {stages}) needs {format_bytes(peak)} "
-                         f"but has {format_bytes(cap)}")
-    return lines
+    cap = format_bytes(result.memory_capacity_bytes)
+    return [
+        f"device {device} (stage {', '.join(map(str, stages))}) needs {format_bytes(peak)} but has {cap}"
+        for device, stages, peak in result.devices_over_capacity()
+    ]
 
 
 def show_memory_verdict(result: Result, box: Any = st) -> None:

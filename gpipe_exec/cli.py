@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Sequence
 
-from gpipe_exec.errors import ExecutionError
+from gpipe_sim.cli import run_command
 from gpipe_sim.errors import GpipeError
 
 
@@ -158,18 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: a failed rank exits 1, bad input exits 2, both with one line on stderr."""
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except ExecutionError as exc:
-        sys.stderr.write(f"gpipe-exec: error: {exc}\n")
-        return 1
-    except GpipeError as exc:
-        sys.stderr.write(f"gpipe-exec: error: {exc}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("gpipe-exec: interrupted\n")
-        return 130
+    return run_command("gpipe-exec", build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

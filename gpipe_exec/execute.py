@@ -112,13 +112,11 @@ def _end_sends_at_arrival(plan: Plan, start: np.ndarray, end: np.ndarray) -> Non
     """A send ends when its data has arrived: no later than the matching receive's end (the sender
     only notices completion when it next polls)."""
     prog = plan.program
-    sends = np.flatnonzero(prog.kind == ACTION_KINDS.index("send"))
-    recvs = np.flatnonzero(prog.kind == ACTION_KINDS.index("recv"))
-    recv_of = {int(prog.message[i]): int(i) for i in recvs}
-    for i in sends:
-        r = recv_of.get(int(prog.message[i]))
-        if r is not None:
-            end[i] = max(start[i], min(end[i], end[r]))
+    sends = prog.kind == ACTION_KINDS.index("send")
+    recvs = prog.kind == ACTION_KINDS.index("recv")
+    received = np.full(prog.num_messages, np.inf)
+    received[prog.message[recvs]] = end[recvs]
+    end[sends] = np.maximum(start[sends], np.minimum(end[sends], received[prog.message[sends]]))
 
 
 def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
@@ -139,8 +137,7 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
     order = np.argsort(times)
     median = int(order[(steps - 1) // 2])
     recs = [ranks[k]["records"][median] for k in range(K)]
-    training = plan.scenario.training
-    state_per_param = training.bytes_per_param - training.dtype_bytes
+    state_per_param = plan.scenario.training.state_bytes_per_param
     result = summarize(
         timelines[median],
         batch_size=plan.scenario.pipeline.batch_size,

@@ -16,7 +16,7 @@ from gpipe_exec.profile import ProfileOptions, profile_model, table_scenario
 from gpipe_sim.plan import compile_plan
 from gpipe_sim.result import Result
 from gpipe_sim.scenario import Scenario
-from gpipe_sim.simulate import simulate
+from gpipe_sim.simulate import result_from_times, run_engine
 
 
 @dataclass
@@ -75,7 +75,7 @@ def predict_with_profile(scenario: Scenario, table: dict[str, Any], link: LinkFi
     plan = compile_plan(predicted_scenario)
     counts = [s.last_layer - s.first_layer + 1 for s in plan.stages]
     run_scenario = scenario.with_updates({"pipeline.partition": counts})
-    return run_scenario, simulate(predicted_scenario)
+    return run_scenario, result_from_times(plan, *run_engine(plan, "auto"))
 
 
 def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: ProfileOptions | None = None,

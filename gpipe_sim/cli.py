@@ -95,21 +95,25 @@ def _load_extra_commands() -> None:
         EXTRA_COMMANDS.append(sweep_cli.register)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: one clear line and exit status 2 on bad input, never a traceback."""
-    _load_extra_commands()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def run_command(prog: str, args: argparse.Namespace) -> int:
+    """Run a parsed subcommand: any GpipeError ends it with one line on stderr and the error's
+    `exit_status` (2 for bad input), never a traceback. Shared by gpipe-sim and gpipe-exec."""
     try:
         return int(args.func(args) or 0)
     except GpipeError as exc:
-        sys.stderr.write(f"gpipe-sim: error: {exc}\n")
-        return 2
+        sys.stderr.write(f"{prog}: error: {exc}\n")
+        return exc.exit_status
     except KeyboardInterrupt:
-        sys.stderr.write("gpipe-sim: interrupted\n")
+        sys.stderr.write(f"{prog}: interrupted\n")
         return 130
     except BrokenPipeError:
         return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: one clear line and exit status 2 on bad input, never a traceback."""
+    _load_extra_commands()
+    return run_command("gpipe-sim", build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 
 class GpipeError(Exception):
-    """Base class: the message is one line that names the field or the cause."""
+    """Base class: the message is one line that names the field or the cause.
+
+    `exit_status` is what a command exits with when this error ends it (2: bad input).
+    """
+
+    exit_status = 2
 
 
 class ScenarioError(GpipeError, ValueError):

@@ -122,7 +122,7 @@ def compile_plan(scenario: Scenario) -> Plan:
                 device=device_map[k],
                 params=params,
                 param_bytes=float(params * dtype_bytes),
-                state_bytes=float(params * (bpp - dtype_bytes)),
+                state_bytes=float(params * training.state_bytes_per_param),
                 forward_s=tuple(by_size[b][0] for b in sizes),
                 backward_s=tuple(by_size[b][1] for b in sizes),
                 activation_bytes=tuple(act_per_sample * b for b in sizes),

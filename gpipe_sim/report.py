@@ -40,10 +40,7 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     head.add_row("bubble", f"{result.bubble_fraction:.4f} (analytic (K-1)/(M+K-1) = "
                            f"{result.analytic_bubble_fraction:.4f})")
     cap = result.memory_capacity_bytes
-    over = [
-        f"device {d} needs {format_bytes(v)}"
-        for d, v in sorted(result.device_peak_memory_bytes.items()) if v > cap
-    ]
+    over = [f"device {d} needs {format_bytes(peak)}" for d, _, peak in result.devices_over_capacity()]
     fit = "yes" if result.fits_in_memory else "NO: " + "; ".join(over)
     head.add_row("fits in memory", f"{fit} (capacity {format_bytes(cap)} per device)")
     table = Table(title="per stage")

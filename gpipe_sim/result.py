@@ -103,6 +103,14 @@ class Result:
     # Per stage: (times, activation bytes held from each time on); optional.
     memory_timeline: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
+    def devices_over_capacity(self) -> list[tuple[int, list[int], float]]:
+        """(device, its stages, peak bytes) for every device whose peak exceeds the capacity."""
+        return [
+            (device, [s.index for s in self.stages if s.device == device], peak)
+            for device, peak in sorted(self.device_peak_memory_bytes.items())
+            if peak > self.memory_capacity_bytes
+        ]
+
     def to_dict(self, timeline: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
             "step_time_s": self.step_time_s,

@@ -309,6 +309,11 @@ class Training(_Strict):
         master = 0 if self.dtype == "fp32" else 4
         return 2 * self.dtype_bytes + 4 * OPTIMIZER_STATES[self.optimizer] + master
 
+    @property
+    def state_bytes_per_param(self) -> int:
+        """Everything but the weight itself: gradient, optimizer states, master copy."""
+        return self.bytes_per_param - self.dtype_bytes
+
 
 def _default_hardware() -> Hardware:
     return Hardware.model_validate({"preset": "v100"})

@@ -10,6 +10,8 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from gpipe_sim.result import analytic_bubble
+
 K, M = "pipeline.stages", "pipeline.micro_batches"
 GIB = 2.0**30
 MAX_TRACES = 24
@@ -58,7 +60,7 @@ def figure_bubble(ok: pd.DataFrame, varying: list[str]) -> go.Figure | None:
     ms = sorted(ok[M].unique())
     for k in ks:
         fig.add_trace(go.Scatter(
-            x=ms, y=[(k - 1) / (m + k - 1) for m in ms], mode="lines", name=f"(K-1)/(M+K-1), K={k}",
+            x=ms, y=[analytic_bubble(int(k), int(m)) for m in ms], mode="lines", name=f"(K-1)/(M+K-1), K={k}",
             line={"dash": "dot", "width": 1}, visible="legendonly",
         ))
     fig.update_layout(title="Bubble fraction against M, one line per K", xaxis_title="micro-batches M",
