@@ -13,6 +13,7 @@ from gpipe_exec.launch import LaunchOptions, launch
 from gpipe_exec.runtime import Job, boundary_shape
 from gpipe_exec.zoo import check_buildable
 from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.memory import device_peaks, levels_from_totals
 from gpipe_sim.plan import Plan, compile_plan
 from gpipe_sim.result import Result, Timeline, summarize
 from gpipe_sim.scenario import Scenario
@@ -138,18 +139,29 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
     median = int(order[(steps - 1) // 2])
     recs = [ranks[k]["records"][median] for k in range(K)]
     state_per_param = plan.scenario.training.state_bytes_per_param
+    param_bytes = [float(ranks[k]["param_bytes"]) for k in range(K)]
+    state_bytes = [float(ranks[k]["param_count"] * state_per_param) for k in range(K)]
+    timeline = timelines[median]
+    curves = []
+    for k in range(K):
+        lo, hi = int(prog.offsets[k]), int(prog.offsets[k + 1])
+        curves.append(levels_from_totals(timeline.start_s[lo:hi], timeline.end_s[lo:hi], recs[k].held))
+    static = [p + s for p, s in zip(param_bytes, state_bytes)]
+    device_peak = device_peaks(plan.device_map, static, [c[0] for c in curves], [c[1] for c in curves])
     result = summarize(
-        timelines[median],
+        timeline,
         batch_size=plan.scenario.pipeline.batch_size,
         micro_batches=plan.schedule.micro_batches,
         stage_layers=[(s.first_layer, s.last_layer) for s in plan.stages],
         device_map=plan.device_map,
         peak_activation_bytes=[r.peak_activation_bytes for r in recs],
-        param_bytes=[float(ranks[k]["param_bytes"]) for k in range(K)],
-        state_bytes=[float(ranks[k]["param_count"] * state_per_param) for k in range(K)],
+        param_bytes=param_bytes,
+        state_bytes=state_bytes,
         memory_capacity_bytes=plan.memory_capacity_bytes,
+        device_peak_memory_bytes=device_peak,
         source="measured",
     )
+    result.memory_timeline = curves
     return Measurement(
         result=result,
         step_times_s=times,

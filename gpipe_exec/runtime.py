@@ -51,6 +51,7 @@ class StepRecord:
     starts: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
     step_start: float = 0.0
+    held: list[float] = field(default_factory=list)  # activation bytes held after each action
     peak_activation_bytes: float = 0.0
     cuda_peak_bytes: float | None = None
     loss: float = 0.0
@@ -155,7 +156,7 @@ class StageRunner:
         torch.manual_seed(1_000_003 * self.job.seed + 1009 * step + self.rank)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        rec = StepRecord(starts=[0.0] * len(acts), ends=[0.0] * len(acts))
+        rec = StepRecord(starts=[0.0] * len(acts), ends=[0.0] * len(acts), held=[0.0] * len(acts))
         recv_at = [i for i, a in enumerate(acts) if a.kind == "recv"]
         posted: dict[int, tuple[Any, torch.Tensor]] = {}
         next_post = 0
@@ -199,6 +200,7 @@ class StageRunner:
                 now = clock()
             if a.kind != "send":
                 rec.ends[i] = now
+            rec.held[i] = float(st.meter.total)
             still = []
             for j, work in sends:
                 if work.is_completed():

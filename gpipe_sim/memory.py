@@ -10,6 +10,7 @@ Parameters, gradients and optimizer states are static.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -63,16 +64,40 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
         times.append(t)
         held.append(level)
         peaks.append(float(level.max(initial=0.0)))
-    device_peak: dict[int, float] = {}
-    for device in sorted(set(plan.device_map)):
-        members = [k for k, d in enumerate(plan.device_map) if d == device]
-        static = sum(plan.stages[k].param_bytes + plan.stages[k].state_bytes for k in members)
+    static = [s.param_bytes + s.state_bytes for s in plan.stages]
+    device_peak = device_peaks(plan.device_map, static, times, held)
+    return MemoryProfile(tuple(times), tuple(held), np.asarray(peaks), device_peak)
+
+
+def levels_from_totals(start: np.ndarray, end: np.ndarray, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One stage's activation curve from the bytes held after each of its actions (a measurement):
+    a rise is placed at its action's start and a fall at its end, as `memory_profile` places them."""
+    delta = np.diff(np.asarray(totals, dtype=float), prepend=0.0)
+    times = np.empty(2 * len(delta))
+    times[0::2], times[1::2] = start, end
+    steps = np.zeros(2 * len(delta))
+    steps[0::2] = np.maximum(delta, 0.0)
+    steps[1::2] = np.minimum(delta, 0.0)
+    return times, np.cumsum(steps)
+
+
+def device_peaks(
+    device_map: Sequence[int],
+    static_bytes: Sequence[float],
+    times: Sequence[np.ndarray],
+    levels: Sequence[np.ndarray],
+) -> dict[int, float]:
+    """Per device: the static bytes of its stages plus the peak of their activation curves merged
+    in time (at equal times, frees before allocations). One definition for prediction and measurement."""
+    peaks: dict[int, float] = {}
+    for device in sorted(set(device_map)):
+        members = [k for k, d in enumerate(device_map) if d == device]
+        static = float(sum(static_bytes[k] for k in members))
         if len(members) == 1:
-            device_peak[device] = static + peaks[members[0]]
+            peaks[device] = static + float(np.max(levels[members[0]], initial=0.0))
             continue
         t = np.concatenate([times[k] for k in members])
-        d = np.concatenate([np.diff(held[k], prepend=0.0) for k in members])
-        # At equal times, frees before allocations.
+        d = np.concatenate([np.diff(levels[k], prepend=0.0) for k in members])
         order = np.lexsort((d, t))
-        device_peak[device] = static + float(np.cumsum(d[order]).max(initial=0.0))
-    return MemoryProfile(tuple(times), tuple(held), np.asarray(peaks), device_peak)
+        peaks[device] = static + float(np.cumsum(d[order]).max(initial=0.0))
+    return peaks

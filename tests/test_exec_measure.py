@@ -156,6 +156,14 @@ def test_stages_sharing_a_device_never_compute_at_once() -> None:
                        if int(t.stage[i]) in pair)
         for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
             assert b0 >= a1 - 1e-4, (pair, (a0, a1), (b0, b1))
+    # Memory of a shared device: its stages' measured curves merged in time, as the simulator does.
+    result = measured_result(plan, out).result
+    for k, stage in enumerate(result.stages):
+        assert max(result.memory_timeline[k][1]) == pytest.approx(stage.peak_activation_bytes)
+    for device, pair in ((0, (0, 1)), (1, (2, 3))):
+        stages = [result.stages[k] for k in pair]
+        assert max(s.param_bytes + s.state_bytes for s in stages) <= result.device_peak_memory_bytes[device]
+        assert result.device_peak_memory_bytes[device] <= sum(s.peak_memory_bytes for s in stages)
 
 
 def test_torchrun_runs_the_same_worker(tmp_path: Path) -> None:

@@ -136,3 +136,33 @@ def test_per_pair_links_override_the_default_link(uniform):
     slowed = simulate(uniform(3, 1, 1, 3, hardware={**base, "links": [slow, fast_link]}))
     # One sample crosses the slow pair twice (activation forward, gradient back), 1e6 B at 1e6 B/s.
     assert slowed.step_time_s == pytest.approx(quick.step_time_s + 2.0, rel=1e-9)
+
+
+def test_memory_curves_rebuilt_from_totals_match_the_simulators():
+    """The executor rebuilds each stage's curve from the bytes held after every action; on the
+    simulator's own times and bytes that must give the simulator's curves and device peaks."""
+    from gpipe_sim.memory import activation_deltas, device_peaks, levels_from_totals, memory_profile
+
+    scenario = parse_scenario({
+        "model": {"preset": "uniform", "layers": 8},
+        "hardware": {"preset": "v100", "stage_to_device": [0, 0, 1, 1]},
+        "pipeline": {"stages": 4, "micro_batches": 6, "batch_size": 12, "schedule": "1f1b",
+                     "remat": "except_last"},
+    })
+    plan = compile_plan(scenario)
+    start, end = run_simpy(plan)
+    profile = memory_profile(plan, start, end)
+    alloc, free = activation_deltas(plan)
+    curves = []
+    for k in range(4):
+        lo, hi = int(plan.program.offsets[k]), int(plan.program.offsets[k + 1])
+        totals = np.cumsum(alloc[lo:hi] - free[lo:hi])
+        times, levels = levels_from_totals(start[lo:hi], end[lo:hi], totals)
+        assert np.allclose(times, profile.times[k]) and np.allclose(levels, profile.activation_bytes[k])
+        curves.append((times, levels))
+    static = [s.param_bytes + s.state_bytes for s in plan.stages]
+    peaks = device_peaks(plan.device_map, static, [c[0] for c in curves], [c[1] for c in curves])
+    assert peaks == pytest.approx(profile.device_peak_bytes)
+    # Merged in time, a shared device never needs more than its stages' peaks added up.
+    for device, members in ((0, (0, 1)), (1, (2, 3))):
+        assert peaks[device] <= sum(static[k] + profile.peak_activation_bytes[k] for k in members) + 1e-6
