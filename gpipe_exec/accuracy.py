@@ -14,12 +14,12 @@ from typing import Any, Sequence
 
 from rich.progress import Progress
 
-from gpipe_exec.calibrate import calibrate_link
+from gpipe_exec.calibrate import calibrate_runtime
 from gpipe_exec.execute import job_for, measured_result
 from gpipe_exec.runtime import run_job
 from gpipe_exec.launch import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions, profile_model
-from gpipe_exec.validate import predict_with_profile, relative_errors
+from gpipe_exec.validate import calibration_text, predict_with_profile, relative_errors
 from gpipe_sim.partition import micro_batch_sizes
 from gpipe_sim.plan import compile_plan
 from gpipe_sim.scenario import Scenario, parse_scenario
@@ -71,7 +71,7 @@ def _cases_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> 
             profile_model(sc, options)  # keep this device busy too while rank 0 profiles (discarded)
         if rank == 0:
             table = profile_model(sc, options)
-            run_sc, predicted = predict_with_profile(sc, table, payload["link"])
+            run_sc, predicted = predict_with_profile(sc, table, payload["calibration"])
             plan = compile_plan(run_sc)
             box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]
         dist.broadcast_object_list(box, src=0)
@@ -82,14 +82,14 @@ def _cases_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> 
 
 
 def run_group(model: str, K: int, Ms: Sequence[int], schedules: Sequence[str], remats: Sequence[str],
-              batch: int, steps: int, warmup: int, options: LaunchOptions, link: Any,
-              repeats: int = 5, concurrent: bool = False) -> list[dict[str, Any]]:
+              batch: int, steps: int, warmup: int, options: LaunchOptions, calibration: Any,
+              repeats: int = 5, concurrent: bool = True) -> list[dict[str, Any]]:
     """Every (M, schedule, remat) for this model and K, in one process group."""
     base = base_scenario(model, K, batch)
     cases = [base.with_updates({"pipeline.micro_batches": M, "pipeline.schedule": schedule,
                                 "pipeline.remat": remat})
              for M, schedule, remat in itertools.product(Ms, schedules, remats)]
-    payload = {"cases": cases, "link": link, "steps": steps, "warmup": warmup, "repeats": repeats,
+    payload = {"cases": cases, "calibration": calibration, "steps": steps, "warmup": warmup, "repeats": repeats,
                "concurrent": concurrent}
     return launch(payload, DEVICE_MAPS[K], options, task=_cases_task)
 
@@ -122,11 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--schedules", default="gpipe,1f1b")
     parser.add_argument("--remat", default="none,always")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", metavar="FILE", help="also write every row as JSON")
-    parser.add_argument("--profile-concurrently", action="store_true",
-                        help="profile while every device computes (the pipeline's steady state)")
+    parser.add_argument("--profile-alone", action="store_true",
+                        help="profile on rank 0 while the other devices idle (default: every device "
+                             "profiles at once, as in the pipeline's steady state)")
     args = parser.parse_args(argv)
     options = LaunchOptions(comm_timeout_s=120, run_timeout_s=3600)
     Ms = [int(v) for v in args.micro_batches.split(",")]
@@ -134,24 +135,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     t0 = time.monotonic()
     with Progress() as bar:
-        task = bar.add_task("calibrating the link", total=len(groups) + 1)
-        link = calibrate_link((0, 1), options=options)
+        task = bar.add_task("calibrating the runtime", total=len(groups) + 1)
+        calibration = calibrate_runtime((0, 1), options=options)
         bar.advance(task)
         for model, K in groups:
             bar.update(task, description=f"{model} K={K}: profile and run")
             rows += run_group(model, K, Ms, args.schedules.split(","), args.remat.split(","),
-                              args.batch_size, args.steps, args.warmup, options, link,
-                              concurrent=args.profile_concurrently)
+                              args.batch_size, args.steps, args.warmup, options, calibration,
+                              concurrent=not args.profile_alone)
             bar.advance(task)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"link": link.as_link(), "rows": rows}, f, indent=1)
+            json.dump({"calibration": calibration.to_dict(), "rows": rows}, f, indent=1)
     sys.stdout.write(markdown(rows) + "\n")
     loads = [r["load_average"] for r in rows]
     sys.stdout.write(f"(1-minute load average during the runs: {min(loads):.1f} to {max(loads):.1f} on "
                      f"{os.cpu_count()} cores)\n")
-    sys.stdout.write(f"(link: latency {link.latency_s * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; "
-                     f"{time.monotonic() - t0:.0f} s)\n")
+    sys.stdout.write(f"({calibration_text(calibration)}; {time.monotonic() - t0:.0f} s)\n")
     return 0
 
 

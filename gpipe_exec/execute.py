@@ -120,23 +120,30 @@ def _end_sends_at_arrival(plan: Plan, start: np.ndarray, end: np.ndarray) -> Non
     end[sends] = np.maximum(start[sends], np.minimum(end[sends], received[prog.message[sends]]))
 
 
-def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
-    """The measured Result (median step after warm-up), via gpipe_sim.result.summarize."""
+def step_timelines(plan: Plan, output: dict[str, Any]) -> list[Timeline]:
+    """Every measured step's timeline, in program order, on seconds from the step's start."""
     ranks = output["ranks"]
-    K = len(plan.stages)
-    steps = len(ranks[0]["records"])
     prog = plan.program
-    timelines, times = [], []
-    for s in range(steps):
-        recs = [ranks[k]["records"][s] for k in range(K)]
+    timelines = []
+    for s in range(len(ranks[0]["records"])):
+        recs = [rank["records"][s] for rank in ranks]
         t0 = min(r.step_start for r in recs)
         start = np.concatenate([np.asarray(r.starts) for r in recs]) - t0
         end = np.concatenate([np.asarray(r.ends) for r in recs]) - t0
         _end_sends_at_arrival(plan, start, end)
         timelines.append(Timeline(prog.stage.copy(), prog.kind.copy(), prog.micro_batch.copy(), start, end))
-        times.append(float(end.max()))
+    return timelines
+
+
+def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
+    """The measured Result (median step after warm-up), via gpipe_sim.result.summarize."""
+    ranks = output["ranks"]
+    K = len(plan.stages)
+    prog = plan.program
+    timelines = step_timelines(plan, output)
+    times = [float(t.end_s.max()) for t in timelines]
     order = np.argsort(times)
-    median = int(order[(steps - 1) // 2])
+    median = int(order[(len(times) - 1) // 2])
     recs = [ranks[k]["records"][median] for k in range(K)]
     state_per_param = plan.scenario.training.state_bytes_per_param
     param_bytes = [float(ranks[k]["param_bytes"]) for k in range(K)]

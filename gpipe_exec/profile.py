@@ -26,6 +26,8 @@ class ProfileOptions:
     micro_batches: tuple[int, ...] = ()
     warmup: int = 2
     repeats: int = 5
+    min_time_s: float = 0.5  # more repeats (up to max_repeats) until the timed ones add up to this
+    max_repeats: int = 100
     threads: int = 1
     meta: bool = False  # FLOPs, parameters and bytes only, on the meta device (no timings)
     device: str = "cpu"
@@ -156,12 +158,16 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         if progress:
             progress(n + j, n + len(sizes), f"timing micro-batch {b}")
         samples = []
-        for r in range(options.warmup + max(1, options.repeats)):
+        timed, r = 0.0, 0
+        while r < options.warmup + max(1, options.repeats) or (
+                timed < options.min_time_s and r < options.warmup + options.max_repeats):
             for layer in layers:
                 layer.zero_grad(set_to_none=True)
             times = _chain_times_with_grads(layers, x, y, b, device)
             if r >= options.warmup:
                 samples.append(times)
+                timed += sum(times[0]) + sum(times[1])
+            r += 1
         for i in range(n):
             timings[i].append({
                 "micro_batch": b,
@@ -235,3 +241,24 @@ def table_scenario(scenario: Scenario, table: dict[str, Any], updates: dict[str,
     changes: dict[str, Any] = {"model": {"preset": "table", **table}}
     changes.update(updates or {})
     return scenario.with_updates(changes)
+
+
+def _profile_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """On every rank: the first rank of each device profiles the model (all devices busy at once,
+    as in the pipeline's steady state); rank 0's table is the answer."""
+    device_map = payload["device_map"]
+    if device_map.index(device_map[rank]) == rank:
+        table = profile_model(payload["scenario"], payload["options"])
+        return table if rank == 0 else None
+    return None
+
+
+def profile_on_devices(scenario: Scenario, options: ProfileOptions = ProfileOptions(),
+                       launch_options: Any = None) -> dict[str, Any]:
+    """Profile as the pipeline will run: one process per stage placed on the scenario's devices, each
+    device profiling at the same time (sharing caches, memory bandwidth and the host); rank 0's
+    table. Use `profile_model` for a profile in this process alone."""
+    from gpipe_exec.launch import LaunchOptions, launch
+
+    payload = {"scenario": scenario, "options": options, "device_map": list(scenario.device_map)}
+    return launch(payload, scenario.device_map, launch_options or LaunchOptions(), task=_profile_task)

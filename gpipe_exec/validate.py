@@ -1,32 +1,44 @@
-"""Predicted versus measured: profile here, calibrate the link, simulate, run for real, compare."""
+"""Predicted versus measured: profile here, calibrate the runtime, simulate, run for real, compare."""
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from rich.console import Console
 from rich.table import Table
 
-from gpipe_exec.calibrate import LinkFit, calibrate_link
+from gpipe_exec.calibrate import LinkFit, RuntimeFit, calibrate_runtime
 from gpipe_exec.execute import Measurement, check_runnable, execute
 from gpipe_exec.launch import LaunchOptions
-from gpipe_exec.profile import ProfileOptions, profile_model, table_scenario
+from gpipe_exec.profile import ProfileOptions, profile_on_devices, table_scenario
 from gpipe_sim.plan import compile_plan
 from gpipe_sim.result import Result
 from gpipe_sim.scenario import Scenario
 from gpipe_sim.simulate import result_from_times, run_engine
 
 
+Calibration = Union[LinkFit, RuntimeFit]  # what `hardware_updates()` turns into scenario fields
+
+
+def calibration_text(c: Calibration) -> str:
+    """One line: the calibrated link (and host times per action)."""
+    line = f"link: latency {c.latency_s * 1e6:.1f} us, bandwidth {c.bandwidth / 1e9:.2f} GB/s"
+    if isinstance(c, RuntimeFit):
+        line += (f"; host per action {c.action_s * 1e6:.1f} us, per send {c.send_s * 1e6:.1f} us, "
+                 f"per receive {c.recv_s * 1e6:.1f} us, copies at {c.copy_bandwidth / 1e9:.2f} GB/s")
+    return line
+
+
 @dataclass
 class Validation:
-    """One scenario's prediction (from this machine's profile and link) beside its measurement."""
+    """One scenario's prediction (from this machine's profile and calibration) beside its measurement."""
 
     scenario: Scenario  # as run: the zoo model with the simulator's partition written out
     predicted: Result
     measured: Measurement
-    link: LinkFit | None
+    calibration: "Calibration | None"
 
     @property
     def relative_error(self) -> dict[str, float]:
@@ -38,7 +50,8 @@ class Validation:
             "measured": self.measured.result.to_dict(timeline),
             "relative_error": self.relative_error,
             "measured_step_times_s": self.measured.step_times_s,
-            "link": None if self.link is None else self.link.as_link(),
+            "link": None if self.calibration is None else self.calibration.hardware_updates()["hardware.link"],
+            "calibration": None if self.calibration is None else self.calibration.to_dict(),
         }
 
 
@@ -65,12 +78,13 @@ def relative_errors(predicted: Result, measured: Result) -> dict[str, float]:
     return {name: _rel(p, m) for name, p, m in compared_fields(predicted, measured)}
 
 
-def predict_with_profile(scenario: Scenario, table: dict[str, Any], link: LinkFit | None) -> tuple[Scenario, Result]:
-    """Simulate the scenario with the measured layer table (and link); return the scenario to run,
+def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration: Calibration | None
+                         ) -> tuple[Scenario, Result]:
+    """Simulate the scenario with the measured layer table (and calibration); return the scenario to run,
     whose partition is the one the simulator chose, written out as layer counts."""
     updates: dict[str, Any] = {}
-    if link is not None:
-        updates["hardware.link"] = link.as_link()
+    if calibration is not None:
+        updates.update(calibration.hardware_updates())
     predicted_scenario = table_scenario(scenario, table, updates)
     plan = compile_plan(predicted_scenario)
     counts = [s.last_layer - s.first_layer + 1 for s in plan.stages]
@@ -79,23 +93,24 @@ def predict_with_profile(scenario: Scenario, table: dict[str, Any], link: LinkFi
 
 
 def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: ProfileOptions | None = None,
-             options: LaunchOptions = LaunchOptions(), link: LinkFit | None = None, calibrate: bool = True,
+             options: LaunchOptions = LaunchOptions(), calibration: Calibration | None = None,
+             calibrate: bool = True,
              table: dict[str, Any] | None = None,
              progress: Callable[[str], None] | None = None) -> Validation:
     """Profile, calibrate, simulate and execute `scenario`; everything on this machine."""
     say = progress or (lambda _msg: None)
     check_runnable(scenario)
     if table is None:
-        say("profiling layers")
-        table = profile_model(scenario, profile or ProfileOptions(threads=options.threads))
+        say("profiling layers (every device at once)")
+        table = profile_on_devices(scenario, profile or ProfileOptions(threads=options.threads), options)
     devices = sorted(set(scenario.device_map))
-    if link is None and calibrate and len(devices) > 1:
-        say("calibrating the link")
-        link = calibrate_link((devices[0], devices[1]), options=options)
-    run_scenario, predicted = predict_with_profile(scenario, table, link)
+    if calibration is None and calibrate and len(devices) > 1:
+        say("calibrating the runtime (host time per action, link)")
+        calibration = calibrate_runtime((devices[0], devices[1]), options=options)
+    run_scenario, predicted = predict_with_profile(scenario, table, calibration)
     say("running the pipeline")
     measured = execute(run_scenario, steps=steps, warmup=warmup, options=options)
-    return Validation(run_scenario, predicted, measured, link)
+    return Validation(run_scenario, predicted, measured, calibration)
 
 
 def validation_text(v: Validation) -> str:
@@ -111,6 +126,6 @@ def validation_text(v: Validation) -> str:
     console.print(table)
     steps = ", ".join(f"{t * 1e3:.2f}" for t in v.measured.step_times_s)
     console.print(f"measured step times (ms): {steps}")
-    if v.link is not None:
-        console.print(f"link: latency {v.link.latency_s * 1e6:.1f} us, bandwidth {v.link.bandwidth / 1e9:.2f} GB/s")
+    if v.calibration is not None:
+        console.print(calibration_text(v.calibration))
     return buf.getvalue().rstrip()

@@ -44,10 +44,12 @@ def straightforward_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         for i in range(int(prog.offsets[k]), int(prog.offsets[k + 1])):
             kind = prog.kind[i]
             if kind == SEND:
+                yield env.timeout(prog.duration[i])  # host time to issue it (not the device's)
                 env.process(transfer(i))
             elif kind == RECV:
                 start[i] = env.now
                 yield delivered[prog.message[i]]
+                yield env.timeout(prog.duration[i])  # host time to complete it
                 end[i] = env.now
             else:
                 with device.request() as request:

@@ -77,8 +77,10 @@ class _Run:
                 start[i] = t
                 if a > t:  # type: ignore[operator]
                     t = a  # type: ignore[assignment]
+                t += durs[j]  # host time to complete the receive
                 end[i] = t
             elif code == SEND:
+                t += durs[j]  # host time to issue the send; the transfer leaves after it
                 link = links[j]
                 if link < 0:
                     start[i] = end[i] = t

@@ -49,7 +49,7 @@ class Program:
     kind: np.ndarray
     stage: np.ndarray
     micro_batch: np.ndarray
-    duration: np.ndarray  # compute seconds (0 for transfers)
+    duration: np.ndarray  # seconds on the stage's own timeline: compute, and host time per transfer
     serialization: np.ndarray  # seconds a send occupies its link
     latency: np.ndarray  # seconds from leaving the link to arrival
     save: np.ndarray  # forward/recompute/backward: the micro-batch's activations were kept
@@ -152,6 +152,16 @@ def _flatten(plan: Plan) -> Program:
     duration[sel] = bwd[st[sel], mbc[sel]]
     sel = kind == UPDATE
     duration[sel] = upd[st[sel]]
+    host = plan.scenario.hardware.host
+    duration[(kind == FORWARD) | (kind == RECOMPUTE) | (kind == BACKWARD) | (kind == UPDATE)] += host.action_s
+    bytes_moved = np.zeros(len(kind))
+    comm = (kind == SEND) | (kind == RECV)
+    if comm.any():  # a message carries the output of the lower of its two stages
+        lower = np.minimum(st[comm], peer[comm])
+        bytes_moved[comm] = out[lower, mbc[comm]]
+    copy = bytes_moved / host.copy_bandwidth
+    duration[kind == SEND] = host.send_s + copy[kind == SEND]
+    duration[kind == RECV] = host.recv_s + copy[kind == RECV]
 
     is_send, is_recv = kind == SEND, kind == RECV
     comm = is_send | is_recv

@@ -234,12 +234,27 @@ class Link(_Strict):
     latency_s: Seconds = 0.0
 
 
+class Host(_Strict):
+    """Host time per pipeline action, spent on the stage's own timeline before it can go on.
+
+    What a real runtime costs beyond the kernels and the wire: dispatching an action, issuing a
+    send (before its transfer starts), completing a receive (after its data arrives). Zero on
+    every preset; `gpipe-exec calibrate` measures them for the executor on this machine.
+    """
+
+    action_s: Seconds = 0.0  # per compute action (forward, recompute, backward, update)
+    send_s: Seconds = 0.0  # per send, before the transfer leaves
+    recv_s: Seconds = 0.0  # per receive, after the data has arrived
+    copy_bandwidth: Bandwidth = math.inf  # plus bytes / copy_bandwidth at each end (host copies)
+
+
 class Hardware(_Strict):
     """Accelerators, links and the stage-to-device map. A `preset` fills any field not given."""
 
     preset: str | None = None
     accelerator: Accelerator
     link: Link
+    host: Host = Field(default_factory=Host)
     links: tuple[Link, ...] | None = None  # per consecutive stage pair (K-1), overriding `link`
     stage_to_device: tuple[Annotated[int, Field(ge=0)], ...] | None = None
 
@@ -255,7 +270,7 @@ class Hardware(_Strict):
         from gpipe_sim.presets import hardware_preset
 
         base = hardware_preset(str(data["preset"]))
-        merged = {k: v for k, v in base.items() if k in ("accelerator", "link")}
+        merged = {k: v for k, v in base.items() if k in ("accelerator", "link", "host")}
         for key, value in data.items():
             if key in merged and isinstance(value, dict):
                 merged[key] = {**merged[key], **value}

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpipe_exec.calibrate import fit_link  # noqa: E402
+from gpipe_exec.calibrate import LinkFit, fit_link, fit_runtime, runtime_sample  # noqa: E402
 from gpipe_exec.execute import check_runnable, job_for, measured_result  # noqa: E402
 from gpipe_exec.launch import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.profile import ProfileOptions, profile_model, write_table  # noqa: E402
@@ -120,6 +120,43 @@ def test_fit_link_recovers_latency_and_bandwidth() -> None:
     fit = fit_link([(n, 5e-5 + n / 2e9) for n in (4, 1 << 12, 1 << 16, 1 << 20)])
     assert fit.latency_s == pytest.approx(5e-5, rel=1e-3)
     assert fit.bandwidth == pytest.approx(2e9, rel=1e-2)
+
+
+def test_fit_runtime_recovers_host_times_and_copy_bandwidth() -> None:
+    link = LinkFit(4e-5, 2e9, ())
+    samples = [(n, 3e-6, 2e-5 + n / 8e9, 3e-5 + n / 8e9) for n in (4096, 65536, 262144)]
+    fit = fit_runtime(samples, link)
+    assert (fit.action_s, fit.send_s, fit.recv_s) == pytest.approx((3e-6, 2e-5, 3e-5), rel=1e-6)
+    assert fit.copy_bandwidth == pytest.approx(8e9, rel=1e-6)
+    assert (fit.latency_s, fit.bandwidth) == (4e-5, 2e9)
+    updates = fit.hardware_updates()
+    scenario = parse_scenario(BASE).with_updates(updates)
+    assert scenario.hardware.host.send_s == pytest.approx(2e-5)
+    assert scenario.hardware.link.latency_s == pytest.approx(4e-5)
+    # Host times that shrink with size are noise: the slope is kept at zero, never negative.
+    flat = fit_runtime([(n, 1e-6, 5e-5 - n * 1e-12, 5e-5) for n in (1, 10, 100)], link)
+    assert flat.copy_bandwidth == float("inf") and flat.send_s > 0
+
+
+def test_host_times_sit_where_the_runtime_spends_them(runs) -> None:
+    # Simulated: a send's transfer leaves send_s after the previous action ends; a receive ends
+    # recv_s after its data arrives; compute actions last action_s longer.
+    from gpipe_sim.simulate import simulate
+
+    host = {"action_s": 7e-6, "send_s": 3e-5, "recv_s": 2e-5}
+    base = parse_scenario(BASE).with_updates({"pipeline.partition": [2, 2]})
+    plain, charged = simulate(base), simulate(base.with_updates({"hardware.host": host}))
+    names = plain.timeline.kind_names
+    for k in range(2):
+        idx = np.flatnonzero(charged.timeline.stage == k)
+        for a, b in zip(idx[:-1], idx[1:]):
+            if names[b] == "send":
+                assert charged.timeline.start_s[b] >= charged.timeline.end_s[a] + 3e-5 - 1e-12
+    assert charged.step_time_s > plain.step_time_s
+    # Measured: the gaps the calibration reads are real, positive and small (host time, not compute).
+    _, _, measured = runs[0]
+    action, send, recv = runtime_sample([measured.result.timeline], list(ACTION_KINDS))
+    assert 0 <= action < 5e-3 and 0 < send < 5e-3 and 0 <= recv < 5e-3
 
 
 def test_cli_validate_json(tmp_path: Path) -> None:

@@ -51,7 +51,9 @@ def test_stages_sharing_one_device_serialise_and_leave_no_bubble(uniform):
 
 @pytest.mark.parametrize("device_map", [[0, 1, 0, 1], [0, 0, 1, 1], [0, 1, 1, 0]])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_engine_agrees_with_straightforward_simpy_under_contention(device_map, schedule):
+@pytest.mark.parametrize("host", [{}, {"action_s": 1.3e-4, "send_s": 3.1e-4, "recv_s": 1.7e-4,
+                                         "copy_bandwidth": 3e9}])
+def test_engine_agrees_with_straightforward_simpy_under_contention(device_map, schedule, host):
     rng = np.random.default_rng(7)
     layers = [
         {"name": f"l{i}", "forward_s_per_sample": float(rng.uniform(1e-3, 3e-3)),
@@ -61,7 +63,7 @@ def test_engine_agrees_with_straightforward_simpy_under_contention(device_map, s
     ]
     scenario = parse_scenario({
         "model": {"preset": "table", "layers": layers},
-        "hardware": {"preset": "p100-pcie", "stage_to_device": device_map},
+        "hardware": {"preset": "p100-pcie", "stage_to_device": device_map, "host": host},
         "pipeline": {"stages": 4, "micro_batches": 6, "batch_size": 12, "schedule": schedule,
                      "remat": "always", "partition": "time"},
     })
@@ -166,3 +168,38 @@ def test_memory_curves_rebuilt_from_totals_match_the_simulators():
     # Merged in time, a shared device never needs more than its stages' peaks added up.
     for device, members in ((0, (0, 1)), (1, (2, 3))):
         assert peaks[device] <= sum(static[k] + profile.peak_activation_bytes[k] for k in members) + 1e-6
+
+
+HOST = {"action_s": 1e-4, "send_s": 3e-4, "recv_s": 2e-4, "copy_bandwidth": 4e9}
+
+
+def _host_uniform(stages, micro_batches, schedule="gpipe"):
+    return parse_scenario({
+        "model": {"preset": "uniform", "layers": stages, "forward_s_per_sample": 1e-3,
+                  "backward_s_per_sample": 2e-3},
+        "hardware": {"preset": "ideal", "host": HOST},
+        "pipeline": {"stages": stages, "micro_batches": micro_batches, "batch_size": micro_batches,
+                     "schedule": schedule, "remat": "none", "partition": [1] * stages},
+    })
+
+
+def test_host_time_adds_to_every_action_of_one_stage():
+    # K=1: no transfers; 2M compute actions and the update, each with its dispatch cost.
+    M, a = 5, HOST["action_s"]
+    result = simulate(_host_uniform(1, M))
+    assert result.step_time_s == pytest.approx(M * (1e-3 + 2e-3) + (2 * M + 1) * a, rel=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["simpy", "fast"])
+def test_host_time_of_transfers_lies_on_the_critical_path(engine):
+    # K=2, M=1, free links: stage 0 forward, issue; stage 1 completes the receive, forward,
+    # backward, issues the gradient; stage 0 completes it, backward, update (hand-computed).
+    copy = 1e6 / HOST["copy_bandwidth"]  # the uniform preset's 1 MB output per sample, each end
+    a, s, r = HOST["action_s"], HOST["send_s"] + copy, HOST["recv_s"] + copy
+    f, b = 1e-3, 2e-3
+    expected = (f + a) + s + r + (f + a) + (b + a) + s + r + (b + a) + a
+    result = simulate(_host_uniform(2, 1), engine=engine)
+    assert result.step_time_s == pytest.approx(expected, rel=1e-12)
+    plan = compile_plan(_host_uniform(2, 1))
+    assert np.allclose(straightforward_simpy(plan)[1], run_simpy(plan)[1], rtol=1e-12)
+

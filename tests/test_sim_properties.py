@@ -47,6 +47,8 @@ def scenarios(draw, schedules=("gpipe", "1f1b", "naive")):
         "hardware": {
             "accelerator": {"peak_flops": {"fp32": 1e12}},
             "link": {"bandwidth": draw(st.floats(1e6, 1e12)), "latency_s": draw(st.floats(0, 1e-3))},
+            "host": draw(st.sampled_from([{}, {"action_s": 1e-5, "send_s": 5e-5, "recv_s": 3e-5,
+                                                    "copy_bandwidth": 1e9}])),
         },
         "pipeline": {
             "stages": stages, "micro_batches": micro, "batch_size": batch, "schedule": schedule,

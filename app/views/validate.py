@@ -103,6 +103,13 @@ link = v.extra.get("link")
 if isinstance(link, dict) and "bandwidth" in link:
     st.caption(f"Calibrated link used by the prediction: {float(link['bandwidth']) / 1e9:.3g} GB/s, "
                f"latency {format_seconds(float(link.get('latency_s', 0.0)))}.")
+host = (v.extra.get("calibration") or {}).get("action_s") if isinstance(v.extra.get("calibration"), dict) else None
+if host is not None:
+    cal = v.extra["calibration"]
+    st.caption("Calibrated host time of the runtime: "
+               + ", ".join(f"{label} {format_seconds(float(cal[key]))}" for label, key in
+                           (("per compute action", "action_s"), ("per send", "send_s"), ("per receive", "recv_s")))
+               + ".")
 st.dataframe(_figures_table(v), hide_index=True)
 
 if len(v.predicted.timeline) or len(v.measured.timeline):
