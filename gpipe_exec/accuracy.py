@@ -18,7 +18,7 @@ from gpipe_exec.calibrate import calibrate_runtime
 from gpipe_exec.execute import job_for, measured_result
 from gpipe_exec.runtime import run_job
 from gpipe_exec.launch import LaunchOptions, launch
-from gpipe_exec.profile import ProfileOptions, profile_model
+from gpipe_exec.profile import ProfileOptions, profile_model, profile_on_rank
 from gpipe_exec.validate import calibration_text, predict_with_profile, relative_errors
 from gpipe_sim.partition import micro_batch_sizes
 from gpipe_sim.plan import compile_plan
@@ -56,9 +56,9 @@ def _row(sc: Scenario, predicted: Any, measured: Any) -> dict[str, Any]:
 
 
 def _cases_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """On every rank, for each case: rank 0 profiles the model (the others wait), simulates it with
-    that profile, and hands out the job; then all ranks run it. Profile and run are seconds apart,
-    so both see the same machine load."""
+    """On every rank, for each case: every rank profiles the model as `profile_on_devices` does
+    (or rank 0 alone), rank 0 simulates it with its profile and hands out the job; then all ranks
+    run it. Profile and run are seconds apart, so both see the same machine load."""
     import torch.distributed as dist
 
     rows = []
@@ -66,11 +66,11 @@ def _cases_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> 
         box: list[Any] = [None]
         sizes = tuple(sorted(set(micro_batch_sizes(sc.pipeline.batch_size, sc.pipeline.micro_batches))))
         options = ProfileOptions(micro_batches=sizes, warmup=1, repeats=payload["repeats"])
-        dmap = list(sc.device_map)
-        if payload["concurrent"] and rank > 0 and dmap.index(dmap[rank]) == rank:
-            profile_model(sc, options)  # keep this device busy too while rank 0 profiles (discarded)
-        if rank == 0:
+        if payload["concurrent"]:
+            table = profile_on_rank(sc, options, rank)  # rank 0's is used
+        elif rank == 0:
             table = profile_model(sc, options)
+        if rank == 0:
             run_sc, predicted = predict_with_profile(sc, table, payload["calibration"])
             plan = compile_plan(run_sc)
             box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]

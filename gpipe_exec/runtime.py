@@ -1,8 +1,8 @@
 """The pipeline runtime: one rank runs its stage's action list from gpipe_sim.schedule, step by step.
 
-Transfers are asynchronous (`isend`/`irecv`): receives are posted ahead (a window of upcoming
-`recv` actions), sends complete in the background, so communication overlaps compute wherever the
-schedule allows. Every action's start and end is recorded on the aligned clock.
+Transfers are asynchronous (`isend`/`irecv`): receives are posted ahead (by default every
+receive of the step, at its start), sends complete in the background, so communication overlaps
+compute wherever the schedule allows. Every action's start and end is recorded on the aligned clock.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from gpipe_sim.partition import micro_batch_sizes
 from gpipe_sim.scenario import Scenario, parse_scenario
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Schedule, build_schedule
 
-RECV_WINDOW = 2  # receives posted ahead of the action that needs them
 
 
 @dataclass
@@ -40,6 +39,12 @@ class Job:
     dropout: float | None = None
     return_params: bool = False
     device_lock: bool = True  # serialize the compute of stages sharing a device (CPU)
+    # Receives posted ahead of the action that needs them; 0: all of the step's, at its start. A
+    # receive posted before its send lets the data move as soon as it is sent; posted late, gloo's
+    # rendezvous waits for the sender's next wait (measured: 60-100 ms steps became 55-67 ms on
+    # the accuracy study's convnet, K=2, M=16). The price: one buffer per receive, held from the
+    # step's start (M boundary tensors per stage and direction, not counted as activations).
+    recv_window: int = 0
     fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill, "step", "action"} (tests)
     tag: str = ""
 
@@ -134,12 +139,20 @@ class StageRunner:
         self.in_shape = boundary_shape(sc, first - 1, job.seed, job.dropout) if rank > 0 else ()
         self.out_shape = boundary_shape(sc, last, job.seed, job.dropout) if rank < self.K - 1 else ()
         self.comm = _Comm(rank, device)
+        self._buffers: dict[int, torch.Tensor] = {}
         self.lock = device_lock(rank, sc.device_map) if device.type == "cpu" and job.device_lock else None
 
-    def _buffer(self, action: Action) -> torch.Tensor:
-        shape = self.in_shape if action.tensor == "activation" else self.out_shape
-        return torch.empty((self.sizes[action.micro_batch], *shape), dtype=self.float_dtype,
-                           device=self.device)
+    def _buffer(self, index: int) -> torch.Tensor:
+        """The receive buffer of action `index`, allocated once and reused every step (nothing of a
+        step outlives it), so posting a receive allocates nothing."""
+        buf = self._buffers.get(index)
+        if buf is None:
+            action = self.actions[index]
+            shape = self.in_shape if action.tensor == "activation" else self.out_shape
+            buf = torch.empty((self.sizes[action.micro_batch], *shape), dtype=self.float_dtype,
+                              device=self.device)
+            self._buffers[index] = buf
+        return buf
 
     def _fault(self, step: int, index: int) -> None:
         f = self.job.fault
@@ -160,17 +173,26 @@ class StageRunner:
         recv_at = [i for i, a in enumerate(acts) if a.kind == "recv"]
         posted: dict[int, tuple[Any, torch.Tensor]] = {}
         next_post = 0
+        window = self.job.recv_window if self.job.recv_window > 0 else len(recv_at)
         sends: list[tuple[int, Any]] = []
         arrived: dict[tuple[str | None, int], torch.Tensor] = {}
         target = None
+
+        def post_ahead() -> None:
+            nonlocal next_post
+            while next_post < len(recv_at) and len(posted) < window:
+                j = recv_at[next_post]
+                buf = self._buffer(j)
+                posted[j] = (comm.irecv(buf, acts[j]), buf)
+                next_post += 1
+
+        # The step's first receives are posted before the step starts, as a training loop posts
+        # the next step's while it finishes this one (posting stalled for up to 5 ms at times here).
+        post_ahead()
         dist.barrier()
         rec.step_start = clock()
         for i, a in enumerate(acts):
-            while next_post < len(recv_at) and len(posted) < RECV_WINDOW:
-                j = recv_at[next_post]
-                buf = self._buffer(acts[j])
-                posted[j] = (comm.irecv(buf, acts[j]), buf)
-                next_post += 1
+            post_ahead()
             self._fault(step, i)
             m = a.micro_batch
             if st.is_last and m >= 0:

@@ -31,13 +31,15 @@ def scenario(model: str, K: int, M: int, schedule: str, remat: str, optimizer: s
     })
 
 
-def run_all(K: int, configs: list[tuple], dropout: float = 0.0) -> list[tuple[Scenario, dict]]:
+def run_all(K: int, configs: list[tuple], dropout: float = 0.0, steps: int = 1,
+            **job: Any) -> list[tuple[Scenario, dict]]:
     """Launch K ranks once and run every configuration in that one process group."""
     scenarios = [scenario(*c) for c in configs]
     jobs = []
     for i, sc in enumerate(scenarios):
         plan = check_runnable(sc)
-        jobs.append(job_for(sc, plan, steps=1, warmup=0, dropout=dropout, return_params=True, tag=str(i)))
+        jobs.append(job_for(sc, plan, steps=steps, warmup=0, dropout=dropout, return_params=True, tag=str(i),
+                            **job))
     outs = launch(jobs, list(range(K)), OPTIONS)
     merged = []
     for sc, out in zip(scenarios, outs):
@@ -48,9 +50,9 @@ def run_all(K: int, configs: list[tuple], dropout: float = 0.0) -> list[tuple[Sc
     return merged
 
 
-def assert_equal_to_reference(results: list[tuple[Scenario, dict]]) -> None:
+def assert_equal_to_reference(results: list[tuple[Scenario, dict]], steps: int = 1) -> None:
     for sc, got in results:
-        ref = reference_step(sc)
+        ref = reference_step(sc, steps=steps)
         where = f"{sc.model.preset} K={sc.pipeline.stages} M={sc.pipeline.micro_batches} " \
                 f"{sc.pipeline.schedule} remat={sc.pipeline.remat}"
         assert got.keys() == ref.keys(), where
@@ -77,6 +79,14 @@ def test_four_stages() -> None:
     configs = [("transformer", 4, 4, s, r) for s, r in itertools.product(SCHEDULES, ("none", "always"))]
     configs += [("convnet", 4, 3, "gpipe", "except_last"), ("mlp", 4, 1, "1f1b", "always", "adam")]
     assert_equal_to_reference(run_all(4, configs))
+
+
+@pytest.mark.parametrize("recv_window", [0, 1])
+def test_several_steps_reuse_receive_buffers_safely(recv_window: int) -> None:
+    # Receive buffers are allocated once and reused every step; all of a step's receives are
+    # posted before it starts (0) or one at a time (1): three steps equal three plain steps.
+    configs = [("transformer", 2, 3, "1f1b", "always", "momentum"), ("convnet", 2, 4, "gpipe", "none", "adam")]
+    assert_equal_to_reference(run_all(2, configs, steps=3, recv_window=recv_window), steps=3)
 
 
 def test_one_stage() -> None:

@@ -116,6 +116,39 @@ def test_profile_table_loads_and_matches_the_model(tmp_path: Path) -> None:
     assert loaded.model.input_bytes_per_sample == 8 * 8  # int64 token ids
 
 
+def test_profile_holds_the_device_around_every_timed_layer_op() -> None:
+    from contextlib import contextmanager
+
+    base = parse_scenario(BASE)
+    held = []
+
+    @contextmanager
+    def hold():
+        held.append(1)
+        yield
+
+    options = ProfileOptions(micro_batches=(2,), warmup=1, repeats=2, min_time_s=0.0)
+    table = profile_model(base, options, hold=hold)
+    layers = len(table["layers"])
+    assert len(held) == (1 + 2) * 2 * layers  # (warm-up + repeats) x (forward, backward) x layers
+
+
+def test_profile_on_devices_profiles_where_the_stages_run() -> None:
+    from gpipe_exec.profile import profile_on_devices
+    from gpipe_sim.scenario import LayerSpec
+
+    shared = parse_scenario(BASE).with_updates({"pipeline.stages": 4, "pipeline.micro_batches": 2,
+                                                "hardware.stage_to_device": [0, 0, 1, 1]})
+    options = ProfileOptions(warmup=0, repeats=1, min_time_s=0.0)
+    table = profile_on_devices(shared, options, LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
+    alone = profile_model(shared, options)
+    assert [r["name"] for r in table["layers"]] == [r["name"] for r in alone["layers"]]
+    for row, other in zip(table["layers"], alone["layers"]):
+        LayerSpec.model_validate(row)
+        assert row["params"] == other["params"] and row["activation_bytes_per_sample"] == other["activation_bytes_per_sample"]
+        assert all(t["forward_s"] > 0 and t["backward_s"] >= 0 for t in row["timings"])
+
+
 def test_fit_link_recovers_latency_and_bandwidth() -> None:
     fit = fit_link([(n, 5e-5 + n / 2e9) for n in (4, 1 << 12, 1 << 16, 1 << 20)])
     assert fit.latency_s == pytest.approx(5e-5, rel=1e-3)
