@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from rich.progress import Progress
 
-from gpipe_exec.calibrate import calibrate_runtime
+from gpipe_exec.calibrate import calibrate_runtime, calibrate_shared
 from gpipe_exec.execute import job_for, measured_result
 from gpipe_exec.runtime import run_job
 from gpipe_exec.launch import LaunchOptions, launch
@@ -138,19 +138,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         task = bar.add_task("calibrating the runtime", total=len(groups) + 1)
         calibration = calibrate_runtime((0, 1), options=options)
         bar.advance(task)
+        shared: dict[int, Any] = {}
         for model, K in groups:
+            if len(set(DEVICE_MAPS[K])) < K and K not in shared:
+                bar.update(task, description=f"K={K}: calibrating the shared devices")
+                shared[K] = calibrate_shared(calibration, DEVICE_MAPS[K], options=options)
             bar.update(task, description=f"{model} K={K}: profile and run")
             rows += run_group(model, K, Ms, args.schedules.split(","), args.remat.split(","),
-                              args.batch_size, args.steps, args.warmup, options, calibration,
+                              args.batch_size, args.steps, args.warmup, options, shared.get(K, calibration),
                               concurrent=not args.profile_alone)
             bar.advance(task)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"calibration": calibration.to_dict(), "rows": rows}, f, indent=1)
+            json.dump({"calibration": calibration.to_dict(),
+                       "shared": {str(K): fit.to_dict() for K, fit in shared.items()}, "rows": rows}, f, indent=1)
     sys.stdout.write(markdown(rows) + "\n")
     loads = [r["load_average"] for r in rows]
     sys.stdout.write(f"(1-minute load average during the runs: {min(loads):.1f} to {max(loads):.1f} on "
                      f"{os.cpu_count()} cores)\n")
+    for K, fit in sorted(shared.items()):
+        sys.stdout.write(f"(K={K}, shared devices: host times x{fit.shared_scale:.2f})\n")
     sys.stdout.write(f"({calibration_text(calibration)}; {time.monotonic() - t0:.0f} s)\n")
     return 0
 

@@ -99,12 +99,14 @@ class RuntimeFit:
     latency_s: float
     bandwidth: float
     samples: tuple[tuple[float, float, float, float], ...]  # bytes, action, send, recv
+    on_device: bool = True  # CPU ranks: the host time runs on the cores that compute
+    shared_scale: float = 1.0  # host times scaled by this where stages share devices (`calibrate_shared`)
 
     def hardware_updates(self) -> dict[str, Any]:
         """Dotted scenario updates: `hardware.host` and `hardware.link`."""
         return {
             "hardware.host": {"action_s": self.action_s, "send_s": self.send_s, "recv_s": self.recv_s,
-                              "copy_bandwidth": self.copy_bandwidth},
+                              "copy_bandwidth": self.copy_bandwidth, "on_device": self.on_device},
             "hardware.link": {"latency_s": self.latency_s, "bandwidth": self.bandwidth},
         }
 
@@ -137,7 +139,8 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return max(float(np.mean(y - slope * x)), 0.0), slope
 
 
-def fit_runtime(samples: Sequence[tuple[float, float, float, float]], link: LinkFit) -> RuntimeFit:
+def fit_runtime(samples: Sequence[tuple[float, float, float, float]], link: LinkFit,
+                on_device: bool = True) -> RuntimeFit:
     """Fit `RuntimeFit` on (bytes, action, send, recv) samples at several message sizes: host
     times per transfer as a line in the bytes (the slope shared by both ends), the link as given."""
     a = np.asarray(samples, dtype=float)
@@ -150,21 +153,23 @@ def fit_runtime(samples: Sequence[tuple[float, float, float, float]], link: Link
         copy_bandwidth=1.0 / copy_slope if copy_slope > 0 else float("inf"),
         latency_s=link.latency_s, bandwidth=link.bandwidth,
         samples=tuple(tuple(float(v) for v in row) for row in a),  # type: ignore[misc]
+        on_device=on_device,
     )
 
 
 def calibration_scenario(message_bytes: int, device_map: Sequence[int] = (0, 1)) -> Any:
-    """A two-stage pipeline of a narrow MLP whose transfers carry `message_bytes` each (fp32):
-    little compute and 64 transfers a step, so the run is mostly the runtime's own time."""
+    """A pipeline of a narrow MLP, one stage per entry of `device_map`, whose transfers carry
+    `message_bytes` each (fp32): little compute and many transfers (64 a step per pair of
+    neighbours), so the run is mostly the runtime's own time."""
     from gpipe_sim.scenario import parse_scenario
 
-    micro = 16
+    micro, K = 16, len(device_map)
     per_micro = max(1, round(message_bytes / (4 * _WIDTH)))
     return parse_scenario({
-        "model": {"preset": "mlp", "layers": 1, "input_dim": 16, "width": _WIDTH, "num_classes": 10},
+        "model": {"preset": "mlp", "layers": K - 1, "input_dim": 16, "width": _WIDTH, "num_classes": 10},
         "hardware": {"preset": "cpu", "stage_to_device": list(device_map)},
-        "pipeline": {"stages": 2, "micro_batches": micro, "batch_size": micro * per_micro,
-                     "schedule": "gpipe", "remat": "none", "partition": [2, 1]},
+        "pipeline": {"stages": K, "micro_batches": micro, "batch_size": micro * per_micro,
+                     "schedule": "gpipe", "remat": "none", "partition": [2] + [1] * (K - 1)},
         "training": {"optimizer": "sgd"},
     })
 
@@ -186,4 +191,45 @@ def calibrate_runtime(device_map: Sequence[int] = (0, 1), *, sizes: Sequence[int
     for sc, plan, out in zip(scenarios, plans, outputs):
         sent = 4.0 * _WIDTH * sc.pipeline.batch_size // sc.pipeline.micro_batches
         samples.append((sent, *runtime_sample(step_timelines(plan, out), ACTION_KINDS)))
-    return fit_runtime(samples, link)
+    on_cpu = options.backend == "gloo" or not torch.cuda.is_available()
+    return fit_runtime(samples, link, on_device=on_cpu)
+
+
+def calibrate_shared(fit: RuntimeFit, device_map: Sequence[int], *, message_bytes: int = 64 * 1024,
+                     steps: int = 5, options: LaunchOptions = LaunchOptions()) -> RuntimeFit:
+    """Stages sharing devices wake each other, hand devices over and run their host work on the
+    same cores, which costs more per action than `calibrate_runtime` sees with a device per stage.
+    Run the calibration pipeline on `device_map` itself and scale the host times by the factor
+    (at least 1) that makes gpipe_sim, with this pipeline's profile, reproduce its measured step."""
+    import dataclasses
+
+    from gpipe_exec.execute import job_for, measured_result
+    from gpipe_exec.profile import ProfileOptions, profile_on_devices, table_scenario
+    from gpipe_sim.plan import compile_plan
+    from gpipe_sim.simulate import run_engine
+
+    scenario = calibration_scenario(message_bytes, device_map)
+    plan = compile_plan(scenario)
+    out = launch([job_for(scenario, plan, steps=steps, warmup=2)], plan.device_map, options)[0]
+    measured = measured_result(plan, out).result.step_time_s
+    table = profile_on_devices(scenario, ProfileOptions(min_time_s=0.2), options)
+
+    def scaled(alpha: float) -> RuntimeFit:
+        return dataclasses.replace(fit, action_s=fit.action_s * alpha, send_s=fit.send_s * alpha,
+                                   recv_s=fit.recv_s * alpha, shared_scale=alpha)
+
+    def predicted(alpha: float) -> float:
+        sc = table_scenario(scenario, table, scaled(alpha).hardware_updates())
+        return float(run_engine(compile_plan(sc), "simpy")[1].max())
+
+    lo, hi = 1.0, 64.0
+    if predicted(lo) >= measured:
+        return scaled(lo)
+    if predicted(hi) <= measured:
+        return scaled(hi)
+    for _ in range(30):  # the step grows with the host times: bisect to 0.1%
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted(mid) < measured else (lo, mid)
+        if hi / lo < 1.001:
+            break
+    return scaled((lo + hi) / 2)

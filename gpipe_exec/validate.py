@@ -9,7 +9,7 @@ from typing import Any, Callable, Union
 from rich.console import Console
 from rich.table import Table
 
-from gpipe_exec.calibrate import LinkFit, RuntimeFit, calibrate_runtime
+from gpipe_exec.calibrate import LinkFit, RuntimeFit, calibrate_runtime, calibrate_shared
 from gpipe_exec.execute import Measurement, check_runnable, execute
 from gpipe_exec.launch import LaunchOptions
 from gpipe_exec.profile import ProfileOptions, profile_on_devices, table_scenario
@@ -28,6 +28,8 @@ def calibration_text(c: Calibration) -> str:
     if isinstance(c, RuntimeFit):
         line += (f"; host per action {c.action_s * 1e6:.1f} us, per send {c.send_s * 1e6:.1f} us, "
                  f"per receive {c.recv_s * 1e6:.1f} us, copies at {c.copy_bandwidth / 1e9:.2f} GB/s")
+        if c.shared_scale != 1.0:
+            line += f" (x{c.shared_scale:.2f} on shared devices)"
     return line
 
 
@@ -107,6 +109,9 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
     if calibration is None and calibrate and len(devices) > 1:
         say("calibrating the runtime (host time per action, link)")
         calibration = calibrate_runtime((devices[0], devices[1]), options=options)
+        if len(devices) < len(scenario.device_map):
+            say("calibrating the runtime on the shared devices")
+            calibration = calibrate_shared(calibration, scenario.device_map, options=options)
     run_scenario, predicted = predict_with_profile(scenario, table, calibration)
     say("running the pipeline")
     measured = execute(run_scenario, steps=steps, warmup=warmup, options=options)

@@ -39,17 +39,27 @@ def straightforward_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         end[i] = env.now
         delivered[prog.message[i]].succeed()
 
+    on_device = plan.scenario.hardware.host.on_device
+
+    def host(device: simpy.Resource, duration: float) -> Generator[simpy.Event, object, None]:
+        if not on_device or duration <= 0:
+            yield env.timeout(duration)
+            return
+        with device.request() as request:
+            yield request
+            yield env.timeout(duration)
+
     def stage(k: int) -> Generator[simpy.Event, object, None]:
         device = devices[plan.device_map[k]]
         for i in range(int(prog.offsets[k]), int(prog.offsets[k + 1])):
             kind = prog.kind[i]
             if kind == SEND:
-                yield env.timeout(prog.duration[i])  # host time to issue it (not the device's)
+                yield from host(device, prog.duration[i])  # host time to issue it
                 env.process(transfer(i))
             elif kind == RECV:
                 start[i] = env.now
                 yield delivered[prog.message[i]]
-                yield env.timeout(prog.duration[i])  # host time to complete it
+                yield from host(device, prog.duration[i])  # host time to complete it
                 end[i] = env.now
             else:
                 with device.request() as request:

@@ -41,6 +41,7 @@ class _Run:
             if prog.shared_device[k] and device not in self.device_res:
                 self.device_res[device] = simpy.Resource(self.env, capacity=1)
         self.device_map = plan.device_map
+        self.host_on_device = plan.scenario.hardware.host.on_device
         self.position = [int(o) for o in prog.offsets[:-1]]
         self.done = [False] * len(plan.device_map)
 
@@ -62,6 +63,7 @@ class _Run:
         start, end, arrival, link_free = self.start, self.end, self.arrival, self.link_free
         dedicated = prog.dedicated.tolist()
         device = self.device_res.get(self.device_map[k]) if prog.shared_device[k] else None
+        host_device = device if self.host_on_device else None
         t = 0.0
         for j in range(hi - lo):
             i = lo + j
@@ -77,10 +79,18 @@ class _Run:
                 start[i] = t
                 if a > t:  # type: ignore[operator]
                     t = a  # type: ignore[assignment]
-                t += durs[j]  # host time to complete the receive
+                # host time to complete the receive
+                if host_device is not None and durs[j] > 0:
+                    t = yield from self._hold(host_device, t, durs[j])
+                else:
+                    t += durs[j]
                 end[i] = t
             elif code == SEND:
-                t += durs[j]  # host time to issue the send; the transfer leaves after it
+                # host time to issue the send; the transfer leaves after it
+                if host_device is not None and durs[j] > 0:
+                    t = yield from self._hold(host_device, t, durs[j])
+                else:
+                    t += durs[j]
                 link = links[j]
                 if link < 0:
                     start[i] = end[i] = t
@@ -111,6 +121,17 @@ class _Run:
                     yield env.timeout(durs[j])
                 t = end[i] = env.now
         self.done[k] = True
+
+    def _hold(self, device: simpy.Resource, t: float, duration: float) -> Generator[simpy.Event, object, float]:
+        """Take the shared device at local time `t` (first come first served) for `duration`;
+        return the time it is released."""
+        env = self.env
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        with device.request() as request:
+            yield request
+            yield env.timeout(duration)
+        return env.now
 
     def _transfer(self, link: int, i: int, message: int, ser: float, lat: float) -> _Proc:
         resource = self.link_res[link]

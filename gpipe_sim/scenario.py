@@ -246,6 +246,9 @@ class Host(_Strict):
     send_s: Seconds = 0.0  # per send, before the transfer leaves
     recv_s: Seconds = 0.0  # per receive, after the data has arrived
     copy_bandwidth: Bandwidth = math.inf  # plus bytes / copy_bandwidth at each end (host copies)
+    # The host time runs on the device's own cores (a CPU "device"): a device shared by several
+    # stages serves it as it serves compute, one stage at a time.
+    on_device: bool = False
 
 
 class Hardware(_Strict):

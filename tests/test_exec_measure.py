@@ -192,6 +192,18 @@ def test_host_times_sit_where_the_runtime_spends_them(runs) -> None:
     assert 0 <= action < 5e-3 and 0 < send < 5e-3 and 0 <= recv < 5e-3
 
 
+def test_calibrate_shared_scales_host_times_to_reproduce_a_shared_run() -> None:
+    from gpipe_exec.calibrate import calibrate_shared
+
+    base = fit_runtime([(n, 5e-6, 3e-5, 3e-5) for n in (4096, 65536)], LinkFit(5e-5, 2e9, ()))
+    fit = calibrate_shared(base, [0, 0], steps=2, options=LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
+    assert 1.0 <= fit.shared_scale <= 64.0
+    assert fit.send_s == pytest.approx(base.send_s * fit.shared_scale)
+    assert fit.recv_s == pytest.approx(base.recv_s * fit.shared_scale)
+    assert (fit.latency_s, fit.bandwidth, fit.on_device) == (base.latency_s, base.bandwidth, True)
+    assert fit.hardware_updates()["hardware.host"]["on_device"] is True
+
+
 def test_cli_validate_json(tmp_path: Path) -> None:
     import yaml
 

@@ -52,7 +52,8 @@ def test_stages_sharing_one_device_serialise_and_leave_no_bubble(uniform):
 @pytest.mark.parametrize("device_map", [[0, 1, 0, 1], [0, 0, 1, 1], [0, 1, 1, 0]])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("host", [{}, {"action_s": 1.3e-4, "send_s": 3.1e-4, "recv_s": 1.7e-4,
-                                         "copy_bandwidth": 3e9}])
+                                         "copy_bandwidth": 3e9},
+                                  {"action_s": 1.3e-4, "send_s": 3.1e-4, "recv_s": 1.7e-4, "on_device": True}])
 def test_engine_agrees_with_straightforward_simpy_under_contention(device_map, schedule, host):
     rng = np.random.default_rng(7)
     layers = [
@@ -203,3 +204,17 @@ def test_host_time_of_transfers_lies_on_the_critical_path(engine):
     plan = compile_plan(_host_uniform(2, 1))
     assert np.allclose(straightforward_simpy(plan)[1], run_simpy(plan)[1], rtol=1e-12)
 
+
+
+def test_host_time_on_a_shared_device_is_served_like_compute():
+    # Two stages on one device, zero compute, free links: with the host time on the device, the
+    # device serves every send and receive one at a time, so the step is their sum (4 of each
+    # for M=2, GPipe: 2 activations and 2 gradients, each sent once and received once).
+    base = _host_uniform(2, 2).with_updates({
+        "model.forward_s_per_sample": 0.0, "model.backward_s_per_sample": 0.0,
+        "hardware.stage_to_device": [0, 0],
+        "hardware.host": {"send_s": 3e-4, "recv_s": 2e-4, "on_device": False}})
+    apart = simulate(base).step_time_s
+    together = simulate(base.with_updates({"hardware.host.on_device": True})).step_time_s
+    assert together == pytest.approx(4 * (3e-4 + 2e-4), rel=1e-12)
+    assert apart < together
