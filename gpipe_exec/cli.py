@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from gpipe_sim.cli import run_command
 from gpipe_sim.errors import GpipeError
@@ -81,11 +81,31 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from gpipe_exec.calibrate import calibrate_link
+def _nested(updates: dict[str, Any]) -> dict[str, Any]:
+    """{"hardware.host": {...}} -> {"host": {...}}: the scenario's `hardware` fields to paste."""
+    return {key.split(".", 1)[1]: value for key, value in updates.items()}
 
-    fit = calibrate_link(options=_options(args))
-    sys.stdout.write(json.dumps({"link": fit.as_link(), "samples": fit.samples}) + "\n")
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from gpipe_exec.calibrate import calibrate_link, calibrate_runtime, calibrate_shared
+
+    options = _options(args)
+    device_map: list[int] = []
+    if args.devices:
+        try:
+            device_map = [int(d) for d in args.devices.split(",")]
+        except ValueError:
+            raise GpipeError(f"--devices: expected device numbers such as 0,0,1,1, got {args.devices!r}") from None
+        if len(device_map) < 2 or min(device_map) < 0:
+            raise GpipeError(f"--devices: expected two or more device numbers >= 0, got {args.devices!r}")
+    if args.link_only:
+        link = calibrate_link(options=options)
+        sys.stdout.write(json.dumps({**link.to_dict(), "hardware": _nested(link.hardware_updates())}) + "\n")
+        return 0
+    fit = calibrate_runtime(options=options)
+    if device_map:
+        fit = calibrate_shared(fit, device_map, options=options)
+    sys.stdout.write(json.dumps({**fit.to_dict(), "hardware": _nested(fit.hardware_updates())}) + "\n")
     return 0
 
 
@@ -140,7 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--meta", action="store_true", help="FLOPs and bytes only, on the meta device")
     p.set_defaults(func=_cmd_profile)
 
-    p = sub.add_parser("calibrate", help="measure the backend's point-to-point latency and bandwidth")
+    p = sub.add_parser("calibrate", help="measure the link and the runtime's host time per action "
+                                         "(gpipe_sim's hardware.link and hardware.host)")
+    p.add_argument("--link-only", action="store_true", help="only the point-to-point latency and bandwidth")
+    p.add_argument("--devices", help="also fit the host times for stages placed so, e.g. 0,0,1,1")
     launch_flags(p)
     p.set_defaults(func=_cmd_calibrate)
 

@@ -110,3 +110,11 @@ def test_cli_refuses_the_default_scenario_on_this_cpu_with_one_line():
         pytest.skip("this machine has room for the default scenario")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 and "GiB free" in proc.stderr
+
+
+@pytest.mark.parametrize("devices", ["0,x", "0", "0,-1"])
+def test_cli_calibrate_refuses_bad_devices_before_measuring(devices: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "gpipe_exec.cli", "calibrate", "--devices", devices],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("gpipe-exec: error: --devices:")
