@@ -39,12 +39,14 @@ class Job:
     dropout: float | None = None
     return_params: bool = False
     device_lock: bool = True  # serialize the compute of stages sharing a device (CPU)
-    # Receives posted ahead of the action that needs them; 0: all of the step's, at its start. A
-    # receive posted before its send lets the data move as soon as it is sent; posted late, gloo's
-    # rendezvous waits for the sender's next wait (measured: 60-100 ms steps became 55-67 ms on
-    # the accuracy study's convnet, K=2, M=16). The price: one buffer per receive, held from the
-    # step's start (M boundary tensors per stage and direction, not counted as activations).
-    recv_window: int = 0
+    # Receives posted ahead of the action that needs them: n, 0 (each at its own action), or None:
+    # on CPU all of the step's, before it starts; on CUDA each at its action (NCCL runs a pair's
+    # sends and receives in order on one stream, so a receive posted ahead would hold back the
+    # sends queued behind it). On gloo a receive posted before its send lets the data move as soon
+    # as it is sent; posted late, the rendezvous waits for the sender's next wait (measured on the
+    # accuracy study's convnet, K=2, M=16: 62-115 ms steps with two ahead, 55-70 ms with all).
+    # The price: a buffer per receive, held all step (M boundary tensors per stage and direction).
+    recv_window: int | None = None
     fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill, "step", "action"} (tests)
     tag: str = ""
 
@@ -173,7 +175,9 @@ class StageRunner:
         recv_at = [i for i, a in enumerate(acts) if a.kind == "recv"]
         posted: dict[int, tuple[Any, torch.Tensor]] = {}
         next_post = 0
-        window = self.job.recv_window if self.job.recv_window > 0 else len(recv_at)
+        window = self.job.recv_window
+        if window is None:
+            window = 0 if self.device.type == "cuda" else len(recv_at)
         sends: list[tuple[int, Any]] = []
         arrived: dict[tuple[str | None, int], torch.Tensor] = {}
         target = None
@@ -201,6 +205,10 @@ class StageRunner:
             with holding(self.lock if a.kind in COMPUTE_KINDS else None):
                 rec.starts[i] = clock()
                 if a.kind == "recv":
+                    if i not in posted:  # not posted ahead: post it now
+                        next_post += 1
+                        buf = self._buffer(i)
+                        posted[i] = (comm.irecv(buf, a), buf)
                     work, buf = posted.pop(i)
                     comm.wait(work, a)
                     arrived[(a.tensor, m)] = buf

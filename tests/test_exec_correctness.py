@@ -81,10 +81,11 @@ def test_four_stages() -> None:
     assert_equal_to_reference(run_all(4, configs))
 
 
-@pytest.mark.parametrize("recv_window", [0, 1])
-def test_several_steps_reuse_receive_buffers_safely(recv_window: int) -> None:
-    # Receive buffers are allocated once and reused every step; all of a step's receives are
-    # posted before it starts (0) or one at a time (1): three steps equal three plain steps.
+@pytest.mark.parametrize("recv_window", [None, 0, 1])
+def test_several_steps_reuse_receive_buffers_safely(recv_window: int | None) -> None:
+    # Receive buffers are allocated once and reused every step; a step's receives are posted
+    # before it starts (None, on CPU), each at its own action (0, as on CUDA) or one ahead (1):
+    # three steps equal three plain steps.
     configs = [("transformer", 2, 3, "1f1b", "always", "momentum"), ("convnet", 2, 4, "gpipe", "none", "adam")]
     assert_equal_to_reference(run_all(2, configs, steps=3, recv_window=recv_window), steps=3)
 
