@@ -47,6 +47,8 @@ class Job:
     # accuracy study's convnet, K=2, M=16: 62-115 ms steps with two ahead, 55-70 ms with all).
     # The price: a buffer per receive, held all step (M boundary tensors per stage and direction).
     recv_window: int | None = None
+    # Activations and gradients in process groups of their own (see _Comm); None: on CUDA.
+    split_directions: bool | None = None
     fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill, "step", "action"} (tests)
     tag: str = ""
 
@@ -84,11 +86,22 @@ def boundary_shape(scenario: Scenario, layer: int, seed: int, dropout: float | N
 
 
 class _Comm:
-    """Point-to-point transfers with tags per (tensor, micro-batch) and clear errors on peer failure."""
+    """Point-to-point transfers with tags per (tensor, micro-batch) and clear errors on peer failure.
 
-    def __init__(self, rank: int, device: torch.device) -> None:
+    With `split`, activations and gradients travel in two process groups of their own. NCCL runs a
+    pair of ranks' sends and receives in order on one stream per communicator, and a send may
+    wait for its receive: in 1F1B a stage's next activation send queued before its gradient
+    receive, while its peer's gradient send is queued before that activation's receive, would
+    wait on each other forever. Each direction in its own group flows in one order on both ends.
+    """
+
+    def __init__(self, rank: int, device: torch.device, split: bool = False) -> None:
         self.rank = rank
         self.device = device
+        self.groups: dict[str, Any] = {}
+        if split:  # collective: every rank builds its runner, so every rank gets here in order
+            ranks = list(range(dist.get_world_size()))
+            self.groups = {"activation": dist.new_group(ranks), "gradient": dist.new_group(ranks)}
 
     @staticmethod
     def tag(action: Action) -> int:
@@ -102,12 +115,14 @@ class _Comm:
             raise PeerError(f"rank {self.rank}: {what} rank {peer} failed ({line})") from None
 
     def isend(self, tensor: torch.Tensor, action: Action) -> Any:
+        group = self.groups.get(action.tensor or "")
         return self._guard(action.peer, "send to", lambda: dist.isend(tensor.contiguous(), action.peer,
-                                                                    tag=self.tag(action)))
+                                                                    group=group, tag=self.tag(action)))
 
     def irecv(self, buffer: torch.Tensor, action: Action) -> Any:
+        group = self.groups.get(action.tensor or "")
         return self._guard(action.peer, "receive from",
-                           lambda: dist.irecv(buffer, action.peer, tag=self.tag(action)))
+                           lambda: dist.irecv(buffer, action.peer, group=group, tag=self.tag(action)))
 
     def wait(self, work: Any, action: Action) -> None:
         what = "send to" if action.kind == "send" else "receive from"
@@ -140,7 +155,8 @@ class StageRunner:
         self.float_dtype = TORCH_DTYPES[dtype]
         self.in_shape = boundary_shape(sc, first - 1, job.seed, job.dropout) if rank > 0 else ()
         self.out_shape = boundary_shape(sc, last, job.seed, job.dropout) if rank < self.K - 1 else ()
-        self.comm = _Comm(rank, device)
+        split = job.split_directions if job.split_directions is not None else device.type == "cuda"
+        self.comm = _Comm(rank, device, split)
         self._buffers: dict[int, torch.Tensor] = {}
         self.lock = device_lock(rank, sc.device_map) if device.type == "cpu" and job.device_lock else None
 
