@@ -204,9 +204,9 @@ def calibrate_shared(fit: RuntimeFit, device_map: Sequence[int], *, message_byte
     import dataclasses
 
     from gpipe_exec.execute import job_for, measured_result
-    from gpipe_exec.profile import ProfileOptions, profile_on_devices, table_scenario
+    from gpipe_exec.profile import ProfileOptions, profile_on_devices
+    from gpipe_exec.validate import predict_with_profile  # imports this module: import here
     from gpipe_sim.plan import compile_plan
-    from gpipe_sim.simulate import run_engine
 
     scenario = calibration_scenario(message_bytes, device_map)
     plan = compile_plan(scenario)
@@ -219,8 +219,7 @@ def calibrate_shared(fit: RuntimeFit, device_map: Sequence[int], *, message_byte
                                    recv_s=fit.recv_s * alpha, shared_scale=alpha)
 
     def predicted(alpha: float) -> float:
-        sc = table_scenario(scenario, table, scaled(alpha).hardware_updates())
-        return float(run_engine(compile_plan(sc), "simpy")[1].max())
+        return predict_with_profile(scenario, table, scaled(alpha))[1].step_time_s
 
     lo, hi = 1.0, 64.0
     if predicted(lo) >= measured:

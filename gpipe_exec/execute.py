@@ -15,9 +15,9 @@ from gpipe_exec.zoo import check_buildable
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.memory import device_peaks, levels_from_totals
 from gpipe_sim.plan import Plan, compile_plan
-from gpipe_sim.result import Result, Timeline, summarize
+from gpipe_sim.result import Result, Timeline
 from gpipe_sim.scenario import Scenario
-from gpipe_sim.simulate import result_from_times, run_engine
+from gpipe_sim.simulate import result_from_times, run_engine, summarize_plan
 from gpipe_sim.schedule import ACTION_KINDS
 
 
@@ -155,16 +155,11 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
         curves.append(levels_from_totals(timeline.start_s[lo:hi], timeline.end_s[lo:hi], recs[k].held))
     static = [p + s for p, s in zip(param_bytes, state_bytes)]
     device_peak = device_peaks(plan.device_map, static, [c[0] for c in curves], [c[1] for c in curves])
-    result = summarize(
-        timeline,
-        batch_size=plan.scenario.pipeline.batch_size,
-        micro_batches=plan.schedule.micro_batches,
-        stage_layers=[(s.first_layer, s.last_layer) for s in plan.stages],
-        device_map=plan.device_map,
+    result = summarize_plan(
+        plan, timeline,
         peak_activation_bytes=[r.peak_activation_bytes for r in recs],
         param_bytes=param_bytes,
         state_bytes=state_bytes,
-        memory_capacity_bytes=plan.memory_capacity_bytes,
         device_peak_memory_bytes=device_peak,
         source="measured",
     )

@@ -85,6 +85,20 @@ def boundary_shape(scenario: Scenario, layer: int, seed: int, dropout: float | N
     return tuple(h.shape[1:])
 
 
+_DIRECTION_GROUPS: tuple[Any, dict[str, Any]] | None = None  # (default group, its two groups)
+
+
+def direction_groups() -> dict[str, Any]:
+    """One process group for activations and one for gradients, made once per default group
+    (collective: every rank builds its runner, so every rank gets here in the same order)."""
+    global _DIRECTION_GROUPS
+    default = dist.distributed_c10d._get_default_group()
+    if _DIRECTION_GROUPS is None or _DIRECTION_GROUPS[0] is not default:
+        ranks = list(range(dist.get_world_size()))
+        _DIRECTION_GROUPS = (default, {"activation": dist.new_group(ranks), "gradient": dist.new_group(ranks)})
+    return _DIRECTION_GROUPS[1]
+
+
 class _Comm:
     """Point-to-point transfers with tags per (tensor, micro-batch) and clear errors on peer failure.
 
@@ -98,10 +112,7 @@ class _Comm:
     def __init__(self, rank: int, device: torch.device, split: bool = False) -> None:
         self.rank = rank
         self.device = device
-        self.groups: dict[str, Any] = {}
-        if split:  # collective: every rank builds its runner, so every rank gets here in order
-            ranks = list(range(dist.get_world_size()))
-            self.groups = {"activation": dist.new_group(ranks), "gradient": dist.new_group(ranks)}
+        self.groups: dict[str, Any] = direction_groups() if split else {}
 
     @staticmethod
     def tag(action: Action) -> int:

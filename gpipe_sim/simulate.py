@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -37,21 +37,36 @@ def run_engine(plan: Plan, engine: Engine = "simpy") -> tuple[np.ndarray, np.nda
     return run_simpy(plan)
 
 
-def result_from_times(plan: Plan, start: np.ndarray, end: np.ndarray, source: str = "simulated") -> Result:
-    """The Result for a plan given every action's start and end."""
-    prog = plan.program
-    timeline = Timeline(prog.stage, prog.kind, prog.micro_batch, start, end)
-    memory = memory_profile(plan, start, end)
-    result = summarize(
+def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Sequence[float],
+                   param_bytes: Sequence[float], state_bytes: Sequence[float],
+                   device_peak_memory_bytes: dict[int, float], source: str) -> Result:
+    """`summarize` with everything the plan fixes (batch, micro-batches, stages, devices, capacity)
+    taken from it: the one call the simulator and the executor both make."""
+    return summarize(
         timeline,
         batch_size=plan.scenario.pipeline.batch_size,
         micro_batches=plan.schedule.micro_batches,
         stage_layers=[(s.first_layer, s.last_layer) for s in plan.stages],
         device_map=plan.device_map,
+        peak_activation_bytes=peak_activation_bytes,
+        param_bytes=param_bytes,
+        state_bytes=state_bytes,
+        memory_capacity_bytes=plan.memory_capacity_bytes,
+        device_peak_memory_bytes=device_peak_memory_bytes,
+        source=source,
+    )
+
+
+def result_from_times(plan: Plan, start: np.ndarray, end: np.ndarray, source: str = "simulated") -> Result:
+    """The Result for a plan given every action's start and end."""
+    prog = plan.program
+    timeline = Timeline(prog.stage, prog.kind, prog.micro_batch, start, end)
+    memory = memory_profile(plan, start, end)
+    result = summarize_plan(
+        plan, timeline,
         peak_activation_bytes=memory.peak_activation_bytes.tolist(),
         param_bytes=[s.param_bytes for s in plan.stages],
         state_bytes=[s.state_bytes for s in plan.stages],
-        memory_capacity_bytes=plan.memory_capacity_bytes,
         device_peak_memory_bytes=memory.device_peak_bytes,
         source=source,
     )
