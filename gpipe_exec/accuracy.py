@@ -42,75 +42,96 @@ def base_scenario(model: str, K: int, batch: int) -> Scenario:
     })
 
 
-def _row(sc: Scenario, predicted: Any, measured: Any) -> dict[str, Any]:
-    errors = relative_errors(predicted, measured)
-    memory = [v for k, v in errors.items() if k.endswith("peak_activation_bytes")]
+def _row(sc: Scenario, rounds: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """One case's row from its rounds of (predicted Result, Measurement): the median prediction
+    against the median of every measured step of every round."""
+    predicted = [p for p, _ in rounds]
+    measured = [m for _, m in rounds]
+    pred_step = statistics.median(p.step_time_s for p in predicted)
+    meas_step = statistics.median(t for m in measured for t in m.step_times_s)
+    memory = [v for p, m in rounds for k, v in relative_errors(p, m.result).items()
+              if k.endswith("peak_activation_bytes")]
+    per_round = [statistics.median(m.step_times_s) for m in measured]
     return {
         "model": sc.model.preset, "K": sc.pipeline.stages, "M": sc.pipeline.micro_batches,
         "schedule": sc.pipeline.schedule, "remat": sc.pipeline.remat,
-        "predicted_step_s": predicted.step_time_s, "measured_step_s": measured.step_time_s,
-        "step_time_error": errors["step_time_s"], "bubble_predicted": predicted.bubble_fraction,
-        "bubble_measured": measured.bubble_fraction, "memory_error": max(memory),
-        "load_average": os.getloadavg()[0],
+        "predicted_step_s": pred_step, "measured_step_s": meas_step,
+        "step_time_error": abs(pred_step - meas_step) / meas_step,
+        "predicted_round_s": [p.step_time_s for p in predicted], "measured_round_s": per_round,
+        # How far the case's own measurements disagree: the noise floor of its error.
+        "measured_spread": (max(per_round) - min(per_round)) / meas_step,
+        "bubble_predicted": statistics.median(p.bubble_fraction for p in predicted),
+        "bubble_measured": statistics.median(m.result.bubble_fraction for m in measured),
+        "memory_error": max(memory), "load_average": os.getloadavg()[0],
     }
 
 
 def _cases_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """On every rank, for each case: every rank profiles the model as `profile_on_devices` does
-    (or rank 0 alone), rank 0 simulates it with its profile and hands out the job; then all ranks
-    run it. Profile and run are seconds apart, so both see the same machine load."""
+    """On every rank: `rounds` passes over the cases; in each pass every case is profiled (by every
+    rank at once, as `profile_on_devices` does, or by rank 0 alone), simulated by rank 0 with its
+    profile and run by all ranks seconds later. A case's profiles and steps are spread over the
+    whole study, so its prediction and its measurement see the same mix of machine states."""
     import torch.distributed as dist
 
-    rows = []
-    for sc in payload["cases"]:
-        box: list[Any] = [None]
-        sizes = tuple(sorted(set(micro_batch_sizes(sc.pipeline.batch_size, sc.pipeline.micro_batches))))
-        options = ProfileOptions(micro_batches=sizes, warmup=1, repeats=payload["repeats"])
-        if payload["concurrent"]:
-            table = profile_on_rank(sc, options, rank)  # rank 0's is used
-        elif rank == 0:
-            table = profile_model(sc, options)
-        if rank == 0:
-            run_sc, predicted = predict_with_profile(sc, table, payload["calibration"])
-            plan = compile_plan(run_sc)
-            box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]
-        dist.broadcast_object_list(box, src=0)
-        out = run_job(box[0], rank, device, clock)
-        if rank == 0:
-            rows.append(_row(sc, predicted, measured_result(plan, out).result))
-    return rows if rank == 0 else None
+    cases: list[Scenario] = payload["cases"]
+    rounds: list[list[tuple[Any, Any]]] = [[] for _ in cases]
+    for _ in range(payload["rounds"]):
+        for i, sc in enumerate(cases):
+            box: list[Any] = [None]
+            sizes = tuple(sorted(set(micro_batch_sizes(sc.pipeline.batch_size, sc.pipeline.micro_batches))))
+            options = ProfileOptions(micro_batches=sizes, warmup=1, repeats=payload["repeats"])
+            if payload["concurrent"]:
+                table = profile_on_rank(sc, options, rank)  # rank 0's is used
+            elif rank == 0:
+                table = profile_model(sc, options)
+            if rank == 0:
+                run_sc, predicted = predict_with_profile(sc, table, payload["calibration"])
+                plan = compile_plan(run_sc)
+                box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]
+            dist.broadcast_object_list(box, src=0)
+            out = run_job(box[0], rank, device, clock)
+            if rank == 0:
+                rounds[i].append((predicted, measured_result(plan, out)))
+    return [_row(sc, r) for sc, r in zip(cases, rounds)] if rank == 0 else None
 
 
 def run_group(model: str, K: int, Ms: Sequence[int], schedules: Sequence[str], remats: Sequence[str],
               batch: int, steps: int, warmup: int, options: LaunchOptions, calibration: Any,
-              repeats: int = 5, concurrent: bool = True) -> list[dict[str, Any]]:
+              repeats: int = 5, concurrent: bool = True, rounds: int = 3) -> list[dict[str, Any]]:
     """Every (M, schedule, remat) for this model and K, in one process group."""
     base = base_scenario(model, K, batch)
     cases = [base.with_updates({"pipeline.micro_batches": M, "pipeline.schedule": schedule,
                                 "pipeline.remat": remat})
              for M, schedule, remat in itertools.product(Ms, schedules, remats)]
     payload = {"cases": cases, "calibration": calibration, "steps": steps, "warmup": warmup, "repeats": repeats,
-               "concurrent": concurrent}
+               "concurrent": concurrent, "rounds": rounds}
     return launch(payload, DEVICE_MAPS[K], options, task=_cases_task)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table: one line per (model, K, schedule, remat) with the errors over M, then a summary."""
-    lines = ["| model | K | schedule | remat | step-time error per M (1,2,4,8,16...) | peak activation error (max) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | K | schedule | remat | step-time error per M (1,2,4,8,16...) "
+             "| measured spread over rounds per M | peak activation error (max) |",
+             "|---|---|---|---|---|---|---|"]
     key = lambda r: (r["model"], r["K"], r["schedule"], r["remat"])  # noqa: E731
     for group, items in itertools.groupby(sorted(rows, key=key), key=key):
         items = sorted(items, key=lambda r: r["M"])
         errs = " / ".join(f"{100 * r['step_time_error']:.1f}%" for r in items)
+        spreads = " / ".join(f"{100 * r.get('measured_spread', 0.0):.1f}%" for r in items)
         mem = max(r["memory_error"] for r in items)
-        lines.append(f"| {group[0]} | {group[1]} | {group[2]} | {group[3]} | {errs} | {100 * mem:.3f}% |")
+        lines.append(f"| {group[0]} | {group[1]} | {group[2]} | {group[3]} | {errs} | {spreads} | {100 * mem:.3f}% |")
     step = [r["step_time_error"] for r in rows]
     mem = [r["memory_error"] for r in rows]
+    spread = [r.get("measured_spread", 0.0) for r in rows]
     within = sum(e <= 0.05 for e in step)
+    signed = statistics.median((r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"] for r in rows)
     lines.append("")
     lines.append(f"{len(rows)} runs. Step time: median error {100 * statistics.median(step):.1f}%, "
-                 f"worst {100 * max(step):.1f}%, {within}/{len(rows)} within 5%. Peak activation memory: "
-                 f"median {100 * statistics.median(mem):.3f}%, worst {100 * max(mem):.3f}%.")
+                 f"worst {100 * max(step):.1f}%, {within}/{len(rows)} within 5%, signed median "
+                 f"{100 * signed:+.1f}% (+: predicted longer). Peak activation memory: "
+                 f"median {100 * statistics.median(mem):.3f}%, worst {100 * max(mem):.3f}%. "
+                 f"Measured step of a case, spread over its rounds (max-min)/median: median "
+                 f"{100 * statistics.median(spread):.1f}%, worst {100 * max(spread):.1f}%.")
     return "\n".join(lines)
 
 
@@ -122,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--schedules", default="gpipe,1f1b")
     parser.add_argument("--remat", default="none,always")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=5, help="measured steps per case and round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="passes over the grid; each case is profiled, predicted and run once per pass")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", metavar="FILE", help="also write every row as JSON")
     parser.add_argument("--profile-alone", action="store_true",
@@ -146,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bar.update(task, description=f"{model} K={K}: profile and run")
             rows += run_group(model, K, Ms, args.schedules.split(","), args.remat.split(","),
                               args.batch_size, args.steps, args.warmup, options, shared.get(K, calibration),
-                              concurrent=not args.profile_alone)
+                              concurrent=not args.profile_alone, rounds=args.rounds)
             bar.advance(task)
     if args.json:
         with open(args.json, "w") as f:

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from gpipe_exec.allocator import cache_host_memory
 from gpipe_exec.execute import check_runnable, job_for, measured_result
 from gpipe_exec.launch import LaunchOptions, launch
 from gpipe_exec.measure import AlignedClock
@@ -117,7 +118,10 @@ def _torchgpipe(sc: Scenario, partition: list[int], steps: int, warmup: int, thr
 
 
 def run_benchmark(sc: Scenario, steps: int = 7, warmup: int = 2) -> dict[str, float | str]:
-    """Median step seconds of every contender (a string where one could not run)."""
+    """Median step seconds of every contender (a string where one could not run). Every contender
+    runs with the same malloc settings (`allocator.cache_host_memory`): the ranks set them, and
+    this process, which runs torchgpipe and plain training, sets them here."""
+    cache_host_memory()
     plan = check_runnable(sc)
     partition = [s.last_layer - s.first_layer + 1 for s in plan.stages]
     shared = len(set(plan.device_map)) < len(plan.device_map)

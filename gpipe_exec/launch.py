@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gpipe_exec.allocator import cache_host_memory
 from gpipe_exec.device_lock import LOCK_DIR_ENV
 from gpipe_exec.errors import ExecutionError, PeerError
 from gpipe_exec.measure import AlignedClock
@@ -37,6 +38,7 @@ class LaunchOptions:
     run_timeout_s: float = 1800.0  # the whole launch
     backend: str | None = None  # None: nccl with CUDA, else gloo
     serialize_shared_devices: bool = True  # stages on one device compute one at a time (device_lock)
+    cache_host_memory: bool = True  # malloc keeps freed memory for reuse (allocator.cache_host_memory)
 
 
 def _free_port() -> int:
@@ -47,6 +49,8 @@ def _free_port() -> int:
 
 def _setup_rank(rank: int, device_map: Sequence[int], options: LaunchOptions) -> torch.device:
     torch.set_num_threads(max(1, options.threads))
+    if options.cache_host_memory:
+        cache_host_memory()
     use_cuda = torch.cuda.is_available() and options.backend != "gloo"
     if use_cuda:
         # Under torchrun on several machines, LOCAL_RANK picks this machine's GPU.

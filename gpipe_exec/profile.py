@@ -13,6 +13,7 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
+from gpipe_exec.allocator import cache_host_memory
 from gpipe_exec.measure import SavedBytesMeter, tensor_bytes
 from gpipe_exec.stage import make_optimizer
 from gpipe_exec.zoo import build_layer, check_buildable, loss_sum, make_batch
@@ -32,6 +33,7 @@ class ProfileOptions:
     threads: int = 1
     meta: bool = False  # FLOPs, parameters and bytes only, on the meta device (no timings)
     device: str = "cpu"
+    cache_host_memory: bool = True  # as the executor's ranks do (allocator.cache_host_memory)
 
 
 def too_large_to_build(scenario: Scenario, fraction: float = 0.5) -> bool:
@@ -131,6 +133,8 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
 
     check_buildable(scenario.model)
     torch.set_num_threads(max(1, options.threads))
+    if options.cache_host_memory and not options.meta:
+        cache_host_memory()
     dtype = scenario.training.dtype
     sizes = tuple(sorted(set(options.micro_batches or default_sizes(scenario))))
     big = max(sizes)
