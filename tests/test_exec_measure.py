@@ -129,8 +129,8 @@ def test_profile_holds_the_device_around_every_timed_layer_op() -> None:
 
     options = ProfileOptions(micro_batches=(2,), warmup=1, repeats=2, min_time_s=0.0)
     table = profile_model(base, options, hold=hold)
-    layers = len(table["layers"])
-    assert len(held) == (1 + 2) * 2 * layers  # (warm-up + repeats) x (forward, backward) x layers
+    assert table["layers"]
+    assert len(held) == (1 + 2) * 2  # (warm-up + repeats) x (forward chain, backward call)
 
 
 def test_profile_on_devices_profiles_where_the_stages_run() -> None:
