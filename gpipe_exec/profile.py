@@ -23,7 +23,7 @@ from gpipe_sim.scenario import LayerSpec, Scenario
 
 @dataclass(frozen=True)
 class ProfileOptions:
-    """Micro-batch sizes to time, warm-up and timed repeats (the median is kept), where to run."""
+    """Micro-batch sizes to time, warm-up and timed repeats (see `typical`), where to run."""
 
     micro_batches: tuple[int, ...] = ()
     warmup: int = 2
@@ -34,6 +34,9 @@ class ProfileOptions:
     meta: bool = False  # FLOPs, parameters and bytes only, on the meta device (no timings)
     device: str = "cpu"
     cache_host_memory: bool = True  # as the executor's ranks do (allocator.cache_host_memory)
+    # Time backward passes with gradients already there to add to, as a stage's micro-batches after
+    # its first (2% more on the transformer at 2 samples); None: when the scenario has M > 1.
+    accumulate: bool | None = None
 
 
 def too_large_to_build(scenario: Scenario, fraction: float = 0.5) -> bool:
@@ -91,11 +94,22 @@ def _backward(end: torch.Tensor, last: bool, grad: torch.Tensor | None) -> None:
         torch.autograd.backward(end, grad)
 
 
-def _median_time(fn: Callable[[], tuple[float, float]], warmup: int, repeats: int) -> tuple[float, float]:
+OUTLIER_FACTOR = 3.0
+
+
+def typical(samples: Sequence[float]) -> float:
+    """The mean of the samples, leaving out gross outliers (above 3x the median: a preempted
+    repeat). A step adds up many actions, so it takes their mean, occasional slow ones included;
+    each layer's median would miss those (1-5% less than the mean here)."""
+    limit = OUTLIER_FACTOR * statistics.median(samples)
+    kept = [v for v in samples if v <= limit]
+    return statistics.fmean(kept)
+
+
+def _typical_time(fn: Callable[[], float], warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         fn()
-    samples = [fn() for _ in range(max(1, repeats))]
-    return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
+    return typical([fn() for _ in range(max(1, repeats))])
 
 
 def _measure_static(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
@@ -126,8 +140,8 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
 
     Bytes and FLOPs are measured layer by layer (with `meta`, on the meta device, allocating
     nothing). Times are measured with the layers chained as a stage runs them: each repeat times
-    every layer's forward in order, then every layer's backward in reverse order; the median of
-    the repeats is kept, per layer and micro-batch size.
+    every layer's forward in order, then every layer's backward in reverse order (one autograd
+    call); per layer and micro-batch size the `typical` time of the repeats is kept.
     """
     from gpipe_exec.zoo import layer_names
 
@@ -160,6 +174,9 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     if options.meta:
         return table
     timings: list[list[dict[str, float]]] = [[] for _ in range(n)]
+    accumulate = options.accumulate
+    if accumulate is None:
+        accumulate = scenario.pipeline.effective_micro_batches > 1
     for j, b in enumerate(sizes):
         if progress:
             progress(n + j, n + len(sizes), f"timing micro-batch {b}")
@@ -167,8 +184,9 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         timed, r = 0.0, 0
         while r < options.warmup + max(1, options.repeats) or (
                 timed < options.min_time_s and r < options.warmup + options.max_repeats):
-            for layer in layers:
-                layer.zero_grad(set_to_none=True)
+            if not accumulate:
+                for layer in layers:
+                    layer.zero_grad(set_to_none=True)
             times = _chain_times_with_grads(layers, x, y, b, device, hold)
             if r >= options.warmup:
                 samples.append(times)
@@ -177,8 +195,8 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         for i in range(n):
             timings[i].append({
                 "micro_batch": b,
-                "forward_s": statistics.median(t[0][i] for t in samples),
-                "backward_s": statistics.median(t[1][i] for t in samples),
+                "forward_s": typical([t[0][i] for t in samples]),
+                "backward_s": typical([t[1][i] for t in samples]),
             })
     for i, layer in enumerate(layers):
         rows[i]["timings"] = timings[i]
@@ -186,14 +204,14 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         if params:
             opt = make_optimizer(params, scenario.training.optimizer)
 
-            def step() -> tuple[float, float]:
+            def step() -> float:
                 _sync(device)
                 t0 = time.perf_counter()
                 opt.step()
                 _sync(device)
-                return time.perf_counter() - t0, 0.0
+                return time.perf_counter() - t0
 
-            rows[i]["update_s"] = _median_time(step, options.warmup, options.repeats)[0]
+            rows[i]["update_s"] = _typical_time(step, options.warmup, options.repeats)
         LayerSpec.model_validate(rows[i])  # the row format gpipe_sim loads
     return table
 

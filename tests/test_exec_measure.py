@@ -278,3 +278,11 @@ def test_models_too_large_to_build_are_profiled_on_meta() -> None:
     table = profile_model(huge.with_updates({"model.layers": 1}), ProfileOptions(micro_batches=(1,), meta=True))
     d, f = 12288, 49152  # block: 4d^2 + 2df weights, biases and LayerNorms 9d + f
     assert table["layers"][1]["params"] == 4 * d * d + 2 * d * f + 9 * d + f  # built, never allocated
+
+
+def test_typical_time_is_the_mean_without_gross_outliers() -> None:
+    from gpipe_exec.profile import typical
+
+    assert typical([1.0, 2.0, 4.0]) == pytest.approx(7.0 / 3.0)  # a mean, not the median (2.0)
+    assert typical([1.0, 1.0, 1.2, 9.0]) == pytest.approx(3.2 / 3.0)  # 9.0 > 3x the median: left out
+    assert typical([0.0, 0.0, 0.0]) == 0.0  # a layer with nothing to backpropagate
