@@ -301,7 +301,7 @@ def table_scenario(scenario: Scenario, table: dict[str, Any], updates: dict[str,
 
 def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> dict[str, Any]:
     """This rank's profile of the whole model, run while every other rank profiles too: ranks that
-    share a device take turns layer by layer under its device lock, as their stages will."""
+    share a device take turns under its device lock, a forward or backward pass each, as stages do."""
     from gpipe_exec.device_lock import device_lock
 
     lock = device_lock(rank, scenario.device_map)
