@@ -15,13 +15,9 @@ from typing import Any, Sequence
 from rich.progress import Progress
 
 from gpipe_exec.calibrate import calibrate_runtime, calibrate_shared
-from gpipe_exec.execute import job_for, measured_result
-from gpipe_exec.runtime import run_job
 from gpipe_exec.launch import LaunchOptions, launch
-from gpipe_exec.profile import ProfileOptions, profile_model, profile_on_rank
-from gpipe_exec.validate import calibration_text, predict_with_profile, relative_errors
-from gpipe_sim.partition import micro_batch_sizes
-from gpipe_sim.plan import compile_plan
+from gpipe_exec.profile import ProfileOptions
+from gpipe_exec.validate import Round, calibration_text, compare_rounds, pooled_step, relative_errors
 from gpipe_sim.scenario import Scenario, parse_scenario
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -42,16 +38,16 @@ def base_scenario(model: str, K: int, batch: int) -> Scenario:
     })
 
 
-def _row(sc: Scenario, rounds: list[tuple[Any, Any]]) -> dict[str, Any]:
-    """One case's row from its rounds of (predicted Result, Measurement): the median prediction
-    against the median of every measured step of every round."""
-    predicted = [p for p, _ in rounds]
-    measured = [m for _, m in rounds]
+def _row(sc: Scenario, done: list[Round]) -> dict[str, Any]:
+    """One case's row from its rounds: the median prediction against the median of every measured
+    step of every round."""
+    predicted = [p for _, p, _ in done]
+    measured = [m for _, _, m in done]
     pred_step = statistics.median(p.step_time_s for p in predicted)
-    meas_step = statistics.median(t for m in measured for t in m.step_times_s)
-    memory = [v for p, m in rounds for k, v in relative_errors(p, m.result).items()
+    meas_step = pooled_step(done)
+    memory = [v for _, p, m in done for k, v in relative_errors(p, m.result).items()
               if k.endswith("peak_activation_bytes")]
-    per_round = [statistics.median(m.step_times_s) for m in measured]
+    per_round = [m.result.step_time_s for m in measured]
     return {
         "model": sc.model.preset, "K": sc.pipeline.stages, "M": sc.pipeline.micro_batches,
         "schedule": sc.pipeline.schedule, "remat": sc.pipeline.remat,
@@ -66,46 +62,18 @@ def _row(sc: Scenario, rounds: list[tuple[Any, Any]]) -> dict[str, Any]:
     }
 
 
-def _cases_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """On every rank: `rounds` passes over the cases; in each pass every case is profiled (by every
-    rank at once, as `profile_on_devices` does, or by rank 0 alone), simulated by rank 0 with its
-    profile and run by all ranks seconds later. A case's profiles and steps are spread over the
-    whole study, so its prediction and its measurement see the same mix of machine states."""
-    import torch.distributed as dist
-
-    cases: list[Scenario] = payload["cases"]
-    rounds: list[list[tuple[Any, Any]]] = [[] for _ in cases]
-    for _ in range(payload["rounds"]):
-        for i, sc in enumerate(cases):
-            box: list[Any] = [None]
-            sizes = tuple(sorted(set(micro_batch_sizes(sc.pipeline.batch_size, sc.pipeline.micro_batches))))
-            options = ProfileOptions(micro_batches=sizes, warmup=1, repeats=payload["repeats"])
-            if payload["concurrent"]:
-                table = profile_on_rank(sc, options, rank)  # rank 0's is used
-            elif rank == 0:
-                table = profile_model(sc, options)
-            if rank == 0:
-                run_sc, predicted = predict_with_profile(sc, table, payload["calibration"])
-                plan = compile_plan(run_sc)
-                box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]
-            dist.broadcast_object_list(box, src=0)
-            out = run_job(box[0], rank, device, clock)
-            if rank == 0:
-                rounds[i].append((predicted, measured_result(plan, out)))
-    return [_row(sc, r) for sc, r in zip(cases, rounds)] if rank == 0 else None
-
-
 def run_group(model: str, K: int, Ms: Sequence[int], schedules: Sequence[str], remats: Sequence[str],
               batch: int, steps: int, warmup: int, options: LaunchOptions, calibration: Any,
               repeats: int = 5, concurrent: bool = True, rounds: int = 3) -> list[dict[str, Any]]:
-    """Every (M, schedule, remat) for this model and K, in one process group."""
+    """Every (M, schedule, remat) for this model and K, in one process group (`compare_rounds`)."""
     base = base_scenario(model, K, batch)
     cases = [base.with_updates({"pipeline.micro_batches": M, "pipeline.schedule": schedule,
                                 "pipeline.remat": remat})
              for M, schedule, remat in itertools.product(Ms, schedules, remats)]
-    payload = {"cases": cases, "calibration": calibration, "steps": steps, "warmup": warmup, "repeats": repeats,
-               "concurrent": concurrent, "rounds": rounds}
-    return launch(payload, DEVICE_MAPS[K], options, task=_cases_task)
+    payload = {"cases": cases, "calibration": calibration, "steps": steps, "warmup": warmup, "rounds": rounds,
+               "profile": ProfileOptions(warmup=1, repeats=repeats), "alone": not concurrent}
+    done = launch(payload, DEVICE_MAPS[K], options, task=compare_rounds)
+    return [_row(sc, rounds_of_case) for sc, rounds_of_case in zip(cases, done)]
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

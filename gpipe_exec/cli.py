@@ -119,7 +119,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     with console.status("validating") as status:
         v = validate(scenario, steps=args.steps, warmup=args.warmup, options=_options(args),
-                     progress=lambda msg: status.update(msg))
+                     rounds=args.rounds, progress=lambda msg: status.update(msg))
     if args.json:
         sys.stdout.write(json.dumps(v.to_dict(timeline=not args.no_timeline)) + "\n")
     else:
@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="profile, predict and run this many times, in one launch; the median round "
+                        "of each is compared (default 1)")
     p.add_argument("--json", action="store_true",
                    help="print {predicted, measured, relative_error} as JSON")
     p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timelines")

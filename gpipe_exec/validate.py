@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
 from rich.console import Console
 from rich.table import Table
 
 from gpipe_exec.calibrate import LinkFit, RuntimeFit, calibrate_runtime, calibrate_shared
-from gpipe_exec.execute import Measurement, check_runnable, execute
-from gpipe_exec.launch import LaunchOptions
-from gpipe_exec.profile import ProfileOptions, profile_on_devices, table_scenario
+from gpipe_exec.execute import Measurement, check_runnable, execute, job_for, measured_result
+from gpipe_exec.launch import LaunchOptions, launch
+from gpipe_exec.profile import ProfileOptions, default_sizes, profile_model, profile_on_rank, table_scenario
+from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan import compile_plan
 from gpipe_sim.result import Result
 from gpipe_sim.scenario import Scenario
@@ -41,6 +44,9 @@ class Validation:
     predicted: Result
     measured: Measurement
     calibration: "Calibration | None"
+    # With several rounds (profile, predict, run each): every round's predicted and measured step;
+    # `predicted` and `measured` are then the rounds with the median of each.
+    rounds: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def relative_error(self) -> dict[str, float]:
@@ -54,6 +60,7 @@ class Validation:
             "measured_step_times_s": self.measured.step_times_s,
             "link": None if self.calibration is None else self.calibration.hardware_updates()["hardware.link"],
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
+            "rounds": [{"predicted_step_s": p, "measured_step_s": m} for p, m in self.rounds],
         }
 
 
@@ -94,17 +101,52 @@ def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration:
     return run_scenario, result_from_times(plan, *run_engine(plan, "auto"))
 
 
+Round = tuple[Scenario, Result, Measurement]  # the scenario as run, its prediction, its measurement
+
+
+def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> list[list[Round]] | None:
+    """A launch task, on every rank: `rounds` passes over `cases`; in each pass every case is
+    profiled (by every rank at once, as `profile_on_devices` does, or with `alone` by rank 0
+    while the others wait), simulated by rank 0 with that profile and `calibration`, and run by
+    all ranks seconds later. Spread over the passes, a case's profiles and steps see the same mix
+    of machine states. Rank 0 returns each case's rounds."""
+    import torch.distributed as dist
+
+    from gpipe_exec.runtime import run_job
+
+    cases: list[Scenario] = payload["cases"]
+    base: ProfileOptions = payload["profile"]
+    out: list[list[Round]] = [[] for _ in cases]
+    for _ in range(payload["rounds"]):
+        for i, sc in enumerate(cases):
+            options = base if base.micro_batches else dataclasses.replace(base, micro_batches=default_sizes(sc))
+            if not payload["alone"]:
+                table = profile_on_rank(sc, options, rank)  # rank 0's is used
+            elif rank == 0:
+                table = profile_model(sc, options)
+            box: list[Any] = [None]
+            if rank == 0:
+                run_sc, predicted = predict_with_profile(sc, table, payload["calibration"])
+                plan = compile_plan(run_sc)
+                box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]
+            dist.broadcast_object_list(box, src=0)
+            output = run_job(box[0], rank, device, clock)
+            if rank == 0:
+                out[i].append((run_sc, predicted, measured_result(plan, output)))
+    return out if rank == 0 else None
+
+
 def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: ProfileOptions | None = None,
              options: LaunchOptions = LaunchOptions(), calibration: Calibration | None = None,
-             calibrate: bool = True,
+             calibrate: bool = True, rounds: int = 1,
              table: dict[str, Any] | None = None,
              progress: Callable[[str], None] | None = None) -> Validation:
-    """Profile, calibrate, simulate and execute `scenario`; everything on this machine."""
+    """Calibrate, then profile, simulate and execute `scenario` (`rounds` times, in one launch);
+    everything on this machine. With a `table`, that profile is used and the run is done once."""
     say = progress or (lambda _msg: None)
     check_runnable(scenario)
-    if table is None:
-        say("profiling layers (every device at once)")
-        table = profile_on_devices(scenario, profile or ProfileOptions(threads=options.threads), options)
+    if rounds < 1:
+        raise GpipeError(f"rounds must be at least 1, got {rounds}")
     devices = sorted(set(scenario.device_map))
     if calibration is None and calibrate and len(devices) > 1:
         say("calibrating the runtime (host time per action, link)")
@@ -112,10 +154,35 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
         if len(devices) < len(scenario.device_map):
             say("calibrating the runtime on the shared devices")
             calibration = calibrate_shared(calibration, scenario.device_map, options=options)
-    run_scenario, predicted = predict_with_profile(scenario, table, calibration)
-    say("running the pipeline")
-    measured = execute(run_scenario, steps=steps, warmup=warmup, options=options)
-    return Validation(run_scenario, predicted, measured, calibration)
+    if table is not None:
+        run_scenario, predicted = predict_with_profile(scenario, table, calibration)
+        say("running the pipeline")
+        measured = execute(run_scenario, steps=steps, warmup=warmup, options=options)
+        return Validation(run_scenario, predicted, measured, calibration)
+    say(f"profiling (every device at once), predicting and running: {rounds} round(s)")
+    payload = {"cases": [scenario], "rounds": rounds, "steps": steps, "warmup": warmup, "alone": False,
+               "profile": profile or ProfileOptions(threads=options.threads), "calibration": calibration}
+    done: list[Round] = launch(payload, scenario.device_map, options, task=compare_rounds)[0]
+    return combine_rounds(done, calibration)
+
+
+def _median_index(values: list[float]) -> int:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return order[(len(order) - 1) // 2]
+
+
+def combine_rounds(done: list[Round], calibration: Calibration | None) -> Validation:
+    """One validation from a case's rounds: the round with the median prediction beside the
+    round with the median measured step (the same round when there is one)."""
+    pairs = [(p.step_time_s, m.result.step_time_s) for _, p, m in done]
+    p = _median_index([a for a, _ in pairs])
+    m = _median_index([b for _, b in pairs])
+    return Validation(done[m][0], done[p][1], done[m][2], calibration, rounds=pairs if len(done) > 1 else [])
+
+
+def pooled_step(done: list[Round]) -> float:
+    """The median of every measured step of every round."""
+    return statistics.median(t for _, _, m in done for t in m.step_times_s)
 
 
 def validation_text(v: Validation) -> str:
@@ -131,6 +198,9 @@ def validation_text(v: Validation) -> str:
     console.print(table)
     steps = ", ".join(f"{t * 1e3:.2f}" for t in v.measured.step_times_s)
     console.print(f"measured step times (ms): {steps}")
+    if v.rounds:
+        each = ", ".join(f"{p * 1e3:.2f}/{m * 1e3:.2f}" for p, m in v.rounds)
+        console.print(f"rounds, predicted/measured step (ms): {each} (the median round of each is shown)")
     if v.calibration is not None:
         console.print(calibration_text(v.calibration))
     return buf.getvalue().rstrip()

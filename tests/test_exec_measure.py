@@ -286,3 +286,21 @@ def test_typical_time_is_the_mean_without_gross_outliers() -> None:
     assert typical([1.0, 2.0, 4.0]) == pytest.approx(7.0 / 3.0)  # a mean, not the median (2.0)
     assert typical([1.0, 1.0, 1.2, 9.0]) == pytest.approx(3.2 / 3.0)  # 9.0 > 3x the median: left out
     assert typical([0.0, 0.0, 0.0]) == 0.0  # a layer with nothing to backpropagate
+
+
+def test_validate_in_rounds_compares_the_median_rounds() -> None:
+    from gpipe_exec.validate import validate
+    from gpipe_sim.errors import GpipeError
+
+    sc = parse_scenario(BASE)
+    v = validate(sc, steps=2, warmup=1, rounds=3, profile=ProfileOptions(warmup=0, repeats=1, min_time_s=0.0),
+                 options=LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
+    assert len(v.rounds) == 3
+    predicted = sorted(p for p, _ in v.rounds)
+    measured = sorted(m for _, m in v.rounds)
+    assert v.predicted.step_time_s == predicted[1]
+    assert v.measured.result.step_time_s == measured[1]
+    assert v.relative_error["step_time_s"] == pytest.approx(abs(predicted[1] - measured[1]) / measured[1])
+    assert [r["measured_step_s"] for r in v.to_dict(timeline=False)["rounds"]] == [m for _, m in v.rounds]
+    with pytest.raises(GpipeError, match="rounds"):
+        validate(sc, rounds=0)
