@@ -174,7 +174,13 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
     link_bw = text("link_bandwidth", "link bandwidth (per direction)", link["bandwidth"], "bandwidth",
                    "Between consecutive stages, e.g. '300 GB/s'.")
     latency = text("link_latency", "link latency", link["latency_s"], "seconds", "e.g. '3 us'.")
+    placement = box.text_input(
+        "stage → device map", key=_init(PREFIX + "hardware.stage_to_device", ""),
+        help="The device each stage runs on, e.g. '0,0,1,1': stages 0-1 on device 0, 2-3 on device 1, "
+             "taking turns there and sharing its memory. Empty: one device per stage.")
+    device_map = parse_device_map(placement)
     return {
+        **({} if device_map is None else {"stage_to_device": device_map}),
         "preset": preset,
         "accelerator": {
             "peak_flops": {**{k: v for k, v in acc["peak_flops"].items()}, dtype: peak},
@@ -183,6 +189,18 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
         },
         "link": {"bandwidth": link_bw, "latency_s": latency},
     }
+
+
+def parse_device_map(text: str) -> list[int] | str | None:
+    """'0, 0, 1, 1' -> [0, 0, 1, 1]; empty -> None; anything else is passed on as typed, for the
+    scenario's validation to name the field."""
+    tokens = text.replace(",", " ").split()
+    if not tokens:
+        return None
+    try:
+        return [int(t) for t in tokens]
+    except ValueError:
+        return text
 
 
 def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:

@@ -107,6 +107,26 @@ def test_explore_impossible_inputs_show_one_line_errors():
     assert at.error[0].value.startswith("hardware.accelerator.memory_bytes:")
 
 
+def test_explore_stage_to_device_map_shares_devices():
+    at = uniform_app()
+    at.sidebar.number_input(key="cfg.pipeline.stages").set_value(4)
+    at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(8).run()
+    alone = metric(at, "Step time")
+    set_widget(at, "cfg.hardware.stage_to_device", "0, 0, 1, 1")
+    at.run()
+    assert_clean(at)
+    assert not at.error
+    assert metric(at, "Step time") != alone  # two stages per device take turns: a longer step
+    for text, start in (("0,x", "hardware.stage_to_device:"), ("0,0,1", "hardware.stage_to_device: 3 entries")):
+        set_widget(at, "cfg.hardware.stage_to_device", text)
+        at.run()
+        assert_clean(at)
+        assert len(at.error) == 1 and at.error[0].value.startswith(start), at.error[0].value
+    set_widget(at, "cfg.hardware.stage_to_device", "")
+    at.run()
+    assert metric(at, "Step time") == alone
+
+
 def test_explore_warns_when_a_stage_does_not_fit():
     at = app_test().run()
     set_widget(at, "cfg.hw.a100-80gb.memory", "2 GiB")
