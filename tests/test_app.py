@@ -264,6 +264,26 @@ def test_validate_plots_prediction_against_measurement(tmp_path):
         assert step["relative error"] == f"{100 * doc['relative_error']['step_time_s']:.1f}%"
 
 
+def test_validate_shows_every_round(tmp_path):
+    at = app_test().run()
+    at.switch_page("views/validate.py").run()
+    path = tmp_path / "rounds.json"
+    doc = write_validation(path)
+    doc["rounds"] = [{"predicted_step_s": 0.1, "measured_step_s": 0.08},
+                     {"predicted_step_s": 0.1, "measured_step_s": 0.1}, {"predicted_step_s": 0.1, "measured_step_s": 0.125}]
+    path.write_text(json.dumps(doc))
+    at.text_input(key="cfg.validate.path").set_value(str(path)).run()
+    assert_clean(at)
+    frames = [df.value for df in at.dataframe]
+    rounds = [f for f in frames if "round" in f.columns]
+    assert len(rounds) == 1 and list(rounds[0]["relative error"]) == ["25.0%", "0.0%", "20.0%"]
+    doc["rounds"] = [{"predicted_step_s": "x"}, {"measured_step_s": 1}]
+    (tmp_path / "bad_rounds.json").write_text(json.dumps(doc))
+    at.text_input(key="cfg.validate.path").set_value(str(tmp_path / "bad_rounds.json")).run()
+    assert_clean(at)
+    assert any("rounds could not be read" in w.value for w in at.warning)
+
+
 def test_validate_upload_and_bad_files(tmp_path):
     at = app_test().run()
     at.switch_page("views/validate.py").run()

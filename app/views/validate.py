@@ -111,6 +111,20 @@ if host is not None:
                            (("per compute action", "action_s"), ("per send", "send_s"), ("per receive", "recv_s")))
                + ".")
 st.dataframe(_figures_table(v), hide_index=True)
+rounds = v.extra.get("rounds")
+if isinstance(rounds, list) and len(rounds) > 1 and all(isinstance(r, dict) for r in rounds):
+    try:
+        table = pd.DataFrame([{"round": i + 1, "predicted step": format_seconds(float(r["predicted_step_s"])),
+                               "measured step": format_seconds(float(r["measured_step_s"])),
+                               "relative error": _pct(_relative(float(r["predicted_step_s"]),
+                                                                float(r["measured_step_s"])))}
+                              for i, r in enumerate(rounds)])
+    except (KeyError, TypeError, ValueError):
+        st.warning("The file's rounds could not be read; they are left out.")
+    else:
+        st.caption(f"{len(rounds)} rounds (profile, predict, run each): the figures above compare the "
+                   "round with the median prediction and the one with the median measurement.")
+        st.dataframe(table, hide_index=True)
 
 if len(v.predicted.timeline) or len(v.measured.timeline):
     fig, all_bars = plots.compare_timelines_figure(
