@@ -17,7 +17,7 @@ from rich.progress import Progress
 from gpipe_exec.calibrate import calibrate_runtime, calibrate_shared
 from gpipe_exec.launch import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions
-from gpipe_exec.validate import Round, calibration_text, compare_rounds, pooled_step, relative_errors
+from gpipe_exec.validate import Round, calibration_text, combine_rounds, compare_rounds, relative_errors
 from gpipe_sim.scenario import Scenario, parse_scenario
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -39,25 +39,23 @@ def base_scenario(model: str, K: int, batch: int) -> Scenario:
 
 
 def _row(sc: Scenario, done: list[Round]) -> dict[str, Any]:
-    """One case's row from its rounds: the median prediction against the median of every measured
-    step of every round."""
-    predicted = [p for _, p, _ in done]
-    measured = [m for _, _, m in done]
-    pred_step = statistics.median(p.step_time_s for p in predicted)
-    meas_step = pooled_step(done)
-    memory = [v for _, p, m in done for k, v in relative_errors(p, m.result).items()
-              if k.endswith("peak_activation_bytes")]
-    per_round = [m.result.step_time_s for m in measured]
+    """One case's row from its rounds, compared as `gpipe-exec validate --rounds` compares them
+    (`combine_rounds`: the median prediction beside the median measured step)."""
+    v = combine_rounds(done, None)
+    predicted = [r.predicted for r in done]
+    measured = [r.measured.result for r in done]
+    per_round = [m.step_time_s for m in measured]
+    memory = [err for r in done for name, err in relative_errors(r.predicted, r.measured.result).items()
+              if name.endswith("peak_activation_bytes")]
     return {
         "model": sc.model.preset, "K": sc.pipeline.stages, "M": sc.pipeline.micro_batches,
         "schedule": sc.pipeline.schedule, "remat": sc.pipeline.remat,
-        "predicted_step_s": pred_step, "measured_step_s": meas_step,
-        "step_time_error": abs(pred_step - meas_step) / meas_step,
+        "predicted_step_s": v.predicted.step_time_s, "measured_step_s": v.measured.result.step_time_s,
+        "step_time_error": v.relative_error["step_time_s"],
         "predicted_round_s": [p.step_time_s for p in predicted], "measured_round_s": per_round,
         # How far the case's own measurements disagree: the noise floor of its error.
-        "measured_spread": (max(per_round) - min(per_round)) / meas_step,
-        "bubble_predicted": statistics.median(p.bubble_fraction for p in predicted),
-        "bubble_measured": statistics.median(m.result.bubble_fraction for m in measured),
+        "measured_spread": (max(per_round) - min(per_round)) / v.measured.result.step_time_s,
+        "bubble_predicted": v.predicted.bubble_fraction, "bubble_measured": v.measured.result.bubble_fraction,
         "memory_error": max(memory), "load_average": os.getloadavg()[0],
     }
 
@@ -85,12 +83,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for group, items in itertools.groupby(sorted(rows, key=key), key=key):
         items = sorted(items, key=lambda r: r["M"])
         errs = " / ".join(f"{100 * r['step_time_error']:.1f}%" for r in items)
-        spreads = " / ".join(f"{100 * r.get('measured_spread', 0.0):.1f}%" for r in items)
+        spreads = " / ".join(f"{100 * r['measured_spread']:.1f}%" for r in items)
         mem = max(r["memory_error"] for r in items)
         lines.append(f"| {group[0]} | {group[1]} | {group[2]} | {group[3]} | {errs} | {spreads} | {100 * mem:.3f}% |")
     step = [r["step_time_error"] for r in rows]
     mem = [r["memory_error"] for r in rows]
-    spread = [r.get("measured_spread", 0.0) for r in rows]
+    spread = [r["measured_spread"] for r in rows]
     within = sum(e <= 0.05 for e in step)
     signed = statistics.median((r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"] for r in rows)
     lines.append("")

@@ -203,16 +203,16 @@ def calibrate_shared(fit: RuntimeFit, device_map: Sequence[int], *, message_byte
     (at least 1) that makes gpipe_sim, with this pipeline's profile, reproduce its measured step."""
     import dataclasses
 
-    from gpipe_exec.execute import job_for, measured_result
-    from gpipe_exec.profile import ProfileOptions, profile_on_devices
-    from gpipe_exec.validate import predict_with_profile  # imports this module: import here
-    from gpipe_sim.plan import compile_plan
+    from gpipe_exec.profile import ProfileOptions
+    # validate imports this module: import it here.
+    from gpipe_exec.validate import compare_rounds, predict_with_profile
 
     scenario = calibration_scenario(message_bytes, device_map)
-    plan = compile_plan(scenario)
-    out = launch([job_for(scenario, plan, steps=steps, warmup=2)], plan.device_map, options)[0]
-    measured = measured_result(plan, out).result.step_time_s
-    table = profile_on_devices(scenario, ProfileOptions(min_time_s=0.2), options)
+    # One launch: the pipeline profiled as its stages run, then run (validate's own rounds).
+    payload = {"cases": [scenario], "rounds": 1, "steps": steps, "warmup": 2, "alone": False,
+               "profile": ProfileOptions(min_time_s=0.2), "calibration": fit}
+    done = launch(payload, scenario.device_map, options, task=compare_rounds)[0][0]
+    measured, table = done.measured.result.step_time_s, done.table
 
     def scaled(alpha: float) -> RuntimeFit:
         return dataclasses.replace(fit, action_s=fit.action_s * alpha, send_s=fit.send_s * alpha,

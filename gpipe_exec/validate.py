@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable, NamedTuple, Union
 
 from rich.console import Console
 from rich.table import Table
@@ -64,7 +63,8 @@ class Validation:
         }
 
 
-def _rel(predicted: float, measured: float) -> float:
+def relative_error(predicted: float, measured: float) -> float:
+    """|predicted - measured| / |measured| (0 when both are 0)."""
     if measured == 0:
         return 0.0 if predicted == 0 else float("inf")
     return abs(predicted - measured) / abs(measured)
@@ -84,7 +84,7 @@ def compared_fields(predicted: Result, measured: Result) -> list[tuple[str, floa
 
 def relative_errors(predicted: Result, measured: Result) -> dict[str, float]:
     """|predicted - measured| / |measured| per compared field."""
-    return {name: _rel(p, m) for name, p, m in compared_fields(predicted, measured)}
+    return {name: relative_error(p, m) for name, p, m in compared_fields(predicted, measured)}
 
 
 def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration: Calibration | None
@@ -101,7 +101,13 @@ def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration:
     return run_scenario, result_from_times(plan, *run_engine(plan, "auto"))
 
 
-Round = tuple[Scenario, Result, Measurement]  # the scenario as run, its prediction, its measurement
+class Round(NamedTuple):
+    """One profile, prediction and run of a case."""
+
+    scenario: Scenario  # as run: the simulator's partition written out
+    predicted: Result
+    measured: Measurement
+    table: dict[str, Any]  # the profile the prediction used
 
 
 def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> list[list[Round]] | None:
@@ -132,7 +138,7 @@ def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) 
             dist.broadcast_object_list(box, src=0)
             output = run_job(box[0], rank, device, clock)
             if rank == 0:
-                out[i].append((run_sc, predicted, measured_result(plan, output)))
+                out[i].append(Round(run_sc, predicted, measured_result(plan, output), table))
     return out if rank == 0 else None
 
 
@@ -174,15 +180,11 @@ def _median_index(values: list[float]) -> int:
 def combine_rounds(done: list[Round], calibration: Calibration | None) -> Validation:
     """One validation from a case's rounds: the round with the median prediction beside the
     round with the median measured step (the same round when there is one)."""
-    pairs = [(p.step_time_s, m.result.step_time_s) for _, p, m in done]
+    pairs = [(r.predicted.step_time_s, r.measured.result.step_time_s) for r in done]
     p = _median_index([a for a, _ in pairs])
     m = _median_index([b for _, b in pairs])
-    return Validation(done[m][0], done[p][1], done[m][2], calibration, rounds=pairs if len(done) > 1 else [])
-
-
-def pooled_step(done: list[Round]) -> float:
-    """The median of every measured step of every round."""
-    return statistics.median(t for _, _, m in done for t in m.step_times_s)
+    return Validation(done[m].scenario, done[p].predicted, done[m].measured, calibration,
+                      rounds=pairs if len(done) > 1 else [])
 
 
 def validation_text(v: Validation) -> str:
