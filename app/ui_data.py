@@ -13,8 +13,9 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from gpipe_sim.result import Result
-from gpipe_sim.scenario import Scenario, load_layer_table_file, set_dotted
+from gpipe_sim.results.result import Result
+from gpipe_sim.spec.model import load_layer_table_file
+from gpipe_sim.spec.scenario import Scenario, set_dotted
 
 SWEEP_FILES = ("results.parquet", "results.csv")
 

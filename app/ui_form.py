@@ -12,21 +12,12 @@ from typing import Any
 import streamlit as st
 
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.presets import hardware_presets
-from gpipe_sim.scenario import (
-    PARTITION_METHODS,
-    REMAT_MODES,
-    AmoebaNetModel,
-    ConvNetModel,
-    Hardware,
-    MlpModel,
-    Scenario,
-    TransformerModel,
-    UniformModel,
-    load_scenario,
-)
+from gpipe_sim.spec.presets import hardware_presets
+from gpipe_sim.spec.hardware import Hardware
+from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
+from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, Scenario, load_scenario
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.scenario import DTYPE_BYTES, OPTIMIZER_STATES
+from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES
 from ui_data import read_layer_table
 
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages
@@ -61,7 +52,7 @@ def _hardware_data(preset: str) -> dict[str, Any]:
 
 
 def format_quantity(value: float, kind: str) -> str:
-    """`value` as text with a unit that `gpipe_sim.units.parse_quantity` reads back exactly enough."""
+    """`value` as text with a unit that `gpipe_sim.spec.units.parse_quantity` reads back exactly enough."""
     if math.isinf(value):
         return "inf"
     if kind == "seconds":

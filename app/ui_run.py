@@ -9,11 +9,11 @@ from typing import Any
 import streamlit as st
 
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.result import Result
-from gpipe_sim.scenario import Scenario, parse_scenario
-from gpipe_sim.simulate import simulate
-from gpipe_sim.trace import chrome_trace
-from gpipe_sim.units import format_bytes, format_seconds
+from gpipe_sim.results.result import Result
+from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.api import simulate
+from gpipe_sim.results.trace import chrome_trace
+from gpipe_sim.spec.units import format_bytes, format_seconds
 
 MAX_GANTT_BARS = 1000
 _RUN_STARTED = "_run_started"
@@ -128,7 +128,7 @@ def download_buttons(scenario: Scenario | None, result: Result, key: str, box: A
 def stage_table(result: Result) -> list[dict[str, Any]]:
     """Per-stage rows for st.dataframe."""
     return [
-        {"stage": s.index, "layers": f"{s.layers[0]}-{s.layers[1]}", "device": s.device,
+        {"stage": s.index, "layers": s.layers_text, "device": s.device,
          "busy": format_seconds(s.busy_s), "parameters": format_bytes(s.param_bytes),
          "grads + optimizer": format_bytes(s.state_bytes),
          "peak activations": format_bytes(s.peak_activation_bytes),

@@ -12,7 +12,7 @@ from gpipe_sim.errors import GpipeError
 
 
 def _options(args: argparse.Namespace):  # -> LaunchOptions
-    from gpipe_exec.launch import LaunchOptions
+    from gpipe_exec.launch.spawn import LaunchOptions
 
     return LaunchOptions(threads=args.threads, pin=not args.no_pin, comm_timeout_s=args.timeout,
                          run_timeout_s=args.run_timeout)
@@ -20,9 +20,9 @@ def _options(args: argparse.Namespace):  # -> LaunchOptions
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from gpipe_exec.execute import execute
-    from gpipe_sim.report import summary_text
-    from gpipe_sim.scenario import load_scenario
-    from gpipe_sim.trace import write_chrome_trace
+    from gpipe_sim.studies.report import summary_text
+    from gpipe_sim.spec.scenario import load_scenario
+    from gpipe_sim.results.trace import write_chrome_trace
 
     scenario = load_scenario(args.scenario)
     m = execute(scenario, steps=args.steps, warmup=args.warmup, options=_options(args))
@@ -57,7 +57,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from gpipe_exec.profile import ProfileOptions, profile_model, write_table
-    from gpipe_sim.scenario import load_scenario
+    from gpipe_sim.spec.scenario import load_scenario
 
     from gpipe_exec.profile import too_large_to_build
 
@@ -87,7 +87,8 @@ def _nested(updates: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from gpipe_exec.calibrate import calibrate_link, calibrate_runtime, calibrate_shared
+    from gpipe_exec.studies.calibrate import calibrate_link, calibrate_runtime
+    from gpipe_exec.studies.calibrate_shared import calibrate_shared
 
     options = _options(args)
     device_map: list[int] = []
@@ -112,8 +113,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from gpipe_exec.validate import validate, validation_text
-    from gpipe_sim.scenario import load_scenario
+    from gpipe_exec.studies.validate import validate, validation_text
+    from gpipe_sim.spec.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
     console = Console(stderr=True)

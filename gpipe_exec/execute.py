@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpipe_exec.launch import LaunchOptions, launch
-from gpipe_exec.runtime import Job, boundary_shape
+from gpipe_exec.launch.spawn import LaunchOptions, launch
+from gpipe_exec.runtime.interpreter import Job, boundary_shape
 from gpipe_exec.zoo import check_buildable
 from gpipe_sim.errors import GpipeError, ScenarioError
-from gpipe_sim.memory import device_peaks, levels_from_totals
-from gpipe_sim.plan import Plan, compile_plan
-from gpipe_sim.result import Result, Timeline
-from gpipe_sim.scenario import Scenario
-from gpipe_sim.simulate import result_from_times, run_engine, summarize_plan
+from gpipe_sim.results.memory import device_peaks, levels_from_totals
+from gpipe_sim.plan.compile import Plan, compile_plan
+from gpipe_sim.results.result import Result, Timeline
+from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.api import result_from_times, run_engine, summarize_plan
 from gpipe_sim.schedule import ACTION_KINDS
 
 
@@ -136,7 +136,7 @@ def step_timelines(plan: Plan, output: dict[str, Any]) -> list[Timeline]:
 
 
 def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
-    """The measured Result (median step after warm-up), via gpipe_sim.result.summarize."""
+    """The measured Result (median step after warm-up), via gpipe_sim.results.result.summarize."""
     ranks = output["ranks"]
     K = len(plan.stages)
     prog = plan.program

@@ -13,12 +13,13 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpipe_exec.allocator import cache_host_memory
-from gpipe_exec.measure import SavedBytesMeter, tensor_bytes
-from gpipe_exec.stage import make_optimizer
+from gpipe_exec.measure.allocator import cache_host_memory
+from gpipe_exec.measure.meters import SavedBytesMeter, tensor_bytes
+from gpipe_exec.runtime.chunk import make_optimizer
 from gpipe_exec.zoo import build_layer, check_buildable, loss_sum, make_batch
-from gpipe_sim.models import layer_count
-from gpipe_sim.scenario import LayerSpec, Scenario
+from gpipe_sim.spec.layers import layer_count
+from gpipe_sim.spec.model import LayerSpec
+from gpipe_sim.spec.scenario import Scenario
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def too_large_to_build(scenario: Scenario, fraction: float = 0.5) -> bool:
     machine's memory: then only the meta device can profile it."""
     import os
 
-    from gpipe_sim.models import build_layers
+    from gpipe_sim.spec.layers import build_layers
 
     params = sum(layer.params for layer in build_layers(scenario.model))
     try:
@@ -56,10 +57,10 @@ def too_large_to_build(scenario: Scenario, fraction: float = 0.5) -> bool:
 
 def default_sizes(scenario: Scenario) -> tuple[int, ...]:
     """The micro-batch sizes the scenario runs (tensor_split gives at most two)."""
-    from gpipe_sim.partition import micro_batch_sizes
+    from gpipe_sim.plan.partition import micro_batch_sizes
 
     p = scenario.pipeline
-    return tuple(sorted(set(micro_batch_sizes(p.batch_size, p.effective_micro_batches))))
+    return tuple(sorted(set(micro_batch_sizes(p.batch_size, p.micro_batches))))
 
 
 def _sync(device: torch.device) -> None:
@@ -176,7 +177,7 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     timings: list[list[dict[str, float]]] = [[] for _ in range(n)]
     accumulate = options.accumulate
     if accumulate is None:
-        accumulate = scenario.pipeline.effective_micro_batches > 1
+        accumulate = scenario.pipeline.micro_batches > 1
     for j, b in enumerate(sizes):
         if progress:
             progress(n + j, n + len(sizes), f"timing micro-batch {b}")
@@ -302,7 +303,7 @@ def table_scenario(scenario: Scenario, table: dict[str, Any], updates: dict[str,
 def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> dict[str, Any]:
     """This rank's profile of the whole model, run while every other rank profiles too: ranks that
     share a device take turns under its device lock, a forward or backward pass each, as stages do."""
-    from gpipe_exec.device_lock import device_lock
+    from gpipe_exec.runtime.device_lock import device_lock
 
     lock = device_lock(rank, scenario.device_map)
     return profile_model(scenario, options, hold=nullcontext if lock is None else lock.hold)
@@ -321,7 +322,7 @@ def profile_on_devices(scenario: Scenario, options: ProfileOptions = ProfileOpti
 
     Measured on 2 cores (convnet, K=4 on two shared cores, M=16): stage compute in the run was
     1.26-1.43x the profile taken by one process per device, 1.05-1.2x this one."""
-    from gpipe_exec.launch import LaunchOptions, launch
+    from gpipe_exec.launch.spawn import LaunchOptions, launch
 
     payload = {"scenario": scenario, "options": options}
     return launch(payload, scenario.device_map, launch_options or LaunchOptions(), task=_profile_task)

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from gpipe_exec.stage import make_optimizer
+from gpipe_exec.runtime.chunk import make_optimizer
 from gpipe_exec.zoo import build_model, loss_sum, make_batch
-from gpipe_sim.scenario import Scenario
+from gpipe_sim.spec.scenario import Scenario
 
 
 def reference_step(scenario: Scenario, *, seed: int = 0, dropout: float | None = 0.0,

@@ -1,4 +1,4 @@
-"""The model zoo: real `nn.Sequential` models whose layers match `gpipe_sim.models.build_layers`."""
+"""The model zoo: real `nn.Sequential` models whose layers match `gpipe_sim.spec.layers.build_layers`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.models import build_layers, layer_count
-from gpipe_sim.scenario import ConvNetModel, MlpModel, ModelSpec, TransformerModel
+from gpipe_sim.spec.layers import build_layers, layer_count
+from gpipe_sim.spec.model import ConvNetModel, MlpModel, ModelSpec, TransformerModel
 
 ZOO_PRESETS = ("mlp", "transformer", "convnet")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -125,7 +125,7 @@ def _mlp_layer(m: MlpModel, i: int, dropout: float) -> nn.Module:
 
 
 def _conv_channels(m: ConvNetModel, i: int) -> tuple[int, int]:
-    """(c_in, c_out) of block i, as gpipe_sim.models._convnet lays them out."""
+    """(c_in, c_out) of block i, as gpipe_sim.spec.layers._convnet lays them out."""
     n, c = m.layers, m.channels
     group = min(2, 3 * i // n)
     c_out = c * 2**group

@@ -9,15 +9,15 @@ from typing import Callable, Sequence
 
 from gpipe_sim.errors import GpipeError
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "default.yaml"
+DEFAULT_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "default.yaml"  # package data
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from gpipe_sim.plan import compile_plan
-    from gpipe_sim.report import summary_text
-    from gpipe_sim.scenario import Scenario, load_scenario
-    from gpipe_sim.simulate import result_from_times, run_engine
-    from gpipe_sim.trace import write_chrome_trace
+    from gpipe_sim.plan.compile import compile_plan
+    from gpipe_sim.studies.report import summary_text
+    from gpipe_sim.spec.scenario import Scenario, load_scenario
+    from gpipe_sim.api import result_from_times, run_engine
+    from gpipe_sim.results.trace import write_chrome_trace
 
     if args.scenario is not None:
         scenario = load_scenario(args.scenario)
@@ -40,14 +40,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from gpipe_sim.report import presets_text
+    from gpipe_sim.studies.report import presets_text
 
     sys.stdout.write(presets_text() + "\n")
     return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from gpipe_sim.bench import run_benchmark
+    from gpipe_sim.studies.bench import run_benchmark
 
     sys.stdout.write(run_benchmark(args.stages, args.micro_batches, args.repeat) + "\n")
     return 0
@@ -88,11 +88,11 @@ EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
 
 def _load_extra_commands() -> None:
     try:
-        from gpipe_sim import sweep_cli
+        from gpipe_sim.studies import commands
     except ImportError:
         return
-    if sweep_cli.register not in EXTRA_COMMANDS:
-        EXTRA_COMMANDS.append(sweep_cli.register)
+    if commands.register not in EXTRA_COMMANDS:
+        EXTRA_COMMANDS.append(commands.register)
 
 
 def run_command(prog: str, args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import pytest
 
-from gpipe_sim.scenario import Scenario, parse_scenario
+from gpipe_sim.spec.scenario import Scenario, parse_scenario
 
 
 def make_uniform(
@@ -17,14 +17,15 @@ def make_uniform(
     schedule: str = "gpipe",
     remat: str = "none",
     hardware: dict[str, Any] | None = None,
+    chunks: int = 1,
     **model: Any,
 ) -> Scenario:
     """A uniform-layer scenario on ideal hardware unless `hardware` says otherwise."""
     return parse_scenario({
         "model": {"preset": "uniform", "layers": layers, **model},
         "hardware": hardware or {"preset": "ideal"},
-        "pipeline": {"stages": stages, "micro_batches": micro_batches, "batch_size": batch_size,
-                     "schedule": schedule, "remat": remat},
+        "pipeline": {"stages": stages, "chunks": chunks, "micro_batches": micro_batches,
+                     "batch_size": batch_size, "schedule": schedule, "remat": remat},
     })
 
 

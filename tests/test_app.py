@@ -8,7 +8,7 @@ import statistics
 import pytest
 import yaml
 
-from gpipe_sim.result import analytic_bubble
+from gpipe_sim.results.result import analytic_bubble
 from test_app_support import (
     UNIFORM, app_test, metric, page_ms, plotly_specs, set_widget, sweep_table, write_validation,
 )
@@ -70,7 +70,7 @@ def test_explore_bubble_follows_k_and_m_to_the_analytic_value():
 
 
 def test_explore_every_preset_schedule_and_remat_renders():
-    from gpipe_sim.presets import hardware_presets
+    from gpipe_sim.spec.presets import hardware_presets
     from gpipe_sim.schedule import SCHEDULES
 
     at = app_test().run()

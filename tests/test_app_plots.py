@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpipe_sim import parse_scenario, plots, simulate
-from gpipe_sim.presets import hardware_presets
-from gpipe_sim.result import Result, Timeline, analytic_bubble
-from gpipe_sim.units import parse_quantity
+from gpipe_sim import parse_scenario, simulate
+from gpipe_sim.studies import plots
+from gpipe_sim.spec.presets import hardware_presets
+from gpipe_sim.results.result import Result, Timeline, analytic_bubble
+from gpipe_sim.spec.units import parse_quantity
 from test_app_support import ROOT, sweep_table, uniform_data, write_validation
 
 sys.path.insert(0, str(ROOT / "app"))

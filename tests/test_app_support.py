@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from gpipe_sim import parse_scenario, simulate
-from gpipe_sim.result import analytic_bubble
+from gpipe_sim.results.result import analytic_bubble
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app" / "streamlit_app.py"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpipe_sim import load_scenario, simulate
-from gpipe_sim.result import analytic_bubble
+from gpipe_sim.results.result import analytic_bubble
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import pytest
 
 CHILD = """
 import resource, sys, torch
-from gpipe_exec.allocator import cache_host_memory
+from gpipe_exec.measure.allocator import cache_host_memory
 if sys.argv[1] == "cache":
     assert cache_host_memory() and cache_host_memory()  # applied, and idempotent
 else:  # glibc's initial threshold, held fixed: what its adaptive one does whenever it falls back

@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpipe_exec.execute import check_runnable, job_for  # noqa: E402
-from gpipe_exec.launch import LaunchOptions, launch  # noqa: E402
+from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.reference import reference_step  # noqa: E402
-from gpipe_sim.scenario import Scenario, parse_scenario  # noqa: E402
+from gpipe_sim.spec.scenario import Scenario, parse_scenario  # noqa: E402
 
 MODELS: dict[str, dict[str, Any]] = {
     "transformer": dict(preset="transformer", layers=2, d_model=16, d_ff=32, heads=2, seq_len=6, vocab=23),

@@ -15,8 +15,8 @@ pytest.importorskip("torch")
 
 from gpipe_exec import cli, execute  # noqa: E402
 from gpipe_exec.errors import ExecutionError  # noqa: E402
-from gpipe_exec.launch import LaunchOptions, launch  # noqa: E402
-from gpipe_sim.scenario import parse_scenario  # noqa: E402
+from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
+from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = {
@@ -93,7 +93,7 @@ def test_a_run_too_large_for_this_machine_is_refused_before_any_process_starts()
     from gpipe_exec.execute import check_host_memory
     from gpipe_sim import load_scenario
     from gpipe_sim.errors import ScenarioError
-    from gpipe_sim.plan import compile_plan
+    from gpipe_sim.plan.compile import compile_plan
 
     plan = compile_plan(load_scenario(ROOT / "scenarios" / "exec" / "transformer_k2.yaml"))
     check_host_memory(plan, available=64 * 2**30)  # fits

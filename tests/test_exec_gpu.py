@@ -15,9 +15,9 @@ pytestmark = [
 
 def test_nccl_pipeline_equals_plain_training() -> None:
     from gpipe_exec.execute import check_runnable, job_for
-    from gpipe_exec.launch import LaunchOptions, launch
+    from gpipe_exec.launch.spawn import LaunchOptions, launch
     from gpipe_exec.reference import reference_step
-    from gpipe_sim.scenario import parse_scenario
+    from gpipe_sim.spec.scenario import parse_scenario
 
     K = 2
     sc = parse_scenario({

@@ -13,17 +13,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpipe_exec.calibrate import LinkFit, fit_link, fit_runtime, runtime_sample  # noqa: E402
+from gpipe_exec.studies.calibrate import LinkFit, fit_link, fit_runtime, runtime_sample  # noqa: E402
 from gpipe_exec.execute import check_runnable, job_for, measured_result  # noqa: E402
-from gpipe_exec.launch import LaunchOptions, launch  # noqa: E402
+from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.profile import ProfileOptions, profile_model, write_table  # noqa: E402
-from gpipe_exec.validate import predict_with_profile, relative_errors  # noqa: E402
+from gpipe_exec.studies.rounds import predict_with_profile  # noqa: E402
+from gpipe_exec.studies.validate import relative_errors  # noqa: E402
 from gpipe_exec.zoo import build_model  # noqa: E402
-from gpipe_sim.plan import compile_plan  # noqa: E402
-from gpipe_sim.result import summarize  # noqa: E402
-from gpipe_sim.scenario import load_scenario, parse_scenario  # noqa: E402
+from gpipe_sim.plan.compile import compile_plan  # noqa: E402
+from gpipe_sim.results.result import summarize  # noqa: E402
+from gpipe_sim.spec.scenario import load_scenario, parse_scenario  # noqa: E402
 from gpipe_sim.schedule import ACTION_KINDS  # noqa: E402
-from gpipe_sim.trace import chrome_trace  # noqa: E402
+from gpipe_sim.results.trace import chrome_trace  # noqa: E402
 
 BASE = {
     "model": {"preset": "transformer", "layers": 2, "d_model": 16, "d_ff": 32, "heads": 2, "seq_len": 8,
@@ -82,7 +83,7 @@ def test_timeline_is_causal_on_one_clock(runs) -> None:
         starts = {int(prog.message[i]): t.start_s[i] for i in np.flatnonzero(t.kind == send)}
         for i in np.flatnonzero(t.kind == recv):
             assert t.end_s[i] >= starts[int(prog.message[i])] - 1e-4
-        # throughput and bubble are gpipe_sim.result.summarize's definitions
+        # throughput and bubble are gpipe_sim.results.result.summarize's definitions
         r = m.result
         again = summarize(t, batch_size=r.batch_size, micro_batches=r.micro_batches,
                           stage_layers=[s.layers for s in r.stages], device_map=plan.device_map,
@@ -135,7 +136,7 @@ def test_profile_holds_the_device_around_every_timed_layer_op() -> None:
 
 def test_profile_on_devices_profiles_where_the_stages_run() -> None:
     from gpipe_exec.profile import profile_on_devices
-    from gpipe_sim.scenario import LayerSpec
+    from gpipe_sim.spec.model import LayerSpec
 
     shared = parse_scenario(BASE).with_updates({"pipeline.stages": 4, "pipeline.micro_batches": 2,
                                                 "hardware.stage_to_device": [0, 0, 1, 1]})
@@ -174,7 +175,7 @@ def test_fit_runtime_recovers_host_times_and_copy_bandwidth() -> None:
 def test_host_times_sit_where_the_runtime_spends_them(runs) -> None:
     # Simulated: a send's transfer leaves send_s after the previous action ends; a receive ends
     # recv_s after its data arrives; compute actions last action_s longer.
-    from gpipe_sim.simulate import simulate
+    from gpipe_sim.api import simulate
 
     host = {"action_s": 7e-6, "send_s": 3e-5, "recv_s": 2e-5}
     base = parse_scenario(BASE).with_updates({"pipeline.partition": [2, 2]})
@@ -193,7 +194,7 @@ def test_host_times_sit_where_the_runtime_spends_them(runs) -> None:
 
 
 def test_calibrate_shared_scales_host_times_to_reproduce_a_shared_run() -> None:
-    from gpipe_exec.calibrate import calibrate_shared
+    from gpipe_exec.studies.calibrate_shared import calibrate_shared
 
     base = fit_runtime([(n, 5e-6, 3e-5, 3e-5) for n in (4096, 65536)], LinkFit(5e-5, 2e9, ()))
     fit = calibrate_shared(base, [0, 0], steps=2, options=LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
@@ -258,10 +259,10 @@ def test_torchrun_runs_the_same_worker(tmp_path: Path) -> None:
         pytest.skip("torchrun not installed")
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(BASE))
-    from gpipe_exec.launch import _free_port
+    from gpipe_exec.launch.spawn import _free_port
 
     proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
-                           "-m", "gpipe_exec.launch",
+                           "-m", "gpipe_exec.launch.torchrun",
                            str(path), "--steps", "1", "--warmup", "0"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -289,7 +290,7 @@ def test_typical_time_is_the_mean_without_gross_outliers() -> None:
 
 
 def test_validate_in_rounds_compares_the_median_rounds() -> None:
-    from gpipe_exec.validate import validate
+    from gpipe_exec.studies.validate import validate
     from gpipe_sim.errors import GpipeError
 
     sc = parse_scenario(BASE)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpipe_sim.cli import main
-from gpipe_sim.paper import PAPER_DIR, PaperError, load_experiment, run_paper
-from gpipe_sim.scenario import load_scenario
+from gpipe_sim.studies.paper import PAPER_DIR, PaperError, load_experiment, run_paper
+from gpipe_sim.spec.scenario import load_scenario
 
 # Cells the README reports as misses, with the effect the model lacks (see the README's sweeps section).
 KNOWN_THROUGHPUT_MISSES = {

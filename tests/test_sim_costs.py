@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpipe_sim import parse_scenario, simulate
-from gpipe_sim.costs import layer_seconds
-from gpipe_sim.scenario import Accelerator, LayerSpec
+from gpipe_sim.spec.costs import layer_seconds
+from gpipe_sim.spec.hardware import Accelerator
+from gpipe_sim.spec.model import LayerSpec
 
 CPU = Accelerator(peak_flops={"fp32": 1e11}, efficiency=0.5, kernel_overhead_s=1e-4)
 

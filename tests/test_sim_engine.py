@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from gpipe_sim import SimulationError, parse_scenario, simulate
-from gpipe_sim.bench import straightforward_simpy
-from gpipe_sim.engine import run_simpy
-from gpipe_sim.plan import compile_plan
-from gpipe_sim.schedule import SCHEDULES, register
-from gpipe_sim.trace import chrome_trace
+from gpipe_sim.engines.reference import straightforward_simpy
+from gpipe_sim.engines.simpy_engine import run_simpy
+from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.engines.fast import evaluate_fast
+from gpipe_sim.schedule import SCHEDULES, Kind, register
+from gpipe_sim.results.trace import chrome_trace
 
 
 def _table(outputs, stages, micro_batches, schedule, device_map, compute_s=0.0):
@@ -50,11 +51,11 @@ def test_stages_sharing_one_device_serialise_and_leave_no_bubble(uniform):
 
 
 @pytest.mark.parametrize("device_map", [[0, 1, 0, 1], [0, 0, 1, 1], [0, 1, 1, 0]])
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule, chunks, micro_batches", [("gpipe", 1, 6), ("1f1b", 1, 6), ("interleaved_1f1b", 2, 8)])
 @pytest.mark.parametrize("host", [{}, {"action_s": 1.3e-4, "send_s": 3.1e-4, "recv_s": 1.7e-4,
                                          "copy_bandwidth": 3e9},
                                   {"action_s": 1.3e-4, "send_s": 3.1e-4, "recv_s": 1.7e-4, "on_device": True}])
-def test_engine_agrees_with_straightforward_simpy_under_contention(device_map, schedule, host):
+def test_engine_agrees_with_straightforward_simpy_under_contention(device_map, schedule, chunks, micro_batches, host):
     rng = np.random.default_rng(7)
     layers = [
         {"name": f"l{i}", "forward_s_per_sample": float(rng.uniform(1e-3, 3e-3)),
@@ -65,8 +66,8 @@ def test_engine_agrees_with_straightforward_simpy_under_contention(device_map, s
     scenario = parse_scenario({
         "model": {"preset": "table", "layers": layers},
         "hardware": {"preset": "p100-pcie", "stage_to_device": device_map, "host": host},
-        "pipeline": {"stages": 4, "micro_batches": 6, "batch_size": 12, "schedule": schedule,
-                     "remat": "always", "partition": "time"},
+        "pipeline": {"stages": 4, "chunks": chunks, "micro_batches": micro_batches, "batch_size": 12,
+                     "schedule": schedule, "remat": "always", "partition": "time"},
     })
     plan = compile_plan(scenario)
     ours = run_simpy(plan)
@@ -76,21 +77,51 @@ def test_engine_agrees_with_straightforward_simpy_under_contention(device_map, s
 
 
 def test_deadlocking_schedule_is_reported_not_hung():
+    F, B = Kind.FORWARD, Kind.BACKWARD
+
     @register("deadlock-test")
-    def crossed(stages, micro_batches):
-        return [[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("B", 1), ("F", 0), ("B", 0)]]
+    def crossed(ranks, micro_batches, chunks):
+        return [[(F, 0, 0), (B, 0, 0), (F, 0, 1), (B, 0, 1)], [(F, 1, 1), (B, 1, 1), (F, 1, 0), (B, 1, 0)]]
 
     try:
         scenario = parse_scenario({
             "model": {"preset": "uniform", "layers": 2}, "hardware": {"preset": "ideal"},
             "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 2, "schedule": "deadlock-test"},
         })
-        with pytest.raises(SimulationError, match="deadlocks: stage 0 waits forever"):
-            simulate(scenario)
-        with pytest.raises(SimulationError, match="did not converge"):
-            simulate(scenario, engine="fast")
+        for engine in ("simpy", "fast"):
+            with pytest.raises(SimulationError, match="deadlocks: rank [01] waits forever at recv"):
+                simulate(scenario, engine=engine)
     finally:
         del SCHEDULES["deadlock-test"]
+
+
+def test_a_deadlock_of_zero_length_actions_is_not_taken_for_a_fixed_point():
+    F, B = Kind.FORWARD, Kind.BACKWARD
+
+    @register("zero-deadlock-test")
+    def crossed(ranks, micro_batches, chunks):
+        return [[(F, 0, 0), (B, 0, 0), (F, 0, 1), (B, 0, 1)], [(F, 1, 1), (B, 1, 1), (F, 1, 0), (B, 1, 0)]]
+
+    try:
+        scenario = parse_scenario({
+            "model": {"preset": "uniform", "layers": 2, "forward_s_per_sample": 0.0,
+                      "backward_s_per_sample": 0.0},
+            "hardware": {"preset": "ideal"},
+            "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 2, "schedule": "zero-deadlock-test"},
+        })
+        with pytest.raises(SimulationError, match="deadlocks"):
+            simulate(scenario, engine="fast")
+    finally:
+        del SCHEDULES["zero-deadlock-test"]
+
+
+def test_fast_evaluator_is_exact_where_sweeps_do_not_settle():
+    # 1F1B at K=2 needs about M/2 up-and-down sweeps; the per-transfer pass takes over
+    scenario = parse_scenario({"model": {"preset": "uniform"}, "hardware": {"preset": "v100"},
+                               "pipeline": {"stages": 2, "micro_batches": 64, "schedule": "1f1b"}})
+    plan = compile_plan(scenario)
+    fast, slow = evaluate_fast(plan), run_simpy(plan)
+    assert np.allclose(fast[0], slow[0], rtol=1e-12) and np.allclose(fast[1], slow[1], rtol=1e-12)
 
 
 def test_fast_evaluator_refuses_contended_plans(uniform):
@@ -106,7 +137,7 @@ def test_timeline_is_consistent(uniform):
     assert (tl.end_s >= tl.start_s).all()
     assert result.step_time_s == pytest.approx(tl.end_s.max())
     for k in range(4):
-        compute = tl.is_compute & (tl.stage == k)
+        compute = tl.is_compute & (tl.rank == k)
         starts, ends = tl.start_s[compute], tl.end_s[compute]
         assert (starts[1:] >= ends[:-1] - 1e-15).all(), "a stage runs one action at a time"
     names = set(tl.kind_names)
@@ -125,7 +156,7 @@ def test_chrome_trace_has_one_event_per_action(uniform, tmp_path):
 
 def test_result_round_trips_through_json(uniform):
     result = simulate(uniform(2, 4, 8, 4, remat="always", hardware={"preset": "v100"}))
-    from gpipe_sim.result import Result
+    from gpipe_sim.results.result import Result
 
     again = Result.from_dict(json.loads(result.to_json()))
     assert again.to_dict() == result.to_dict()
@@ -144,7 +175,7 @@ def test_per_pair_links_override_the_default_link(uniform):
 def test_memory_curves_rebuilt_from_totals_match_the_simulators():
     """The executor rebuilds each stage's curve from the bytes held after every action; on the
     simulator's own times and bytes that must give the simulator's curves and device peaks."""
-    from gpipe_sim.memory import activation_deltas, device_peaks, levels_from_totals, memory_profile
+    from gpipe_sim.results.memory import activation_deltas, device_peaks, levels_from_totals, memory_profile
 
     scenario = parse_scenario({
         "model": {"preset": "uniform", "layers": 8},
@@ -163,7 +194,7 @@ def test_memory_curves_rebuilt_from_totals_match_the_simulators():
         times, levels = levels_from_totals(start[lo:hi], end[lo:hi], totals)
         assert np.allclose(times, profile.times[k]) and np.allclose(levels, profile.activation_bytes[k])
         curves.append((times, levels))
-    static = [s.param_bytes + s.state_bytes for s in plan.stages]
+    static = [r.param_bytes + r.state_bytes for r in plan.ranks]
     peaks = device_peaks(plan.device_map, static, [c[0] for c in curves], [c[1] for c in curves])
     assert peaks == pytest.approx(profile.device_peak_bytes)
     # Merged in time, a shared device never needs more than its stages' peaks added up.

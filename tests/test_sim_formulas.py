@@ -1,4 +1,4 @@
-"""Exact closed forms of a uniform pipeline on ideal hardware."""
+"""Exact closed forms of a uniform pipeline on ideal hardware (free links, identical layers)."""
 
 from __future__ import annotations
 
@@ -78,3 +78,47 @@ def test_parameter_and_optimizer_memory(uniform):
     assert stage.param_bytes == per_stage_params * 4  # fp32 weights
     assert stage.state_bytes == per_stage_params * (4 + 8)  # gradient + Adam's two states
     assert stage.peak_memory_bytes == stage.param_bytes + stage.state_bytes + stage.peak_activation_bytes
+
+
+@pytest.mark.parametrize("engine", ["simpy", "fast"])
+@pytest.mark.parametrize("K, v", [(2, 2), (4, 2), (4, 3), (8, 2), (2, 4)])
+@pytest.mark.parametrize("rounds", [1, 2, 4])
+def test_interleaved_1f1b_step_bubble_and_peak(uniform, engine, K, v, rounds):
+    """Narayanan et al. (SC'21): bubble (K-1)/(v*M+K-1), step (v*M+K-1) chunk passes of
+    (B/M)(f+b)L/(K*v) each for M a multiple of K; rank 0 holds min(v*M, v*K+K-1) chunk-micro-batches."""
+    M, layers = K * rounds, 48
+    result = simulate(uniform(K, M, 2 * M, layers, "interleaved_1f1b", chunks=v), engine=engine)
+    per_pass = 2 * (F + B) * layers / (K * v)
+    assert result.step_time_s == pytest.approx((v * M + K - 1) * per_pass, rel=1e-9)
+    assert result.bubble_fraction == pytest.approx((K - 1) / (v * M + K - 1), rel=1e-9, abs=1e-12)
+    assert result.analytic_bubble_fraction == pytest.approx((K - 1) / (v * M + K - 1), rel=1e-12)
+    per_chunk_micro_batch = 2 * ACT * layers / (K * v)
+    assert result.stages[0].peak_activation_bytes == pytest.approx(
+        min(v * M, v * K + K - 1) * per_chunk_micro_batch, rel=1e-12)
+
+
+@pytest.mark.parametrize("K, v, M", [(2, 2, 3), (4, 2, 8), (3, 3, 5)])
+def test_looped_bfs_bubble_and_holds_every_chunk_micro_batch(uniform, K, v, M):
+    layers = K * v * 2
+    result = simulate(uniform(K, M, 2 * M, layers, "looped_bfs", chunks=v), engine="fast")
+    per_pass = 2 * (F + B) * layers / (K * v)
+    assert result.step_time_s == pytest.approx((v * M + K - 1) * per_pass, rel=1e-9)
+    assert result.bubble_fraction == pytest.approx((K - 1) / (v * M + K - 1), rel=1e-9)
+    assert result.stages[0].peak_activation_bytes == pytest.approx(v * M * 2 * ACT * layers / (K * v), rel=1e-12)
+
+
+def test_interleaved_with_one_chunk_per_rank_is_1f1b_on_ideal_hardware(uniform):
+    one = simulate(uniform(4, 8, BATCH, LAYERS, "1f1b"))
+    interleaved = simulate(uniform(4, 8, BATCH, LAYERS, "interleaved_1f1b", chunks=1))
+    assert interleaved.step_time_s == pytest.approx(one.step_time_s, rel=1e-12)
+
+
+def test_chunk_figures_add_up_to_their_rank(uniform):
+    result = simulate(uniform(4, 8, BATCH, LAYERS, "interleaved_1f1b", remat="always", chunks=2))
+    assert len(result.chunks) == 8 and [c.rank for c in result.chunks] == [0, 1, 2, 3] * 2
+    for stage in result.stages:
+        mine = [result.chunks[c] for c in stage.chunks]
+        assert stage.param_bytes == pytest.approx(sum(c.param_bytes for c in mine))
+        # the update (one per rank) is not a chunk's
+        assert stage.busy_s > sum(c.busy_s for c in mine) - 1e-12
+        assert max(c.peak_activation_bytes for c in mine) <= stage.peak_activation_bytes + 1e-6

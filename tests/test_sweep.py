@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from gpipe_sim.cli import main
-from gpipe_sim.scenario import parse_scenario
-from gpipe_sim.simulate import simulate
-from gpipe_sim.sweep import SweepError, expand, load_sweep, parse_sweep, resolve_base, run_sweep
+from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.api import simulate
+from gpipe_sim.studies.sweep import SweepError, expand, load_sweep, parse_sweep, resolve_base, run_sweep
 
 BASE = {
     "model": {"preset": "uniform", "layers": 8},
@@ -123,7 +123,7 @@ def test_failing_scenarios_are_recorded_and_the_sweep_goes_on(tmp_path):
 
 
 def test_a_failing_simulation_is_recorded(tmp_path, monkeypatch):
-    import gpipe_sim.sweep as sweep
+    import gpipe_sim.studies.sweep as sweep
 
     spec, base = _spec(axes={"pipeline.stages": [1, 2]})
     real = sweep.result_columns

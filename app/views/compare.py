@@ -8,11 +8,11 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from gpipe_sim import plots
-from gpipe_sim.presets import hardware_presets
-from gpipe_sim.scenario import PARTITION_METHODS, REMAT_MODES
+from gpipe_sim.studies import plots
+from gpipe_sim.spec.presets import hardware_presets
+from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.units import format_bytes, format_seconds
+from gpipe_sim.spec.units import format_bytes, format_seconds
 from ui_form import scenario_form
 from ui_run import MAX_GANTT_BARS, download_buttons, show_elapsed, show_metrics, try_run
 
@@ -124,7 +124,7 @@ for col, (name, scenario, result) in zip(cols, (("A", sa, ra), ("B", sb, rb))):
     p = scenario.pipeline
     fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS, x_range_s=span,
                                       title=f"{name}: {p.schedule}, K={p.stages}, "
-                                            f"M={p.effective_micro_batches}, remat {p.remat}")
+                                            f"M={p.micro_batches}, remat {p.remat}")
     col.plotly_chart(fig, key=f"cmp.gantt.{name}")
     if bars.note:
         col.caption(bars.note)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from gpipe_sim import plots
+from gpipe_sim.studies import plots
 from gpipe_sim.errors import GpipeError
 from ui_form import scenario_form
 from ui_run import (
@@ -23,7 +23,7 @@ if run is None:
     st.stop()
 scenario, result = run
 p = scenario.pipeline
-K, M = p.stages, p.effective_micro_batches
+K, M = p.stages, p.micro_batches
 st.caption(f"{scenario.model.preset} model on {scenario.hardware.preset or 'custom'} hardware: "
            f"K={K} stages, M={M} micro-batches of a mini-batch of {p.batch_size}, "
            f"{p.schedule} schedule, re-materialization {p.remat}, {p.partition} partition.")

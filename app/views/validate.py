@@ -7,8 +7,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from gpipe_sim import plots
-from gpipe_sim.units import format_bytes, format_seconds
+from gpipe_sim.studies import plots
+from gpipe_sim.spec.units import format_bytes, format_seconds
 from ui_data import Validation, load_validation
 from gpipe_sim.errors import GpipeError
 from ui_run import MAX_GANTT_BARS, bubble_text, download_buttons, show_elapsed, to_scenario

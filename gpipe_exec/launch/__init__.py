@@ -1,0 +1,1 @@
+"""Starting ranks: spawned processes on this machine, or torchrun."""

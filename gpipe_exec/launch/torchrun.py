@@ -1,0 +1,44 @@
+"""Worker entry under torchrun: one rank of a scenario's pipeline per process, on one or several machines."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from gpipe_exec.execute import job_for, measured_result
+from gpipe_exec.launch.spawn import LaunchOptions, run_rank
+from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.spec.scenario import load_scenario
+
+
+def torchrun_main(argv: Sequence[str] | None = None) -> int:
+    """Worker entry under torchrun: `torchrun --nproc-per-node K -m gpipe_exec.launch.torchrun SCENARIO.yaml`."""
+    parser = argparse.ArgumentParser(prog="gpipe_exec.launch.torchrun")
+    parser.add_argument("scenario")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    scenario = load_scenario(args.scenario)
+    plan = compile_plan(scenario)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != scenario.pipeline.stages:
+        sys.stderr.write(f"gpipe-exec: error: pipeline.stages is {scenario.pipeline.stages}, "
+                         f"torchrun started {world} processes\n")
+        return 2
+    job = job_for(scenario, plan, steps=args.steps, warmup=args.warmup)
+    options = LaunchOptions(threads=args.threads, pin=False)
+    out = run_rank(rank, world, [job], plan.device_map, options)
+    if rank == 0:
+        measurement = measured_result(plan, out[0])
+        sys.stdout.write(measurement.result.to_json(timeline=args.json) + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as in _worker: no C++ static destructors after the process group is gone
+
+
+if __name__ == "__main__":
+    sys.exit(torchrun_main())

@@ -1,0 +1,145 @@
+"""Measurement: an aligned clock across ranks and the bytes saved for backward (activation memory)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's elements (a view counts its own elements, not its whole storage)."""
+    return t.numel() * t.element_size()
+
+
+class SavedBytesMeter:
+    """Counts the bytes that autograd saves for backward, per micro-batch, as the simulator defines them.
+
+    Inside `track(m)`, every tensor packed by `saved_tensors_hooks` adds its bytes to micro-batch
+    `m`, except tensors that share storage with a parameter or buffer (static memory). `retain`
+    adds bytes kept by hand (the stage input under re-materialization); `release(m)` frees all of
+    `m`'s bytes (its backward ended). `peak` is the largest total held at any time. So a kept
+    forward holds its saved bytes, a re-materialized one its input, and the re-computation brings
+    the micro-batch to max(saved, input) bytes, exactly gpipe_sim.results.memory's definition.
+    """
+
+    def __init__(self, modules: Iterable[torch.nn.Module] = ()) -> None:
+        self.static: set[int] = set()  # storage addresses of parameters and buffers
+        self.static_ids: set[int] = set()  # their ids (meta tensors have no addresses)
+        for module in modules:
+            for t in [*module.parameters(), *module.buffers()]:
+                self.static_ids.add(id(t))
+                if t.device.type != "meta":
+                    self.static.add(t.untyped_storage().data_ptr())
+        self.held: dict[int, int] = {}
+        self.total = 0
+        self.peak = 0
+        self.last_packed = 0  # bytes packed during the latest `track`
+        self._current: int | None = None
+
+    def _is_static(self, t: torch.Tensor) -> bool:
+        if id(t) in self.static_ids or (t._base is not None and id(t._base) in self.static_ids):
+            return True
+        return t.device.type != "meta" and t.untyped_storage().data_ptr() in self.static
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self._current is not None and not self._is_static(t):
+            nbytes = tensor_bytes(t)
+            self.last_packed += nbytes
+            self._add(self._current, nbytes)
+        return t
+
+    def _add(self, m: int, nbytes: int) -> None:
+        self.held[m] = self.held.get(m, 0) + nbytes
+        self.total += nbytes
+        self.peak = max(self.peak, self.total)
+
+    @contextmanager
+    def track(self, m: int, retained: int = 0) -> Iterator[None]:
+        """Count what autograd saves for micro-batch m. `retained`: bytes of the input kept since a
+        re-materialized forward; the first layer saves that very input, so the re-computation adds
+        only max(saved - retained, 0), as gpipe_sim.results.memory counts it."""
+        self._current = m
+        self.last_packed = 0
+        self.total -= retained
+        self.held[m] = self.held.get(m, 0) - retained
+        before = self.held[m]
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+                yield
+        finally:
+            self._current = None
+            shortfall = retained - (self.held[m] - before)
+            if shortfall > 0:
+                self._add(m, shortfall)
+
+    def add_saved(self, m: int, nbytes: int, retained: int = 0) -> None:
+        """Account `nbytes` saved for micro-batch m without hooks (a figure `track` measured before
+        for the same pass and size), with the same `retained` rule as `track`."""
+        self.total -= retained
+        self.held[m] = self.held.get(m, 0) - retained
+        self._add(m, max(nbytes, retained))
+
+    def retain(self, m: int, nbytes: int) -> None:
+        self._add(m, nbytes)
+
+    def release(self, m: int) -> None:
+        self.total -= self.held.pop(m, 0)
+
+    def reset(self) -> None:
+        self.held.clear()
+        self.total = self.peak = 0
+
+
+class AlignedClock:
+    """Seconds on a clock shared by all ranks: local `perf_counter` plus an offset to rank 0's.
+
+    On one Linux machine every process's `perf_counter` reads the same system-wide monotonic
+    clock, so the offset is exactly 0 (an estimate could only add error). Across machines it is
+    estimated NTP-style: several ping-pongs with rank 0, the shortest round trip wins.
+    """
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def __call__(self) -> float:
+        return time.perf_counter() + self.offset
+
+    @classmethod
+    def synchronize(cls, rounds: int = 8) -> "AlignedClock":
+        """Estimate this rank's offset to rank 0 (collective: every rank must call it)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return cls()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        hosts: list[str | None] = [None] * world
+        dist.all_gather_object(hosts, socket.gethostname())
+        if sys.platform.startswith("linux") and len(set(hosts)) == 1:
+            return cls(0.0)
+        buf = torch.zeros(1, dtype=torch.float64)
+        best_rtt, offset = float("inf"), 0.0
+        for peer in range(1, world):
+            for _ in range(rounds):
+                if rank == 0:
+                    dist.recv(buf, src=peer)
+                    buf[0] = time.perf_counter()
+                    dist.send(buf, dst=peer)
+                elif rank == peer:
+                    t1 = time.perf_counter()
+                    dist.send(buf, dst=0)
+                    dist.recv(buf, src=0)
+                    t2 = time.perf_counter()
+                    if t2 - t1 < best_rtt:
+                        best_rtt, offset = t2 - t1, float(buf[0]) - (t1 + t2) / 2
+        return cls(offset)
+
+
+def cuda_peak_bytes(device: torch.device) -> float | None:
+    """`torch.cuda.max_memory_allocated` on a CUDA device (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    return float(torch.cuda.max_memory_allocated(device))

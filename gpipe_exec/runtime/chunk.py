@@ -1,0 +1,152 @@
+"""One pipeline stage: its sub-module, optimizer and the state each micro-batch keeps between passes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from gpipe_exec.measure.meters import SavedBytesMeter, tensor_bytes
+
+LEARNING_RATES = {"sgd": 0.05, "momentum": 0.05, "rmsprop": 1e-3, "adagrad": 0.01, "adam": 1e-3}
+
+
+def make_optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
+    """The scenario's optimizer (`training.optimizer`) with a fixed learning rate."""
+    lr = LEARNING_RATES[name]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr=lr)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr)
+    return torch.optim.Adam(params, lr=lr)
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+@dataclass
+class MicroBatch:
+    """What a micro-batch keeps on a stage between its forward and its backward."""
+
+    input: torch.Tensor | None = None
+    output: torch.Tensor | None = None  # the graph's end (the loss on the last stage)
+    rng: tuple[torch.Tensor, torch.Tensor | None] | None = None  # for re-computation
+    grad_output: torch.Tensor | None = None
+
+
+@dataclass
+class Stage:
+    """Layers `first..last` of the model on one rank, with the passes the action lists name."""
+
+    index: int
+    stages: int
+    module: nn.Sequential
+    device: torch.device
+    loss: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+    batch_size: int
+    optimizer: torch.optim.Optimizer
+    meter: SavedBytesMeter = field(init=False)
+    micro: dict[int, MicroBatch] = field(default_factory=dict)
+    losses: dict[int, float] = field(default_factory=dict)
+    # Saved bytes per (pass, micro-batch size), measured with saved_tensors_hooks the first time:
+    # the hooks cost time on every saved tensor, and shapes (hence bytes) repeat exactly.
+    saved_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.meter = SavedBytesMeter([self.module])
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.stages - 1
+
+    def _run(self, m: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        out = self.module(x)
+        if self.is_last:
+            assert target is not None
+            out = self.loss(out, target, self.batch_size)
+        return out
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_first or not x.is_floating_point():
+            return x
+        return x.detach().requires_grad_(True)
+
+    def forward(self, m: int, x: torch.Tensor, target: torch.Tensor | None, save: bool) -> torch.Tensor:
+        """Run micro-batch m; keep the graph (`save`) or only the input and the RNG state."""
+        mb = self.micro.setdefault(m, MicroBatch())
+        if save:
+            mb.input = self._input(x)
+            mb.output = self._tracked("forward", m, mb.input, target, 0)
+        else:
+            mb.rng = _rng_state(self.device)
+            mb.input = x.detach()
+            self.meter.retain(m, tensor_bytes(mb.input))
+            with torch.no_grad():
+                mb.output = self._run(m, mb.input, target)
+        if self.is_last:
+            self.losses[m] = float(mb.output.detach())
+        return mb.output.detach()
+
+    def recompute(self, m: int, target: torch.Tensor | None) -> None:
+        """Re-run micro-batch m's forward with its RNG state restored, keeping the graph this time."""
+        mb = self.micro[m]
+        assert mb.input is not None and mb.rng is not None
+        current = _rng_state(self.device)
+        _set_rng_state(mb.rng, self.device)
+        try:
+            retained = tensor_bytes(mb.input)
+            mb.input = self._input(mb.input)
+            mb.output = self._tracked("recompute", m, mb.input, target, retained)
+        finally:
+            _set_rng_state(current, self.device)
+
+    def _tracked(self, phase: str, m: int, x: torch.Tensor, target: torch.Tensor | None,
+                 retained: int) -> torch.Tensor:
+        key = (phase, int(x.shape[0]))
+        known = self.saved_bytes.get(key)
+        if known is not None:
+            out = self._run(m, x, target)
+            self.meter.add_saved(m, known, retained)
+            return out
+        with self.meter.track(m, retained):
+            out = self._run(m, x, target)
+        self.saved_bytes[key] = self.meter.last_packed
+        return out
+
+    def backward(self, m: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
+        """Backpropagate micro-batch m (gradients accumulate); return the input's gradient."""
+        mb = self.micro.pop(m)
+        assert mb.output is not None and mb.input is not None
+        if self.is_last:
+            mb.output.backward()
+        else:
+            torch.autograd.backward(mb.output, grad_output)
+        self.meter.release(m)
+        return None if self.is_first else mb.input.grad
+
+    def update(self) -> None:
+        """One optimizer step on the accumulated gradients."""
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.losses.clear()
+        self.meter.reset()

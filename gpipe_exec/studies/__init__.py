@@ -1,0 +1,1 @@
+"""Studies on real runs: calibration, validation against the simulator, accuracy, benchmarks."""

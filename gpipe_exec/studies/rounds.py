@@ -1,0 +1,71 @@
+"""Rounds of profile, predict and run in one launch: the comparison unit of validate, calibration and accuracy."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Union
+
+from gpipe_exec.execute import Measurement, job_for, measured_result
+from gpipe_exec.profile import ProfileOptions, default_sizes, profile_model, profile_on_rank, table_scenario
+from gpipe_exec.studies.calibrate import LinkFit, RuntimeFit
+from gpipe_sim.api import result_from_times, run_engine
+from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.results.result import Result
+from gpipe_sim.spec.scenario import Scenario
+
+Calibration = Union[LinkFit, RuntimeFit]  # what `hardware_updates()` turns into scenario fields
+
+
+def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration: Calibration | None
+                         ) -> tuple[Scenario, Result]:
+    """Simulate the scenario with the measured layer table (and calibration); return the scenario to run,
+    whose partition is the one the simulator chose, written out as layer counts."""
+    updates: dict[str, Any] = {}
+    if calibration is not None:
+        updates.update(calibration.hardware_updates())
+    predicted_scenario = table_scenario(scenario, table, updates)
+    plan = compile_plan(predicted_scenario)
+    counts = [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    run_scenario = scenario.with_updates({"pipeline.partition": counts})
+    return run_scenario, result_from_times(plan, *run_engine(plan, "auto"))
+
+
+class Round(NamedTuple):
+    """One profile, prediction and run of a case."""
+
+    scenario: Scenario  # as run: the simulator's partition written out
+    predicted: Result
+    measured: Measurement
+    table: dict[str, Any]  # the profile the prediction used
+
+
+def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> list[list[Round]] | None:
+    """A launch task, on every rank: `rounds` passes over `cases`; in each pass every case is
+    profiled (by every rank at once, as `profile_on_devices` does, or with `alone` by rank 0
+    while the others wait), simulated by rank 0 with that profile and `calibration`, and run by
+    all ranks seconds later. Spread over the passes, a case's profiles and steps see the same mix
+    of machine states. Rank 0 returns each case's rounds."""
+    import torch.distributed as dist
+
+    from gpipe_exec.runtime.interpreter import run_job
+
+    cases: list[Scenario] = payload["cases"]
+    base: ProfileOptions = payload["profile"]
+    out: list[list[Round]] = [[] for _ in cases]
+    for _ in range(payload["rounds"]):
+        for i, sc in enumerate(cases):
+            options = base if base.micro_batches else dataclasses.replace(base, micro_batches=default_sizes(sc))
+            if not payload["alone"]:
+                table = profile_on_rank(sc, options, rank)  # rank 0's is used
+            elif rank == 0:
+                table = profile_model(sc, options)
+            box: list[Any] = [None]
+            if rank == 0:
+                run_sc, predicted = predict_with_profile(sc, table, payload["calibration"])
+                plan = compile_plan(run_sc)
+                box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]
+            dist.broadcast_object_list(box, src=0)
+            output = run_job(box[0], rank, device, clock)
+            if rank == 0:
+                out[i].append(Round(run_sc, predicted, measured_result(plan, output), table))
+    return out if rank == 0 else None

@@ -1,0 +1,149 @@
+"""Predicted versus measured: profile here, calibrate the runtime, simulate, run for real, compare."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from gpipe_exec.studies.calibrate import RuntimeFit, calibrate_runtime
+from gpipe_exec.studies.calibrate_shared import calibrate_shared
+from gpipe_exec.studies.rounds import Calibration, Round, compare_rounds, predict_with_profile
+from gpipe_exec.execute import Measurement, check_runnable, execute
+from gpipe_exec.launch.spawn import LaunchOptions, launch
+from gpipe_exec.profile import ProfileOptions
+from gpipe_sim.errors import GpipeError
+from gpipe_sim.results.result import Result
+from gpipe_sim.spec.scenario import Scenario
+
+
+def calibration_text(c: Calibration) -> str:
+    """One line: the calibrated link (and host times per action)."""
+    line = f"link: latency {c.latency_s * 1e6:.1f} us, bandwidth {c.bandwidth / 1e9:.2f} GB/s"
+    if isinstance(c, RuntimeFit):
+        line += (f"; host per action {c.action_s * 1e6:.1f} us, per send {c.send_s * 1e6:.1f} us, "
+                 f"per receive {c.recv_s * 1e6:.1f} us, copies at {c.copy_bandwidth / 1e9:.2f} GB/s")
+        if c.shared_scale != 1.0:
+            line += f" (x{c.shared_scale:.2f} on shared devices)"
+    return line
+
+
+@dataclass
+class Validation:
+    """One scenario's prediction (from this machine's profile and calibration) beside its measurement."""
+
+    scenario: Scenario  # as run: the zoo model with the simulator's partition written out
+    predicted: Result
+    measured: Measurement
+    calibration: "Calibration | None"
+    # With several rounds (profile, predict, run each): every round's predicted and measured step;
+    # `predicted` and `measured` are then the rounds with the median of each.
+    rounds: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def relative_error(self) -> dict[str, float]:
+        return relative_errors(self.predicted, self.measured.result)
+
+    def to_dict(self, timeline: bool = True) -> dict[str, Any]:
+        return {
+            "predicted": self.predicted.to_dict(timeline),
+            "measured": self.measured.result.to_dict(timeline),
+            "relative_error": self.relative_error,
+            "measured_step_times_s": self.measured.step_times_s,
+            "link": None if self.calibration is None else self.calibration.hardware_updates()["hardware.link"],
+            "calibration": None if self.calibration is None else self.calibration.to_dict(),
+            "rounds": [{"predicted_step_s": p, "measured_step_s": m} for p, m in self.rounds],
+        }
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """|predicted - measured| / |measured| (0 when both are 0)."""
+    if measured == 0:
+        return 0.0 if predicted == 0 else float("inf")
+    return abs(predicted - measured) / abs(measured)
+
+
+def compared_fields(predicted: Result, measured: Result) -> list[tuple[str, float, float]]:
+    """(field, predicted, measured) for every compared figure."""
+    rows = [
+        ("step_time_s", predicted.step_time_s, measured.step_time_s),
+        ("throughput_samples_per_s", predicted.throughput_samples_per_s, measured.throughput_samples_per_s),
+        ("bubble_fraction", predicted.bubble_fraction, measured.bubble_fraction),
+    ]
+    for p, m in zip(predicted.stages, measured.stages):
+        rows.append((f"stage{p.index}.peak_activation_bytes", p.peak_activation_bytes, m.peak_activation_bytes))
+    return rows
+
+
+def relative_errors(predicted: Result, measured: Result) -> dict[str, float]:
+    """|predicted - measured| / |measured| per compared field."""
+    return {name: relative_error(p, m) for name, p, m in compared_fields(predicted, measured)}
+
+
+def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: ProfileOptions | None = None,
+             options: LaunchOptions = LaunchOptions(), calibration: Calibration | None = None,
+             calibrate: bool = True, rounds: int = 1,
+             table: dict[str, Any] | None = None,
+             progress: Callable[[str], None] | None = None) -> Validation:
+    """Calibrate, then profile, simulate and execute `scenario` (`rounds` times, in one launch);
+    everything on this machine. With a `table`, that profile is used and the run is done once."""
+    say = progress or (lambda _msg: None)
+    check_runnable(scenario)
+    if rounds < 1:
+        raise GpipeError(f"rounds must be at least 1, got {rounds}")
+    devices = sorted(set(scenario.device_map))
+    if calibration is None and calibrate and len(devices) > 1:
+        say("calibrating the runtime (host time per action, link)")
+        calibration = calibrate_runtime((devices[0], devices[1]), options=options)
+        if len(devices) < len(scenario.device_map):
+            say("calibrating the runtime on the shared devices")
+            calibration = calibrate_shared(calibration, scenario.device_map, options=options)
+    if table is not None:
+        run_scenario, predicted = predict_with_profile(scenario, table, calibration)
+        say("running the pipeline")
+        measured = execute(run_scenario, steps=steps, warmup=warmup, options=options)
+        return Validation(run_scenario, predicted, measured, calibration)
+    say(f"profiling (every device at once), predicting and running: {rounds} round(s)")
+    payload = {"cases": [scenario], "rounds": rounds, "steps": steps, "warmup": warmup, "alone": False,
+               "profile": profile or ProfileOptions(threads=options.threads), "calibration": calibration}
+    done: list[Round] = launch(payload, scenario.device_map, options, task=compare_rounds)[0]
+    return combine_rounds(done, calibration)
+
+
+def _median_index(values: list[float]) -> int:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return order[(len(order) - 1) // 2]
+
+
+def combine_rounds(done: list[Round], calibration: Calibration | None) -> Validation:
+    """One validation from a case's rounds: the round with the median prediction beside the
+    round with the median measured step (the same round when there is one)."""
+    pairs = [(r.predicted.step_time_s, r.measured.result.step_time_s) for r in done]
+    p = _median_index([a for a, _ in pairs])
+    m = _median_index([b for _, b in pairs])
+    return Validation(done[m].scenario, done[p].predicted, done[m].measured, calibration,
+                      rounds=pairs if len(done) > 1 else [])
+
+
+def validation_text(v: Validation) -> str:
+    """A table: predicted, measured and relative error per compared field."""
+    table = Table(title="predicted vs measured")
+    for col in ("field", "predicted", "measured", "relative error"):
+        table.add_column(col, justify="right" if col != "field" else "left")
+    errors = v.relative_error
+    for name, p, m in compared_fields(v.predicted, v.measured.result):
+        table.add_row(name, f"{p:.6g}", f"{m:.6g}", f"{100 * errors[name]:.2f}%")
+    buf = io.StringIO()
+    console = Console(file=buf, width=100, force_terminal=False)
+    console.print(table)
+    steps = ", ".join(f"{t * 1e3:.2f}" for t in v.measured.step_times_s)
+    console.print(f"measured step times (ms): {steps}")
+    if v.rounds:
+        each = ", ".join(f"{p * 1e3:.2f}/{m * 1e3:.2f}" for p, m in v.rounds)
+        console.print(f"rounds, predicted/measured step (ms): {each} (the median round of each is shown)")
+    if v.calibration is not None:
+        console.print(calibration_text(v.calibration))
+    return buf.getvalue().rstrip()

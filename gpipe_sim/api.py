@@ -1,0 +1,74 @@
+"""Simulate a scenario: compile its plan, run an engine, account memory, summarise the result."""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+
+from gpipe_sim.engines.simpy_engine import run_simpy
+from gpipe_sim.engines.fast import contention_free, evaluate_fast
+from gpipe_sim.results.memory import memory_profile
+from gpipe_sim.plan.compile import Plan, compile_plan
+from gpipe_sim.results.result import Result, Timeline, summarize
+from gpipe_sim.spec.scenario import Scenario
+
+Engine = Literal["simpy", "fast", "auto"]
+
+
+def run_engine(plan: Plan, engine: Engine = "simpy") -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of every action. "auto" takes the fast evaluator (exact, linear in the
+    actions) where no device or link is shared, else the SimPy engine."""
+    if engine == "fast":
+        return evaluate_fast(plan)
+    if engine == "auto" and contention_free(plan):
+        return evaluate_fast(plan)
+    return run_simpy(plan)
+
+
+def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Sequence[float],
+                   chunk_peak_activation_bytes: Sequence[float], param_bytes: Sequence[float],
+                   state_bytes: Sequence[float], device_peak_memory_bytes: dict[int, float],
+                   source: str) -> Result:
+    """`summarize` with everything the plan fixes (batch, micro-batches, layout, capacity, the
+    schedule's analytic bubble) taken from it: the one call the simulator and the executor both
+    make. `peak_activation_bytes` is per rank; the other sequences are per chunk."""
+    return summarize(
+        timeline,
+        batch_size=plan.scenario.pipeline.batch_size,
+        micro_batches=plan.schedule.micro_batches,
+        layout=plan.layout,
+        analytic_bubble_fraction=plan.analytic_bubble_fraction,
+        peak_activation_bytes=peak_activation_bytes,
+        chunk_peak_activation_bytes=chunk_peak_activation_bytes,
+        param_bytes=param_bytes,
+        state_bytes=state_bytes,
+        memory_capacity_bytes=plan.memory_capacity_bytes,
+        device_peak_memory_bytes=device_peak_memory_bytes,
+        source=source,
+    )
+
+
+def result_from_times(plan: Plan, start: np.ndarray, end: np.ndarray, source: str = "simulated") -> Result:
+    """The Result for a plan given every action's start and end."""
+    prog = plan.program
+    timeline = Timeline(prog.rank, prog.chunk, prog.kind, prog.micro_batch, start, end)
+    memory = memory_profile(plan, start, end)
+    result = summarize_plan(
+        plan, timeline,
+        peak_activation_bytes=memory.peak_activation_bytes.tolist(),
+        chunk_peak_activation_bytes=memory.chunk_peak_activation_bytes.tolist(),
+        param_bytes=[c.param_bytes for c in plan.chunks],
+        state_bytes=[c.state_bytes for c in plan.chunks],
+        device_peak_memory_bytes=memory.device_peak_bytes,
+        source=source,
+    )
+    result.memory_timeline = list(zip(memory.times, memory.activation_bytes))
+    return result
+
+
+def simulate(scenario: Scenario, engine: Engine = "auto") -> Result:
+    """Predict one training step of `scenario`."""
+    plan = compile_plan(scenario)
+    start, end = run_engine(plan, engine)
+    return result_from_times(plan, start, end)

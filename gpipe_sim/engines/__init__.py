@@ -1,0 +1,1 @@
+"""Engines that time a compiled program: the SimPy discrete-event engine and the exact fast evaluator."""

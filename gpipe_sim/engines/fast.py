@@ -1,0 +1,193 @@
+"""The fast evaluator: the exact step of a contention-free plan, in time linear in its actions.
+
+Each rank's program is a chain, T[i] = max(T[i-1], ready[i]) + d[i], where `ready` is a message's
+arrival for a recv. With C the inclusive prefix sum of d this is T = C + max(0, running max of
+(ready - (C - d))), so only receives and sends need visiting one by one: a rank advances over its
+transfers until it reaches a receive whose message is not yet sent, and a send wakes the rank
+waiting for it (a topological pass over the dependency graph, each transfer visited once). A
+link used by one rank is the same recurrence over its sends. Two vectorised sweeps (ranks up,
+then down) are tried first: they finish fill-drain schedules, whose dependencies run one way per
+phase, with no per-transfer Python at all. Without contention only: a device running two ranks or
+a link carrying two ranks' sends needs the SimPy engine (`evaluate_fast` refuses such plans).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpipe_sim.errors import SimulationError
+from gpipe_sim.plan.compile import RECV, SEND, Plan
+
+SWEEPS = 2  # vectorised sweeps tried before the per-transfer pass
+
+
+def contention_free(plan: Plan) -> bool:
+    """True when no device runs two ranks and no link carries two ranks' sends."""
+    prog = plan.program
+    return not prog.shared_device.any() and bool(prog.dedicated.all())
+
+
+def _chain(durations: np.ndarray, ready: np.ndarray) -> np.ndarray:
+    """End times of a chain starting at 0: T[i] = max(T[i-1], ready[i]) + durations[i]."""
+    cumulative = np.cumsum(durations)
+    slack = ready - (cumulative - durations)
+    np.maximum.accumulate(slack, out=slack)
+    np.maximum(slack, 0.0, out=slack)
+    return cumulative + slack
+
+
+class _Rank:
+    """One rank's program slices, prepared once."""
+
+    def __init__(self, plan: Plan, r: int) -> None:
+        prog = plan.program
+        lo, hi = int(prog.offsets[r]), int(prog.offsets[r + 1])
+        self.lo, self.hi = lo, hi
+        kind = prog.kind[lo:hi]
+        self.duration = prog.duration[lo:hi]
+        self.recv_at = np.flatnonzero(kind == RECV)
+        self.recv_msg = prog.message[lo:hi][self.recv_at]
+        self.send_at = np.flatnonzero(kind == SEND)
+        self.send_msg = prog.message[lo:hi][self.send_at]
+        self.send_link = prog.link[lo:hi][self.send_at]
+        self.send_ser = prog.serialization[lo:hi][self.send_at]
+        self.send_lat = prog.latency[lo:hi][self.send_at]
+
+
+def evaluate_fast(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """Return (start, end) seconds of every action in program order, exactly as `run_simpy` would;
+    SimulationError naming the rank and action where the programs deadlock."""
+    if not contention_free(plan):
+        raise SimulationError("the fast evaluator needs a contention-free plan; use the SimPy engine")
+    prog = plan.program
+    ranks = [_Rank(plan, r) for r in range(len(plan.ranks))]
+    arrival = np.full(prog.num_messages, -np.inf)
+    link_start = np.zeros(len(prog.kind))
+    if not _sweeps(ranks, arrival, link_start):
+        _topological(plan, ranks, arrival, link_start)
+    start = np.zeros(len(prog.kind))
+    end = np.zeros(len(prog.kind))
+    for rk in ranks:
+        ready = np.full(rk.hi - rk.lo, -np.inf)
+        ready[rk.recv_at] = arrival[rk.recv_msg]
+        T = _chain(rk.duration, ready)
+        end[rk.lo : rk.hi] = T
+        start[rk.lo + 1 : rk.hi] = T[:-1]
+        sends = rk.lo + rk.send_at
+        start[sends] = link_start[sends]
+        end[sends] = arrival[rk.send_msg]
+    return start, end
+
+
+def _post(rk: _Rank, T: np.ndarray, link_start: np.ndarray) -> np.ndarray:
+    """Arrival of each of the rank's sends given its chain times `T` (link by link, in order)."""
+    posted = T[rk.send_at]
+    arrive = posted.copy()
+    for link in np.unique(rk.send_link):
+        sel = rk.send_link == link
+        if link < 0:
+            link_start[rk.lo + rk.send_at[sel]] = posted[sel]
+            continue
+        ser = rk.send_ser[sel]
+        free = _chain(ser, posted[sel])
+        link_start[rk.lo + rk.send_at[sel]] = free - ser
+        arrive[sel] = free + rk.send_lat[sel]
+    return arrive
+
+
+def _sweeps(ranks: list[_Rank], arrival: np.ndarray, link_start: np.ndarray) -> bool:
+    """Up to SWEEPS vectorised passes (ranks up, then down), each rank computed from the arrivals
+    known so far (a lower bound: they start at 0 and only grow); True when a whole pass changed
+    nothing, which is the fixed point, the longest path. Beside the times, each action's depth
+    (actions on the longest chain of dependencies before it) is iterated the same way: it cannot
+    settle around a cycle, so a deadlock is never taken for a fixed point of zero-length actions."""
+    arrival.fill(0.0)
+    depth = np.zeros(len(arrival))
+    receiver = np.zeros(len(arrival), dtype=np.int64)
+    for r, rk in enumerate(ranks):
+        receiver[rk.recv_msg] = r
+    dirty = np.ones(len(ranks), dtype=bool)
+    order = list(range(len(ranks))) + list(reversed(range(len(ranks))))
+    for _ in range(SWEEPS):
+        for r in order:
+            if not dirty[r]:
+                continue
+            dirty[r] = False
+            rk = ranks[r]
+            ready = np.full(rk.hi - rk.lo, -np.inf)
+            ready[rk.recv_at] = arrival[rk.recv_msg]
+            arrive = _post(rk, _chain(rk.duration, ready), link_start)
+            ready[rk.recv_at] = depth[rk.recv_msg]
+            deep = _chain(np.ones(rk.hi - rk.lo), ready)[rk.send_at]
+            moved = (arrival[rk.send_msg] != arrive) | (depth[rk.send_msg] != deep)
+            if moved.any():
+                arrival[rk.send_msg] = arrive
+                depth[rk.send_msg] = deep
+                dirty[receiver[rk.send_msg[moved]]] = True
+        if not dirty.any():
+            return True
+    return False
+
+
+def _topological(plan: Plan, ranks: list[_Rank], arrival: np.ndarray, link_start: np.ndarray) -> None:
+    """Every rank's transfers in dependency order: each rank advances over its receives and
+    sends until a receive's message is not yet sent, and waits for the send to wake it."""
+    prog = plan.program
+    arrival.fill(-np.inf)
+    known = [False] * prog.num_messages
+    arrival_list = [0.0] * prog.num_messages
+    link_free = [0.0] * len(prog.dedicated)
+    state = []
+    for rk in ranks:
+        cumulative = np.cumsum(rk.duration)
+        events = sorted(
+            [(int(i), 0, int(m), -1, 0.0, 0.0) for i, m in zip(rk.recv_at, rk.recv_msg)]
+            + [(int(i), 1, int(m), int(ln), float(s), float(lat))
+               for i, m, ln, s, lat in zip(rk.send_at, rk.send_msg, rk.send_link, rk.send_ser, rk.send_lat)]
+        )
+        # per event: (position, is_send, message, link, serialization, latency, C[i], C[i] - d[i])
+        state.append([(*e, float(cumulative[e[0]]), float(cumulative[e[0]] - rk.duration[e[0]]))
+                      for e in events])
+    pointer = [0] * len(ranks)
+    slack = [0.0] * len(ranks)
+    waiting: dict[int, int] = {}
+    work = list(range(len(ranks)))
+    starts: dict[int, float] = {}
+    while work:
+        r = work.pop()
+        events, e, s = state[r], pointer[r], slack[r]
+        lo = ranks[r].lo
+        while e < len(events):
+            position, is_send, message, link, ser, lat, c_incl, c_excl = events[e]
+            if is_send:
+                posted = c_incl + s
+                if link < 0:
+                    begin = arrive = posted
+                else:
+                    begin = link_free[link] if link_free[link] > posted else posted
+                    link_free[link] = begin + ser
+                    arrive = begin + ser + lat
+                starts[lo + position] = begin
+                arrival_list[message] = arrive
+                known[message] = True
+                woken = waiting.pop(message, None)
+                if woken is not None:
+                    work.append(woken)
+            else:
+                if not known[message]:
+                    waiting[message] = r
+                    break
+                gap = arrival_list[message] - c_excl
+                if gap > s:
+                    s = gap
+            e += 1
+        pointer[r], slack[r] = e, s
+    for r, events in enumerate(state):
+        if pointer[r] < len(events):
+            position = events[pointer[r]][0]
+            action = plan.schedule.rank_actions(r)[position]
+            raise SimulationError(f"schedule deadlocks: rank {r} waits forever at {action}")
+    arrival[:] = arrival_list
+    if starts:
+        idx = np.fromiter(starts.keys(), dtype=np.int64, count=len(starts))
+        link_start[idx] = np.fromiter(starts.values(), dtype=float, count=len(starts))

@@ -1,0 +1,69 @@
+"""The textbook SimPy model of a plan: one Resource per device and per link, one process per
+transfer, every action a SimPy event. Slow and obviously right: the reference the engines are tested against."""
+
+from __future__ import annotations
+
+from typing import Generator
+
+import numpy as np
+import simpy
+
+from gpipe_sim.plan.compile import RECV, SEND, Plan
+
+
+def straightforward_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """The textbook SimPy model of the same plan, as a baseline: one Resource per device and per
+    link, one process per transfer, every action a SimPy event."""
+    prog = plan.program
+    env = simpy.Environment()
+    devices = {d: simpy.Resource(env, capacity=1) for d in set(plan.device_map)}
+    links = [simpy.Resource(env, capacity=1) for _ in range(len(prog.dedicated))]
+    delivered = [env.event() for _ in range(prog.num_messages)]
+    start = np.zeros(len(prog.kind))
+    end = np.zeros(len(prog.kind))
+
+    def transfer(i: int) -> Generator[simpy.Event, object, None]:
+        if prog.link[i] >= 0:
+            with links[prog.link[i]].request() as request:
+                yield request
+                start[i] = env.now
+                yield env.timeout(prog.serialization[i])
+            yield env.timeout(prog.latency[i])
+        else:
+            start[i] = env.now
+        end[i] = env.now
+        delivered[prog.message[i]].succeed()
+
+    on_device = plan.scenario.hardware.host.on_device
+
+    def host(device: simpy.Resource, duration: float) -> Generator[simpy.Event, object, None]:
+        if not on_device or duration <= 0:
+            yield env.timeout(duration)
+            return
+        with device.request() as request:
+            yield request
+            yield env.timeout(duration)
+
+    def rank(k: int) -> Generator[simpy.Event, object, None]:
+        device = devices[plan.device_map[k]]
+        for i in range(int(prog.offsets[k]), int(prog.offsets[k + 1])):
+            kind = prog.kind[i]
+            if kind == SEND:
+                yield from host(device, prog.duration[i])  # host time to issue it
+                env.process(transfer(i))
+            elif kind == RECV:
+                start[i] = env.now
+                yield delivered[prog.message[i]]
+                yield from host(device, prog.duration[i])  # host time to complete it
+                end[i] = env.now
+            else:
+                with device.request() as request:
+                    yield request
+                    start[i] = env.now
+                    yield env.timeout(prog.duration[i])
+                    end[i] = env.now
+
+    for k in range(len(plan.ranks)):
+        env.process(rank(k))
+    env.run()
+    return start, end

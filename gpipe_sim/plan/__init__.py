@@ -1,0 +1,1 @@
+"""Planning: partition the layers, place chunks on ranks and devices, compile the program the engines run."""

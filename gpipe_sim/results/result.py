@@ -1,0 +1,300 @@
+"""The result schema shared by the simulator and the executor, and how it is computed from a timeline."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from gpipe_sim.schedule.actions import ACTION_KINDS, COMPUTE_KINDS
+
+_COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
+
+
+@dataclass
+class Timeline:
+    """Every action of the step, columnar: rank, chunk (-1: the update), kind (a Kind code),
+    micro-batch, start and end in seconds from the step's start."""
+
+    rank: np.ndarray
+    chunk: np.ndarray
+    kind: np.ndarray
+    micro_batch: np.ndarray
+    start_s: np.ndarray
+    end_s: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    @property
+    def kind_names(self) -> list[str]:
+        return [ACTION_KINDS[int(k)] for k in self.kind]
+
+    @property
+    def is_compute(self) -> np.ndarray:
+        return np.isin(self.kind, _COMPUTE_CODES)
+
+    def to_records(self) -> list[dict[str, Any]]:
+        return [
+            {"rank": int(r), "chunk": int(c), "kind": ACTION_KINDS[int(k)], "micro_batch": int(m),
+             "start_s": float(a), "end_s": float(b)}
+            for r, c, k, m, a, b in zip(self.rank.tolist(), self.chunk.tolist(), self.kind.tolist(),
+                                        self.micro_batch.tolist(), self.start_s.tolist(), self.end_s.tolist())
+        ]
+
+    @classmethod
+    def from_records(cls, records: Sequence[dict[str, Any]]) -> "Timeline":
+        """From `to_records` output (files written before chunks existed name the rank `stage`)."""
+        rank = np.array([r["rank"] if "rank" in r else r["stage"] for r in records], dtype=np.int32)
+        return cls(
+            rank=rank,
+            chunk=np.array([r.get("chunk", rk) for r, rk in zip(records, rank.tolist())], dtype=np.int32),
+            kind=np.array([ACTION_KINDS.index(r["kind"]) for r in records], dtype=np.int8),
+            micro_batch=np.array([r.get("micro_batch", -1) for r in records], dtype=np.int32),
+            start_s=np.array([r["start_s"] for r in records], dtype=float),
+            end_s=np.array([r["end_s"] for r in records], dtype=float),
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a Result needs of the plan: each chunk's layers and rank, each rank's device."""
+
+    chunk_layers: tuple[tuple[int, int], ...]
+    chunk_rank: tuple[int, ...]
+    device_map: tuple[int, ...]  # per rank
+
+    def chunks_of(self, rank: int) -> list[int]:
+        return [c for c, r in enumerate(self.chunk_rank) if r == rank]
+
+
+@dataclass
+class ChunkResult:
+    """One model chunk's figures: its layers, its rank, its compute and its own activation peak."""
+
+    index: int
+    rank: int
+    layers: tuple[int, int]
+    busy_s: float
+    peak_activation_bytes: float
+    param_bytes: float
+    state_bytes: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "rank": self.rank, "layers": list(self.layers), "busy_s": self.busy_s,
+                "peak_activation_bytes": self.peak_activation_bytes, "param_bytes": self.param_bytes,
+                "state_bytes": self.state_bytes}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ChunkResult":
+        return cls(index=int(d["index"]), rank=int(d["rank"]), layers=(int(d["layers"][0]), int(d["layers"][1])),
+                   busy_s=float(d["busy_s"]), peak_activation_bytes=float(d["peak_activation_bytes"]),
+                   param_bytes=float(d["param_bytes"]), state_bytes=float(d.get("state_bytes", 0.0)))
+
+
+@dataclass
+class StageResult:
+    """One pipeline rank's figures, over all its chunks. Bytes are per rank;
+    `peak_memory_bytes` = static + peak activations (all chunks at the worst moment)."""
+
+    index: int
+    chunks: tuple[int, ...]
+    layers: tuple[tuple[int, int], ...]  # per chunk: (first, last)
+    device: int
+    busy_s: float
+    peak_activation_bytes: float
+    peak_memory_bytes: float
+    param_bytes: float
+    state_bytes: float = 0.0
+
+    @property
+    def layers_text(self) -> str:
+        """The layers as a reader writes them: "0-5" or "0-2, 9-11"."""
+        return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "chunks": list(self.chunks), "layers": [list(pair) for pair in self.layers],
+            "device": self.device, "busy_s": self.busy_s, "peak_activation_bytes": self.peak_activation_bytes,
+            "peak_memory_bytes": self.peak_memory_bytes, "param_bytes": self.param_bytes,
+            "state_bytes": self.state_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StageResult":
+        layers = d["layers"]
+        if layers and not isinstance(layers[0], (list, tuple)):  # written before chunks: [first, last]
+            layers = [layers]
+        index = int(d["index"])
+        return cls(
+            index=index, chunks=tuple(int(c) for c in d.get("chunks", [index])),
+            layers=tuple((int(a), int(b)) for a, b in layers),
+            device=int(d.get("device", index)), busy_s=float(d["busy_s"]),
+            peak_activation_bytes=float(d["peak_activation_bytes"]),
+            peak_memory_bytes=float(d["peak_memory_bytes"]), param_bytes=float(d["param_bytes"]),
+            state_bytes=float(d.get("state_bytes", 0.0)),
+        )
+
+
+@dataclass
+class Result:
+    """A predicted or measured training step. `to_dict` gives the JSON schema both halves share.
+    `stages` has one entry per pipeline rank, `chunks` one per model chunk."""
+
+    step_time_s: float
+    throughput_samples_per_s: float
+    bubble_fraction: float
+    analytic_bubble_fraction: float
+    fits_in_memory: bool
+    stages: list[StageResult]
+    timeline: Timeline
+    batch_size: int
+    micro_batches: int
+    memory_capacity_bytes: float = float("inf")
+    device_peak_memory_bytes: dict[int, float] = field(default_factory=dict)
+    source: str = "simulated"
+    chunks: list[ChunkResult] = field(default_factory=list)
+    # Per rank: (times, activation bytes held from each time on); optional.
+    memory_timeline: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def devices_over_capacity(self) -> list[tuple[int, list[int], float]]:
+        """(device, its ranks, peak bytes) for every device whose peak exceeds the capacity."""
+        return [
+            (device, [s.index for s in self.stages if s.device == device], peak)
+            for device, peak in sorted(self.device_peak_memory_bytes.items())
+            if peak > self.memory_capacity_bytes
+        ]
+
+    def to_dict(self, timeline: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "step_time_s": self.step_time_s,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "bubble_fraction": self.bubble_fraction,
+            "analytic_bubble_fraction": self.analytic_bubble_fraction,
+            "fits_in_memory": self.fits_in_memory,
+            "batch_size": self.batch_size,
+            "micro_batches": self.micro_batches,
+            "memory_capacity_bytes": _finite_or_none(self.memory_capacity_bytes),
+            "device_peak_memory_bytes": {str(k): v for k, v in self.device_peak_memory_bytes.items()},
+            "source": self.source,
+            "stages": [s.to_dict() for s in self.stages],
+            "chunks": [c.to_dict() for c in self.chunks],
+        }
+        if timeline:
+            out["timeline"] = self.timeline.to_records()
+            out["memory_timeline"] = [
+                {"rank": k, "time_s": t.tolist(), "activation_bytes": b.tolist()}
+                for k, (t, b) in enumerate(self.memory_timeline)
+            ]
+        return out
+
+    def to_json(self, timeline: bool = True, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(timeline), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Result":
+        cap = d.get("memory_capacity_bytes")
+        return cls(
+            step_time_s=float(d["step_time_s"]),
+            throughput_samples_per_s=float(d["throughput_samples_per_s"]),
+            bubble_fraction=float(d["bubble_fraction"]),
+            analytic_bubble_fraction=float(d["analytic_bubble_fraction"]),
+            fits_in_memory=bool(d["fits_in_memory"]),
+            stages=[StageResult.from_dict(s) for s in d["stages"]],
+            timeline=Timeline.from_records(d.get("timeline", [])),
+            batch_size=int(d.get("batch_size", 0)),
+            micro_batches=int(d.get("micro_batches", 0)),
+            memory_capacity_bytes=float("inf") if cap is None else float(cap),
+            device_peak_memory_bytes={int(k): float(v) for k, v in d.get("device_peak_memory_bytes", {}).items()},
+            source=str(d.get("source", "simulated")),
+            chunks=[ChunkResult.from_dict(c) for c in d.get("chunks", [])],
+            memory_timeline=[
+                (np.asarray(m["time_s"], dtype=float), np.asarray(m["activation_bytes"], dtype=float))
+                for m in d.get("memory_timeline", [])
+            ],
+        )
+
+
+def _finite_or_none(value: float) -> float | None:
+    return None if not np.isfinite(value) else float(value)
+
+
+def analytic_bubble(stages: int, micro_batches: int, chunks: int = 1) -> float:
+    """A fill-drain pipeline's bubble overhead (K-1)/(v*M+K-1) (GPipe's (K-1)/(M+K-1) at v = 1)."""
+    return (stages - 1) / (chunks * micro_batches + stages - 1)
+
+
+def summarize(
+    timeline: Timeline,
+    *,
+    batch_size: int,
+    micro_batches: int,
+    layout: Layout,
+    analytic_bubble_fraction: float,
+    peak_activation_bytes: Sequence[float],
+    chunk_peak_activation_bytes: Sequence[float],
+    param_bytes: Sequence[float],
+    state_bytes: Sequence[float],
+    memory_capacity_bytes: float,
+    device_peak_memory_bytes: dict[int, float] | None = None,
+    source: str = "simulated",
+) -> Result:
+    """Compute a Result from a timeline: the one definition of step time, throughput and bubble.
+
+    `peak_activation_bytes` is per rank; `chunk_peak_activation_bytes`, `param_bytes` and
+    `state_bytes` are per chunk. Step time is the last action's end (the timeline starts at 0).
+    The bubble fraction is the share of device time idle within the step:
+    1 - (compute seconds of all ranks) / (devices x step).
+    """
+    K, C = len(layout.device_map), len(layout.chunk_rank)
+    step = float(timeline.end_s.max()) if len(timeline) else 0.0
+    durations = np.where(timeline.is_compute, timeline.end_s - timeline.start_s, 0.0)
+    busy = np.bincount(timeline.rank, weights=durations, minlength=K)
+    in_chunk = timeline.chunk >= 0
+    chunk_busy = np.bincount(timeline.chunk[in_chunk], weights=durations[in_chunk], minlength=C)
+    devices = len(set(layout.device_map))
+    bubble = 1.0 - float(busy.sum()) / (devices * step) if step > 0 else 0.0
+    chunks = [
+        ChunkResult(index=c, rank=int(layout.chunk_rank[c]), layers=tuple(layout.chunk_layers[c]),
+                    busy_s=float(chunk_busy[c]), peak_activation_bytes=float(chunk_peak_activation_bytes[c]),
+                    param_bytes=float(param_bytes[c]), state_bytes=float(state_bytes[c]))
+        for c in range(C)
+    ]
+    stages = []
+    for k in range(K):
+        mine = layout.chunks_of(k)
+        params = float(sum(param_bytes[c] for c in mine))
+        states = float(sum(state_bytes[c] for c in mine))
+        stages.append(
+            StageResult(
+                index=k, chunks=tuple(mine), layers=tuple(tuple(layout.chunk_layers[c]) for c in mine),
+                device=int(layout.device_map[k]), busy_s=float(busy[k]),
+                peak_activation_bytes=float(peak_activation_bytes[k]),
+                peak_memory_bytes=params + states + float(peak_activation_bytes[k]),
+                param_bytes=params, state_bytes=states,
+            )
+        )
+    if device_peak_memory_bytes is None:
+        device_peak_memory_bytes = {}
+        for s in stages:
+            device_peak_memory_bytes[s.device] = device_peak_memory_bytes.get(s.device, 0.0) + s.peak_memory_bytes
+    fits = all(v <= memory_capacity_bytes for v in device_peak_memory_bytes.values())
+    return Result(
+        step_time_s=step,
+        throughput_samples_per_s=batch_size / step if step > 0 else float("inf"),
+        bubble_fraction=max(0.0, bubble),
+        analytic_bubble_fraction=analytic_bubble_fraction,
+        fits_in_memory=fits,
+        stages=stages,
+        timeline=timeline,
+        batch_size=batch_size,
+        micro_batches=micro_batches,
+        memory_capacity_bytes=memory_capacity_bytes,
+        device_peak_memory_bytes=device_peak_memory_bytes,
+        source=source,
+        chunks=chunks,
+    )
+
+

@@ -1,0 +1,14 @@
+"""Schedules as data: one ordered program per pipeline rank, from a registered generator and one lowering."""
+
+from gpipe_sim.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Pass, Tensor
+from gpipe_sim.schedule.lower import ProgramColumns, RematMode, Schedule, build_schedule, lower, saves_activations
+from gpipe_sim.schedule.registry import SCHEDULES, ScheduleFamily, register, schedule_family
+
+from gpipe_sim.schedule import generators  # registers the built-in families
+
+__all__ = [
+    "generators",
+    "ACTION_KINDS", "COMPUTE_KINDS", "Action", "Kind", "Pass", "ProgramColumns", "RematMode", "SCHEDULES",
+    "Schedule", "ScheduleFamily", "Tensor", "build_schedule", "lower", "register", "saves_activations",
+    "schedule_family",
+]

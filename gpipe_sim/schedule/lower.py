@@ -1,0 +1,217 @@
+"""Lowering: per-rank pass orders become per-rank programs, the same way for every schedule.
+
+Around the generator's passes: a forward receives its input when the previous chunk sits on
+another rank and sends its output when the next one does (a hand-over between chunks of one rank
+is free); the first backward pass (a full backward, or the input-gradient pass of a split one)
+is preceded by the re-computation when the forward did not keep its activations (placed before
+the gradient's receive so the two overlap), receives the output's gradient and sends the input's;
+a weight-gradient pass needs nothing from other ranks. The optimizer update ends every program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal, Sequence
+
+import numpy as np
+
+from gpipe_sim.errors import ScheduleError
+from gpipe_sim.schedule.actions import Action, Kind, Pass, Tensor
+from gpipe_sim.schedule.registry import schedule_family
+
+RematMode = Literal["none", "except_last", "always"]
+
+_F, _B, _I, _W = int(Kind.FORWARD), int(Kind.BACKWARD), int(Kind.BACKWARD_INPUT), int(Kind.BACKWARD_WEIGHT)
+_RC, _SEND, _RECV, _UPD = int(Kind.RECOMPUTE), int(Kind.SEND), int(Kind.RECV), int(Kind.UPDATE)
+_ACT, _GRAD = int(Tensor.ACTIVATION), int(Tensor.GRADIENT)
+
+
+@dataclass(frozen=True)
+class ProgramColumns:
+    """Every rank's program as NumPy columns, rank by rank (action i of rank r is at
+    `offsets[r] + i`); `kind` holds Kind codes, `tensor` Tensor codes (-1: none)."""
+
+    offsets: np.ndarray
+    rank: np.ndarray
+    kind: np.ndarray
+    chunk: np.ndarray
+    micro_batch: np.ndarray
+    peer: np.ndarray
+    tensor: np.ndarray
+    save: np.ndarray
+
+    def message_keys(self, micro_batches: int) -> np.ndarray:
+        """For each send and receive, the key of its message (-1 elsewhere): the chunk boundary it
+        crosses (b: between chunks b and b+1), the tensor and the micro-batch. A send and its
+        receive share the key."""
+        kind, chunk, tensor = self.kind, self.chunk.astype(np.int64), self.tensor.astype(np.int64)
+        comm = (kind == _SEND) | (kind == _RECV)
+        # activation: sent by chunk b, received by b+1; gradient: sent by b+1, received by b
+        lower_end = ((kind == _SEND) & (tensor == _ACT)) | ((kind == _RECV) & (tensor == _GRAD))
+        boundary = np.where(lower_end, chunk, chunk - 1)
+        keys = ((boundary * 2 + tensor) * micro_batches + self.micro_batch).astype(np.int64)
+        return np.where(comm, keys, -1)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One training step's programs: for each pipeline rank, its ordered actions.
+
+    `chunks` is v, the model chunks per rank (K*v in all); `placement[c]` is the rank holding
+    chunk c. Stored as columns (built vectorised: K=128 x M=1024 takes milliseconds);
+    `actions` gives the same programs as `Action` tuples, `rank_actions(r)` one rank's.
+    """
+
+    name: str
+    ranks: int
+    micro_batches: int
+    chunks: int
+    remat: RematMode
+    placement: tuple[int, ...]
+    columns: ProgramColumns
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.placement)
+
+    def rank_actions(self, r: int) -> tuple[Action, ...]:
+        """Rank `r`'s ordered actions."""
+        c = self.columns
+        lo, hi = int(c.offsets[r]), int(c.offsets[r + 1])
+        return tuple(
+            Action(Kind(kind), chunk, mb, peer, None if tensor < 0 else Tensor(tensor), save)
+            for kind, chunk, mb, peer, tensor, save in zip(
+                c.kind[lo:hi].tolist(), c.chunk[lo:hi].tolist(), c.micro_batch[lo:hi].tolist(),
+                c.peer[lo:hi].tolist(), c.tensor[lo:hi].tolist(), c.save[lo:hi].tolist(),
+            )
+        )
+
+    @cached_property
+    def actions(self) -> tuple[tuple[Action, ...], ...]:
+        return tuple(self.rank_actions(r) for r in range(self.ranks))
+
+    def count(self, kind: Kind) -> int:
+        return int((self.columns.kind == int(kind)).sum())
+
+    def chunks_of(self, r: int) -> tuple[int, ...]:
+        """The chunks rank `r` holds, in model order."""
+        return tuple(c for c, owner in enumerate(self.placement) if owner == r)
+
+
+def saves_activations(remat: RematMode, micro_batch: int, micro_batches: int) -> bool:
+    """Whether a forward keeps its activations (True) or is re-computed before its backward."""
+    if remat == "none":
+        return True
+    if remat == "except_last":
+        return micro_batch == micro_batches - 1
+    return False
+
+
+def build_schedule(ranks: int, micro_batches: int, schedule: str = "gpipe", remat: RematMode = "none",
+                   chunks: int = 1) -> Schedule:
+    """The programs of the registered schedule `schedule` for K=`ranks`, M=`micro_batches` and
+    v=`chunks` chunks per rank; ScheduleError (one line naming the field) if it cannot run them."""
+    if ranks < 1 or micro_batches < 1 or chunks < 1:
+        raise ScheduleError(
+            f"pipeline: stages, micro_batches and chunks must be >= 1, got {ranks}, {micro_batches}, {chunks}"
+        )
+    family = schedule_family(schedule)
+    problem = family.problem(ranks, micro_batches, chunks)
+    if problem:
+        raise ScheduleError(problem)
+    orders = family.generate(ranks, micro_batches, chunks)
+    return lower(schedule, orders, family.placement(ranks, chunks), micro_batches, remat, chunks)
+
+
+def lower(name: str, orders: Sequence[Sequence[Pass]], placement: Sequence[int], micro_batches: int,
+          remat: RematMode = "none", chunks: int = 1) -> Schedule:
+    """Programs from per-rank pass orders (a generator's, or read from a file), checked."""
+    from gpipe_sim.schedule.check import validate_schedule
+
+    ranks = len(orders)
+    placement = tuple(int(r) for r in placement)
+    if len(placement) != ranks * chunks or any(not 0 <= r < ranks for r in placement):
+        raise ScheduleError(f"schedule {name!r}: its placement does not put {chunks} chunks on each of {ranks} ranks")
+    saved = np.array([saves_activations(remat, m, micro_batches) for m in range(micro_batches)], dtype=bool)
+    rank_of = np.asarray(placement, dtype=np.int32)
+    C = len(placement)
+    prev_remote = np.zeros(C, dtype=bool)
+    next_remote = np.zeros(C, dtype=bool)
+    prev_remote[1:] = rank_of[1:] != rank_of[:-1]
+    next_remote[:-1] = prev_remote[1:]
+    parts = [_lower_rank(r, order, rank_of, prev_remote, next_remote, saved) for r, order in enumerate(orders)]
+    lengths = [len(p[0]) for p in parts]
+    columns = ProgramColumns(
+        offsets=np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
+        rank=np.repeat(np.arange(ranks, dtype=np.int32), lengths),
+        kind=np.concatenate([p[0] for p in parts]),
+        chunk=np.concatenate([p[1] for p in parts]),
+        micro_batch=np.concatenate([p[2] for p in parts]),
+        peer=np.concatenate([p[3] for p in parts]),
+        tensor=np.concatenate([p[4] for p in parts]),
+        save=np.concatenate([p[5] for p in parts]),
+    )
+    result = Schedule(name, ranks, micro_batches, chunks, remat, placement, columns)
+    validate_schedule(result)
+    return result
+
+
+def _lower_rank(r: int, order: Sequence[Pass], rank_of: np.ndarray, prev_remote: np.ndarray,
+                next_remote: np.ndarray, saved: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One rank's columns (kind, chunk, micro_batch, peer, tensor, save) from its pass order."""
+    arr = np.asarray(order, dtype=np.int64).reshape(-1, 3)
+    if not len(arr):
+        raise ScheduleError(f"rank {r}: the schedule gives it no passes")
+    op, ch, mb = arr[:, 0], arr[:, 1], arr[:, 2]
+    if ((op != _F) & (op != _B) & (op != _I) & (op != _W)).any():
+        raise ScheduleError(f"rank {r}: a pass is not forward, backward, backward_input or backward_weight")
+    if (ch < 0).any() or (ch >= len(rank_of)).any():
+        raise ScheduleError(f"rank {r}: a pass names a chunk outside 0..{len(rank_of) - 1}")
+    if (mb < 0).any() or (mb >= len(saved)).any():
+        raise ScheduleError(f"rank {r}: a pass names a micro-batch outside 0..{len(saved) - 1}")
+    is_f, is_w = op == _F, op == _W
+    is_bi = (op == _B) | (op == _I)
+    keep = saved[mb]
+    pr, nr = prev_remote[ch].astype(np.int64), next_remote[ch].astype(np.int64)
+    counts = np.where(is_f, pr + 1 + nr, np.where(is_bi, (~keep) + nr + 1 + pr, 1))
+    starts = np.cumsum(counts) - counts
+    n = int(counts.sum()) + 1
+    kind = np.empty(n, dtype=np.int8)
+    chunk = np.empty(n, dtype=np.int32)
+    micro = np.empty(n, dtype=np.int32)
+    peer = np.full(n, -1, dtype=np.int32)
+    tensor = np.full(n, -1, dtype=np.int8)
+    save = np.ones(n, dtype=bool)
+
+    def put(pos: np.ndarray, code: np.ndarray | int, c: np.ndarray, m: np.ndarray,
+            to: np.ndarray | int = -1, what: int = -1) -> None:
+        kind[pos], chunk[pos], micro[pos], peer[pos], tensor[pos] = code, c, m, to, what
+
+    # forward: [recv activation] forward [send activation]
+    pos, c, m = starts[is_f], ch[is_f], mb[is_f]
+    has = pr[is_f] == 1
+    put(pos[has], _RECV, c[has], m[has], rank_of[c[has] - 1], _ACT)
+    pos = pos + has
+    put(pos, _F, c, m)
+    save[pos] = keep[is_f]
+    has = nr[is_f] == 1
+    put(pos[has] + 1, _SEND, c[has], m[has], rank_of[c[has] + 1], _ACT)
+    # first backward pass: [recompute] [recv gradient] backward|backward_input [send gradient]
+    pos, c, m, k = starts[is_bi], ch[is_bi], mb[is_bi], keep[is_bi]
+    put(pos[~k], _RC, c[~k], m[~k])
+    save[pos[~k]] = False
+    pos = pos + (~k)
+    has = nr[is_bi] == 1
+    put(pos[has], _RECV, c[has], m[has], rank_of[np.minimum(c[has] + 1, len(rank_of) - 1)], _GRAD)
+    pos = pos + has
+    put(pos, op[is_bi], c, m)
+    save[pos] = k
+    has = pr[is_bi] == 1
+    put(pos[has] + 1, _SEND, c[has], m[has], rank_of[c[has] - 1], _GRAD)
+    # weight-gradient pass
+    pos = starts[is_w]
+    put(pos, _W, ch[is_w], mb[is_w])
+    save[pos] = keep[is_w]
+    put(np.array([n - 1]), _UPD, np.array([-1]), np.array([-1]))
+    return kind, chunk, micro, peer, tensor, save

@@ -1,0 +1,1 @@
+"""The scenario specification: schema, units, presets, model layer tables and their costs."""

@@ -1,0 +1,84 @@
+"""The cost model: how long a layer takes for a micro-batch on an accelerator."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpipe_sim.spec.hardware import Accelerator
+from gpipe_sim.spec.model import LayerSpec
+
+
+# The share of a backward pass that computes the input gradient (zero-bubble's I pass); the rest
+# is the weight gradients (W). A matmul's two gradients each cost as much as its forward.
+BACKWARD_INPUT_SHARE = 0.5
+
+def layer_seconds(
+    layer: LayerSpec, micro_batch: int, accelerator: Accelerator, dtype: str, dtype_bytes: int
+) -> tuple[float, float]:
+    """(forward, backward) seconds of `layer` for a micro-batch of `micro_batch` samples.
+
+    Measured `timings` are interpolated piecewise-linearly in the micro-batch size (extrapolated
+    from the nearest segment, never below zero); seconds per sample scale linearly; FLOPs use a
+    roofline (compute at peak x efficiency, or memory traffic at the memory bandwidth, whichever is
+    slower) plus a fixed overhead per kernel, so small micro-batches are less efficient.
+    """
+    if layer.timings:
+        return _interpolate(layer, micro_batch)
+    if layer.forward_s_per_sample is not None:
+        assert layer.backward_s_per_sample is not None
+        return layer.forward_s_per_sample * micro_batch, layer.backward_s_per_sample * micro_batch
+    assert layer.forward_flops_per_sample is not None and layer.backward_flops_per_sample is not None
+    rate = accelerator.peak_flops.get(dtype) or max(accelerator.peak_flops.values())
+    rate *= accelerator.efficiency
+    param_bytes = layer.params * dtype_bytes
+    traffic = param_bytes + (layer.output_bytes_per_sample + layer.activation_bytes_per_sample) * micro_batch
+    overhead = layer.kernels * accelerator.kernel_overhead_s
+    forward = overhead + max(
+        layer.forward_flops_per_sample * micro_batch / rate, traffic / accelerator.memory_bandwidth
+    )
+    backward = 2 * overhead + max(
+        layer.backward_flops_per_sample * micro_batch / rate,
+        (traffic + param_bytes) / accelerator.memory_bandwidth,
+    )
+    return forward, backward
+
+
+def _interpolate(layer: LayerSpec, micro_batch: int) -> tuple[float, float]:
+    points = sorted(layer.timings, key=lambda t: t.micro_batch)
+    sizes = np.array([t.micro_batch for t in points], dtype=float)
+    result = []
+    for values in ([t.forward_s for t in points], [t.backward_s for t in points]):
+        v = np.asarray(values, dtype=float)
+        if len(sizes) == 1:
+            result.append(float(v[0] * micro_batch / sizes[0]))
+            continue
+        if micro_batch <= sizes[0]:
+            i = 0
+        elif micro_batch >= sizes[-1]:
+            i = len(sizes) - 2
+        else:
+            i = int(np.searchsorted(sizes, micro_batch)) - 1
+        slope = (v[i + 1] - v[i]) / (sizes[i + 1] - sizes[i])
+        value = v[i] + slope * (micro_batch - sizes[i])
+        # Below the smallest measurement, do not fall under proportional scaling from it.
+        if micro_batch < sizes[0]:
+            value = max(value, float(v[0] * micro_batch / sizes[0]))
+        result.append(max(0.0, float(value)))
+    return result[0], result[1]
+
+
+def update_seconds(
+    layers: list[LayerSpec], accelerator: Accelerator, dtype_bytes: int, bytes_per_param: int
+) -> float:
+    """Optimizer step for these layers: measured `update_s` where given, else memory-bound traffic
+    (read weight, gradient and states; write weight and states) at the memory bandwidth."""
+    total = 0.0
+    for layer in layers:
+        if layer.update_s is not None:
+            total += layer.update_s
+        elif layer.params:
+            traffic = layer.params * (bytes_per_param + (bytes_per_param - dtype_bytes))
+            total += accelerator.kernel_overhead_s + traffic / accelerator.memory_bandwidth
+    return total if math.isfinite(total) else 0.0

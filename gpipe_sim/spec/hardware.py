@@ -1,0 +1,86 @@
+"""The hardware part of a scenario: accelerator, links, host time per action, stage-to-device map."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from gpipe_sim.spec.fields import Bandwidth, Flops, PositiveBytes, Seconds, _Strict
+
+
+# ---------------------------------------------------------------------------------------------
+# hardware
+
+
+class Accelerator(_Strict):
+    """One accelerator: compute, memory and per-kernel overhead."""
+
+    name: str = "custom"
+    peak_flops: dict[Literal["fp32", "bf16", "fp16"], Flops]
+    efficiency: Annotated[float, Field(gt=0, le=1)] = 0.5
+    memory_bytes: PositiveBytes = math.inf
+    usable_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0  # the rest: runtime, fragmentation
+    memory_bandwidth: Bandwidth = math.inf
+    kernel_overhead_s: Seconds = 0.0
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """The capacity a stage's memory is checked against."""
+        return self.memory_bytes * self.usable_memory_fraction
+
+
+class Link(_Strict):
+    """A point-to-point link between two accelerators, per direction."""
+
+    bandwidth: Bandwidth
+    latency_s: Seconds = 0.0
+
+
+class Host(_Strict):
+    """Host time per pipeline action, spent on the stage's own timeline before it can go on.
+
+    What a real runtime costs beyond the kernels and the wire: dispatching an action, issuing a
+    send (before its transfer starts), completing a receive (after its data arrives). Zero on
+    every preset; `gpipe-exec calibrate` measures them for the executor on this machine.
+    """
+
+    action_s: Seconds = 0.0  # per compute action (forward, recompute, backward, update)
+    send_s: Seconds = 0.0  # per send, before the transfer leaves
+    recv_s: Seconds = 0.0  # per receive, after the data has arrived
+    copy_bandwidth: Bandwidth = math.inf  # plus bytes / copy_bandwidth at each end (host copies)
+    # The host time runs on the device's own cores (a CPU "device"): a device shared by several
+    # stages serves it as it serves compute, one stage at a time.
+    on_device: bool = False
+
+
+class Hardware(_Strict):
+    """Accelerators, links and the stage-to-device map. A `preset` fills any field not given."""
+
+    preset: str | None = None
+    accelerator: Accelerator
+    link: Link
+    host: Host = Field(default_factory=Host)
+    links: tuple[Link, ...] | None = None  # per consecutive stage pair (K-1), overriding `link`
+    stage_to_device: tuple[Annotated[int, Field(ge=0)], ...] | None = None
+
+    def link_between(self, stage: int) -> Link:
+        """The link carrying transfers between stage `stage` and stage `stage + 1`."""
+        return self.links[stage] if self.links is not None else self.link
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        from gpipe_sim.spec.presets import hardware_preset
+
+        base = hardware_preset(str(data["preset"]))
+        merged = {k: v for k, v in base.items() if k in ("accelerator", "link", "host")}
+        for key, value in data.items():
+            if key in merged and isinstance(value, dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+        return merged

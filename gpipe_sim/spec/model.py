@@ -1,0 +1,173 @@
+"""The model part of a scenario: presets by their size fields, or an explicit per-layer table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from gpipe_sim.errors import ScenarioError
+from gpipe_sim.spec.fields import NonNegative, _Strict
+from gpipe_sim.spec.files import read_data_file
+
+
+# ---------------------------------------------------------------------------------------------
+# model
+
+
+class Timing(_Strict):
+    """A measured time for one layer at one micro-batch size (the whole micro-batch, not per sample)."""
+
+    micro_batch: PositiveInt
+    forward_s: NonNegative
+    backward_s: NonNegative
+
+
+class LayerSpec(_Strict):
+    """One layer of the sequential model: its cost and sizes. Per-sample figures scale with batch.
+
+    Time comes from FLOPs on the hardware, from seconds per sample, or from `timings` measured at
+    several micro-batch sizes (interpolated; preferred when present). This is also the row format
+    that `gpipe-exec profile` writes.
+    """
+
+    name: str
+    params: Annotated[int, Field(ge=0)] = 0
+    activation_bytes_per_sample: NonNegative = 0.0
+    output_bytes_per_sample: NonNegative = 0.0
+    forward_flops_per_sample: NonNegative | None = None
+    backward_flops_per_sample: NonNegative | None = None
+    forward_s_per_sample: NonNegative | None = None
+    backward_s_per_sample: NonNegative | None = None
+    timings: tuple[Timing, ...] = ()
+    kernels: Annotated[int, Field(ge=0)] = 1
+    update_s: NonNegative | None = None
+
+    @model_validator(mode="after")
+    def _has_cost(self) -> "LayerSpec":
+        has_flops = self.forward_flops_per_sample is not None
+        has_seconds = self.forward_s_per_sample is not None
+        if not (has_flops or has_seconds or self.timings):
+            raise ValueError(
+                f"layer {self.name!r} needs forward_flops_per_sample, forward_s_per_sample or timings"
+            )
+        if has_flops and self.backward_flops_per_sample is None:
+            raise ValueError(f"layer {self.name!r} gives forward_flops_per_sample without backward")
+        if has_seconds and self.backward_s_per_sample is None:
+            raise ValueError(f"layer {self.name!r} gives forward_s_per_sample without backward")
+        sizes = [t.micro_batch for t in self.timings]
+        if len(set(sizes)) != len(sizes):
+            raise ValueError(f"layer {self.name!r} has two timings for one micro-batch size")
+        return self
+
+
+class UniformModel(_Strict):
+    """Identical layers whose time scales linearly with the micro-batch size."""
+
+    preset: Literal["uniform"] = "uniform"
+    layers: PositiveInt = 16
+    forward_s_per_sample: NonNegative = 1.0e-3
+    backward_s_per_sample: NonNegative = 2.0e-3
+    params_per_layer: Annotated[int, Field(ge=0)] = 10_000_000
+    activation_bytes_per_sample: NonNegative = 4.0e6
+    output_bytes_per_sample: NonNegative = 1.0e6
+
+
+class TransformerModel(_Strict):
+    """A GPT-style decoder: embedding, `layers` identical blocks, and an output head."""
+
+    preset: Literal["transformer"] = "transformer"
+    layers: PositiveInt = 24
+    d_model: PositiveInt = 1024
+    d_ff: PositiveInt = 4096
+    heads: PositiveInt = 16
+    seq_len: PositiveInt = 512
+    vocab: PositiveInt = 32000
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "TransformerModel":
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of heads ({self.heads})")
+        return self
+
+
+class AmoebaNetModel(_Strict):
+    """An AmoebaNet-D-like image model: stem, normal and reduction cells, head (uneven layers)."""
+
+    preset: Literal["amoebanet"] = "amoebanet"
+    layers: PositiveInt = 18
+    filters: PositiveInt = 256
+    image_size: PositiveInt = 224
+    num_classes: PositiveInt = 1000
+
+    @field_validator("layers")
+    @classmethod
+    def _multiple_of_three(cls, value: int) -> int:
+        if value % 3:
+            raise ValueError("AmoebaNet-D's L (normal cells) must be a multiple of 3")
+        return value
+
+
+class MlpModel(_Strict):
+    """A stack of Linear+ReLU blocks between an input projection and a classifier."""
+
+    preset: Literal["mlp"] = "mlp"
+    layers: PositiveInt = 8
+    width: PositiveInt = 1024
+    input_dim: PositiveInt = 1024
+    num_classes: PositiveInt = 10
+
+
+class ConvNetModel(_Strict):
+    """A ResNet-like stack of residual conv blocks with downsampling stages (uneven layers)."""
+
+    preset: Literal["convnet"] = "convnet"
+    layers: PositiveInt = 8
+    channels: PositiveInt = 32
+    image_size: PositiveInt = 32
+    num_classes: PositiveInt = 10
+
+
+class TableModel(_Strict):
+    """An explicit per-layer table, inline (`layers`) or in a YAML/JSON file (`path`)."""
+
+    preset: Literal["table"] = "table"
+    path: str | None = None
+    layers: tuple[LayerSpec, ...] = ()
+    input_bytes_per_sample: NonNegative | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_path(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("path") and not data.get("layers"):
+            loaded = load_layer_table_file(Path(data["path"]))
+            return {**loaded, **{k: v for k, v in data.items() if k != "layers"}}
+        return data
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> "TableModel":
+        if not self.layers:
+            raise ValueError("a table model needs at least one layer (give `layers` or `path`)")
+        return self
+
+
+ModelSpec = Annotated[
+    Union[UniformModel, TransformerModel, AmoebaNetModel, MlpModel, ConvNetModel, TableModel],
+    Field(discriminator="preset"),
+]
+MODEL_PRESETS = ("uniform", "transformer", "amoebanet", "mlp", "convnet", "table")
+
+
+def load_layer_table_file(path: Path) -> dict[str, Any]:
+    """Read a per-layer table (YAML or JSON) as a dict with `layers` (a list of rows)."""
+    try:
+        data = read_data_file(path, "layer table")
+    except ScenarioError as exc:
+        raise ValueError(str(exc)) from None
+    if isinstance(data, list):
+        data = {"layers": data}
+    if not isinstance(data, dict) or "layers" not in data:
+        raise ValueError(f"layer table {str(path)!r} must be a list of layers or have a `layers` key")
+    allowed = {"layers", "input_bytes_per_sample"}
+    return {k: v for k, v in data.items() if k in allowed}

@@ -1,0 +1,229 @@
+"""The scenario schema: model, hardware, pipeline and training, validated and shared by every tool."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
+
+from gpipe_sim.errors import ScenarioError
+from gpipe_sim.schedule import SCHEDULES
+from gpipe_sim.spec.fields import _Strict
+from gpipe_sim.spec.files import read_data_file
+from gpipe_sim.spec.hardware import Hardware
+from gpipe_sim.spec.layers import layer_count
+from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2}
+REMAT_MODES = ("none", "except_last", "always")
+PARTITION_METHODS = ("uniform", "time", "memory")
+
+
+# ---------------------------------------------------------------------------------------------
+# pipeline and training
+
+
+class Pipeline(_Strict):
+    """K ranks, v chunks per rank, M micro-batches, the mini-batch, the schedule, re-materialization
+    and the partition of the layers into K*v chunks."""
+
+    stages: PositiveInt = 4  # K: pipeline ranks (devices in the pipeline)
+    chunks: PositiveInt = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
+    micro_batches: PositiveInt = 8
+    batch_size: PositiveInt = 64
+    schedule: str = "gpipe"
+    remat: Literal["none", "except_last", "always"] = "always"
+    partition: Literal["uniform", "time", "memory"] | tuple[PositiveInt, ...] = "uniform"
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, value: str) -> str:
+        from gpipe_sim.schedule import SCHEDULES
+
+        if value not in SCHEDULES:
+            raise ValueError(f"unknown schedule {value!r} (choose from {', '.join(SCHEDULES)})")
+        return value
+
+    @property
+    def num_chunks(self) -> int:
+        """K*v: the pieces the model is cut into."""
+        return self.stages * self.chunks
+
+
+class Training(_Strict):
+    """Optimizer and numeric type; they set bytes per parameter and activation element size."""
+
+    optimizer: Literal["sgd", "momentum", "rmsprop", "adagrad", "adam"] = "adam"
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def bytes_per_param(self) -> int:
+        """Weight + gradient in the training dtype, fp32 optimizer states, fp32 master copy if needed."""
+        master = 0 if self.dtype == "fp32" else 4
+        return 2 * self.dtype_bytes + 4 * OPTIMIZER_STATES[self.optimizer] + master
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        """Everything but the weight itself: gradient, optimizer states, master copy."""
+        return self.bytes_per_param - self.dtype_bytes
+
+
+def _default_hardware() -> Hardware:
+    return Hardware.model_validate({"preset": "v100"})
+
+
+class Scenario(_Strict):
+    """A whole what-if question: which model, on which hardware, pipelined how."""
+
+    model: ModelSpec = Field(default_factory=TransformerModel)
+    hardware: Hardware = Field(default_factory=_default_hardware)
+    pipeline: Pipeline = Field(default_factory=Pipeline)
+    training: Training = Field(default_factory=Training)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        layers = layer_count(self.model)
+        p = self.pipeline
+        if p.num_chunks > layers:
+            field = "pipeline.stages" if p.chunks == 1 else "pipeline.chunks"
+            cut = f"{p.stages} stages" if p.chunks == 1 else f"{p.stages} stages x {p.chunks} chunks"
+            raise ValueError(
+                f"{field}: {cut} but the model has only {layers} layer{'s' if layers != 1 else ''}"
+            )
+        if p.micro_batches > p.batch_size:
+            raise ValueError(
+                f"pipeline.micro_batches: {p.micro_batches} micro-batches exceed "
+                f"the mini-batch of {p.batch_size}"
+            )
+        problem = SCHEDULES[p.schedule].problem(p.stages, p.micro_batches, p.chunks)
+        if problem:
+            raise ValueError(problem)
+        if isinstance(p.partition, tuple):
+            if len(p.partition) != p.num_chunks:
+                what = f"{p.stages} stages" if p.chunks == 1 else f"{p.num_chunks} chunks ({p.stages} stages x {p.chunks})"
+                raise ValueError(f"pipeline.partition: {len(p.partition)} entries for {what}")
+            if sum(p.partition) != layers:
+                raise ValueError(
+                    f"pipeline.partition: layer counts sum to {sum(p.partition)}, "
+                    f"the model has {layers} layers"
+                )
+        if self.hardware.links is not None and len(self.hardware.links) != p.stages - 1:
+            raise ValueError(
+                f"hardware.links: {len(self.hardware.links)} links for {p.stages} stages "
+                f"(give one per consecutive pair: {p.stages - 1})"
+            )
+        device_map = self.hardware.stage_to_device
+        if device_map is not None and len(device_map) != p.stages:
+            raise ValueError(
+                f"hardware.stage_to_device: {len(device_map)} entries for {p.stages} stages"
+            )
+        return self
+
+    @property
+    def device_map(self) -> tuple[int, ...]:
+        """Which device runs each stage (identity unless `hardware.stage_to_device` says otherwise)."""
+        if self.hardware.stage_to_device is not None:
+            return self.hardware.stage_to_device
+        return tuple(range(self.pipeline.stages))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The scenario as plain data (YAML/JSON-ready), with presets resolved."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def with_updates(self, updates: dict[str, Any]) -> "Scenario":
+        """A copy with dotted-name fields replaced, e.g. {"pipeline.stages": 8}; revalidated."""
+        data = self.to_dict()
+        # Preset switches first, so that fields given beside them override the new preset.
+        for dotted, value in sorted(updates.items(), key=lambda kv: not kv[0].endswith(".preset")):
+            set_dotted(data, dotted, value)
+        return parse_scenario(data)
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `data["a"]["b"]` for the dotted name "a.b", creating levels as needed."""
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    if keys[-1] == "preset" and len(keys) == 2 and node.get("preset") != value:
+        if keys[0] == "model":
+            node.clear()  # the old preset's size fields mean nothing to the new one
+        elif keys[0] == "hardware":
+            for resolved in ("accelerator", "link", "links"):
+                node.pop(resolved, None)  # resolved from the old preset
+    node[keys[-1]] = value
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+_NAMES_FIELD = re.compile(r"^[a-z_]+(\.[a-z_0-9]+)+: ")
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = [str(part) for part in error.get("loc", ())]
+    if len(loc) > 1 and loc[0] == "model" and loc[1] in MODEL_PRESETS:
+        del loc[1]  # the discriminated union puts the preset tag in the path
+    where = ".".join(loc) or "scenario"
+    kind = error.get("type", "")
+    msg = error.get("msg", "invalid")
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key"
+    if kind == "union_tag_invalid":
+        tag = error.get("ctx", {}).get("tag")
+        return f"{where}.preset: unknown model preset {tag!r} (choose from {', '.join(MODEL_PRESETS)})"
+    if kind == "missing":
+        return f"{where}: required field is missing"
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix) :]
+    if _NAMES_FIELD.match(msg):
+        return msg
+    return f"{where}: {msg}"
+
+
+def parse_scenario(data: Any) -> Scenario:
+    """Validate plain data as a Scenario; raise ScenarioError with one line naming the field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ScenarioError("scenario: expected a mapping with keys model, hardware, pipeline")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        raise ScenarioError(_describe(errors[0])) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML (or JSON) file; raise ScenarioError on any problem."""
+    path = Path(path)
+    data = read_data_file(path, "scenario")
+    resolve_relative_paths(data, path.parent)
+    return parse_scenario(data)
+
+
+def resolve_relative_paths(data: Any, base: Path) -> None:
+    """Make a table model's relative `path` relative to `base` (the scenario file's folder)."""
+    model = data.get("model") if isinstance(data, dict) else None
+    if isinstance(model, dict) and isinstance(model.get("path"), str):
+        table = Path(model["path"])
+        if not table.is_absolute() and not table.exists():
+            model["path"] = str(base / table)

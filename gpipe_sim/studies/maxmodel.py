@@ -1,0 +1,224 @@
+"""Largest model that fits: grow one size field (layers, width...) until some stage runs out of memory."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.spec.model import AmoebaNetModel, TransformerModel
+from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.spec.units import format_bytes
+
+DEFAULT_LIMIT = 2**16
+SHORT_NAMES = {"width": ("width", "d_model", "filters", "channels")}
+
+
+class SearchError(GpipeError, ValueError):
+    """The size field cannot be grown (unknown, not an integer, no valid starting value)."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Memory figures of one tried size."""
+
+    value: int
+    fits: bool
+    params: int
+    param_memory_bytes: float  # weights + gradients + optimizer states, all stages
+    peak_activation_bytes: float  # sum over stages of each stage's activation peak
+    max_stage_peak_bytes: float
+    capacity_bytes: float
+    scenario: Scenario | None = None
+
+
+@dataclass
+class MaxModel:
+    """The outcome of a search: the largest fitting value (None if even the smallest fails)."""
+
+    field: str
+    step: int
+    largest: int | None
+    best: Fit | None
+    first_too_big: Fit | None
+    tried: list[Fit] = field(default_factory=list)
+
+
+def resolve_field(scenario: Scenario, name: str) -> str:
+    """The dotted field for `name` ("layers" -> "model.layers"; "width" -> the model's width field)."""
+    if "." in name:
+        return name
+    model_fields = type(scenario.model).model_fields
+    if name in model_fields:
+        return f"model.{name}"
+    for alias in SHORT_NAMES.get(name, ()):
+        if alias in model_fields:
+            return f"model.{alias}"
+    raise SearchError(
+        f"--grow: the {scenario.model.preset} model has no field {name!r} "
+        f"(integer fields: {', '.join(_int_fields(scenario))})"
+    )
+
+
+def _int_fields(scenario: Scenario) -> list[str]:
+    data = scenario.model.model_dump()
+    return [k for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def natural_step(scenario: Scenario, dotted: str) -> int:
+    """The smallest valid increment: AmoebaNet's L grows by 3, a transformer's d_model by `heads`."""
+    model = scenario.model
+    if dotted == "model.layers" and isinstance(model, AmoebaNetModel):
+        return 3
+    if dotted == "model.d_model" and isinstance(model, TransformerModel):
+        return model.heads
+    return 1
+
+
+def _get(scenario: Scenario, dotted: str) -> Any:
+    node: Any = scenario.to_dict()
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise SearchError(f"--grow: {dotted} is not a field of this scenario")
+        node = node[key]
+    return node
+
+
+def measure(scenario: Scenario, value: int, dotted: str) -> Fit:
+    """Simulate the scenario with `dotted` set to `value` and return its memory figures."""
+    from gpipe_sim.plan.compile import compile_plan
+    from gpipe_sim.api import result_from_times, run_engine
+
+    candidate = scenario.with_updates({dotted: value})
+    plan = compile_plan(candidate)
+    start, end = run_engine(plan, "auto")
+    result = result_from_times(plan, start, end)
+    return Fit(
+        value=value,
+        fits=bool(result.fits_in_memory),
+        params=int(sum(c.params for c in plan.chunks)),
+        param_memory_bytes=float(sum(c.param_bytes + c.state_bytes for c in plan.chunks)),
+        peak_activation_bytes=float(sum(s.peak_activation_bytes for s in result.stages)),
+        max_stage_peak_bytes=float(max(result.device_peak_memory_bytes.values())),
+        capacity_bytes=float(result.memory_capacity_bytes),
+        scenario=candidate,
+    )
+
+
+def find_max_model(
+    scenario: Scenario,
+    grow: str,
+    *,
+    step: int | None = None,
+    start: int | None = None,
+    limit: int | None = None,
+    progress: Callable[[Fit], None] | None = None,
+) -> MaxModel:
+    """Largest multiple of `step` (from `start`) for field `grow` whose every device fits in memory.
+
+    Fitting must be monotone in the field (a bigger model never needs less memory): the search
+    doubles the value until a size does not fit, then bisects, in steps of `step`. Values that
+    the scenario schema rejects below the first valid one (say, fewer layers than stages) are
+    skipped upward.
+    """
+    dotted = resolve_field(scenario, grow)
+    current = _get(scenario, dotted)
+    if not isinstance(current, int) or isinstance(current, bool):
+        raise SearchError(f"--grow: {dotted} is not an integer field (it is {current!r})")
+    if math.isinf(scenario.hardware.accelerator.memory_bytes):
+        raise SearchError("hardware.accelerator.memory_bytes: unlimited memory, so every size fits")
+    if step is None:
+        step = natural_step(scenario, dotted)
+    for flag, value in (("--step", step), ("--start", start), ("--limit", limit)):
+        if value is not None and value < 1:
+            raise SearchError(f"{flag}: must be >= 1, got {value}")
+    limit = limit or DEFAULT_LIMIT
+    tried: dict[int, Fit] = {}
+
+    def check(units: int) -> Fit | None:
+        value = units * step
+        if value not in tried:
+            try:
+                tried[value] = measure(scenario, value, dotted)
+            except ScenarioError:
+                return None
+            if progress is not None:
+                progress(tried[value])
+        return tried[value]
+
+    lo = max(1, -(-(start or step) // step))
+    first = check(lo)
+    while first is None:  # below the first valid value: move up (doubling)
+        lo *= 2
+        if lo * step > limit:
+            raise SearchError(f"--grow: no valid value of {dotted} up to {limit}")
+        first = check(lo)
+    # A smaller valid value than the doubling found may exist: bisect down to the first valid one.
+    if lo > 1 and start is None:
+        bad, good = lo // 2, lo
+        while good - bad > 1:
+            mid = (bad + good) // 2
+            if check(mid) is None:
+                bad = mid
+            else:
+                good = mid
+        lo = good
+        first = check(lo)
+    assert first is not None
+    if not first.fits:
+        return MaxModel(dotted, step, None, None, first, _ordered(tried))
+    hi = lo
+    while True:  # double until a value does not fit (or is invalid)
+        nxt = hi * 2
+        if nxt * step > limit:
+            nxt = limit // step
+            if nxt <= hi:
+                fit = check(hi)
+                return MaxModel(dotted, step, hi * step, fit, None, _ordered(tried))
+        fit = check(nxt)
+        if fit is None or not fit.fits:
+            break
+        lo = hi = nxt
+    bad = nxt
+    while bad - lo > 1:
+        mid = (lo + bad) // 2
+        fit = check(mid)
+        if fit is not None and fit.fits:
+            lo = mid
+        else:
+            bad = mid
+    return MaxModel(dotted, step, lo * step, check(lo), tried.get(bad * step), _ordered(tried))
+
+
+def _ordered(tried: dict[int, Fit]) -> list[Fit]:
+    return [tried[v] for v in sorted(tried)]
+
+
+def max_model_text(found: MaxModel) -> str:
+    """A short report: the largest size, its parameters and memory, and the first that fails."""
+    lines = []
+    if found.best is None:
+        first = found.first_too_big
+        assert first is not None
+        lines.append(
+            f"no value of {found.field} fits: the smallest, {first.value}, needs "
+            f"{format_bytes(first.max_stage_peak_bytes)} on its fullest device "
+            f"(capacity {format_bytes(first.capacity_bytes)})"
+        )
+        return "\n".join(lines)
+    b = found.best
+    lines.append(f"largest {found.field} that fits: {found.largest} (search step {found.step})")
+    lines.append(f"  parameters:             {b.params:,} ({b.params / 1e6:,.1f}M)")
+    lines.append(f"  parameter memory:       {format_bytes(b.param_memory_bytes)} "
+                 "(weights, gradients, optimizer states; all stages)")
+    lines.append(f"  peak activation memory: {format_bytes(b.peak_activation_bytes)} (sum of stage peaks)")
+    lines.append(f"  fullest device:         {format_bytes(b.max_stage_peak_bytes)} of "
+                 f"{format_bytes(b.capacity_bytes)}")
+    if found.first_too_big is not None:
+        t = found.first_too_big
+        lines.append(f"  next size ({t.value}) needs {format_bytes(t.max_stage_peak_bytes)} on its "
+                     "fullest device: does not fit")
+    else:
+        lines.append("  (reached the search limit)")
+    return "\n".join(lines)

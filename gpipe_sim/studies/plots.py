@@ -1,0 +1,386 @@
+"""Plotly figure builders for results: timeline Gantt, memory, bubble vs M, predicted vs measured, sweeps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from gpipe_sim.results.result import Result, Timeline, analytic_bubble
+from gpipe_sim.schedule import ACTION_KINDS
+
+KIND_COLORS: dict[str, str] = {
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "backward_input": "#E45756",
+    "backward_weight": "#FFBF79",
+    "recompute": "#B279A2",
+    "send": "#54A24B",
+    "recv": "#9ACD78",
+    "update": "#8C8C8C",
+}
+# Bar placement within a stage's row, as (offset, thickness) in row units; transfers get thin lanes
+# above and below the compute lane so that they never hide compute.
+_LANES: dict[str, tuple[float, float]] = {
+    "recv": (-0.46, 0.14),
+    "send": (0.32, 0.14),
+}
+_COMPUTE_LANE = (-0.3, 0.6)
+# Below the time axis, so that it never covers a title in narrow (side-by-side) charts.
+_BOTTOM_LEGEND = dict(orientation="h", yanchor="bottom", y=0.0, yref="container", xanchor="left", x=0.0)
+GIB = 2.0**30
+
+
+@dataclass(frozen=True)
+class GanttBars:
+    """Bars to draw: merged runs of same-kind actions; `actions` counts the timeline's actions."""
+
+    stage: np.ndarray
+    kind: np.ndarray
+    first_micro_batch: np.ndarray
+    last_micro_batch: np.ndarray
+    count: np.ndarray
+    start_s: np.ndarray
+    end_s: np.ndarray
+    actions: int
+    merged: bool
+    truncated: bool
+
+    def __len__(self) -> int:
+        return len(self.stage)
+
+    @property
+    def note(self) -> str:
+        """A sentence saying how the drawing differs from the full timeline ('' when it does not)."""
+        if self.truncated:
+            return (f"The timeline has {self.actions:,} actions: adjacent actions of one kind are "
+                    f"merged and only the first {len(self):,} bars are drawn.")
+        if self.merged:
+            return (f"The timeline has {self.actions:,} actions: adjacent actions of one kind are "
+                    f"merged into {len(self):,} bars (hover shows the micro-batch range).")
+        return ""
+
+
+def time_unit(seconds: float) -> tuple[str, float]:
+    """A readable unit for a time axis spanning `seconds`: (name, seconds per unit)."""
+    if seconds >= 1.0:
+        return "s", 1.0
+    if seconds >= 1e-3:
+        return "ms", 1e-3
+    return "us", 1e-6
+
+
+def gantt_bars(timeline: Timeline, max_bars: int = 2500) -> GanttBars:
+    """The timeline's actions as bars, merging adjacent same-kind actions beyond `max_bars`.
+
+    Merging joins runs of a few consecutive actions of one kind on one stage whose gaps are below
+    a tolerance; run length and tolerance (1/2000 up to 1/50 of the step) grow until the bars fit.
+    Bars still beyond `max_bars` (only for extreme timelines) are cut off, latest first.
+    """
+    n = len(timeline)
+    order = np.lexsort((timeline.start_s, timeline.kind, timeline.rank))
+    stage = np.asarray(timeline.rank)[order]
+    kind = np.asarray(timeline.kind)[order]
+    mb = np.asarray(timeline.micro_batch)[order]
+    start = np.asarray(timeline.start_s, dtype=float)[order]
+    end = np.asarray(timeline.end_s, dtype=float)[order]
+    step = float(end.max()) if n else 0.0
+    group = np.arange(n)
+    merged = False
+    if n > max_bars and n > 1:
+        same = (stage[1:] == stage[:-1]) & (kind[1:] == kind[:-1])
+        gap = start[1:] - np.maximum.accumulate(end)[:-1]
+        index = np.arange(n)
+        chunk = math.ceil(n / max_bars)
+        for fraction in (1 / 2000, 1 / 500, 1 / 200, 1 / 50, 1 / 50, 1 / 50):
+            breaks = np.concatenate([[True], ~(same & (gap <= step * fraction))])
+            run_start = np.maximum.accumulate(np.where(breaks, index, 0))
+            breaks |= (index - run_start) % chunk == 0
+            group = np.cumsum(breaks) - 1
+            merged = True
+            if group[-1] + 1 <= max_bars:
+                break
+            chunk *= 2
+    if merged:
+        count = np.bincount(group)
+        first = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
+        stage, kind = stage[first], kind[first]
+        lo = np.minimum.reduceat(mb, first)
+        hi = np.maximum.reduceat(mb, first)
+        start_m = np.minimum.reduceat(start, first)
+        end_m = np.maximum.reduceat(end, first)
+    else:
+        count = np.ones(n, dtype=int)
+        lo = hi = mb
+        start_m, end_m = start, end
+    truncated = len(stage) > max_bars
+    if truncated:
+        keep = np.sort(np.argsort(start_m, kind="stable")[:max_bars])
+        stage, kind, lo, hi, count = stage[keep], kind[keep], lo[keep], hi[keep], count[keep]
+        start_m, end_m = start_m[keep], end_m[keep]
+    return GanttBars(stage, kind, lo, hi, count, start_m, end_m, n, merged, truncated)
+
+
+def _gantt_traces(bars: GanttBars, scale: float, unit: str, legend: bool,
+                  legendgroup_suffix: str = "") -> list[go.Bar]:
+    traces = []
+    for code, name in enumerate(ACTION_KINDS):
+        sel = bars.kind == code
+        if not sel.any():
+            continue
+        offset, width = _LANES.get(name, _COMPUTE_LANE)
+        lo, hi, cnt = bars.first_micro_batch[sel], bars.last_micro_batch[sel], bars.count[sel]
+        labels = [
+            "-" if a < 0 else (str(a) if a == b else f"{a}-{b} ({c} actions)")
+            for a, b, c in zip(lo.tolist(), hi.tolist(), cnt.tolist())
+        ]
+        start, end = bars.start_s[sel] / scale, bars.end_s[sel] / scale
+        outline = dict(width=0.6, color="white") if len(bars) <= 1200 else dict(width=0)
+        traces.append(go.Bar(
+            name=name, legendgroup=name + legendgroup_suffix, showlegend=legend,
+            orientation="h", y=bars.stage[sel], base=start, x=end - start,
+            offset=offset, width=width, marker=dict(color=KIND_COLORS[name], line=outline),
+            customdata=np.column_stack([labels, np.round(start, 6), np.round(end, 6)]),
+            hovertemplate=(f"stage %{{y}}<br>{name}<br>micro-batch %{{customdata[0]}}<br>"
+                           f"%{{customdata[1]}} - %{{customdata[2]}} {unit}<extra></extra>"),
+        ))
+    return traces
+
+
+def _stage_axis(fig: go.Figure, stages: int, row: int | None = None, col: int | None = None) -> None:
+    fig.update_yaxes(
+        autorange="reversed", tickmode="array", tickvals=list(range(stages)),
+        ticktext=[f"stage {k}" for k in range(stages)], row=row, col=col,
+    )
+
+
+def timeline_figure(timeline: Timeline, *, title: str = "Schedule timeline", max_bars: int = 2500,
+                    x_range_s: float | None = None) -> tuple[go.Figure, GanttBars]:
+    """Gantt chart: one row per stage, actions coloured by kind, micro-batch on hover."""
+    bars = gantt_bars(timeline, max_bars)
+    span = x_range_s or (float(bars.end_s.max()) if len(bars) else 0.0)
+    unit, scale = time_unit(span)
+    stages = int(np.max(timeline.rank)) + 1 if len(timeline) else 0
+    fig = go.Figure(_gantt_traces(bars, scale, unit, legend=True))
+    fig.update_layout(
+        title=title, barmode="overlay", bargap=0, xaxis_title=f"time ({unit})",
+        height=max(260, 160 + 34 * stages), margin=dict(l=10, r=10, t=50, b=100),
+        legend=_BOTTOM_LEGEND,
+    )
+    if x_range_s:
+        fig.update_xaxes(range=[0, x_range_s / scale])
+    _stage_axis(fig, stages)
+    return fig, bars
+
+
+def _memory_steps(times: np.ndarray, held: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """A stage's activation bytes as a time-ordered step function, binned to at most `max_points`."""
+    delta = np.diff(np.asarray(held, dtype=float), prepend=0.0)
+    order = np.lexsort((delta, times))  # frees before allocations at equal times
+    t = np.asarray(times, dtype=float)[order]
+    level = np.cumsum(delta[order])
+    if len(t) > max_points and len(t):
+        edges = np.linspace(t[0], t[-1], max_points // 2 + 1)
+        idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, len(edges) - 2)
+        peak = np.full(len(edges) - 1, -np.inf)
+        np.maximum.at(peak, idx, level)
+        filled = np.isfinite(peak)
+        t, level = edges[:-1][filled], peak[filled]
+    return t, level
+
+
+def memory_timeline_figure(result: Result, *, max_points_per_stage: int = 600) -> go.Figure:
+    """Each stage's memory (static + activations held) over the step, with the device capacity."""
+    unit, scale = time_unit(result.step_time_s)
+    fig = go.Figure()
+    for k, (times, held) in enumerate(result.memory_timeline):
+        stage = result.stages[k]
+        static = stage.param_bytes + stage.state_bytes
+        t, level = _memory_steps(times, held, max_points_per_stage)
+        t = np.concatenate([[0.0], t, [result.step_time_s]])
+        level = np.concatenate([[0.0], level, [level[-1] if len(level) else 0.0]])
+        fig.add_trace(go.Scatter(
+            x=t / scale, y=(static + level) / GIB, mode="lines", line_shape="hv", name=f"stage {k}",
+            hovertemplate=f"stage {k}<br>%{{x:.4g}} {unit}<br>%{{y:.3f}} GiB<extra></extra>",
+        ))
+    cap = result.memory_capacity_bytes
+    peak = max(result.device_peak_memory_bytes.values(), default=0.0)
+    title = "Memory over time (parameters, states and activations held)"
+    if peak >= 0.5 * cap:
+        _capacity_line(fig, cap)
+    elif math.isfinite(cap):
+        title += f"<br><sup>device capacity {cap / GIB:.1f} GiB is off the chart</sup>"
+    fig.update_layout(title=title,
+                      xaxis_title=f"time ({unit})", yaxis_title="GiB", height=360,
+                      margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def _capacity_line(fig: go.Figure, capacity: float) -> None:
+    """A dashed horizontal line at the device capacity (a layout shape: cheaper than add_hline)."""
+    if math.isfinite(capacity):
+        y = capacity / GIB
+        fig.update_layout(
+            shapes=[dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=y, y1=y,
+                         line=dict(color="crimson", dash="dash", width=2))],
+            annotations=[dict(xref="paper", x=0, yref="y", y=y, text=f"capacity {y:.1f} GiB",
+                              showarrow=False, xanchor="left", yanchor="bottom",
+                              font=dict(color="crimson"))],
+        )
+
+
+def stage_memory_figure(result: Result) -> go.Figure:
+    """Each stage's peak memory, split into parameters, gradients/optimizer states and activations."""
+    stages = result.stages
+    x = [f"stage {s.index}" for s in stages]
+    over = [
+        result.device_peak_memory_bytes.get(s.device, s.peak_memory_bytes) > result.memory_capacity_bytes
+        for s in stages
+    ]
+    fig = go.Figure()
+    parts = (("parameters", [s.param_bytes for s in stages], "#72B7B2"),
+             ("gradients + optimizer states", [s.state_bytes for s in stages], "#EECA3B"),
+             ("peak activations", [s.peak_activation_bytes for s in stages], "#E45756"))
+    for name, values, color in parts:
+        fig.add_trace(go.Bar(x=x, y=np.asarray(values) / GIB, name=name, marker_color=color,
+                             hovertemplate="%{x}<br>" + name + ": %{y:.3f} GiB<extra></extra>"))
+    fig.add_trace(go.Scatter(
+        x=[x[i] for i, o in enumerate(over) if o],
+        y=[stages[i].peak_memory_bytes / GIB * 1.04 for i, o in enumerate(over) if o],
+        mode="text", text=["does not fit"] * sum(over), textfont=dict(color="crimson"),
+        showlegend=False, hoverinfo="skip",
+    ))
+    _capacity_line(fig, result.memory_capacity_bytes)
+    fig.update_layout(barmode="stack", title="Peak memory per stage against device capacity",
+                      yaxis_title="GiB", height=360, margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def bubble_vs_m_figure(stages_list: Sequence[int], current_k: int, current_m: int,
+                       current_bubble: float, *, m_max: int = 64,
+                       simulated: Mapping[int, float] | None = None) -> go.Figure:
+    """Analytic bubble (K-1)/(M+K-1) against M for several K, with the current point marked.
+
+    `simulated` optionally maps M to the simulated bubble of the current configuration.
+    """
+    m_max = max(m_max, current_m)
+    ms = np.unique(np.round(np.geomspace(1, m_max, 60)).astype(int))
+    fig = go.Figure()
+    for K in sorted(set(stages_list) | {current_k}):
+        fig.add_trace(go.Scatter(
+            x=ms, y=[analytic_bubble(K, int(m)) for m in ms], mode="lines", name=f"K={K} analytic",
+            line=dict(width=3 if K == current_k else 1.5, dash=None if K == current_k else "dot"),
+            hovertemplate=f"K={K}<br>M=%{{x}}<br>bubble %{{y:.3f}}<extra></extra>",
+        ))
+    if simulated:
+        m_sim = sorted(simulated)
+        fig.add_trace(go.Scatter(
+            x=m_sim, y=[simulated[m] for m in m_sim], mode="markers+lines", name=f"K={current_k} simulated",
+            line=dict(color="black", dash="dash"), marker=dict(size=7, color="black"),
+            hovertemplate="simulated<br>M=%{x}<br>bubble %{y:.3f}<extra></extra>",
+        ))
+    fig.add_trace(go.Scatter(
+        x=[current_m], y=[current_bubble], mode="markers", name="current (simulated)",
+        marker=dict(size=15, symbol="star", color="crimson", line=dict(width=1, color="black")),
+        hovertemplate="current<br>M=%{x}<br>bubble %{y:.4f}<extra></extra>",
+    ))
+    ticks = [2**i for i in range(int(math.log2(m_max)) + 2) if 2**i <= 2 * m_max]
+    fig.update_xaxes(tickvals=ticks, ticktext=[str(t) for t in ticks])
+    fig.update_layout(title="Bubble fraction against micro-batches M", xaxis_type="log",
+                      xaxis_title="micro-batches M", yaxis_title="bubble fraction", height=380,
+                      yaxis_range=[0, 1], margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def compare_timelines_figure(timelines: Sequence[tuple[str, Timeline]], *,
+                             max_bars: int = 2500) -> tuple[go.Figure, list[GanttBars]]:
+    """Gantt charts stacked on one shared time axis (predicted vs measured, A vs B)."""
+    span = max((float(t.end_s.max()) for _, t in timelines if len(t)), default=0.0)
+    unit, scale = time_unit(span)
+    sizes = [int(np.max(t.rank)) + 1 if len(t) else 1 for _, t in timelines]
+    fig = make_subplots(rows=len(timelines), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[name for name, _ in timelines], row_heights=sizes)
+    all_bars = []
+    for row, (_, timeline) in enumerate(timelines, start=1):
+        bars = gantt_bars(timeline, max_bars)
+        all_bars.append(bars)
+        for trace in _gantt_traces(bars, scale, unit, legend=row == 1):
+            fig.add_trace(trace, row=row, col=1)
+        _stage_axis(fig, sizes[row - 1], row=row, col=1)
+    fig.update_layout(barmode="overlay", bargap=0, height=max(340, 160 + 34 * sum(sizes)),
+                      margin=dict(l=10, r=10, t=50, b=100), legend=_BOTTOM_LEGEND)
+    fig.update_xaxes(title_text=f"time ({unit})", row=len(timelines), col=1)
+    return fig, all_bars
+
+
+def relative_error_figure(errors: Mapping[str, float], threshold: float = 0.2) -> go.Figure:
+    """Relative error of the prediction per field, in percent; bars beyond `threshold` in red."""
+    names = [k for k, v in errors.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    values = [100.0 * float(errors[k]) for k in names]
+    signed = any(v < 0 for v in values)
+    fig = go.Figure(go.Bar(
+        x=names, y=values,
+        marker_color=["#E45756" if abs(v) > 100 * threshold else "#4C78A8" for v in values],
+        text=[f"{v:+.1f}%" if signed else f"{v:.1f}%" for v in values], textposition="outside",
+        hovertemplate="%{x}<br>%{y:.2f}%<extra></extra>",
+    ))
+    skipped = len(errors) - len(names)
+    title = "Relative error of the prediction"
+    if skipped:
+        title += f"<br><sup>{skipped} field(s) not finite (measured 0) left out</sup>"
+    fig.update_layout(title=title, yaxis_title="error (%)", height=360,
+                      margin=dict(l=10, r=10, t=60, b=40))
+    return fig
+
+
+def step_times_figure(predicted_s: float, measured_s: Sequence[float]) -> go.Figure:
+    """Every measured step time against the predicted one."""
+    steps = list(range(1, len(measured_s) + 1))
+    fig = go.Figure(go.Scatter(x=steps, y=list(measured_s), mode="markers+lines", name="measured",
+                               hovertemplate="step %{x}<br>%{y:.4g} s<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[steps[0], steps[-1]] if steps else [0, 1], y=[predicted_s] * 2,
+                             mode="lines", name="predicted", line=dict(dash="dash", color="crimson")))
+    fig.update_layout(title="Measured step times against the prediction", xaxis_title="step",
+                      yaxis_title="seconds", height=360, margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def stage_comparison_figure(named: Sequence[tuple[str, Result]], field: str = "busy_s") -> go.Figure:
+    """One per-stage figure (`busy_s`, `peak_memory_bytes`, ...) for several results, grouped."""
+    fig = go.Figure()
+    in_gib = field.endswith("_bytes")
+    for name, result in named:
+        values = np.array([getattr(s, field) for s in result.stages], dtype=float)
+        fig.add_trace(go.Bar(x=[f"stage {s.index}" for s in result.stages],
+                             y=values / GIB if in_gib else values, name=name))
+    label = field.replace("_bytes", "").replace("_s", "").replace("_", " ")
+    fig.update_layout(barmode="group", title=f"Per-stage {label}",
+                      yaxis_title="GiB" if in_gib else "seconds", height=340,
+                      margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def sweep_figure(rows: Any, x: str, y: str, color: str | None = None, lines: bool = True,
+                 log_x: bool = False) -> go.Figure:
+    """A sweep's result column `y` against input column `x`, one series per value of `color`."""
+    df = rows.sort_values(x, kind="stable")
+    if df[y].dtype == bool or str(df[y].dtype) == "boolean":
+        df = df.assign(**{y: df[y].astype(float)})
+    groups = [(None, df)] if not color else [(value, part) for value, part in df.groupby(color, sort=True, dropna=False)]
+    fig = go.Figure()
+    for value, part in groups:
+        fig.add_trace(go.Scatter(
+            x=part[x], y=part[y], mode="lines+markers" if lines else "markers",
+            name=y if value is None else f"{color}={value}",
+            hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y:.4g}}<extra></extra>",
+        ))
+    if log_x:
+        fig.update_xaxes(type="log")
+    fig.update_layout(title=f"{y} against {x}", xaxis_title=x, yaxis_title=y, height=420,
+                      legend_title_text=color or "", margin=dict(l=10, r=10, t=50, b=40))
+    return fig

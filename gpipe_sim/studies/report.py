@@ -1,0 +1,84 @@
+"""Readable reports: the simulation summary table and the preset listing."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from gpipe_sim.spec.layers import build_layers, total_params
+from gpipe_sim.spec.presets import hardware_presets
+from gpipe_sim.results.result import Result
+from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
+from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.spec.units import format_bytes, format_seconds
+
+
+def _render(*renderables: object) -> str:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=110, force_terminal=False, color_system=None)
+    for item in renderables:
+        console.print(item)
+    return buffer.getvalue().rstrip()
+
+
+def summary_text(scenario: Scenario, result: Result) -> str:
+    """A summary of one simulated (or measured) step: headline figures and a per-stage table."""
+    p = scenario.pipeline
+    head = Table(show_header=False, box=None, pad_edge=False)
+    head.add_column(style="bold")
+    head.add_column()
+    model = scenario.model
+    head.add_row("model", f"{model.preset} ({len(build_layers(model, scenario.training.dtype_bytes))} layers)")
+    head.add_row("hardware", f"{scenario.hardware.preset or 'custom'}: {scenario.hardware.accelerator.name}")
+    head.add_row("pipeline", f"K={p.stages} M={p.micro_batches} batch={p.batch_size} "
+                             f"schedule={p.schedule} remat={p.remat} partition={p.partition}")
+    head.add_row("step time", format_seconds(result.step_time_s))
+    head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
+    head.add_row("bubble", f"{result.bubble_fraction:.4f} (analytic (K-1)/(M+K-1) = "
+                           f"{result.analytic_bubble_fraction:.4f})")
+    cap = result.memory_capacity_bytes
+    over = [f"device {d} needs {format_bytes(peak)}" for d, _, peak in result.devices_over_capacity()]
+    fit = "yes" if result.fits_in_memory else "NO: " + "; ".join(over)
+    head.add_row("fits in memory", f"{fit} (capacity {format_bytes(cap)} per device)")
+    table = Table(title="per stage")
+    for col in ("stage", "layers", "device", "busy", "params", "optimizer+grads", "peak activations", "peak memory"):
+        table.add_column(col, justify="right")
+    for s in result.stages:
+        over = s.peak_memory_bytes > result.memory_capacity_bytes
+        table.add_row(
+            str(s.index), s.layers_text, str(s.device), format_seconds(s.busy_s),
+            format_bytes(s.param_bytes), format_bytes(s.state_bytes),
+            format_bytes(s.peak_activation_bytes),
+            format_bytes(s.peak_memory_bytes) + (" !" if over else ""),
+        )
+    return _render(head, table)
+
+
+def presets_text() -> str:
+    """The model presets with their default sizes, and the hardware presets with key figures."""
+    models = Table(title="model presets (defaults)")
+    for col in ("preset", "fields", "layers", "parameters"):
+        models.add_column(col)
+    for spec in (UniformModel(), TransformerModel(), AmoebaNetModel(), MlpModel(), ConvNetModel()):
+        fields = ", ".join(f"{k}={v}" for k, v in spec.model_dump().items() if k != "preset")
+        layers = build_layers(spec)
+        models.add_row(spec.preset, fields, str(len(layers)), f"{total_params(layers) / 1e6:,.1f}M")
+    models.add_row("table", "path: per-layer YAML/JSON (as written by gpipe-exec profile)", "-", "-")
+    hw = Table(title="hardware presets")
+    for col in ("preset", "accelerator", "peak fp32/bf16", "memory", "mem bw", "link bw", "latency"):
+        hw.add_column(col)
+    for name, data in hardware_presets().items():
+        from gpipe_sim.spec.hardware import Hardware
+
+        h = Hardware.model_validate({"preset": name})
+        a = h.accelerator
+        peaks = "/".join(f"{a.peak_flops[d] / 1e12:g}" for d in ("fp32", "bf16")) + " TFLOP/s"
+        hw.add_row(name, a.name, peaks, format_bytes(a.memory_bytes), _bw(a.memory_bandwidth),
+                   _bw(h.link.bandwidth), format_seconds(h.link.latency_s))
+    return _render(models, hw)
+
+
+def _bw(value: float) -> str:
+    return "inf" if value == float("inf") else f"{value / 1e9:g} GB/s"
