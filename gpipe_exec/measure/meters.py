@@ -22,13 +22,16 @@ class SavedBytesMeter:
 
     Inside `track(m)`, every tensor packed by `saved_tensors_hooks` adds its bytes to micro-batch
     `m`, except tensors that share storage with a parameter or buffer (static memory). `retain`
-    adds bytes kept by hand (the stage input under re-materialization); `release(m)` frees all of
-    `m`'s bytes (its backward ended). `peak` is the largest total held at any time. So a kept
-    forward holds its saved bytes, a re-materialized one its input, and the re-computation brings
-    the micro-batch to max(saved, input) bytes, exactly gpipe_sim.results.memory's definition.
+    adds bytes kept by hand (the chunk input under re-materialization); `release(m)` frees all of
+    `m`'s bytes (its last backward pass ended). `peak` is the largest total held at any time. So a
+    kept forward holds its saved bytes, a re-materialized one its input, and the re-computation
+    brings the micro-batch to max(saved, input) bytes, exactly gpipe_sim.results.memory's definition.
+
+    A chunk's meter passes every change on to its `parent`, the rank's meter (which holds nothing
+    of its own): the chunk's `peak` is its own peak, the parent's the rank's over all its chunks.
     """
 
-    def __init__(self, modules: Iterable[torch.nn.Module] = ()) -> None:
+    def __init__(self, modules: Iterable[torch.nn.Module] = (), parent: "SavedBytesMeter | None" = None) -> None:
         self.static: set[int] = set()  # storage addresses of parameters and buffers
         self.static_ids: set[int] = set()  # their ids (meta tensors have no addresses)
         for module in modules:
@@ -36,6 +39,7 @@ class SavedBytesMeter:
                 self.static_ids.add(id(t))
                 if t.device.type != "meta":
                     self.static.add(t.untyped_storage().data_ptr())
+        self.parent = parent
         self.held: dict[int, int] = {}
         self.total = 0
         self.peak = 0
@@ -54,10 +58,16 @@ class SavedBytesMeter:
             self._add(self._current, nbytes)
         return t
 
+    def _change_total(self, delta: int) -> None:
+        self.total += delta
+        if self.total > self.peak:
+            self.peak = self.total
+        if self.parent is not None:
+            self.parent._change_total(delta)
+
     def _add(self, m: int, nbytes: int) -> None:
         self.held[m] = self.held.get(m, 0) + nbytes
-        self.total += nbytes
-        self.peak = max(self.peak, self.total)
+        self._change_total(nbytes)
 
     @contextmanager
     def track(self, m: int, retained: int = 0) -> Iterator[None]:
@@ -66,8 +76,7 @@ class SavedBytesMeter:
         only max(saved - retained, 0), as gpipe_sim.results.memory counts it."""
         self._current = m
         self.last_packed = 0
-        self.total -= retained
-        self.held[m] = self.held.get(m, 0) - retained
+        self._add(m, -retained)
         before = self.held[m]
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
@@ -81,17 +90,17 @@ class SavedBytesMeter:
     def add_saved(self, m: int, nbytes: int, retained: int = 0) -> None:
         """Account `nbytes` saved for micro-batch m without hooks (a figure `track` measured before
         for the same pass and size), with the same `retained` rule as `track`."""
-        self.total -= retained
-        self.held[m] = self.held.get(m, 0) - retained
+        self._add(m, -retained)
         self._add(m, max(nbytes, retained))
 
     def retain(self, m: int, nbytes: int) -> None:
         self._add(m, nbytes)
 
     def release(self, m: int) -> None:
-        self.total -= self.held.pop(m, 0)
+        self._change_total(-self.held.pop(m, 0))
 
     def reset(self) -> None:
+        """Forget everything (the parent is reset on its own)."""
         self.held.clear()
         self.total = self.peak = 0
 

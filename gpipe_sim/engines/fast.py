@@ -5,8 +5,8 @@ arrival for a recv. With C the inclusive prefix sum of d this is T = C + max(0, 
 (ready - (C - d))), so only receives and sends need visiting one by one: a rank advances over its
 transfers until it reaches a receive whose message is not yet sent, and a send wakes the rank
 waiting for it (a topological pass over the dependency graph, each transfer visited once). A
-link used by one rank is the same recurrence over its sends. Two vectorised sweeps (ranks up,
-then down) are tried first: they finish fill-drain schedules, whose dependencies run one way per
+link used by one rank is the same recurrence over its sends. One vectorised sweep (ranks up,
+then down) is tried first: it finishes fill-drain schedules, whose dependencies run one way per
 phase, with no per-transfer Python at all. Without contention only: a device running two ranks or
 a link carrying two ranks' sends needs the SimPy engine (`evaluate_fast` refuses such plans).
 """
@@ -18,7 +18,7 @@ import numpy as np
 from gpipe_sim.errors import SimulationError
 from gpipe_sim.plan.compile import RECV, SEND, Plan
 
-SWEEPS = 2  # vectorised sweeps tried before the per-transfer pass
+SWEEPS = 1  # vectorised up-and-down passes tried before the per-transfer pass (GPipe settles in one)
 
 
 def contention_free(plan: Plan) -> bool:
@@ -133,41 +133,49 @@ def _topological(plan: Plan, ranks: list[_Rank], arrival: np.ndarray, link_start
     """Every rank's transfers in dependency order: each rank advances over its receives and
     sends until a receive's message is not yet sent, and waits for the send to wake it."""
     prog = plan.program
-    arrival.fill(-np.inf)
     known = [False] * prog.num_messages
     arrival_list = [0.0] * prog.num_messages
     link_free = [0.0] * len(prog.dedicated)
     state = []
     for rk in ranks:
+        # the rank's transfers in program order, as parallel lists
+        at = np.concatenate([rk.recv_at, rk.send_at])
+        order = np.argsort(at, kind="stable")
+        is_send = np.concatenate([np.zeros(len(rk.recv_at), bool), np.ones(len(rk.send_at), bool)])[order]
         cumulative = np.cumsum(rk.duration)
-        events = sorted(
-            [(int(i), 0, int(m), -1, 0.0, 0.0) for i, m in zip(rk.recv_at, rk.recv_msg)]
-            + [(int(i), 1, int(m), int(ln), float(s), float(lat))
-               for i, m, ln, s, lat in zip(rk.send_at, rk.send_msg, rk.send_link, rk.send_ser, rk.send_lat)]
-        )
-        # per event: (position, is_send, message, link, serialization, latency, C[i], C[i] - d[i])
-        state.append([(*e, float(cumulative[e[0]]), float(cumulative[e[0]] - rk.duration[e[0]]))
-                      for e in events])
+        pos = at[order]
+        state.append((
+            pos.tolist(), is_send.tolist(),
+            np.concatenate([rk.recv_msg, rk.send_msg])[order].tolist(),
+            np.concatenate([np.full(len(rk.recv_at), -1), rk.send_link])[order].tolist(),
+            np.concatenate([np.zeros(len(rk.recv_at)), rk.send_ser])[order].tolist(),
+            np.concatenate([np.zeros(len(rk.recv_at)), rk.send_lat])[order].tolist(),
+            cumulative[pos].tolist(),  # C[i]: the rank's time after action i, before any wait
+            (cumulative - rk.duration)[pos].tolist(),  # C[i] - d[i]
+        ))
     pointer = [0] * len(ranks)
     slack = [0.0] * len(ranks)
+    begins: list[list[float]] = [[0.0] * len(st[0]) for st in state]
     waiting: dict[int, int] = {}
     work = list(range(len(ranks)))
-    starts: dict[int, float] = {}
     while work:
         r = work.pop()
-        events, e, s = state[r], pointer[r], slack[r]
-        lo = ranks[r].lo
-        while e < len(events):
-            position, is_send, message, link, ser, lat, c_incl, c_excl = events[e]
-            if is_send:
-                posted = c_incl + s
+        positions, sends, messages, links, sers, lats, c_incl, c_excl = state[r]
+        begin = begins[r]
+        e, s, n = pointer[r], slack[r], len(positions)
+        while e < n:
+            message = messages[e]
+            if sends[e]:
+                posted = c_incl[e] + s
+                link = links[e]
                 if link < 0:
-                    begin = arrive = posted
+                    begin[e] = arrive = posted
                 else:
-                    begin = link_free[link] if link_free[link] > posted else posted
-                    link_free[link] = begin + ser
-                    arrive = begin + ser + lat
-                starts[lo + position] = begin
+                    free = link_free[link]
+                    start = free if free > posted else posted
+                    begin[e] = start
+                    link_free[link] = start + sers[e]
+                    arrive = start + sers[e] + lats[e]
                 arrival_list[message] = arrive
                 known[message] = True
                 woken = waiting.pop(message, None)
@@ -177,17 +185,15 @@ def _topological(plan: Plan, ranks: list[_Rank], arrival: np.ndarray, link_start
                 if not known[message]:
                     waiting[message] = r
                     break
-                gap = arrival_list[message] - c_excl
+                gap = arrival_list[message] - c_excl[e]
                 if gap > s:
                     s = gap
             e += 1
         pointer[r], slack[r] = e, s
-    for r, events in enumerate(state):
-        if pointer[r] < len(events):
-            position = events[pointer[r]][0]
-            action = plan.schedule.rank_actions(r)[position]
+    for r, st in enumerate(state):
+        if pointer[r] < len(st[0]):
+            action = plan.schedule.rank_actions(r)[st[0][pointer[r]]]
             raise SimulationError(f"schedule deadlocks: rank {r} waits forever at {action}")
+        sends = np.asarray(st[1], dtype=bool)
+        link_start[ranks[r].lo + np.asarray(st[0], dtype=np.int64)[sends]] = np.asarray(begins[r])[sends]
     arrival[:] = arrival_list
-    if starts:
-        idx = np.fromiter(starts.keys(), dtype=np.int64, count=len(starts))
-        link_start[idx] = np.fromiter(starts.values(), dtype=float, count=len(starts))

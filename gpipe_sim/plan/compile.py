@@ -35,13 +35,14 @@ class ChunkPlan:
     params: int
     param_bytes: float
     state_bytes: float  # gradients, optimizer states and master weights
-    forward_s: tuple[float, ...]
-    backward_s: tuple[float, ...]
-    backward_input_s: tuple[float, ...]
-    backward_weight_s: tuple[float, ...]
-    activation_bytes: tuple[float, ...]  # saved for backward, per micro-batch
-    input_bytes: tuple[float, ...]  # the chunk input, kept per micro-batch under re-materialization
-    output_bytes: tuple[float, ...]  # sent to the next chunk (and its gradient sent back)
+    # per micro-batch (NumPy arrays of length M):
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    backward_input_s: np.ndarray
+    backward_weight_s: np.ndarray
+    activation_bytes: np.ndarray  # saved for backward
+    input_bytes: np.ndarray  # the chunk input, kept under re-materialization
+    output_bytes: np.ndarray  # sent to the next chunk (and its gradient sent back)
     update_s: float
 
     @property
@@ -172,13 +173,13 @@ def compile_plan(scenario: Scenario) -> Plan:
                 params=params,
                 param_bytes=float(params * dtype_bytes),
                 state_bytes=float(params * training.state_bytes_per_param),
-                forward_s=tuple(per_size[:, 0].tolist()),
-                backward_s=tuple(backward.tolist()),
-                backward_input_s=tuple((backward * BACKWARD_INPUT_SHARE).tolist()),
-                backward_weight_s=tuple((backward * (1 - BACKWARD_INPUT_SHARE)).tolist()),
-                activation_bytes=tuple((act_per_sample * samples).tolist()),
-                input_bytes=tuple((input_per_sample * samples).tolist()),
-                output_bytes=tuple((own[-1].output_bytes_per_sample * samples).tolist()),
+                forward_s=per_size[:, 0].copy(),
+                backward_s=backward.copy(),
+                backward_input_s=backward * BACKWARD_INPUT_SHARE,
+                backward_weight_s=backward * (1 - BACKWARD_INPUT_SHARE),
+                activation_bytes=act_per_sample * samples,
+                input_bytes=input_per_sample * samples,
+                output_bytes=own[-1].output_bytes_per_sample * samples,
                 update_s=update_seconds(own, accel, dtype_bytes, bpp),
             )
         )

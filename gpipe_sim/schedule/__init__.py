@@ -1,7 +1,8 @@
 """Schedules as data: one ordered program per pipeline rank, from a registered generator and one lowering."""
 
 from gpipe_sim.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Pass, Tensor
-from gpipe_sim.schedule.lower import ProgramColumns, RematMode, Schedule, build_schedule, lower, saves_activations
+from gpipe_sim.schedule.lower import build_schedule, lower, saves_activations
+from gpipe_sim.schedule.program import ProgramColumns, RematMode, Schedule
 from gpipe_sim.schedule.registry import SCHEDULES, ScheduleFamily, register, schedule_family
 
 from gpipe_sim.schedule import generators  # registers the built-in families

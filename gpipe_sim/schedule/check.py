@@ -6,7 +6,7 @@ import numpy as np
 
 from gpipe_sim.errors import ScheduleError
 from gpipe_sim.schedule.actions import Action, Kind
-from gpipe_sim.schedule.lower import Schedule
+from gpipe_sim.schedule.program import Schedule
 
 
 def validate_schedule(schedule: Schedule) -> None:

@@ -23,6 +23,9 @@ def _render(*renderables: object) -> str:
     return buffer.getvalue().rstrip()
 
 
+SHOWN_RANKS = 8  # a summary lists the first and last ranks of a deeper pipeline, the rest in one row
+
+
 def summary_text(scenario: Scenario, result: Result) -> str:
     """A summary of one simulated (or measured) step: headline figures and a per-stage table."""
     p = scenario.pipeline
@@ -32,20 +35,31 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     model = scenario.model
     head.add_row("model", f"{model.preset} ({len(build_layers(model, scenario.training.dtype_bytes))} layers)")
     head.add_row("hardware", f"{scenario.hardware.preset or 'custom'}: {scenario.hardware.accelerator.name}")
-    head.add_row("pipeline", f"K={p.stages} M={p.micro_batches} batch={p.batch_size} "
+    head.add_row("pipeline", f"K={p.stages} v={p.chunks} M={p.micro_batches} batch={p.batch_size} "
                              f"schedule={p.schedule} remat={p.remat} partition={p.partition}")
     head.add_row("step time", format_seconds(result.step_time_s))
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
-    head.add_row("bubble", f"{result.bubble_fraction:.4f} (analytic (K-1)/(M+K-1) = "
-                           f"{result.analytic_bubble_fraction:.4f})")
+    head.add_row("bubble", f"{result.bubble_fraction:.4f} (the schedule's analytic bubble on ideal "
+                           f"hardware: {result.analytic_bubble_fraction:.4f})")
     cap = result.memory_capacity_bytes
     over = [f"device {d} needs {format_bytes(peak)}" for d, _, peak in result.devices_over_capacity()]
     fit = "yes" if result.fits_in_memory else "NO: " + "; ".join(over)
     head.add_row("fits in memory", f"{fit} (capacity {format_bytes(cap)} per device)")
-    table = Table(title="per stage")
-    for col in ("stage", "layers", "device", "busy", "params", "optimizer+grads", "peak activations", "peak memory"):
+    table = Table(title="per pipeline rank (stage)")
+    for col in ("rank", "layers", "device", "busy", "params", "optimizer+grads", "peak activations", "peak memory"):
         table.add_column(col, justify="right")
-    for s in result.stages:
+    shown = result.stages
+    if len(shown) > 2 * SHOWN_RANKS:  # the --json output has them all
+        shown = shown[:SHOWN_RANKS] + [None] + shown[-SHOWN_RANKS:]  # type: ignore[list-item]
+    for s in shown:
+        if s is None:
+            hidden = result.stages[SHOWN_RANKS:-SHOWN_RANKS]
+            busy = [h.busy_s for h in hidden]
+            peak = [h.peak_memory_bytes for h in hidden]
+            table.add_row(f"{hidden[0].index}-{hidden[-1].index}", f"({len(hidden)} ranks)", "",
+                          f"{format_seconds(min(busy))}-{format_seconds(max(busy))}", "", "", "",
+                          f"{format_bytes(min(peak))}-{format_bytes(max(peak))}")
+            continue
         over = s.peak_memory_bytes > result.memory_capacity_bytes
         table.add_row(
             str(s.index), s.layers_text, str(s.device), format_seconds(s.busy_s),

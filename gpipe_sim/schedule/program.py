@@ -1,0 +1,88 @@
+"""A schedule's programs: one ordered list of actions per pipeline rank, stored as columns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+import numpy as np
+
+from gpipe_sim.schedule.actions import Action, Kind, Tensor
+
+RematMode = Literal["none", "except_last", "always"]
+
+_SEND, _RECV = int(Kind.SEND), int(Kind.RECV)
+_ACT, _GRAD = int(Tensor.ACTIVATION), int(Tensor.GRADIENT)
+
+
+@dataclass(frozen=True)
+class ProgramColumns:
+    """Every rank's program as NumPy columns, rank by rank (action i of rank r is at
+    `offsets[r] + i`); `kind` holds Kind codes, `tensor` Tensor codes (-1: none)."""
+
+    offsets: np.ndarray
+    rank: np.ndarray
+    kind: np.ndarray
+    chunk: np.ndarray
+    micro_batch: np.ndarray
+    peer: np.ndarray
+    tensor: np.ndarray
+    save: np.ndarray
+
+    def message_keys(self, micro_batches: int) -> np.ndarray:
+        """For each send and receive, the key of its message (-1 elsewhere): the chunk boundary it
+        crosses (b: between chunks b and b+1), the tensor and the micro-batch. A send and its
+        receive share the key."""
+        kind, chunk, tensor = self.kind, self.chunk.astype(np.int64), self.tensor.astype(np.int64)
+        comm = (kind == _SEND) | (kind == _RECV)
+        # activation: sent by chunk b, received by b+1; gradient: sent by b+1, received by b
+        lower_end = ((kind == _SEND) & (tensor == _ACT)) | ((kind == _RECV) & (tensor == _GRAD))
+        boundary = np.where(lower_end, chunk, chunk - 1)
+        keys = ((boundary * 2 + tensor) * micro_batches + self.micro_batch).astype(np.int64)
+        return np.where(comm, keys, -1)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One training step's programs: for each pipeline rank, its ordered actions.
+
+    `chunks` is v, the model chunks per rank (K*v in all); `placement[c]` is the rank holding
+    chunk c. Stored as columns (built vectorised: K=128 x M=1024 takes milliseconds);
+    `actions` gives the same programs as `Action` tuples, `rank_actions(r)` one rank's.
+    """
+
+    name: str
+    ranks: int
+    micro_batches: int
+    chunks: int
+    remat: RematMode
+    placement: tuple[int, ...]
+    columns: ProgramColumns
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.placement)
+
+    def rank_actions(self, r: int) -> tuple[Action, ...]:
+        """Rank `r`'s ordered actions."""
+        c = self.columns
+        lo, hi = int(c.offsets[r]), int(c.offsets[r + 1])
+        return tuple(
+            Action(Kind(kind), chunk, mb, peer, None if tensor < 0 else Tensor(tensor), save)
+            for kind, chunk, mb, peer, tensor, save in zip(
+                c.kind[lo:hi].tolist(), c.chunk[lo:hi].tolist(), c.micro_batch[lo:hi].tolist(),
+                c.peer[lo:hi].tolist(), c.tensor[lo:hi].tolist(), c.save[lo:hi].tolist(),
+            )
+        )
+
+    @cached_property
+    def actions(self) -> tuple[tuple[Action, ...], ...]:
+        return tuple(self.rank_actions(r) for r in range(self.ranks))
+
+    def count(self, kind: Kind) -> int:
+        return int((self.columns.kind == int(kind)).sum())
+
+    def chunks_of(self, r: int) -> tuple[int, ...]:
+        """The chunks rank `r` holds, in model order."""
+        return tuple(c for c, owner in enumerate(self.placement) if owner == r)
