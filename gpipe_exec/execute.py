@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from gpipe_exec.launch.spawn import LaunchOptions, launch
-from gpipe_exec.runtime.interpreter import Job, boundary_shape
+from gpipe_exec.errors import ExecutionError
+from gpipe_exec.runtime.interpreter import Job, boundary_shape, record_columns
 from gpipe_exec.zoo import check_buildable
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.results.memory import device_peaks, levels_from_totals
@@ -18,7 +19,7 @@ from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.results.result import Result, Timeline
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.api import result_from_times, run_engine, summarize_plan
-from gpipe_sim.schedule import ACTION_KINDS
+from gpipe_sim.schedule import Kind
 
 
 FAULT_ENV = "GPIPE_EXEC_FAULT"  # fault injection for tests: "RANK:raise|kill[:ACTION[:STEP]]"
@@ -80,7 +81,7 @@ def host_available_bytes() -> float | None:
 
 def check_host_memory(plan: Plan, available: float | None = None) -> None:
     """Refuse a CPU run whose ranks (all on this machine) would need more memory than is free:
-    the simulator's per-stage peak (weights, gradients, optimizer states, activations) plus a
+    the simulator's per-rank peak (weights, gradients, optimizer states, activations) plus a
     fixed allowance per process."""
     available = host_available_bytes() if available is None else available
     if available is None:
@@ -99,65 +100,72 @@ def check_host_memory(plan: Plan, available: float | None = None) -> None:
 
 def job_for(scenario: Scenario, plan: Plan, *, steps: int = 5, warmup: int = 2, seed: int = 0,
             dropout: float | None = None, **extra: Any) -> Job:
-    """The job that runs `scenario` with the plan's partition (the simulator's)."""
-    partition = [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    """The job that runs `scenario` with the plan's partition (the simulator's) and programs."""
     if "fault" not in extra and os.environ.get(FAULT_ENV):
         extra["fault"] = parse_fault(os.environ[FAULT_ENV])
-    # The worker runs the parent's action lists as they are: a schedule registered here needs no
+    # The worker runs the parent's programs as they are: a schedule registered here needs no
     # executor change (and no registration in the worker processes).
-    return Job(scenario=scenario, schedule=plan.schedule, partition=partition, steps=steps, warmup=warmup,
+    extra.setdefault("schedule", plan.schedule)
+    return Job(scenario=scenario, partition=list(plan.layer_counts), steps=steps, warmup=warmup,
                seed=seed, dropout=dropout, **extra)
 
 
-def _end_sends_at_arrival(plan: Plan, start: np.ndarray, end: np.ndarray) -> None:
+def _end_sends_at_arrival(kind: np.ndarray, message: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
     """A send ends when its data has arrived: no later than the matching receive's end (the sender
-    only notices completion when it next polls)."""
-    prog = plan.program
-    sends = prog.kind == ACTION_KINDS.index("send")
-    recvs = prog.kind == ACTION_KINDS.index("recv")
-    received = np.full(prog.num_messages, np.inf)
-    received[prog.message[recvs]] = end[recvs]
-    end[sends] = np.maximum(start[sends], np.minimum(end[sends], received[prog.message[sends]]))
+    only notices completion when it next polls). Sends and receives pair by their recorded message."""
+    sends = np.flatnonzero(kind == int(Kind.SEND))
+    recvs = np.flatnonzero(kind == int(Kind.RECV))
+    if not len(sends):
+        return
+    size = int(max(message[sends].max(), message[recvs].max(initial=-1))) + 1
+    received = np.full(size, np.inf)
+    received[message[recvs]] = end[recvs]
+    end[sends] = np.maximum(start[sends], np.minimum(end[sends], received[message[sends]]))
 
 
 def step_timelines(plan: Plan, output: dict[str, Any]) -> list[Timeline]:
-    """Every measured step's timeline, in program order, on seconds from the step's start."""
+    """Every measured step's timeline, rank after rank, each rank's actions as they ran (kind, chunk
+    and micro-batch from the ranks' own records), on seconds from the step's start."""
     ranks = output["ranks"]
-    prog = plan.program
+    if len(ranks) != len(plan.ranks):
+        raise ExecutionError(f"{len(ranks)} ranks reported for a plan of {len(plan.ranks)}")
     timelines = []
     for s in range(len(ranks[0]["records"])):
         recs = [rank["records"][s] for rank in ranks]
+        cols = record_columns(recs)
         t0 = min(r.step_start for r in recs)
-        start = np.concatenate([np.asarray(r.starts) for r in recs]) - t0
-        end = np.concatenate([np.asarray(r.ends) for r in recs]) - t0
-        _end_sends_at_arrival(plan, start, end)
-        timelines.append(Timeline(prog.stage.copy(), prog.kind.copy(), prog.micro_batch.copy(), start, end))
+        start, end = cols["start_s"] - t0, cols["end_s"] - t0
+        _end_sends_at_arrival(cols["kind"], cols["message"], start, end)
+        timelines.append(Timeline(cols["rank"], cols["chunk"], cols["kind"], cols["micro_batch"], start, end))
     return timelines
 
 
 def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
     """The measured Result (median step after warm-up), via gpipe_sim.results.result.summarize."""
     ranks = output["ranks"]
-    K = len(plan.stages)
-    prog = plan.program
+    K = len(plan.ranks)
     timelines = step_timelines(plan, output)
     times = [float(t.end_s.max()) for t in timelines]
     order = np.argsort(times)
     median = int(order[(len(times) - 1) // 2])
     recs = [ranks[k]["records"][median] for k in range(K)]
     state_per_param = plan.scenario.training.state_bytes_per_param
-    param_bytes = [float(ranks[k]["param_bytes"]) for k in range(K)]
-    state_bytes = [float(ranks[k]["param_count"] * state_per_param) for k in range(K)]
+    owned = {c: info for rank in ranks for c, info in rank["chunks"].items()}
+    chunks = range(len(plan.chunks))
+    param_bytes = [float(owned[c]["param_bytes"]) for c in chunks]
+    state_bytes = [float(owned[c]["param_count"] * state_per_param) for c in chunks]
+    chunk_peaks = {c: peak for r in recs for c, peak in r.chunk_peak_activation_bytes.items()}
     timeline = timelines[median]
     curves = []
     for k in range(K):
-        lo, hi = int(prog.offsets[k]), int(prog.offsets[k + 1])
-        curves.append(levels_from_totals(timeline.start_s[lo:hi], timeline.end_s[lo:hi], recs[k].held))
-    static = [p + s for p, s in zip(param_bytes, state_bytes)]
+        mine = timeline.rank == k
+        curves.append(levels_from_totals(timeline.start_s[mine], timeline.end_s[mine], recs[k].held))
+    static = [sum(param_bytes[c] + state_bytes[c] for c in rank.chunks) for rank in plan.ranks]
     device_peak = device_peaks(plan.device_map, static, [c[0] for c in curves], [c[1] for c in curves])
     result = summarize_plan(
         plan, timeline,
         peak_activation_bytes=[r.peak_activation_bytes for r in recs],
+        chunk_peak_activation_bytes=[chunk_peaks[c] for c in chunks],
         param_bytes=param_bytes,
         state_bytes=state_bytes,
         device_peak_memory_bytes=device_peak,
@@ -167,14 +175,14 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
     return Measurement(
         result=result,
         step_times_s=times,
-        loss=float(recs[-1].loss),
+        loss=float(sum(r.loss for r in recs)),
         cuda_peak_bytes=[r.cuda_peak_bytes for r in recs],
     )
 
 
 def execute(scenario: Scenario, *, steps: int = 5, warmup: int = 2, seed: int = 0,
             dropout: float | None = None, options: LaunchOptions = LaunchOptions()) -> Measurement:
-    """Train `scenario` for warm-up + measured steps with one process per stage; measure the step."""
+    """Train `scenario` for warm-up + measured steps with one process per rank; measure the step."""
     if steps < 1 or warmup < 0:
         raise GpipeError(f"steps must be >= 1 and warm-up >= 0, got {steps} and {warmup}")
     plan = check_runnable(scenario)

@@ -13,7 +13,7 @@ from gpipe_sim.spec.scenario import Scenario
 
 def reference_step(scenario: Scenario, *, seed: int = 0, dropout: float | None = 0.0,
                    steps: int = 1) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-    """Parameters and gradients after `steps` plain steps, keyed like `StageRunner.params`."""
+    """Parameters and gradients after `steps` plain steps, keyed like `RankRunner.params`."""
     model = build_model(scenario.model, seed=seed, dropout=dropout, dtype=scenario.training.dtype)
     optimizer = make_optimizer(list(model.parameters()), scenario.training.optimizer)
     x, y = make_batch(scenario.model, scenario.pipeline.batch_size, seed=seed,

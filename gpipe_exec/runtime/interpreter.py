@@ -1,8 +1,13 @@
-"""The pipeline runtime: one rank runs its stage's action list from gpipe_sim.schedule, step by step.
+"""The pipeline runtime: one process per rank runs its program from gpipe_sim.schedule, action by action.
 
-Transfers are asynchronous (`isend`/`irecv`): receives are posted ahead (by default every
-receive of the step, at its start), sends complete in the background, so communication overlaps
-compute wherever the schedule allows. Every action's start and end is recorded on the aligned clock.
+A rank holds every model chunk the schedule places on it (one module each) and one optimizer over
+all of them. The interpreter dispatches each action to the handler of its kind. Between chunks of
+one rank the hand-over is local (a forward's output is the next chunk's input, a backward's input
+gradient the previous chunk's output gradient); between ranks it is a transfer, asynchronous
+(`isend`/`irecv`): receives are posted ahead (by default every receive of the step, at its start),
+sends complete in the background, so communication overlaps compute wherever the schedule allows.
+Every action is recorded as it ran: its kind, chunk, micro-batch and message, and its start and
+end on the aligned clock.
 """
 
 from __future__ import annotations
@@ -10,166 +15,222 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from gpipe_exec.errors import ExecutionError, PeerError
+from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_bytes, tensor_bytes
+from gpipe_exec.runtime.chunk import Chunk, make_optimizer
 from gpipe_exec.runtime.device_lock import device_lock, holding
-from gpipe_exec.errors import PeerError
-from gpipe_exec.measure.meters import AlignedClock, cuda_peak_bytes
-from gpipe_exec.runtime.chunk import Stage, make_optimizer
+from gpipe_exec.runtime.split_backward import WeightPass
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.plan.partition import micro_batch_sizes
+from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Schedule, Tensor, build_schedule
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
-from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Schedule, build_schedule
-
 
 
 @dataclass
 class Job:
-    """One configuration to run: the scenario (with an explicit partition) and how to run it."""
+    """One configuration to run: the scenario, its partition (layers per chunk) and how to run it."""
 
     scenario: Scenario | dict[str, Any]
-    partition: list[int]
-    schedule: Schedule | None = None  # the parent's action lists (else built from the scenario)
+    partition: list[int]  # layers per chunk, K*v entries, in model order
+    schedule: Schedule | None = None  # the parent's programs (else built from the scenario)
     steps: int = 1
     warmup: int = 0
     seed: int = 0
     dropout: float | None = None
     return_params: bool = False
-    device_lock: bool = True  # serialize the compute of stages sharing a device (CPU)
+    device_lock: bool = True  # serialize the compute of ranks sharing a device (CPU)
     # Receives posted ahead of the action that needs them: n, 0 (each at its own action), or None:
     # on CPU all of the step's, before it starts; on CUDA each at its action (NCCL runs a pair's
     # sends and receives in order on one stream, so a receive posted ahead would hold back the
     # sends queued behind it). On gloo a receive posted before its send lets the data move as soon
     # as it is sent; posted late, the rendezvous waits for the sender's next wait (measured on the
     # accuracy study's convnet, K=2, M=16: 62-115 ms steps with two ahead, 55-70 ms with all).
-    # The price: a buffer per receive, held all step (M boundary tensors per stage and direction).
+    # The price: a buffer per receive, held all step (M boundary tensors per boundary and direction).
     recv_window: int | None = None
     # Activations and gradients in process groups of their own (see _Comm); None: on CUDA.
     split_directions: bool | None = None
+    weight_pass: WeightPass = "reuse"  # how a backward_weight pass works (runtime.split_backward)
     fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill, "step", "action"} (tests)
     tag: str = ""
 
 
 @dataclass
 class StepRecord:
-    """One rank's record of one step: per action (kind, micro-batch, start, end) and memory."""
+    """One rank's record of one step, per action as it ran: kind (a Kind code), chunk, micro-batch,
+    message key (-1: not a transfer), start and end; activation bytes held after it; peaks."""
 
+    kind: list[int] = field(default_factory=list)
+    chunk: list[int] = field(default_factory=list)
+    micro_batch: list[int] = field(default_factory=list)
+    message: list[int] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
     step_start: float = 0.0
-    held: list[float] = field(default_factory=list)  # activation bytes held after each action
-    peak_activation_bytes: float = 0.0
+    held: list[float] = field(default_factory=list)  # activation bytes held after each action (rank)
+    peak_activation_bytes: float = 0.0  # the rank's, over all its chunks
+    chunk_peak_activation_bytes: dict[int, float] = field(default_factory=dict)  # each chunk on its own
     cuda_peak_bytes: float | None = None
-    loss: float = 0.0
+    loss: float = 0.0  # the sum of the micro-batches' losses (on the rank holding the last chunk)
+
+    def __len__(self) -> int:
+        return len(self.kind)
 
 
-def stage_bounds(partition: list[int], k: int) -> tuple[int, int]:
-    """(first, last) layer of stage k for per-stage layer counts."""
-    first = sum(partition[:k])
-    return first, first + partition[k] - 1
+def chunk_bounds(partition: list[int], c: int) -> tuple[int, int]:
+    """(first, last) layer of chunk c for per-chunk layer counts."""
+    first = sum(partition[:c])
+    return first, first + partition[c] - 1
+
+
+def boundary_shapes(scenario: Scenario, seed: int, dropout: float | None, last: int | None = None
+                    ) -> list[tuple[int, ...]]:
+    """Shape (without the batch dimension) of every layer's output up to `last` (default: all),
+    found in one pass on the meta device."""
+    from gpipe_sim.spec.layers import layer_count
+
+    model = scenario.model
+    last = layer_count(model) - 1 if last is None else last
+    x, _ = make_batch(model, 1, seed=seed, dtype=scenario.training.dtype)
+    shapes = []
+    with torch.device("meta"):
+        layers = build_layers_range(model, 0, last, seed=seed, dropout=dropout, dtype=scenario.training.dtype)
+        h = x.to("meta")
+        for module in layers:
+            h = module(h)
+            shapes.append(tuple(h.shape[1:]))
+    return shapes
 
 
 def boundary_shape(scenario: Scenario, layer: int, seed: int, dropout: float | None) -> tuple[int, ...]:
     """Shape (without the batch dimension) of layer `layer`'s output, found on the meta device."""
-    model = scenario.model
-    x, _ = make_batch(model, 1, seed=seed, dtype=scenario.training.dtype)
-    with torch.device("meta"):
-        layers = build_layers_range(model, 0, layer, seed=seed, dropout=dropout,
-                                    dtype=scenario.training.dtype)
-        h = x.to("meta")
-        for module in layers:
-            h = module(h)
-    return tuple(h.shape[1:])
+    return boundary_shapes(scenario, seed, dropout, layer)[layer]
 
 
-_DIRECTION_GROUPS: tuple[Any, dict[str, Any]] | None = None  # (default group, its two groups)
+_DIRECTION_GROUPS: tuple[Any, dict[Tensor, Any]] | None = None  # (default group, its two groups)
 
 
-def direction_groups() -> dict[str, Any]:
+def direction_groups() -> dict[Tensor, Any]:
     """One process group for activations and one for gradients, made once per default group
     (collective: every rank builds its runner, so every rank gets here in the same order)."""
     global _DIRECTION_GROUPS
     default = dist.distributed_c10d._get_default_group()
     if _DIRECTION_GROUPS is None or _DIRECTION_GROUPS[0] is not default:
         ranks = list(range(dist.get_world_size()))
-        _DIRECTION_GROUPS = (default, {"activation": dist.new_group(ranks), "gradient": dist.new_group(ranks)})
+        _DIRECTION_GROUPS = (default, {Tensor.ACTIVATION: dist.new_group(ranks),
+                                       Tensor.GRADIENT: dist.new_group(ranks)})
     return _DIRECTION_GROUPS[1]
 
 
 class _Comm:
-    """Point-to-point transfers with tags per (tensor, micro-batch) and clear errors on peer failure.
+    """Point-to-point transfers tagged by message key, with clear errors on peer failure.
 
-    With `split`, activations and gradients travel in two process groups of their own. NCCL runs a
-    pair of ranks' sends and receives in order on one stream per communicator, and a send may
-    wait for its receive: in 1F1B a stage's next activation send queued before its gradient
-    receive, while its peer's gradient send is queued before that activation's receive, would
-    wait on each other forever. Each direction in its own group flows in one order on both ends.
+    A message's key (`ProgramColumns.message_keys`: chunk boundary, tensor, micro-batch) is unique
+    in the step and shared by its send and receive: it is the gloo tag. With `split`, activations
+    and gradients travel in two process groups of their own. NCCL runs a pair of ranks' sends and
+    receives in order on one stream per communicator, and a send may wait for its receive: in 1F1B
+    a rank's next activation send queued before its gradient receive, while its peer's gradient
+    send is queued before that activation's receive, would wait on each other forever. Each
+    direction in its own group flows in one order on both ends.
     """
 
-    def __init__(self, rank: int, device: torch.device, split: bool = False) -> None:
+    def __init__(self, rank: int, split: bool = False) -> None:
         self.rank = rank
-        self.device = device
-        self.groups: dict[str, Any] = direction_groups() if split else {}
+        self.groups: dict[Tensor, Any] = direction_groups() if split else {}
 
-    @staticmethod
-    def tag(action: Action) -> int:
-        return 2 * action.micro_batch + (0 if action.tensor == "activation" else 1)
-
-    def _guard(self, peer: int, what: str, fn: Any) -> Any:
+    def _guard(self, peer: int, what: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except (RuntimeError, dist.DistError) as exc:
             line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise PeerError(f"rank {self.rank}: {what} rank {peer} failed ({line})") from None
 
-    def isend(self, tensor: torch.Tensor, action: Action) -> Any:
-        group = self.groups.get(action.tensor or "")
-        return self._guard(action.peer, "send to", lambda: dist.isend(tensor.contiguous(), action.peer,
-                                                                    group=group, tag=self.tag(action)))
+    def isend(self, tensor: torch.Tensor, action: Action, tag: int) -> Any:
+        group = self.groups.get(action.tensor)
+        return self._guard(action.peer, "send to",
+                           lambda: dist.isend(tensor.contiguous(), action.peer, group=group, tag=tag))
 
-    def irecv(self, buffer: torch.Tensor, action: Action) -> Any:
-        group = self.groups.get(action.tensor or "")
+    def irecv(self, buffer: torch.Tensor, action: Action, tag: int) -> Any:
+        group = self.groups.get(action.tensor)
         return self._guard(action.peer, "receive from",
-                           lambda: dist.irecv(buffer, action.peer, group=group, tag=self.tag(action)))
+                           lambda: dist.irecv(buffer, action.peer, group=group, tag=tag))
 
     def wait(self, work: Any, action: Action) -> None:
-        what = "send to" if action.kind == "send" else "receive from"
+        what = "send to" if action.kind == Kind.SEND else "receive from"
         self._guard(action.peer, what, work.wait)
 
 
-class StageRunner:
-    """Runs one rank's stage for a job: builds the layers, data, buffers, and interprets actions."""
+@dataclass
+class _StepState:
+    """What flows between one step's actions on a rank."""
+
+    inputs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (chunk, mb): its input
+    grads: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (chunk, mb): its output's grad
+    outbox: dict[tuple[Tensor, int, int], torch.Tensor] = field(default_factory=dict)  # to send
+    posted: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)  # action -> (work, buffer)
+    sends: list[tuple[int, int, Any]] = field(default_factory=list)  # (record index, action, work)
+    next_post: int = 0
+
+
+class RankRunner:
+    """Runs one rank's program for a job: builds its chunks, data, buffers, and interprets actions."""
 
     def __init__(self, job: Job, rank: int, device: torch.device, clock: AlignedClock) -> None:
         self.job = job
         self.scenario = job.scenario if isinstance(job.scenario, Scenario) else parse_scenario(job.scenario)
         sc, p = self.scenario, self.scenario.pipeline
         self.rank, self.device, self.clock = rank, device, clock
-        self.K = p.stages
-        self.schedule = job.schedule or build_schedule(self.K, p.micro_batches, p.schedule, p.remat)
-        self.M = self.schedule.micro_batches
-        self.actions = self.schedule.actions[rank]
-        first, last = stage_bounds(job.partition, rank)
-        self.first, self.last = first, last
+        self.schedule = job.schedule or build_schedule(p.stages, p.micro_batches, p.schedule, p.remat, p.chunks)
+        self.K, self.M = self.schedule.ranks, self.schedule.micro_batches
+        self.C = self.schedule.num_chunks
+        if len(job.partition) != self.C:
+            raise ExecutionError(f"the partition has {len(job.partition)} entries for {self.C} chunks")
+        self.actions = self.schedule.rank_actions(rank)
+        c = self.schedule.columns
+        lo, hi = int(c.offsets[rank]), int(c.offsets[rank + 1])
+        self.tags: list[int] = c.message_keys(self.M)[lo:hi].tolist()
         dtype = sc.training.dtype
-        layers = build_layers_range(sc.model, first, last, seed=job.seed, dropout=job.dropout, dtype=dtype)
-        module = torch.nn.Sequential(*layers).to(device)
-        self.stage = Stage(rank, self.K, module, device, loss_sum, p.batch_size,
-                           make_optimizer(list(module.parameters()), sc.training.optimizer))
+        self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
+        self.chunks: dict[int, Chunk] = {}
+        for index in self.schedule.chunks_of(rank):
+            first, last = chunk_bounds(job.partition, index)
+            layers = build_layers_range(sc.model, first, last, seed=job.seed, dropout=job.dropout, dtype=dtype)
+            self.chunks[index] = Chunk(index, self.C, first, torch.nn.Sequential(*layers).to(device), device,
+                                       loss_sum, p.batch_size, parent_meter=self.meter,
+                                       weight_pass=job.weight_pass)
+        params = [q for ch in self.chunks.values() for q in ch.module.parameters()]
+        self.optimizer = make_optimizer(params, sc.training.optimizer)
         self.sizes = micro_batch_sizes(p.batch_size, self.M)
         x, y = make_batch(sc.model, p.batch_size, seed=job.seed, dtype=dtype)
-        self.inputs = [t.to(device) for t in torch.tensor_split(x, self.M)] if rank == 0 else []
-        self.targets = [t.to(device) for t in torch.tensor_split(y, self.M)] if rank == self.K - 1 else []
+        self.inputs = [t.to(device) for t in torch.tensor_split(x, self.M)] if 0 in self.chunks else []
+        self.targets = [t.to(device) for t in torch.tensor_split(y, self.M)] if self.C - 1 in self.chunks else []
         self.float_dtype = TORCH_DTYPES[dtype]
-        self.in_shape = boundary_shape(sc, first - 1, job.seed, job.dropout) if rank > 0 else ()
-        self.out_shape = boundary_shape(sc, last, job.seed, job.dropout) if rank < self.K - 1 else ()
+        receives = [a for a in self.actions if a.kind == Kind.RECV]
+        self.shapes = boundary_shapes(sc, job.seed, job.dropout) if receives else []
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
-        self.comm = _Comm(rank, device, split)
+        self.comm = _Comm(rank, split)
         self._buffers: dict[int, torch.Tensor] = {}
         self.lock = device_lock(rank, sc.device_map) if device.type == "cpu" and job.device_lock else None
+        # One handler per kind: each runs its action and says what it ran (kind, chunk, micro-batch).
+        self.handlers: dict[Kind, Callable[[int, Action], tuple[Kind, int, int]]] = {
+            Kind.FORWARD: self._forward,
+            Kind.BACKWARD: self._backward,
+            Kind.BACKWARD_INPUT: self._backward_input,
+            Kind.BACKWARD_WEIGHT: self._backward_weight,
+            Kind.RECOMPUTE: self._recompute,
+            Kind.SEND: self._send,
+            Kind.RECV: self._recv,
+            Kind.UPDATE: self._update,
+        }
+        self._state = _StepState()
+        self._record = StepRecord()
+
+    # -- buffers and receives ------------------------------------------------------------------
 
     def _buffer(self, index: int) -> torch.Tensor:
         """The receive buffer of action `index`, allocated once and reused every step (nothing of a
@@ -177,11 +238,97 @@ class StageRunner:
         buf = self._buffers.get(index)
         if buf is None:
             action = self.actions[index]
-            shape = self.in_shape if action.tensor == "activation" else self.out_shape
+            first, last = chunk_bounds(self.job.partition, action.chunk)
+            # an activation is the chunk's input (the previous layer's output); a gradient its output's
+            shape = self.shapes[first - 1] if action.tensor == Tensor.ACTIVATION else self.shapes[last]
             buf = torch.empty((self.sizes[action.micro_batch], *shape), dtype=self.float_dtype,
                               device=self.device)
             self._buffers[index] = buf
         return buf
+
+    def _post(self, index: int) -> None:
+        buf = self._buffer(index)
+        self._state.posted[index] = (self.comm.irecv(buf, self.actions[index], self.tags[index]), buf)
+
+    # -- hand-overs ----------------------------------------------------------------------------
+
+    def _hand_forward(self, c: int, m: int, out: torch.Tensor) -> None:
+        """Chunk c's output: the next chunk's input here, or a message for the next chunk's rank."""
+        if c + 1 == self.C:
+            return  # the loss
+        if c + 1 in self.chunks:
+            self._state.inputs[(c + 1, m)] = out
+        else:
+            self._state.outbox[(Tensor.ACTIVATION, c, m)] = out
+
+    def _hand_backward(self, c: int, m: int, grad: torch.Tensor | None) -> None:
+        """Chunk c's input gradient: the previous chunk's output gradient here, or a message."""
+        if c == 0:
+            return
+        assert grad is not None, f"chunk {c}: no input gradient for micro-batch {m}"
+        if c - 1 in self.chunks:
+            self._state.grads[(c - 1, m)] = grad
+        else:
+            self._state.outbox[(Tensor.GRADIENT, c, m)] = grad
+
+    def _target(self, ch: Chunk, m: int) -> torch.Tensor | None:
+        return self.targets[m] if ch.is_last else None
+
+    def _output_grad(self, ch: Chunk, m: int) -> torch.Tensor | None:
+        return None if ch.is_last else self._state.grads.pop((ch.index, m))
+
+    # -- handlers, one per kind ----------------------------------------------------------------
+
+    def _forward(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        ch, m = self.chunks[a.chunk], a.micro_batch
+        x = self.inputs[m] if ch.is_first else self._state.inputs.pop((ch.index, m))
+        self._hand_forward(ch.index, m, ch.forward(m, x, self._target(ch, m), a.save))
+        return Kind.FORWARD, ch.index, m
+
+    def _recompute(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        ch, m = self.chunks[a.chunk], a.micro_batch
+        ch.recompute(m, self._target(ch, m))
+        return Kind.RECOMPUTE, ch.index, m
+
+    def _backward(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        ch, m = self.chunks[a.chunk], a.micro_batch
+        self._hand_backward(ch.index, m, ch.backward(m, self._output_grad(ch, m)))
+        return Kind.BACKWARD, ch.index, m
+
+    def _backward_input(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        ch, m = self.chunks[a.chunk], a.micro_batch
+        self._hand_backward(ch.index, m, ch.backward_input(m, self._output_grad(ch, m)))
+        return Kind.BACKWARD_INPUT, ch.index, m
+
+    def _backward_weight(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        ch, m = self.chunks[a.chunk], a.micro_batch
+        ch.backward_weight(m)
+        return Kind.BACKWARD_WEIGHT, ch.index, m
+
+    def _send(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        tensor = self._state.outbox.pop((a.tensor, a.chunk, a.micro_batch))
+        work = self.comm.isend(tensor, a, self.tags[i])
+        self._state.sends.append((len(self._record), i, work))
+        return Kind.SEND, a.chunk, a.micro_batch
+
+    def _recv(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        st = self._state
+        if i not in st.posted:  # not posted ahead: post it now
+            st.next_post += 1
+            self._post(i)
+        work, buf = st.posted.pop(i)
+        self.comm.wait(work, a)
+        if a.tensor == Tensor.ACTIVATION:
+            st.inputs[(a.chunk, a.micro_batch)] = buf
+        else:
+            st.grads[(a.chunk, a.micro_batch)] = buf
+        return Kind.RECV, a.chunk, a.micro_batch
+
+    def _update(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        self.optimizer.step()
+        return Kind.UPDATE, -1, -1
+
+    # -- the step ------------------------------------------------------------------------------
 
     def _fault(self, step: int, index: int) -> None:
         f = self.job.fault
@@ -191,31 +338,27 @@ class StageRunner:
             raise RuntimeError(f"injected fault at action {index} ({self.actions[index]})")
 
     def step(self, step: int) -> StepRecord:
-        """Run one training step (all actions, ending with the optimizer update)."""
-        st, comm, acts, clock = self.stage, self.comm, self.actions, self.clock
-        st.zero_grad()
+        """Run one training step (the whole program, ending with the optimizer update)."""
+        acts, clock = self.actions, self.clock
+        self.optimizer.zero_grad(set_to_none=True)
+        for ch in self.chunks.values():
+            ch.reset()
+        self.meter.reset()
         # Dropout draws from a per-(job seed, step, rank) stream: runs are reproducible.
         torch.manual_seed(1_000_003 * self.job.seed + 1009 * step + self.rank)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        rec = StepRecord(starts=[0.0] * len(acts), ends=[0.0] * len(acts), held=[0.0] * len(acts))
-        recv_at = [i for i, a in enumerate(acts) if a.kind == "recv"]
-        posted: dict[int, tuple[Any, torch.Tensor]] = {}
-        next_post = 0
+        rec = self._record = StepRecord()
+        st = self._state = _StepState()
+        recv_at = [i for i, a in enumerate(acts) if a.kind == Kind.RECV]
         window = self.job.recv_window
         if window is None:
             window = 0 if self.device.type == "cuda" else len(recv_at)
-        sends: list[tuple[int, Any]] = []
-        arrived: dict[tuple[str | None, int], torch.Tensor] = {}
-        target = None
 
         def post_ahead() -> None:
-            nonlocal next_post
-            while next_post < len(recv_at) and len(posted) < window:
-                j = recv_at[next_post]
-                buf = self._buffer(j)
-                posted[j] = (comm.irecv(buf, acts[j]), buf)
-                next_post += 1
+            while st.next_post < len(recv_at) and len(st.posted) < window:
+                self._post(recv_at[st.next_post])
+                st.next_post += 1
 
         # The step's first receives are posted before the step starts, as a training loop posts
         # the next step's while it finishes this one (posting stalled for up to 5 ms at times here).
@@ -225,73 +368,57 @@ class StageRunner:
         for i, a in enumerate(acts):
             post_ahead()
             self._fault(step, i)
-            m = a.micro_batch
-            if st.is_last and m >= 0:
-                target = self.targets[m]
-            # Stages sharing a device compute one at a time; the action starts once it has the device.
+            # Ranks sharing a device compute one at a time; the action starts once it has the device.
             with holding(self.lock if a.kind in COMPUTE_KINDS else None):
-                rec.starts[i] = clock()
-                if a.kind == "recv":
-                    if i not in posted:  # not posted ahead: post it now
-                        next_post += 1
-                        buf = self._buffer(i)
-                        posted[i] = (comm.irecv(buf, a), buf)
-                    work, buf = posted.pop(i)
-                    comm.wait(work, a)
-                    arrived[(a.tensor, m)] = buf
-                elif a.kind == "forward":
-                    x = self.inputs[m] if st.is_first else arrived.pop(("activation", m))
-                    out = st.forward(m, x, target, a.save)
-                    arrived[("output", m)] = out
-                elif a.kind == "recompute":
-                    st.recompute(m, target)
-                elif a.kind == "backward":
-                    grad = st.backward(m, None if st.is_last else arrived.pop(("gradient", m)))
-                    if grad is not None:
-                        arrived[("input_grad", m)] = grad
-                elif a.kind == "send":
-                    key = ("output", m) if a.tensor == "activation" else ("input_grad", m)
-                    sends.append((i, comm.isend(arrived.pop(key), a)))
-                elif a.kind == "update":
-                    st.update()
+                start = clock()
+                kind, chunk, micro_batch = self.handlers[a.kind](i, a)
                 now = clock()
-            if a.kind != "send":
-                rec.ends[i] = now
-            rec.held[i] = float(st.meter.total)
+            rec.kind.append(int(kind))
+            rec.chunk.append(chunk)
+            rec.micro_batch.append(micro_batch)
+            rec.message.append(self.tags[i] if kind in (Kind.SEND, Kind.RECV) else -1)
+            rec.starts.append(start)
+            rec.ends.append(now)  # a send's end is set when it completes
+            rec.held.append(float(self.meter.total))
             still = []
-            for j, work in sends:
+            for j, index, work in st.sends:
                 if work.is_completed():
                     rec.ends[j] = now
                 else:
-                    still.append((j, work))
-            sends = still
-        for j, work in sends:
-            comm.wait(work, acts[j])
+                    still.append((j, index, work))
+            st.sends = still
+        for j, index, work in st.sends:
+            self.comm.wait(work, acts[index])
             rec.ends[j] = clock()
-        rec.peak_activation_bytes = float(st.meter.peak)
+        leftover = [k for k, v in (("inputs", st.inputs), ("gradients", st.grads), ("unsent", st.outbox)) if v]
+        if leftover or any(ch.micro for ch in self.chunks.values()):
+            raise ExecutionError(f"rank {self.rank}: the program left {', '.join(leftover) or 'micro-batches'} "
+                                 "behind (an action it needed was not in the program)")
+        rec.peak_activation_bytes = float(self.meter.peak)
+        rec.chunk_peak_activation_bytes = {c: float(ch.meter.peak) for c, ch in self.chunks.items()}
         rec.cuda_peak_bytes = cuda_peak_bytes(self.device)
-        rec.loss = sum(st.losses.values())
+        rec.loss = sum(sum(ch.losses.values()) for ch in self.chunks.values())
         return rec
 
     def params(self) -> dict[str, Any]:
-        """This stage's parameters and gradients, keyed by their name in the whole model."""
+        """This rank's parameters and gradients, keyed by their name in the whole model."""
         out: dict[str, Any] = {}
-        for name, p in self.stage.module.named_parameters():
-            idx, rest = name.split(".", 1)
-            key = f"{self.first + int(idx)}.{rest}"
-            out[key] = (p.detach().cpu().clone(), None if p.grad is None else p.grad.detach().cpu().clone())
+        for ch in self.chunks.values():
+            for key, p in ch.named_parameters().items():
+                out[key] = (p.detach().cpu().clone(), None if p.grad is None else p.grad.detach().cpu().clone())
         return out
 
 
 def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> dict[str, Any]:
     """Run a job's warm-up and measured steps on this rank; rank 0 returns everyone's records."""
-    runner = StageRunner(job, rank, device, clock)
+    runner = RankRunner(job, rank, device, clock)
     records = [runner.step(s) for s in range(job.warmup + job.steps)]
     mine = {
         "records": records[job.warmup:],
         "params": runner.params() if job.return_params else None,
-        "param_count": sum(p.numel() for p in runner.stage.module.parameters()),
-        "param_bytes": sum(tensor_nbytes(p) for p in runner.stage.module.parameters()),
+        "chunks": {c: {"param_count": sum(q.numel() for q in ch.module.parameters()),
+                       "param_bytes": sum(tensor_bytes(q) for q in ch.module.parameters())}
+                   for c, ch in runner.chunks.items()},
     }
     world = dist.get_world_size()
     gathered: list[Any] = [None] * world if rank == 0 else []
@@ -301,5 +428,14 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
     return {"tag": job.tag, "ranks": gathered, "kinds": list(ACTION_KINDS)}
 
 
-def tensor_nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def record_columns(records: list[StepRecord]) -> dict[str, np.ndarray]:
+    """The records of one step, rank after rank, as timeline columns (times not shifted)."""
+    return {
+        "rank": np.concatenate([np.full(len(r), k, dtype=np.int32) for k, r in enumerate(records)]),
+        "chunk": np.concatenate([np.asarray(r.chunk, dtype=np.int32) for r in records]),
+        "kind": np.concatenate([np.asarray(r.kind, dtype=np.int8) for r in records]),
+        "micro_batch": np.concatenate([np.asarray(r.micro_batch, dtype=np.int32) for r in records]),
+        "message": np.concatenate([np.asarray(r.message, dtype=np.int64) for r in records]),
+        "start_s": np.concatenate([np.asarray(r.starts, dtype=float) for r in records]),
+        "end_s": np.concatenate([np.asarray(r.ends, dtype=float) for r in records]),
+    }

@@ -121,8 +121,8 @@ def runtime_sample(timelines: Sequence[Any], kind_names: Sequence[str]) -> tuple
     gaps: dict[str, list[float]] = {"compute": [], "send": [], "recv": []}
     for tl in timelines:
         names = [kind_names[int(c)] for c in tl.kind]
-        for k in np.unique(tl.stage):
-            idx = np.flatnonzero(tl.stage == k)
+        for k in np.unique(tl.rank):
+            idx = np.flatnonzero(tl.rank == k)
             for a, b in zip(idx[:-1], idx[1:]):
                 if names[a] == "send":
                     gaps["send"].append(tl.start_s[b] - tl.start_s[a])

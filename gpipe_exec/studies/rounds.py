@@ -19,13 +19,13 @@ Calibration = Union[LinkFit, RuntimeFit]  # what `hardware_updates()` turns into
 def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration: Calibration | None
                          ) -> tuple[Scenario, Result]:
     """Simulate the scenario with the measured layer table (and calibration); return the scenario to run,
-    whose partition is the one the simulator chose, written out as layer counts."""
+    whose partition is the one the simulator chose, written out as layer counts per chunk."""
     updates: dict[str, Any] = {}
     if calibration is not None:
         updates.update(calibration.hardware_updates())
     predicted_scenario = table_scenario(scenario, table, updates)
     plan = compile_plan(predicted_scenario)
-    counts = [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    counts = plan.layer_counts
     run_scenario = scenario.with_updates({"pipeline.partition": counts})
     return run_scenario, result_from_times(plan, *run_engine(plan, "auto"))
 

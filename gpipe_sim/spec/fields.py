@@ -1,24 +1,129 @@
-"""Typed scenario field kinds (quantities with units, non-negative numbers) and the strict base model."""
+"""Typed scenario field kinds (quantities with units, bounded numbers and counts) and the strict base
+model. Every kind refuses NaN, infinity where it means nothing, and magnitudes beyond the limits in
+`gpipe_sim.spec.limits`, naming the limit."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from gpipe_sim.spec import limits
+from gpipe_sim.spec.limits import count, number
 from gpipe_sim.spec.units import parse_quantity
 
-
-def _quantity(kind: str) -> BeforeValidator:
-    return BeforeValidator(lambda value: parse_quantity(value, kind))
+_UNIT = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOP/s", "seconds": "s"}
 
 
-Bytes = Annotated[float, _quantity("bytes"), Field(ge=0)]
-PositiveBytes = Annotated[float, _quantity("bytes"), Field(gt=0)]
-Bandwidth = Annotated[float, _quantity("bandwidth"), Field(gt=0)]
-Flops = Annotated[float, _quantity("flops"), Field(gt=0)]
-Seconds = Annotated[float, _quantity("seconds"), Field(ge=0)]
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+def _bounded(value: float, unit: str, *, low: float, high: float, low_open: bool = False,
+             allow_inf: bool = False) -> float:
+    """`value` if it lies in [low, high] (or (low, high]; or is +inf where allowed), else ValueError."""
+    if math.isnan(value):
+        raise ValueError("NaN is not a number the simulator can use")
+    if math.isinf(value):
+        if value > 0 and allow_inf:
+            return value
+        raise ValueError(f"{number(value)} is not allowed here (give a finite value up to {number(high)}{unit})")
+    if value < low or (low_open and value == low):
+        relation = "greater than" if low_open else "at least"
+        raise ValueError(f"{number(value)}{unit} is out of range: must be {relation} {number(low)}{unit}")
+    if value > high:
+        extra = " (or inf for unlimited)" if allow_inf else ""
+        raise ValueError(f"{number(value)}{unit} exceeds the limit of {number(high)}{unit}{extra}")
+    return value
+
+
+def _quantity(kind: str, *, low: float = 0.0, high: float = limits.MAX_QUANTITY, low_open: bool = False,
+              allow_inf: bool = False) -> BeforeValidator:
+    unit = " " + _UNIT[kind]
+
+    def check(value: Any) -> float:
+        return _bounded(parse_quantity(value, kind), unit, low=low, high=high, low_open=low_open,
+                        allow_inf=allow_inf)
+
+    return BeforeValidator(check)
+
+
+def _real(*, low: float = 0.0, high: float, low_open: bool = False, unit: str = "") -> BeforeValidator:
+    """A plain number (no unit) in [low, high]; booleans and text that is not a number refused."""
+
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"expected a number, got {_type_name(value)}")
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise ValueError(f"cannot read {_short(value)} as a number") from None
+        elif isinstance(value, int):
+            if abs(value) > 10**300:
+                raise ValueError(f"{count(value)} exceeds the limit of {number(high)}{unit}")
+            value = float(value)
+        return _bounded(value, unit, low=low, high=high, low_open=low_open)
+
+    return BeforeValidator(check)
+
+
+def _integer(*, low: int, high: int, what: str) -> BeforeValidator:
+    """A whole number in [low, high] (a float with no fraction is accepted)."""
+
+    def check(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError("expected a whole number, got a boolean")
+        if isinstance(value, float):
+            if not math.isfinite(value) or value != int(value):
+                raise ValueError(f"expected a whole number, got {number(value)}")
+            value = int(value)
+        elif isinstance(value, str):
+            text = value.strip()
+            if len(text) > 40 or not text.lstrip("+-").isdigit():
+                raise ValueError(f"expected a whole number, got {_short(value)}")
+            value = int(text)
+        elif not isinstance(value, int):
+            raise ValueError(f"expected a whole number, got {_type_name(value)}")
+        if value < low:
+            raise ValueError(f"{count(value)} is out of range: must be at least {count(low)}")
+        if value > high:
+            raise ValueError(f"{count(value)} exceeds the limit of {count(high)}{' ' + what if what else ''}")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", tuple: "a list", type(None): "nothing"}.get(
+        type(value), type(value).__name__)
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+# Hardware quantities: numbers or text with units ("16 GiB", "900 GB/s", "125 TFLOPS", "5 us").
+Bytes = Annotated[float, _quantity("bytes", allow_inf=True)]
+PositiveBytes = Annotated[float, _quantity("bytes", low_open=True, allow_inf=True)]
+Bandwidth = Annotated[float, _quantity("bandwidth", low=limits.MIN_RATE, allow_inf=True)]
+Flops = Annotated[float, _quantity("flops", low=limits.MIN_RATE)]
+Seconds = Annotated[float, _quantity("seconds", high=limits.MAX_SECONDS)]
+Fraction = Annotated[float, _real(low=limits.MIN_FRACTION, high=1.0)]
+
+# Model figures: plain non-negative numbers.
+Duration = Annotated[float, _real(high=limits.MAX_SECONDS, unit=" s")]  # seconds
+Amount = Annotated[float, _real(high=limits.MAX_QUANTITY)]  # bytes or FLOPs per sample
+NonNegative = Amount  # the former name
+
+# Counts.
+LayerCount = Annotated[int, _integer(low=1, high=limits.MAX_LAYERS, what="layers")]
+Dimension = Annotated[int, _integer(low=1, high=limits.MAX_DIMENSION, what="")]
+Params = Annotated[int, _integer(low=0, high=limits.MAX_PARAMS, what="parameters per layer")]
+Kernels = Annotated[int, _integer(low=0, high=limits.MAX_KERNELS, what="kernels per layer")]
+BatchSize = Annotated[int, _integer(low=1, high=limits.MAX_BATCH, what="samples")]
+StageCount = Annotated[int, _integer(low=1, high=limits.MAX_STAGES, what="stages")]
+ChunkCount = Annotated[int, _integer(low=1, high=limits.MAX_CHUNKS, what="chunks per rank")]
+MicroBatchCount = Annotated[int, _integer(low=1, high=limits.MAX_PASSES, what="micro-batches")]
+PartCount = Annotated[int, _integer(low=1, high=limits.MAX_LAYERS, what="layers")]
+DeviceId = Annotated[int, _integer(low=0, high=limits.MAX_DEVICE_ID, what="")]
 
 
 class _Strict(BaseModel):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from gpipe_sim.spec.fields import Bandwidth, Flops, PositiveBytes, Seconds, _Strict
+from gpipe_sim.spec.fields import Bandwidth, DeviceId, Flops, Fraction, PositiveBytes, Seconds, _Strict
+from gpipe_sim.spec.limits import MAX_STAGES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -19,11 +20,18 @@ class Accelerator(_Strict):
 
     name: str = "custom"
     peak_flops: dict[Literal["fp32", "bf16", "fp16"], Flops]
-    efficiency: Annotated[float, Field(gt=0, le=1)] = 0.5
+    efficiency: Fraction = 0.5
     memory_bytes: PositiveBytes = math.inf
-    usable_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0  # the rest: runtime, fragmentation
+    usable_memory_fraction: Fraction = 1.0  # the rest: runtime, fragmentation
     memory_bandwidth: Bandwidth = math.inf
     kernel_overhead_s: Seconds = 0.0
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _some_rate(cls, value: dict[str, float]) -> dict[str, float]:
+        if not value:
+            raise ValueError("give the peak rate of at least one of fp32, bf16, fp16")
+        return value
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -62,12 +70,15 @@ class Hardware(_Strict):
     accelerator: Accelerator
     link: Link
     host: Host = Field(default_factory=Host)
-    links: tuple[Link, ...] | None = None  # per consecutive stage pair (K-1), overriding `link`
-    stage_to_device: tuple[Annotated[int, Field(ge=0)], ...] | None = None
+    links: tuple[Link, ...] | None = Field(None, max_length=MAX_STAGES)  # per consecutive stage pair (K-1)
+    stage_to_device: tuple[DeviceId, ...] | None = Field(None, max_length=MAX_STAGES)
 
     def link_between(self, stage: int) -> Link:
-        """The link carrying transfers between stage `stage` and stage `stage + 1`."""
-        return self.links[stage] if self.links is not None else self.link
+        """The link carrying transfers between stage `stage` and stage `stage + 1` (`link` where
+        `links` gives none: there is no pair with one stage)."""
+        if self.links and 0 <= stage < len(self.links):
+            return self.links[stage]
+        return self.link
 
     @model_validator(mode="before")
     @classmethod
@@ -76,7 +87,10 @@ class Hardware(_Strict):
             return data
         from gpipe_sim.spec.presets import hardware_preset
 
-        base = hardware_preset(str(data["preset"]))
+        name = data["preset"]
+        if not isinstance(name, str):
+            raise ValueError("hardware.preset: expected the name of a hardware preset")
+        base = hardware_preset(name)
         merged = {k: v for k, v in base.items() if k in ("accelerator", "link", "host")}
         for key, value in data.items():
             if key in merged and isinstance(value, dict):

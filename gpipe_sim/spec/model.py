@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.fields import NonNegative, _Strict
+from gpipe_sim.spec.fields import Amount, BatchSize, Dimension, Duration, Kernels, LayerCount, Params, _Strict
+from gpipe_sim.spec.limits import MAX_LAYERS
 from gpipe_sim.spec.files import read_data_file
 
 
@@ -19,9 +20,9 @@ from gpipe_sim.spec.files import read_data_file
 class Timing(_Strict):
     """A measured time for one layer at one micro-batch size (the whole micro-batch, not per sample)."""
 
-    micro_batch: PositiveInt
-    forward_s: NonNegative
-    backward_s: NonNegative
+    micro_batch: BatchSize
+    forward_s: Duration
+    backward_s: Duration
 
 
 class LayerSpec(_Strict):
@@ -32,17 +33,17 @@ class LayerSpec(_Strict):
     that `gpipe-exec profile` writes.
     """
 
-    name: str
-    params: Annotated[int, Field(ge=0)] = 0
-    activation_bytes_per_sample: NonNegative = 0.0
-    output_bytes_per_sample: NonNegative = 0.0
-    forward_flops_per_sample: NonNegative | None = None
-    backward_flops_per_sample: NonNegative | None = None
-    forward_s_per_sample: NonNegative | None = None
-    backward_s_per_sample: NonNegative | None = None
-    timings: tuple[Timing, ...] = ()
-    kernels: Annotated[int, Field(ge=0)] = 1
-    update_s: NonNegative | None = None
+    name: Annotated[str, Field(max_length=1000)]
+    params: Params = 0
+    activation_bytes_per_sample: Amount = 0.0
+    output_bytes_per_sample: Amount = 0.0
+    forward_flops_per_sample: Amount | None = None
+    backward_flops_per_sample: Amount | None = None
+    forward_s_per_sample: Duration | None = None
+    backward_s_per_sample: Duration | None = None
+    timings: tuple[Timing, ...] = Field((), max_length=1000)
+    kernels: Kernels = 1
+    update_s: Duration | None = None
 
     @model_validator(mode="after")
     def _has_cost(self) -> "LayerSpec":
@@ -66,24 +67,24 @@ class UniformModel(_Strict):
     """Identical layers whose time scales linearly with the micro-batch size."""
 
     preset: Literal["uniform"] = "uniform"
-    layers: PositiveInt = 16
-    forward_s_per_sample: NonNegative = 1.0e-3
-    backward_s_per_sample: NonNegative = 2.0e-3
-    params_per_layer: Annotated[int, Field(ge=0)] = 10_000_000
-    activation_bytes_per_sample: NonNegative = 4.0e6
-    output_bytes_per_sample: NonNegative = 1.0e6
+    layers: LayerCount = 16
+    forward_s_per_sample: Duration = 1.0e-3
+    backward_s_per_sample: Duration = 2.0e-3
+    params_per_layer: Params = 10_000_000
+    activation_bytes_per_sample: Amount = 4.0e6
+    output_bytes_per_sample: Amount = 1.0e6
 
 
 class TransformerModel(_Strict):
     """A GPT-style decoder: embedding, `layers` identical blocks, and an output head."""
 
     preset: Literal["transformer"] = "transformer"
-    layers: PositiveInt = 24
-    d_model: PositiveInt = 1024
-    d_ff: PositiveInt = 4096
-    heads: PositiveInt = 16
-    seq_len: PositiveInt = 512
-    vocab: PositiveInt = 32000
+    layers: LayerCount = 24
+    d_model: Dimension = 1024
+    d_ff: Dimension = 4096
+    heads: Dimension = 16
+    seq_len: Dimension = 512
+    vocab: Dimension = 32000
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "TransformerModel":
@@ -96,10 +97,10 @@ class AmoebaNetModel(_Strict):
     """An AmoebaNet-D-like image model: stem, normal and reduction cells, head (uneven layers)."""
 
     preset: Literal["amoebanet"] = "amoebanet"
-    layers: PositiveInt = 18
-    filters: PositiveInt = 256
-    image_size: PositiveInt = 224
-    num_classes: PositiveInt = 1000
+    layers: LayerCount = 18
+    filters: Dimension = 256
+    image_size: Dimension = 224
+    num_classes: Dimension = 1000
 
     @field_validator("layers")
     @classmethod
@@ -113,34 +114,43 @@ class MlpModel(_Strict):
     """A stack of Linear+ReLU blocks between an input projection and a classifier."""
 
     preset: Literal["mlp"] = "mlp"
-    layers: PositiveInt = 8
-    width: PositiveInt = 1024
-    input_dim: PositiveInt = 1024
-    num_classes: PositiveInt = 10
+    layers: LayerCount = 8
+    width: Dimension = 1024
+    input_dim: Dimension = 1024
+    num_classes: Dimension = 10
 
 
 class ConvNetModel(_Strict):
     """A ResNet-like stack of residual conv blocks with downsampling stages (uneven layers)."""
 
     preset: Literal["convnet"] = "convnet"
-    layers: PositiveInt = 8
-    channels: PositiveInt = 32
-    image_size: PositiveInt = 32
-    num_classes: PositiveInt = 10
+    layers: LayerCount = 8
+    channels: Dimension = 32
+    image_size: Dimension = 32
+    num_classes: Dimension = 10
 
 
 class TableModel(_Strict):
     """An explicit per-layer table, inline (`layers`) or in a YAML/JSON file (`path`)."""
 
     preset: Literal["table"] = "table"
-    path: str | None = None
+    path: Annotated[str, Field(max_length=4096)] | None = None
     layers: tuple[LayerSpec, ...] = ()
-    input_bytes_per_sample: NonNegative | None = None
+    input_bytes_per_sample: Amount | None = None
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _not_too_many(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)) and len(value) > MAX_LAYERS:
+            raise ValueError(f"{len(value):,} layers exceed the limit of {MAX_LAYERS:,} layers")
+        return value
 
     @model_validator(mode="before")
     @classmethod
     def _load_path(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("path") and not data.get("layers"):
+        if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"] and not data.get("layers"):
+            if "\0" in data["path"]:
+                raise ValueError("model.path: a file name cannot contain a NUL character")
             loaded = load_layer_table_file(Path(data["path"]))
             return {**loaded, **{k: v for k, v in data.items() if k != "layers"}}
         return data

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.spec.fields import _Strict
+from gpipe_sim.spec import limits
+from gpipe_sim.spec.fields import BatchSize, ChunkCount, MicroBatchCount, PartCount, StageCount, _Strict
 from gpipe_sim.spec.files import read_data_file
 from gpipe_sim.spec.hardware import Hardware
 from gpipe_sim.spec.layers import layer_count
@@ -31,22 +32,41 @@ class Pipeline(_Strict):
     """K ranks, v chunks per rank, M micro-batches, the mini-batch, the schedule, re-materialization
     and the partition of the layers into K*v chunks."""
 
-    stages: PositiveInt = 4  # K: pipeline ranks (devices in the pipeline)
-    chunks: PositiveInt = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
-    micro_batches: PositiveInt = 8
-    batch_size: PositiveInt = 64
+    stages: StageCount = 4  # K: pipeline ranks (devices in the pipeline)
+    chunks: ChunkCount = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
+    micro_batches: MicroBatchCount = 8
+    batch_size: BatchSize = 64
     schedule: str = "gpipe"
     remat: Literal["none", "except_last", "always"] = "always"
-    partition: Literal["uniform", "time", "memory"] | tuple[PositiveInt, ...] = "uniform"
+    partition: Literal["uniform", "time", "memory"] | tuple[PartCount, ...] = "uniform"
 
-    @field_validator("schedule")
+    @field_validator("schedule", mode="before")
     @classmethod
-    def _known_schedule(cls, value: str) -> str:
+    def _known_schedule(cls, value: Any) -> str:
         from gpipe_sim.schedule import SCHEDULES
 
-        if value not in SCHEDULES:
-            raise ValueError(f"unknown schedule {value!r} (choose from {', '.join(SCHEDULES)})")
+        if not isinstance(value, str) or value not in SCHEDULES:
+            shown = _shown(value)
+            raise ValueError(f"unknown schedule {shown} (choose from {', '.join(SCHEDULES)})")
         return value
+
+    @field_validator("partition", mode="before")
+    @classmethod
+    def _partition_kind(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value not in PARTITION_METHODS:
+                raise ValueError(
+                    f"unknown partition {_shown(value)} (choose from {', '.join(PARTITION_METHODS)}, "
+                    "or give a list of layer counts, one per chunk)"
+                )
+            return value
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(
+                f"expected one of {', '.join(PARTITION_METHODS)} or a list of layer counts, one per chunk"
+            )
+        if len(value) > limits.MAX_STAGES * limits.MAX_CHUNKS:
+            raise ValueError(f"{len(value):,} entries: more than the limit of {limits.MAX_STAGES * limits.MAX_CHUNKS:,}")
+        return tuple(value)
 
     @property
     def num_chunks(self) -> int:
@@ -92,6 +112,17 @@ class Scenario(_Strict):
     def _consistent(self) -> "Scenario":
         layers = layer_count(self.model)
         p = self.pipeline
+        if layers > limits.MAX_LAYERS:
+            raise ValueError(
+                f"model.layers: the model has {layers:,} layers, over the limit of {limits.MAX_LAYERS:,}"
+            )
+        passes = p.stages * p.chunks * p.micro_batches
+        if passes > limits.MAX_PASSES:
+            field = "pipeline.micro_batches" if p.micro_batches >= p.stages * p.chunks else "pipeline.stages"
+            raise ValueError(
+                f"{field}: {p.stages} stages x {p.chunks} chunks x {p.micro_batches} micro-batches is "
+                f"{passes:,} passes per step, over the limit of {limits.MAX_PASSES:,}"
+            )
         if p.num_chunks > layers:
             field = "pipeline.stages" if p.chunks == 1 else "pipeline.chunks"
             cut = f"{p.stages} stages" if p.chunks == 1 else f"{p.stages} stages x {p.chunks} chunks"

@@ -14,9 +14,10 @@ _INFINITE = {"inf", "infinity", "unlimited", ".inf"}
 
 
 def _split(value: str) -> tuple[float, str]:
-    match = _QUANTITY.match(value)
+    match = _QUANTITY.match(value) if len(value) <= 100 else None
     if not match:
-        raise ValueError(f"cannot read {value!r} as a number with a unit")
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise ValueError(f"cannot read {shown!r} as a number with a unit")
     return float(match.group(1)), match.group(2)
 
 
@@ -27,13 +28,26 @@ def parse_quantity(value: object, kind: str) -> float:
     """
     if isinstance(value, bool):
         raise ValueError("expected a number, got a boolean")
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        if abs(value) > 10**300:
+            raise ValueError("a number beyond the range the simulator computes with (over 10^300)")
         return float(value)
+    if isinstance(value, float):
+        return value
     if not isinstance(value, str):
         raise ValueError(f"expected a number or a string with a unit, got {type(value).__name__}")
     if value.strip().lower() in _INFINITE:
         return math.inf
     number, unit = _split(value)
+    scaled = _scale(number, unit, kind)
+    if not math.isfinite(scaled):
+        raise ValueError(
+            f"{value.strip()!r} is beyond the range the simulator computes with (write inf for unlimited)"
+        )
+    return scaled
+
+
+def _scale(number: float, unit: str, kind: str) -> float:
     unit_l = unit.lower()
     if kind == "seconds":
         if unit_l not in _TIME:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -23,7 +24,7 @@ KIND_COLORS: dict[str, str] = {
     "recv": "#9ACD78",
     "update": "#8C8C8C",
 }
-# Bar placement within a stage's row, as (offset, thickness) in row units; transfers get thin lanes
+# Bar placement within a rank's row, as (offset, thickness) in row units; transfers get thin lanes
 # above and below the compute lane so that they never hide compute.
 _LANES: dict[str, tuple[float, float]] = {
     "recv": (-0.46, 0.14),
@@ -35,36 +36,6 @@ _BOTTOM_LEGEND = dict(orientation="h", yanchor="bottom", y=0.0, yref="container"
 GIB = 2.0**30
 
 
-@dataclass(frozen=True)
-class GanttBars:
-    """Bars to draw: merged runs of same-kind actions; `actions` counts the timeline's actions."""
-
-    stage: np.ndarray
-    kind: np.ndarray
-    first_micro_batch: np.ndarray
-    last_micro_batch: np.ndarray
-    count: np.ndarray
-    start_s: np.ndarray
-    end_s: np.ndarray
-    actions: int
-    merged: bool
-    truncated: bool
-
-    def __len__(self) -> int:
-        return len(self.stage)
-
-    @property
-    def note(self) -> str:
-        """A sentence saying how the drawing differs from the full timeline ('' when it does not)."""
-        if self.truncated:
-            return (f"The timeline has {self.actions:,} actions: adjacent actions of one kind are "
-                    f"merged and only the first {len(self):,} bars are drawn.")
-        if self.merged:
-            return (f"The timeline has {self.actions:,} actions: adjacent actions of one kind are "
-                    f"merged into {len(self):,} bars (hover shows the micro-batch range).")
-        return ""
-
-
 def time_unit(seconds: float) -> tuple[str, float]:
     """A readable unit for a time axis spanning `seconds`: (name, seconds per unit)."""
     if seconds >= 1.0:
@@ -74,55 +45,223 @@ def time_unit(seconds: float) -> tuple[str, float]:
     return "us", 1e-6
 
 
-def gantt_bars(timeline: Timeline, max_bars: int = 2500) -> GanttBars:
-    """The timeline's actions as bars, merging adjacent same-kind actions beyond `max_bars`.
+@dataclass(frozen=True)
+class GanttBars:
+    """Bars to draw, one row per rank. Few actions: one bar per action. Many: the actions of one
+    kind on one rank closer than `resolution_s` are merged, and each merged run is drawn with its
+    true busy time as length (never its span), inside its span; `actions` counts the timeline's
+    actions. Per rank and kind the drawn lengths add up to the time the rank ran that kind."""
 
-    Merging joins runs of a few consecutive actions of one kind on one stage whose gaps are below
-    a tolerance; run length and tolerance (1/2000 up to 1/50 of the step) grow until the bars fit.
-    Bars still beyond `max_bars` (only for extreme timelines) are cut off, latest first.
+    rank: np.ndarray
+    kind: np.ndarray
+    chunks: np.ndarray  # text per bar: "3", "0, 4", "-" (the update)
+    first_micro_batch: np.ndarray
+    last_micro_batch: np.ndarray
+    count: np.ndarray  # actions the bar stands for (a run split in pieces: each piece says the run's)
+    start_s: np.ndarray  # drawn
+    end_s: np.ndarray
+    span_start_s: np.ndarray  # the merged run's first start and last end
+    span_end_s: np.ndarray
+    busy_s: np.ndarray  # the merged run's busy time (all its pieces together)
+    actions: int
+    merged: bool
+    resolution_s: float = 0.0  # the largest gap between two actions that merging closed
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    @property
+    def note(self) -> str:
+        """A sentence saying how the drawing differs from the full timeline ('' when it does not)."""
+        if not self.merged:
+            return ""
+        unit, scale = time_unit(self.resolution_s)
+        return (f"The timeline has {self.actions:,} actions: actions of one kind on one rank less than "
+                f"{self.resolution_s / scale:.3g} {unit} apart are merged into {len(self):,} bars, each as "
+                f"long as the busy time it stands for, so idle time is never drawn (hover shows the "
+                f"micro-batches and chunks).")
+
+
+_LANE_CODES = {ACTION_KINDS.index("send"): 1, ACTION_KINDS.index("recv"): 2}  # else the compute lane
+
+
+def _chunk_text(chunks: np.ndarray) -> np.ndarray:
+    return np.array(["-" if c < 0 else str(c) for c in chunks.tolist()], dtype=object)
+
+
+def _exact_bars(timeline: Timeline) -> GanttBars:
+    start = np.asarray(timeline.start_s, dtype=float)
+    end = np.asarray(timeline.end_s, dtype=float)
+    mb = np.asarray(timeline.micro_batch)
+    return GanttBars(np.asarray(timeline.rank), np.asarray(timeline.kind), _chunk_text(np.asarray(timeline.chunk)),
+                     mb, mb, np.ones(len(start), dtype=int), start, end, start, end, end - start,
+                     len(start), merged=False)
+
+
+@dataclass
+class _Runs:
+    """A timeline's actions sorted by rank, kind and start, with what merging needs."""
+
+    rank: np.ndarray
+    kind: np.ndarray
+    chunk: np.ndarray
+    micro_batch: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    gap: np.ndarray  # start minus the latest end of the same rank and kind before it
+    first: np.ndarray  # the first action of its rank and kind
+    new_time: np.ndarray  # the part of the action no earlier one of its rank and kind covers
+    groups: int
+
+    @classmethod
+    def of(cls, timeline: Timeline) -> "_Runs":
+        start = np.asarray(timeline.start_s, dtype=float)
+        end = np.asarray(timeline.end_s, dtype=float)
+        keep = end > start  # instantaneous actions take no time: nothing to draw
+        order = np.lexsort((start[keep], np.asarray(timeline.kind)[keep], np.asarray(timeline.rank)[keep]))
+        rank = np.asarray(timeline.rank)[keep][order]
+        kind = np.asarray(timeline.kind)[keep][order]
+        start, end = start[keep][order], end[keep][order]
+        n = len(start)
+        first = np.ones(n, dtype=bool)
+        first[1:] = (rank[1:] != rank[:-1]) | (kind[1:] != kind[:-1])
+        group = np.cumsum(first) - 1
+        # The running latest end within each (rank, kind): offset groups apart so that one
+        # accumulate serves all of them.
+        span = max(float(end.max()) if n else 1.0, 1e-300)
+        offset = group * (4.0 * span)
+        latest = np.maximum.accumulate(end + offset) - offset
+        before = np.empty(n)
+        before[1:] = latest[:-1]
+        before[first] = -np.inf
+        gap = start - before
+        gap[first] = np.inf
+        new_time = np.maximum(0.0, end - np.maximum(start, before))
+        return cls(rank, kind, np.asarray(timeline.chunk)[keep][order],
+                   np.asarray(timeline.micro_batch)[keep][order], start, end, gap, first, new_time,
+                   int(group[-1]) + 1 if n else 0)
+
+    def tolerance_for(self, runs: int) -> float:
+        """The smallest gap tolerance that leaves at most `runs` merged runs (inf if none does)."""
+        budget = runs - self.groups
+        gaps = self.gap[~self.first]
+        if budget < 0:
+            return math.inf
+        if budget >= int(np.count_nonzero(gaps > 0)):
+            return 0.0
+        return float(-np.partition(-gaps, budget)[budget])  # at most `budget` gaps exceed it
+
+
+def _edf(release: np.ndarray, deadline: np.ndarray, length: np.ndarray,
+         eps: float) -> list[tuple[int, float, float]]:
+    """Place each job (a merged run) as bars of total `length` inside [release, deadline] on one
+    lane, no two overlapping: preemptive earliest-deadline-first, which finds such a placement
+    whenever one exists, and one does: the true actions. Returns (job, start, end) pieces."""
+    order = np.argsort(release, kind="stable")
+    rel, dl, remaining = release[order].tolist(), deadline[order].tolist(), length[order].tolist()
+    n, i, t = len(rel), 0, -math.inf
+    ready: list[tuple[float, int]] = []
+    pieces: list[tuple[int, float, float]] = []
+    while i < n or ready:
+        if not ready:
+            t = max(t, rel[i])
+        while i < n and rel[i] <= t:
+            heapq.heappush(ready, (dl[i], i))
+            i += 1
+        _, j = ready[0]
+        until = min(t + remaining[j], rel[i] if i < n else math.inf)
+        if until > t:
+            if pieces and pieces[-1][0] == j and pieces[-1][2] == t:
+                pieces[-1] = (j, pieces[-1][1], until)
+            else:
+                pieces.append((j, t, until))
+            remaining[j] -= until - t
+            t = until
+        if remaining[j] <= eps:
+            heapq.heappop(ready)
+    return [(int(order[j]), a, b) for j, a, b in pieces]
+
+
+def _merged_bars(runs: _Runs, tolerance: float, actions: int) -> GanttBars:
+    n = len(runs.start)
+    breaks = runs.first | (runs.gap > tolerance)
+    closed = runs.gap[~breaks]
+    resolution = max(float(closed.max()), 0.0) if len(closed) else 0.0
+    first = np.flatnonzero(breaks)
+    run_id = np.cumsum(breaks) - 1
+    rank, kind = runs.rank[first], runs.kind[first]
+    span_start = runs.start[first]
+    span_end = np.maximum.reduceat(runs.end, first) if n else np.empty(0)
+    busy = np.add.reduceat(runs.new_time, first) if n else np.empty(0)
+    count = np.diff(np.append(first, n))
+    lo = np.minimum.reduceat(runs.micro_batch, first) if n else np.empty(0, int)
+    hi = np.maximum.reduceat(runs.micro_batch, first) if n else np.empty(0, int)
+    # Each run's chunks, as text.
+    pairs = np.unique(np.stack([run_id, runs.chunk]), axis=1) if n else np.empty((2, 0), int)
+    bounds = np.searchsorted(pairs[0], np.arange(len(first) + 1))
+    chunk_list = pairs[1].tolist()
+    chunks = np.array([", ".join("-" if c < 0 else str(c) for c in chunk_list[a:b])
+                       for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())], dtype=object)
+    # Lay the runs of each rank's lane out with their busy time as length.
+    lane = np.zeros(len(first), dtype=int)
+    for code, number in _LANE_CODES.items():
+        lane[kind == code] = number
+    eps = 1e-12 * max(float(span_end.max()) if len(first) else 0.0, 1e-300)
+    job, start, end = [], [], []
+    key = rank.astype(np.int64) * 4 + lane
+    order = np.argsort(key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    for members in np.split(order, cuts):
+        if not len(members):
+            continue
+        for j, a, b in _edf(span_start[members], span_end[members], busy[members], eps):
+            job.append(members[j])
+            start.append(a)
+            end.append(b)
+    job_a = np.asarray(job, dtype=int)
+    return GanttBars(rank[job_a], kind[job_a], chunks[job_a], lo[job_a], hi[job_a], count[job_a],
+                     np.asarray(start, dtype=float), np.asarray(end, dtype=float), span_start[job_a],
+                     span_end[job_a], busy[job_a], actions, merged=True, resolution_s=resolution)
+
+
+def gantt_bars(timeline: Timeline, max_bars: int = 2500) -> GanttBars:
+    """The timeline's actions as at most `max_bars` bars that never misstate busy time.
+
+    Up to `max_bars` actions: one bar per action. Beyond: for each rank and kind, actions less
+    than a tolerance apart are merged into runs, the smallest tolerance that fits the budget;
+    each run is drawn as long as its busy time (the union of its actions), inside its span, laid
+    out on the rank's lane (compute, send or recv) so that no two bars overlap (a run may be
+    drawn as a few pieces). So per rank and kind the drawn length is the true busy time, and no
+    bar lies farther than the tolerance from an action of its kind: idle time is never painted.
+    Where the budget is below two bars per rank and kind, that many are drawn instead.
     """
     n = len(timeline)
-    order = np.lexsort((timeline.start_s, timeline.kind, timeline.rank))
-    stage = np.asarray(timeline.rank)[order]
-    kind = np.asarray(timeline.kind)[order]
-    mb = np.asarray(timeline.micro_batch)[order]
-    start = np.asarray(timeline.start_s, dtype=float)[order]
-    end = np.asarray(timeline.end_s, dtype=float)[order]
-    step = float(end.max()) if n else 0.0
-    group = np.arange(n)
-    merged = False
-    if n > max_bars and n > 1:
-        same = (stage[1:] == stage[:-1]) & (kind[1:] == kind[:-1])
-        gap = start[1:] - np.maximum.accumulate(end)[:-1]
-        index = np.arange(n)
-        chunk = math.ceil(n / max_bars)
-        for fraction in (1 / 2000, 1 / 500, 1 / 200, 1 / 50, 1 / 50, 1 / 50):
-            breaks = np.concatenate([[True], ~(same & (gap <= step * fraction))])
-            run_start = np.maximum.accumulate(np.where(breaks, index, 0))
-            breaks |= (index - run_start) % chunk == 0
-            group = np.cumsum(breaks) - 1
-            merged = True
-            if group[-1] + 1 <= max_bars:
-                break
-            chunk *= 2
-    if merged:
-        count = np.bincount(group)
-        first = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))
-        stage, kind = stage[first], kind[first]
-        lo = np.minimum.reduceat(mb, first)
-        hi = np.maximum.reduceat(mb, first)
-        start_m = np.minimum.reduceat(start, first)
-        end_m = np.maximum.reduceat(end, first)
-    else:
-        count = np.ones(n, dtype=int)
-        lo = hi = mb
-        start_m, end_m = start, end
-    truncated = len(stage) > max_bars
-    if truncated:
-        keep = np.sort(np.argsort(start_m, kind="stable")[:max_bars])
-        stage, kind, lo, hi, count = stage[keep], kind[keep], lo[keep], hi[keep], count[keep]
-        start_m, end_m = start_m[keep], end_m[keep]
-    return GanttBars(stage, kind, lo, hi, count, start_m, end_m, n, merged, truncated)
+    if n <= max_bars:
+        return _exact_bars(timeline)
+    runs = _Runs.of(timeline)
+    target = max_bars
+    while True:
+        bars = _merged_bars(runs, runs.tolerance_for(target), n)
+        if len(bars) <= max_bars or math.isinf(bars.resolution_s):
+            return bars
+        target = min(target - 1, int(target * max_bars / len(bars) * 0.95))
+
+
+def _hover_lines(bars: GanttBars, sel: np.ndarray, scale: float, unit: str) -> list[str]:
+    lo, hi, cnt = bars.first_micro_batch[sel].tolist(), bars.last_micro_batch[sel].tolist(), bars.count[sel].tolist()
+    chunks = bars.chunks[sel].tolist()
+    start, end = (bars.start_s[sel] / scale).tolist(), (bars.end_s[sel] / scale).tolist()
+    if not bars.merged:
+        return [f"chunk {c}<br>micro-batch {'-' if a < 0 else a}<br>{s:.6g} - {e:.6g} {unit}"
+                for c, a, s, e in zip(chunks, lo, start, end)]
+    busy = (bars.busy_s[sel] / scale).tolist()
+    s0, s1 = (bars.span_start_s[sel] / scale).tolist(), (bars.span_end_s[sel] / scale).tolist()
+    lines = []
+    for c, a, b, n, w, x0, x1 in zip(chunks, lo, hi, cnt, busy, s0, s1):
+        what = "micro-batch -" if a < 0 else (f"micro-batch {a}" if a == b else f"micro-batches {a}-{b}")
+        lines.append(f"chunk{'s' if ',' in c else ''} {c}<br>{what} ({n} action{'s' if n != 1 else ''})<br>"
+                     f"busy {w:.4g} {unit} within {x0:.6g} - {x1:.6g} {unit}")
+    return lines
 
 
 def _gantt_traces(bars: GanttBars, scale: float, unit: str, legend: bool,
@@ -133,47 +272,41 @@ def _gantt_traces(bars: GanttBars, scale: float, unit: str, legend: bool,
         if not sel.any():
             continue
         offset, width = _LANES.get(name, _COMPUTE_LANE)
-        lo, hi, cnt = bars.first_micro_batch[sel], bars.last_micro_batch[sel], bars.count[sel]
-        labels = [
-            "-" if a < 0 else (str(a) if a == b else f"{a}-{b} ({c} actions)")
-            for a, b, c in zip(lo.tolist(), hi.tolist(), cnt.tolist())
-        ]
         start, end = bars.start_s[sel] / scale, bars.end_s[sel] / scale
         outline = dict(width=0.6, color="white") if len(bars) <= 1200 else dict(width=0)
         traces.append(go.Bar(
             name=name, legendgroup=name + legendgroup_suffix, showlegend=legend,
-            orientation="h", y=bars.stage[sel], base=start, x=end - start,
+            orientation="h", y=bars.rank[sel], base=start, x=end - start,
             offset=offset, width=width, marker=dict(color=KIND_COLORS[name], line=outline),
-            customdata=np.column_stack([labels, np.round(start, 6), np.round(end, 6)]),
-            hovertemplate=(f"stage %{{y}}<br>{name}<br>micro-batch %{{customdata[0]}}<br>"
-                           f"%{{customdata[1]}} - %{{customdata[2]}} {unit}<extra></extra>"),
+            hovertext=_hover_lines(bars, sel, scale, unit),
+            hovertemplate=f"rank %{{y}}<br>{name}, %{{hovertext}}<extra></extra>",
         ))
     return traces
 
 
-def _stage_axis(fig: go.Figure, stages: int, row: int | None = None, col: int | None = None) -> None:
+def _rank_axis(fig: go.Figure, ranks: int, row: int | None = None, col: int | None = None) -> None:
     fig.update_yaxes(
-        autorange="reversed", tickmode="array", tickvals=list(range(stages)),
-        ticktext=[f"stage {k}" for k in range(stages)], row=row, col=col,
+        autorange="reversed", tickmode="array", tickvals=list(range(ranks)),
+        ticktext=[f"rank {k}" for k in range(ranks)], row=row, col=col,
     )
 
 
 def timeline_figure(timeline: Timeline, *, title: str = "Schedule timeline", max_bars: int = 2500,
                     x_range_s: float | None = None) -> tuple[go.Figure, GanttBars]:
-    """Gantt chart: one row per stage, actions coloured by kind, micro-batch on hover."""
+    """Gantt chart: one row per rank, actions coloured by kind, chunk and micro-batch on hover."""
     bars = gantt_bars(timeline, max_bars)
     span = x_range_s or (float(bars.end_s.max()) if len(bars) else 0.0)
     unit, scale = time_unit(span)
-    stages = int(np.max(timeline.rank)) + 1 if len(timeline) else 0
+    ranks = int(np.max(timeline.rank)) + 1 if len(timeline) else 0
     fig = go.Figure(_gantt_traces(bars, scale, unit, legend=True))
     fig.update_layout(
         title=title, barmode="overlay", bargap=0, xaxis_title=f"time ({unit})",
-        height=max(260, 160 + 34 * stages), margin=dict(l=10, r=10, t=50, b=100),
+        height=max(260, 160 + 34 * ranks), margin=dict(l=10, r=10, t=50, b=100),
         legend=_BOTTOM_LEGEND,
     )
     if x_range_s:
         fig.update_xaxes(range=[0, x_range_s / scale])
-    _stage_axis(fig, stages)
+    _rank_axis(fig, ranks)
     return fig, bars
 
 
@@ -310,7 +443,7 @@ def compare_timelines_figure(timelines: Sequence[tuple[str, Timeline]], *,
         all_bars.append(bars)
         for trace in _gantt_traces(bars, scale, unit, legend=row == 1):
             fig.add_trace(trace, row=row, col=1)
-        _stage_axis(fig, sizes[row - 1], row=row, col=1)
+        _rank_axis(fig, sizes[row - 1], row=row, col=1)
     fig.update_layout(barmode="overlay", bargap=0, height=max(340, 160 + 34 * sum(sizes)),
                       margin=dict(l=10, r=10, t=50, b=100), legend=_BOTTOM_LEGEND)
     fig.update_xaxes(title_text=f"time ({unit})", row=len(timelines), col=1)

@@ -21,6 +21,7 @@ def hardware_preset(name: str) -> dict[str, Any]:
     presets = hardware_presets()
     if name not in presets:
         raise ValueError(
-            f"hardware.preset: unknown hardware preset {name!r} (choose from {', '.join(presets)})"
+            f"hardware.preset: unknown hardware preset {name if len(name) <= 40 else name[:37] + '...'!r} "
+            f"(choose from {', '.join(presets)})"
         )
     return presets[name]
