@@ -19,7 +19,7 @@ from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.results.result import Result, Timeline
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.api import result_from_times, run_engine, summarize_plan
-from gpipe_sim.schedule import Kind
+from gpipe_sim.schedule import ACTION_KINDS, Kind
 
 
 FAULT_ENV = "GPIPE_EXEC_FAULT"  # fault injection for tests: "RANK:raise|kill[:ACTION[:STEP]]"
@@ -136,8 +136,36 @@ def step_timelines(plan: Plan, output: dict[str, Any]) -> list[Timeline]:
         t0 = min(r.step_start for r in recs)
         start, end = cols["start_s"] - t0, cols["end_s"] - t0
         _end_sends_at_arrival(cols["kind"], cols["message"], start, end)
-        timelines.append(Timeline(cols["rank"], cols["chunk"], cols["kind"], cols["micro_batch"], start, end))
+        timeline = Timeline(cols["rank"], cols["chunk"], cols["kind"], cols["micro_batch"], start, end)
+        check_ran_as_planned(plan, timeline, step=s)
+        timelines.append(timeline)
     return timelines
+
+
+def check_ran_as_planned(plan: Plan, timeline: Timeline, step: int = 0) -> None:
+    """ExecutionError (one line, naming the rank and the first action that differs) unless every
+    rank ran exactly its program: the same kinds, chunks and micro-batches in the same order."""
+    prog = plan.program
+    for r in range(len(plan.ranks)):
+        lo, hi = int(prog.offsets[r]), int(prog.offsets[r + 1])
+        mine = np.flatnonzero(timeline.rank == r)
+        planned = np.stack([prog.kind[lo:hi], prog.chunk[lo:hi], prog.micro_batch[lo:hi]], axis=1).astype(np.int64)
+        ran = np.stack([timeline.kind[mine], timeline.chunk[mine], timeline.micro_batch[mine]], axis=1).astype(np.int64)
+        if planned.shape == ran.shape and np.array_equal(planned, ran):
+            continue
+        n = min(len(planned), len(ran))
+        differ = np.flatnonzero((planned[:n] != ran[:n]).any(axis=1))
+        i = int(differ[0]) if len(differ) else n
+
+        def text(row: np.ndarray | None) -> str:
+            if row is None:
+                return "nothing"
+            kind, chunk, mb = (int(v) for v in row)
+            return f"{ACTION_KINDS[kind]}(chunk {chunk}, micro-batch {mb})"
+
+        raise ExecutionError(
+            f"step {step}, rank {r}: action {i} ran {text(ran[i] if i < len(ran) else None)}, "
+            f"the program says {text(planned[i] if i < len(planned) else None)}")
 
 
 def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:

@@ -67,8 +67,12 @@ def result_from_times(plan: Plan, start: np.ndarray, end: np.ndarray, source: st
     return result
 
 
-def simulate(scenario: Scenario, engine: Engine = "auto") -> Result:
-    """Predict one training step of `scenario`."""
-    plan = compile_plan(scenario)
+def simulate_plan(plan: Plan, engine: Engine = "auto") -> Result:
+    """Time a compiled plan and summarise it: the one run-and-summarise call every tool makes."""
     start, end = run_engine(plan, engine)
     return result_from_times(plan, start, end)
+
+
+def simulate(scenario: Scenario, engine: Engine = "auto") -> Result:
+    """Predict one training step of `scenario`."""
+    return simulate_plan(compile_plan(scenario), engine)

@@ -22,3 +22,11 @@ class ScheduleError(GpipeError, ValueError):
 
 class SimulationError(GpipeError, RuntimeError):
     """The simulation could not complete (for example, a schedule that deadlocks)."""
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    """`text` with line breaks and other control characters escaped, cut to `limit` characters:
+    every message a command prints is one line, whatever the user's keys and values hold."""
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,84 +1,131 @@
-"""The pipelined step equals plain single-process training (gradients and parameters, fp32, 1e-5)."""
+"""The pipelined step equals plain single-process training (gradients and parameters, fp32, 1e-5),
+for every schedule, chunks per rank, re-materialization mode and split (I/W) backward."""
 
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpipe_exec.execute import check_runnable, job_for  # noqa: E402
+from gpipe_exec.execute import check_runnable, job_for, step_timelines  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
+from gpipe_exec.programs import split_backward, with_schedule  # noqa: E402
 from gpipe_exec.reference import reference_step  # noqa: E402
+from gpipe_sim.schedule import SCHEDULES  # noqa: E402
+from gpipe_sim.spec.layers import layer_count  # noqa: E402
 from gpipe_sim.spec.scenario import Scenario, parse_scenario  # noqa: E402
 
+# Eight layers each, so that K=4 ranks x v=2 chunks has a layer per chunk.
 MODELS: dict[str, dict[str, Any]] = {
-    "transformer": dict(preset="transformer", layers=2, d_model=16, d_ff=32, heads=2, seq_len=6, vocab=23),
-    "mlp": dict(preset="mlp", layers=3, width=16, input_dim=12, num_classes=5),
-    "convnet": dict(preset="convnet", layers=3, channels=4, image_size=8, num_classes=5),
+    "transformer": dict(preset="transformer", layers=6, d_model=16, d_ff=32, heads=2, seq_len=6, vocab=23),
+    "mlp": dict(preset="mlp", layers=6, width=16, input_dim=12, num_classes=5),
+    "convnet": dict(preset="convnet", layers=6, channels=4, image_size=8, num_classes=5),
 }
-OPTIONS = LaunchOptions(comm_timeout_s=60, run_timeout_s=600)
+OPTIONS = LaunchOptions(comm_timeout_s=60, run_timeout_s=900)
 
 
-def scenario(model: str, K: int, M: int, schedule: str, remat: str, optimizer: str = "sgd") -> Scenario:
+class Case(NamedTuple):
+    """One configuration: `split` turns every backward into backward_input + backward_weight, the
+    weight pass right after ("adjacent") or at the end of the rank's program ("deferred")."""
+
+    model: str
+    K: int
+    M: int
+    schedule: str
+    remat: str
+    optimizer: str = "sgd"
+    v: int = 1
+    split: str | None = None
+    weight_pass: str = "reuse"
+
+    def __str__(self) -> str:
+        split = f" split {self.split} ({self.weight_pass})" if self.split else ""
+        return (f"{self.model} K={self.K} v={self.v} M={self.M} {self.schedule}{split} remat={self.remat} "
+                f"{self.optimizer}")
+
+
+def scenario(case: Case) -> Scenario:
     return parse_scenario({
-        "model": MODELS[model], "hardware": {"preset": "cpu"},
-        "pipeline": {"stages": K, "micro_batches": M, "batch_size": 8 if M > 1 else 5,
-                     "schedule": schedule, "remat": remat},
-        "training": {"optimizer": optimizer},
+        "model": MODELS[case.model], "hardware": {"preset": "cpu"},
+        "pipeline": {"stages": case.K, "chunks": case.v, "micro_batches": case.M,
+                     "batch_size": 8 if case.M > 1 else 5, "schedule": case.schedule, "remat": case.remat},
+        "training": {"optimizer": case.optimizer},
     })
 
 
-def run_all(K: int, configs: list[tuple], dropout: float = 0.0, steps: int = 1,
-            **job: Any) -> list[tuple[Scenario, dict]]:
-    """Launch K ranks once and run every configuration in that one process group."""
-    scenarios = [scenario(*c) for c in configs]
-    jobs = []
-    for i, sc in enumerate(scenarios):
-        plan = check_runnable(sc)
-        jobs.append(job_for(sc, plan, steps=steps, warmup=0, dropout=dropout, return_params=True, tag=str(i),
-                            **job))
+def plan_of(case: Case):
+    plan = check_runnable(scenario(case))
+    return with_schedule(plan, split_backward(plan.schedule, case.split)) if case.split else plan
+
+
+def run_all(K: int, cases: list[Case], dropout: float = 0.0, steps: int = 1,
+            **job: Any) -> list[tuple[Case, dict]]:
+    """Launch K ranks once and run every case in that one process group; each case's measured
+    timelines are checked against its programs (`step_timelines` refuses any difference)."""
+    plans = [plan_of(c) for c in cases]
+    jobs = [job_for(p.scenario, p, steps=steps, warmup=0, dropout=dropout, return_params=True, tag=str(i),
+                    weight_pass=c.weight_pass, **job)
+            for i, (c, p) in enumerate(zip(cases, plans))]
     outs = launch(jobs, list(range(K)), OPTIONS)
     merged = []
-    for sc, out in zip(scenarios, outs):
+    for case, plan, out in zip(cases, plans, outs):
+        assert len(step_timelines(plan, out)) == steps, case
         params: dict[str, Any] = {}
         for rank in out["ranks"]:
             params.update(rank["params"])
-        merged.append((sc, params))
+        merged.append((case, params))
     return merged
 
 
-def assert_equal_to_reference(results: list[tuple[Scenario, dict]], steps: int = 1) -> None:
-    for sc, got in results:
-        ref = reference_step(sc, steps=steps)
-        where = f"{sc.model.preset} K={sc.pipeline.stages} M={sc.pipeline.micro_batches} " \
-                f"{sc.pipeline.schedule} remat={sc.pipeline.remat}"
-        assert got.keys() == ref.keys(), where
+def assert_equal_to_reference(results: list[tuple[Case, dict]], steps: int = 1) -> None:
+    for case, got in results:
+        ref = reference_step(scenario(case), steps=steps)
+        assert got.keys() == ref.keys(), case
         for name, (param, grad) in ref.items():
-            torch.testing.assert_close(got[name][1], grad, rtol=1e-5, atol=1e-5, msg=f"grad {name}: {where}")
-            torch.testing.assert_close(got[name][0], param, rtol=1e-5, atol=1e-5, msg=f"param {name}: {where}")
+            torch.testing.assert_close(got[name][1], grad, rtol=1e-5, atol=1e-5, msg=f"grad {name}: {case}")
+            torch.testing.assert_close(got[name][0], param, rtol=1e-5, atol=1e-5, msg=f"param {name}: {case}")
 
 
 REMATS = ("none", "except_last", "always")
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES_V1 = ("gpipe", "1f1b")
 
 
-def test_two_stages_every_schedule_and_remat_mode() -> None:
-    configs = [("transformer", 2, M, s, r) for s, r, M in itertools.product(SCHEDULES, REMATS, (1, 3))]
+def test_two_ranks_every_schedule_chunking_and_remat_mode() -> None:
+    cases = [Case("transformer", 2, M, s, r) for s, r, M in itertools.product(SCHEDULES_V1, REMATS, (1, 3))]
     # Adam on the transformer would amplify rounding in gradients that are exactly zero in theory
     # (the key bias): Adam is checked on the MLP and the convnet.
-    configs += [("convnet", 2, 4, "1f1b", "always", "adam"), ("mlp", 2, 4, "gpipe", "except_last", "momentum")]
-    configs += [("mlp", 2, 3, "1f1b", "none", "adam")]
-    configs += [("mlp", 2, 1, "naive", "none")]
-    assert_equal_to_reference(run_all(2, configs))
+    cases += [Case("convnet", 2, 4, "1f1b", "always", "adam"), Case("mlp", 2, 4, "gpipe", "except_last", "momentum"),
+              Case("mlp", 2, 3, "1f1b", "none", "adam"), Case("mlp", 2, 1, "naive", "none")]
+    # several chunks per rank: local hand-overs between a rank's chunks, transfers from the last rank to the first
+    cases += [Case("transformer", 2, 4, "interleaved_1f1b", r, v=2) for r in ("none", "always")]
+    cases += [Case("mlp", 2, 3, "interleaved_1f1b", "except_last"), Case("mlp", 2, 2, "looped_bfs", "none"),
+              Case("convnet", 2, 3, "looped_bfs", "except_last", "adam", v=2)]
+    # the backward split into input and weight passes, hand-made from the schedules' orders
+    cases += [Case("transformer", 2, 3, "1f1b", "always", split="adjacent"),
+              Case("transformer", 2, 4, "interleaved_1f1b", "except_last", v=2, split="deferred"),
+              Case("mlp", 2, 4, "interleaved_1f1b", "none", "momentum", v=2, split="deferred", weight_pass="simple"),
+              Case("convnet", 2, 2, "looped_bfs", "always", v=2, split="deferred")]
+    assert_equal_to_reference(run_all(2, cases))
 
 
-def test_four_stages() -> None:
-    configs = [("transformer", 4, 4, s, r) for s, r in itertools.product(SCHEDULES, ("none", "always"))]
-    configs += [("convnet", 4, 3, "gpipe", "except_last"), ("mlp", 4, 1, "1f1b", "always", "adam")]
-    assert_equal_to_reference(run_all(4, configs))
+def test_four_ranks() -> None:
+    cases = [Case("transformer", 4, 4, s, r) for s, r in itertools.product(SCHEDULES_V1, ("none", "always"))]
+    cases += [Case("convnet", 4, 3, "gpipe", "except_last"), Case("mlp", 4, 1, "1f1b", "always", "adam")]
+    cases += [Case("transformer", 4, 4, "interleaved_1f1b", "always", v=2),
+              Case("mlp", 4, 3, "looped_bfs", "none", v=2),
+              Case("convnet", 4, 4, "interleaved_1f1b", "none", v=2, split="deferred"),
+              Case("mlp", 4, 4, "1f1b", "except_last", "adam", split="adjacent")]
+    assert_equal_to_reference(run_all(4, cases))
+
+
+def test_one_rank() -> None:
+    cases = [Case("mlp", 1, 3, "gpipe", "always"), Case("transformer", 1, 4, "1f1b", "except_last"),
+             Case("transformer", 1, 3, "interleaved_1f1b", "always", v=2),
+             Case("mlp", 1, 2, "looped_bfs", "except_last", v=2, split="deferred", weight_pass="simple")]
+    assert_equal_to_reference(run_all(1, cases))
 
 
 @pytest.mark.parametrize("recv_window", [None, 0, 1])
@@ -86,53 +133,75 @@ def test_several_steps_reuse_receive_buffers_safely(recv_window: int | None) -> 
     # Receive buffers are allocated once and reused every step; a step's receives are posted
     # before it starts (None, on CPU), each at its own action (0, as on CUDA) or one ahead (1):
     # three steps equal three plain steps.
-    configs = [("transformer", 2, 3, "1f1b", "always", "momentum"), ("convnet", 2, 4, "gpipe", "none", "adam")]
-    assert_equal_to_reference(run_all(2, configs, steps=3, recv_window=recv_window), steps=3)
+    cases = [Case("transformer", 2, 3, "1f1b", "always", "momentum"), Case("convnet", 2, 4, "gpipe", "none", "adam"),
+             Case("mlp", 2, 4, "interleaved_1f1b", "except_last", "momentum", v=2, split="deferred")]
+    assert_equal_to_reference(run_all(2, cases, steps=3, recv_window=recv_window), steps=3)
 
 
 def test_activations_and_gradients_in_groups_of_their_own() -> None:
     # The CUDA default (one process group per direction, so NCCL's in-order streams cannot
     # deadlock 1F1B), checked here on gloo with receives posted at their action as on CUDA.
-    configs = [("transformer", 4, 4, "1f1b", "none"), ("mlp", 4, 3, "gpipe", "always", "adam")]
-    assert_equal_to_reference(run_all(4, configs, steps=2, recv_window=0, split_directions=True), steps=2)
-
-
-def test_one_stage() -> None:
-    configs = [("mlp", 1, 3, "gpipe", "always"), ("transformer", 1, 4, "1f1b", "except_last")]
-    assert_equal_to_reference(run_all(1, configs))
+    cases = [Case("transformer", 4, 4, "1f1b", "none"), Case("mlp", 4, 3, "gpipe", "always", "adam"),
+             Case("mlp", 4, 4, "interleaved_1f1b", "always", "momentum", v=2)]
+    assert_equal_to_reference(run_all(4, cases, steps=2, recv_window=0, split_directions=True), steps=2)
 
 
 def test_recompute_restores_dropout_masks() -> None:
     """With dropout on, re-materialization gives exactly the gradients of keeping activations."""
-    configs = [("transformer", 2, 3, "gpipe", r) for r in REMATS]
-    results = run_all(2, configs, dropout=0.3)
-    base = results[0][1]
-    for _, other in results[1:]:
-        for name in base:
-            torch.testing.assert_close(other[name][1], base[name][1], rtol=0, atol=0)
+    groups = [[Case("transformer", 2, 3, "gpipe", r) for r in REMATS],
+              [Case("transformer", 2, 4, "interleaved_1f1b", r, v=2, split="deferred") for r in REMATS]]
+    results = run_all(2, [c for g in groups for c in g], dropout=0.3)
+    for g in range(len(groups)):
+        base = results[3 * g][1]
+        for _, other in results[3 * g + 1:3 * g + 3]:
+            for name in base:
+                torch.testing.assert_close(other[name][1], base[name][1], rtol=0, atol=0)
     # and dropout really acted: the gradients differ from training without it
-    ref = reference_step(results[0][0])
-    assert any(not torch.allclose(base[n][1], ref[n][1], atol=1e-5) for n in ref)
+    ref = reference_step(scenario(results[0][0]))
+    assert any(not torch.allclose(results[0][1][n][1], ref[n][1], atol=1e-5) for n in ref)
+
+
+def matrix(K: int) -> list[Case]:
+    """Every model, M, schedule (with its chunk counts and splits) and remat mode that K admits."""
+    variants = [("gpipe", 1, None), ("1f1b", 1, None), ("interleaved_1f1b", 1, None),
+                ("interleaved_1f1b", 2, None), ("looped_bfs", 1, None), ("looped_bfs", 2, None),
+                ("1f1b", 1, "adjacent"), ("1f1b", 1, "deferred"), ("interleaved_1f1b", 2, "adjacent"),
+                ("interleaved_1f1b", 2, "deferred"), ("looped_bfs", 2, "deferred")]
+    cases = []
+    for model, M, (s, v, split), r in itertools.product(MODELS, (1, 3, 4), variants, REMATS):
+        if SCHEDULES[s].problem(K, M, v) is None:
+            cases.append(Case(model, K, M, s, r, v=v, split=split))
+    cases.append(Case("transformer", K, 4 * K, "interleaved_1f1b", "always", v=2, split="deferred",
+                      weight_pass="simple"))
+    return cases
+
+
+def test_matrix_fits_the_models() -> None:
+    for K in (1, 2, 4):
+        for case in matrix(K):
+            assert case.K * case.v <= layer_count(scenario(case).model), case
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("K", [1, 2, 4])
 def test_full_matrix(K: int) -> None:
-    configs = [
-        (model, K, M, s, r)
-        for model, M, s, r in itertools.product(MODELS, (1, 3, 4), SCHEDULES, REMATS)
-    ]
-    assert_equal_to_reference(run_all(K, configs))
+    assert_equal_to_reference(run_all(K, matrix(K)))
 
 
 def test_a_newly_registered_schedule_runs_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     """A schedule added to gpipe_sim.schedule's registry runs with no executor change."""
-    from gpipe_sim import schedule as schedules
+    from gpipe_sim.schedule import Kind, ScheduleFamily
 
-    def backward_in_order(stages: int, micro_batches: int) -> list:
-        order = [("F", m) for m in range(micro_batches)] + [("B", m) for m in range(micro_batches)]
-        return [list(order) for _ in range(stages)]
+    def backward_in_order(ranks: int, micro_batches: int, chunks: int) -> list:
+        """Every forward through the rank's chunks, then the backwards in micro-batch order."""
+        orders = []
+        for r in range(ranks):
+            mine = [r + i * ranks for i in range(chunks)]
+            order = [(Kind.FORWARD, c, m) for c in mine for m in range(micro_batches)]
+            order += [(Kind.BACKWARD, c, m) for c in reversed(mine) for m in range(micro_batches)]
+            orders.append(order)
+        return orders
 
-    monkeypatch.setitem(schedules.SCHEDULES, "backward-in-order", backward_in_order)
-    assert_equal_to_reference(run_all(2, [("mlp", 2, 3, "backward-in-order", "always"),
-                                          ("transformer", 2, 4, "backward-in-order", "none")]))
+    monkeypatch.setitem(SCHEDULES, "backward-in-order", ScheduleFamily("backward-in-order", backward_in_order))
+    assert_equal_to_reference(run_all(2, [Case("mlp", 2, 3, "backward-in-order", "always"),
+                                          Case("transformer", 2, 4, "backward-in-order", "none", v=2)]))

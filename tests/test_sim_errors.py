@@ -89,7 +89,7 @@ def test_command_line_process_prints_no_traceback(tmp_path):
 def test_default_scenario_simulates(capsys):
     assert main(["simulate"]) == 0
     out = capsys.readouterr().out
-    assert "bubble" in out and "per stage" in out
+    assert "bubble" in out and "per pipeline rank" in out
 
 
 def test_json_output_has_the_result_schema(tmp_path, capsys):
@@ -105,7 +105,7 @@ def test_json_output_has_the_result_schema(tmp_path, capsys):
         assert key in result
     for key in ("index", "layers", "busy_s", "peak_activation_bytes", "peak_memory_bytes", "param_bytes"):
         assert key in result["stages"][0]
-    assert set(result["timeline"][0]) == {"stage", "kind", "micro_batch", "start_s", "end_s"}
+    assert set(result["timeline"][0]) == {"rank", "chunk", "kind", "micro_batch", "start_s", "end_s"}
     assert json.loads(trace.read_text())["traceEvents"]
 
 

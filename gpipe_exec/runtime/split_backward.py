@@ -40,7 +40,7 @@ def _node(t: torch.Tensor) -> Node | None:
     return view.grad_fn.next_functions[0][0]
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity
 class _Group:
     params: list[torch.nn.Parameter]
     accumulators: list[Node]
@@ -110,7 +110,7 @@ def _groups(reverse: dict[Node, list[Node]], input_node: Node, params: Sequence[
             group.params += other.params
             group.accumulators += other.accumulators
             group.meets = list({**{id(n): n for n in other.meets}, **{id(n): n for n in group.meets}}.values())
-            groups.remove(other)
+            groups = [g for g in groups if g is not other]
         for n in group.meets:
             by_meet[n] = group
         groups.append(group)

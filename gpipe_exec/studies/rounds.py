@@ -3,28 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Union
 
 from gpipe_exec.execute import Measurement, job_for, measured_result
+from gpipe_exec.programs import with_schedule
 from gpipe_exec.profile import ProfileOptions, default_sizes, profile_model, profile_on_rank, table_scenario
 from gpipe_exec.studies.calibrate import LinkFit, RuntimeFit
 from gpipe_sim.api import result_from_times, run_engine
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.results.result import Result
+from gpipe_sim.schedule import Schedule
 from gpipe_sim.spec.scenario import Scenario
 
 Calibration = Union[LinkFit, RuntimeFit]  # what `hardware_updates()` turns into scenario fields
 
 
-def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration: Calibration | None
-                         ) -> tuple[Scenario, Result]:
+def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration: Calibration | None,
+                         programs: Callable[[Schedule], Schedule] | None = None) -> tuple[Scenario, Result]:
     """Simulate the scenario with the measured layer table (and calibration); return the scenario to run,
-    whose partition is the one the simulator chose, written out as layer counts per chunk."""
+    whose partition is the one the simulator chose, written out as layer counts per chunk.
+    `programs` (e.g. `programs.split_backward`) replaces the schedule's programs in the prediction."""
     updates: dict[str, Any] = {}
     if calibration is not None:
         updates.update(calibration.hardware_updates())
     predicted_scenario = table_scenario(scenario, table, updates)
     plan = compile_plan(predicted_scenario)
+    if programs is not None:
+        plan = with_schedule(plan, programs(plan.schedule))
     counts = plan.layer_counts
     run_scenario = scenario.with_updates({"pipeline.partition": counts})
     return run_scenario, result_from_times(plan, *run_engine(plan, "auto"))

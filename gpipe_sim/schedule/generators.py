@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpipe_sim.schedule.actions import Kind
-from gpipe_sim.schedule.registry import RankOrders, one_chunk, register
+from gpipe_sim.schedule.registry import Check, RankOrders, fixed_chunks, one_chunk, register, v_shape
 
 # Passes are (kind, chunk, micro_batch) rows: tuples, or an (n, 3) integer array for speed.
 F, B = int(Kind.FORWARD), int(Kind.BACKWARD)
@@ -99,5 +99,237 @@ def interleaved_1f1b(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
         for j in range(total - warmup):
             order += [forward(warmup + j), backward(j)]
         order += [backward(j) for j in range(total - warmup, total)]
+        orders.append(order)
+    return orders
+
+
+# ---------------------------------------------------------------------------------------------
+# zero-bubble schedules (Qi et al., ICLR 2024): the backward split into an input-gradient pass I,
+# on the critical path, and a weight-gradient pass W that fills the bubbles
+
+
+I, W = int(Kind.BACKWARD_INPUT), int(Kind.BACKWARD_WEIGHT)
+
+
+def split_bubble(ranks: int, micro_batches: int, chunks: int) -> float:
+    """(K-1)/(3vM+K-1): the idle share of a zero-bubble schedule whose passes all take one slot
+    (F = I = W, the ZB paper's unit assumption), whose ranks idle only while the first
+    micro-batch fills the pipeline; exact on identical layers with free links."""
+    return (ranks - 1) / (3 * chunks * micro_batches + ranks - 1)
+
+
+def _zero_bubble_rank(ranks: int, micro_batches: int, chunks: int, r: int, warmup: int,
+                      weight_delay: int) -> list[tuple[int, int, int]]:
+    """One rank of a looped 1F1B whose backward is split: `warmup` forwards, then in turn one
+    forward and one input-gradient pass; once `weight_delay` steps past the warm-up have run, each
+    I is followed by the W of the oldest micro-batch whose W is still pending; the remaining I
+    passes, then the remaining W passes end the program (torch's `_get_1f1b_rank_ops` with zero
+    bubble, whose orders the tests compare with)."""
+    total = micro_batches * chunks
+    per_round = min(ranks, micro_batches)
+    counts = {F: [0] * chunks, I: [0] * chunks, W: [0] * chunks}
+
+    def pass_of(kind: int, local: int) -> tuple[int, int, int]:
+        counts[kind][local] += 1
+        return (kind, local * ranks + r, counts[kind][local] - 1)
+
+    order = [pass_of(F, (i // per_round) % chunks) for i in range(warmup)]
+    pending: list[int] = []  # local chunk of each I whose W is still to come, oldest first
+    for step in range(warmup, total + warmup):
+        j = step - warmup  # the step's backward index
+        if step < total:
+            order.append(pass_of(F, (step // per_round) % chunks))
+        local = chunks - 1 - (j // per_round) % chunks
+        order.append(pass_of(I, local))
+        pending.append(local)
+        if j >= weight_delay:
+            order.append(pass_of(W, pending.pop(0)))
+    order += [pass_of(W, local) for local in pending]
+    return order
+
+
+def _zero_bubble_check(name: str) -> Check:
+    def check(ranks: int, micro_batches: int, chunks: int) -> str | None:
+        if chunks > 1 and micro_batches % ranks:
+            return (f"pipeline.micro_batches: {name} with {chunks} chunks per rank needs M to be "
+                    f"a multiple of the {ranks} ranks, got {micro_batches}")
+        return None
+
+    return check
+
+
+@register("interleaved_zb", check=_zero_bubble_check("interleaved_zb"), analytic_bubble=split_bubble)
+def interleaved_zero_bubble(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
+    """Interleaved zero bubble (torch's ScheduleInterleavedZeroBubble, the ZB paper's ZB1P on v
+    chunks): interleaved 1F1B's order with (v-1)K + (K-1-r) warm-up forwards on rank r and every
+    backward split, rank r deferring its first r weight passes."""
+    total = micro_batches * chunks
+    per_round = min(ranks, micro_batches)
+    return [
+        _zero_bubble_rank(ranks, micro_batches, chunks, r,
+                          min((chunks - 1) * per_round + (ranks - 1 - r), total), weight_delay=r)
+        for r in range(ranks)
+    ]
+
+
+@register("zb_h1", check=one_chunk("zb_h1"), analytic_bubble=split_bubble)
+def zb_h1(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
+    """ZB-H1 (Qi et al. 2024): 1F1B's warm-up and memory with the backward split; rank r defers
+    its first r weight passes into the bubble at the end, so the bubble shrinks to (K-1)(F+I-W)."""
+    return interleaved_zero_bubble(ranks, micro_batches, 1)
+
+
+@register("zb_h2", check=one_chunk("zb_h2"), analytic_bubble=split_bubble)
+def zb_h2(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
+    """ZB-H2 (Qi et al. 2024): up to 2K-1 micro-batches in flight per rank, enough warm-up
+    forwards that no rank waits for its first input gradient, and weight passes wherever a rank
+    would otherwise idle; with F = I = W no rank idles between its first and last pass.
+
+    Built by list scheduling in unit time (every pass one slot, transfers free): in each slot a
+    rank runs an input-gradient pass if one is ready, else a forward if it is ready and fewer than
+    2K-1 micro-batches are in flight, else the oldest pending weight pass."""
+    cap = 2 * ranks - 1
+    done_f = [[-1] * micro_batches for _ in range(ranks)]  # slot after which F(m) is done
+    done_i = [[-1] * micro_batches for _ in range(ranks)]
+    n_f, n_i, n_w = [0] * ranks, [0] * ranks, [0] * ranks
+    orders: RankOrders = [[] for _ in range(ranks)]
+    t = 0
+    while any(n < micro_batches for n in n_w):
+        for r in range(ranks):
+            order = orders[r]
+            m = n_i[r]
+            if m < n_f[r] and (r == ranks - 1 or 0 <= done_i[r + 1][m] <= t):
+                order.append((I, r, m))
+                done_i[r][m], n_i[r] = t + 1, m + 1
+                continue
+            m = n_f[r]
+            if m < micro_batches and m - n_w[r] < cap and (r == 0 or 0 <= done_f[r - 1][m] <= t):
+                order.append((F, r, m))
+                done_f[r][m], n_f[r] = t + 1, m + 1
+            elif n_w[r] < n_i[r]:
+                order.append((W, r, n_w[r]))
+                n_w[r] += 1
+        t += 1
+    return orders
+
+
+def _v_chunks(ranks: int, r: int) -> tuple[int, int]:
+    """The two chunks of rank r in a V: r on the way down, 2K-1-r on the way back."""
+    return r, 2 * ranks - 1 - r
+
+
+@register("zbv", placement=v_shape, check=fixed_chunks("zbv", 2), analytic_bubble=split_bubble)
+def zbv(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
+    """ZB-V (Qi et al. 2024, section 6; torch's ScheduleZBVZeroBubble): two chunks per rank in a V,
+    so the first and last chunks share rank 0; warm-up forwards of the first chunk, then of both,
+    then steady F/I/W triples on each chunk; near-zero bubble at 1F1B's memory when F = I = W."""
+    orders: RankOrders = []
+    n = max(2 * ranks - 1, micro_batches)  # the order for fewer micro-batches is this one, cut
+    for r in range(ranks):
+        down, up = _v_chunks(ranks, r)
+        counts = {(k, c): 0 for k in (F, I, W) for c in (down, up)}
+        order: list[tuple[int, int, int]] = []
+
+        def put(kind: int, chunk: int, counter: int | None = None) -> None:
+            key = (kind, chunk)
+            order.append((kind, chunk, counts[key] if counter is None else counter))
+            counts[key] += 1
+
+        for _ in range(2 * (ranks - r) - 1):
+            put(F, down)
+        for _ in range(r):
+            put(F, up)
+            put(F, down)
+        for _ in range(ranks - r):
+            put(F, up)
+            put(I, up)
+            put(W, up)
+        while counts[F, up] < counts[F, down] or counts[F, down] < n:
+            if counts[F, down] < n:
+                put(F, down)
+            put(I, down)
+            put(W, down)
+            put(F, up)
+            put(I, up)
+            put(W, up)
+        for _ in range(r):
+            put(I, down)
+            put(I, up)
+        for _ in range(ranks - r):
+            put(I, down)
+            put(W, down)
+        while counts[W, up] < counts[I, up]:
+            put(W, up)
+        while counts[W, down] < counts[I, down]:
+            put(W, down)
+        orders.append([p for p in order if p[2] < micro_batches])
+    return orders
+
+
+def _dualpipev_check(ranks: int, micro_batches: int, chunks: int) -> str | None:
+    if micro_batches < 2 * ranks:
+        return (f"pipeline.micro_batches: dualpipev needs at least as many micro-batches as chunks "
+                f"(2K = {2 * ranks}), got {micro_batches}")
+    return fixed_chunks("dualpipev", 2)(ranks, micro_batches, chunks)
+
+
+@register("dualpipev", placement=v_shape, check=_dualpipev_check, analytic_bubble=split_bubble)
+def dualpipev(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
+    """DualPipeV (DeepSeek; torch's ScheduleDualPipeV): two chunks per rank in a V; after the
+    warm-up, each step pairs a forward of one chunk with a full backward of the other (torch
+    overlaps the pair on the device; here they run one after the other), and the cool-down splits
+    backwards so that weight passes fill the tail."""
+    orders: RankOrders = []
+    for r in range(ranks):
+        down, up = _v_chunks(ranks, r)
+        counts: dict[tuple[int, int], int] = {}
+        weights: list[tuple[int, int]] = []  # (chunk, micro-batch) whose W is pending, oldest first
+        order: list[tuple[int, int, int]] = []
+
+        def put(kind: int, chunk: int) -> None:
+            key = (I if kind == B else kind, chunk)
+            m = counts.get(key, 0)
+            order.append((kind, chunk, m))
+            counts[key] = m + 1
+            if kind == I:
+                weights.append((chunk, m))
+
+        def pending_weight() -> None:
+            if weights:
+                chunk, m = weights.pop(0)
+                order.append((W, chunk, m))
+
+        for _ in range(2 * (ranks - r - 1)):
+            put(F, down)
+        for _ in range(r + 1):
+            put(F, down)
+            put(F, up)
+        for _ in range(ranks - r - 1):
+            put(I, up)
+            pending_weight()
+            put(F, up)
+        for i in range(micro_batches - 2 * ranks + r + 1):
+            put(F, down)  # overlapped with the next full backward in torch
+            put(B, up)
+            put(F, up)
+            put(B, down)
+        for _ in range(ranks - r - 1):
+            put(B, up)
+            put(F, up)
+            put(B, down)
+        split = False
+        steps = r + 1
+        for i in range(steps):
+            if i == steps // 2 and r % 2 == 1:
+                split = True
+            put(I if split else B, up)
+            if i == steps // 2 and r % 2 == 0:
+                split = True
+            put(I if split else B, down)
+        for _ in range(ranks - r - 1):
+            pending_weight()
+            put(I if split else B, down)
+        for _ in range(r + 1):
+            pending_weight()
         orders.append(order)
     return orders

@@ -5,6 +5,7 @@ model. Every kind refuses NaN, infinity where it means nothing, and magnitudes b
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
@@ -67,28 +68,29 @@ def _real(*, low: float = 0.0, high: float, low_open: bool = False, unit: str = 
 
 def _integer(*, low: int, high: int, what: str) -> BeforeValidator:
     """A whole number in [low, high] (a float with no fraction is accepted)."""
+    return BeforeValidator(lambda value: whole_number(value, low=low, high=high, what=what))
 
-    def check(value: Any) -> int:
-        if isinstance(value, bool):
-            raise ValueError("expected a whole number, got a boolean")
-        if isinstance(value, float):
-            if not math.isfinite(value) or value != int(value):
-                raise ValueError(f"expected a whole number, got {number(value)}")
-            value = int(value)
-        elif isinstance(value, str):
-            text = value.strip()
-            if len(text) > 40 or not text.lstrip("+-").isdigit():
-                raise ValueError(f"expected a whole number, got {_short(value)}")
-            value = int(text)
-        elif not isinstance(value, int):
-            raise ValueError(f"expected a whole number, got {_type_name(value)}")
-        if value < low:
-            raise ValueError(f"{count(value)} is out of range: must be at least {count(low)}")
-        if value > high:
-            raise ValueError(f"{count(value)} exceeds the limit of {count(high)}{' ' + what if what else ''}")
-        return value
 
-    return BeforeValidator(check)
+def whole_number(value: Any, *, low: int, high: int, what: str = "") -> int:
+    """`value` as an int in [low, high]; ValueError naming the limit otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("expected a whole number, got a boolean")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(f"expected a whole number, got {number(value)}")
+        value = int(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if len(text) > 40 or not re.fullmatch(r"[+-]?[0-9]+", text):
+            raise ValueError(f"expected a whole number, got {_short(value)}")
+        value = int(text)
+    elif not isinstance(value, int):
+        raise ValueError(f"expected a whole number, got {_type_name(value)}")
+    if value < low:
+        raise ValueError(f"{count(value)} is out of range: must be at least {count(low)}")
+    if value > high:
+        raise ValueError(f"{count(value)} exceeds the limit of {count(high)}{' ' + what if what else ''}")
+    return value
 
 
 def _type_name(value: Any) -> str:

@@ -100,3 +100,70 @@ def data_shape(data: Any, depth_limit: int = MAX_DEPTH, node_limit: int = MAX_NO
             return f"more than {count(node_limit)} values once YAML aliases are expanded (the limit)"
         sizes[key] = (total, height)
     return None
+
+
+def result_problem(scenario: Any, result: Any) -> str | None:
+    """Why a computed result is not meaningful (a figure that is infinite or NaN, or a step that
+    takes no time), as one line naming the likely field; None when every figure is finite.
+
+    The limits above keep every figure finite; this is the last check before a result is shown.
+    """
+    import numpy as np
+
+    step = result.step_time_s
+    if not (isinstance(step, (int, float)) and math.isfinite(step)):
+        return f"{_likely_cause(scenario, 'largest')}: the step time comes out as {number(step)}; refused"
+    if step <= 0:
+        return f"{_likely_cause(scenario, 'zero')}: the step takes no time (every pass and transfer costs zero); refused"
+    figures: list[tuple[str, Any]] = [
+        ("throughput", result.throughput_samples_per_s),
+        ("bubble fraction", result.bubble_fraction),
+        ("analytic bubble fraction", result.analytic_bubble_fraction),
+    ]
+    figures += [("device peak memory", v) for v in result.device_peak_memory_bytes.values()]
+    for stage in result.stages:
+        figures += [("rank busy time", stage.busy_s), ("peak activations", stage.peak_activation_bytes),
+                    ("peak memory", stage.peak_memory_bytes), ("parameter bytes", stage.param_bytes),
+                    ("optimizer state bytes", stage.state_bytes)]
+    for chunk in getattr(result, "chunks", []):
+        figures += [("chunk busy time", chunk.busy_s), ("chunk peak activations", chunk.peak_activation_bytes)]
+    for what, value in figures:
+        if not math.isfinite(value):
+            return f"{_likely_cause(scenario, 'largest')}: the {what} comes out as {number(value)}; refused"
+    timeline = result.timeline
+    for what, values in (("start time", timeline.start_s), ("end time", timeline.end_s)):
+        if len(values) and not np.isfinite(values).all():
+            return f"{_likely_cause(scenario, 'largest')}: an action's {what} is not finite; refused"
+    for times, held in getattr(result, "memory_timeline", []):
+        if not (np.isfinite(times).all() and np.isfinite(held).all()):
+            return f"{_likely_cause(scenario, 'largest')}: the memory timeline is not finite; refused"
+    return None
+
+
+def _likely_cause(scenario: Any, kind: str) -> str:
+    """The scenario field most likely behind a degenerate result: for an infinite figure the number
+    nearest its limit, for a zero step the model's time fields."""
+    try:
+        data = scenario.to_dict()
+    except Exception:  # noqa: BLE001 - only for the message
+        return "scenario"
+    if kind == "zero":
+        model = data.get("model", {})
+        if model.get("preset") == "uniform":
+            return "model.forward_s_per_sample"
+        if model.get("preset") == "table":
+            return "model.layers"
+        return "model"
+    best, best_ratio = "scenario", -1.0
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((f"{prefix}{k}.", v) for k, v in node.items())
+        elif isinstance(node, list) and len(node) <= 1000:
+            stack.extend((f"{prefix}{i}.", v) for i, v in enumerate(node))
+        elif isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node):
+            ratio = abs(float(node)) / (MAX_SECONDS if prefix.rstrip(".").endswith("_s") else MAX_QUANTITY)
+            if ratio > best_ratio:
+                best, best_ratio = prefix.rstrip("."), ratio
+    return best

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gpipe_sim.errors import ScenarioError
+from gpipe_sim.errors import ScenarioError, one_line
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec import limits
-from gpipe_sim.spec.fields import BatchSize, ChunkCount, MicroBatchCount, PartCount, StageCount, _Strict
+from gpipe_sim.spec.fields import (
+    BatchSize, ChunkCount, MicroBatchCount, PartCount, StageCount, _Strict, whole_number,
+)
 from gpipe_sim.spec.files import read_data_file
 from gpipe_sim.spec.hardware import Hardware
 from gpipe_sim.spec.layers import layer_count
@@ -64,9 +66,15 @@ class Pipeline(_Strict):
             raise ValueError(
                 f"expected one of {', '.join(PARTITION_METHODS)} or a list of layer counts, one per chunk"
             )
-        if len(value) > limits.MAX_STAGES * limits.MAX_CHUNKS:
-            raise ValueError(f"{len(value):,} entries: more than the limit of {limits.MAX_STAGES * limits.MAX_CHUNKS:,}")
-        return tuple(value)
+        if len(value) > limits.MAX_LAYERS:
+            raise ValueError(f"{len(value):,} entries: more than the limit of {limits.MAX_LAYERS:,} layers")
+        counts = []
+        for i, entry in enumerate(value):
+            try:
+                counts.append(whole_number(entry, low=1, high=limits.MAX_LAYERS, what="layers"))
+            except ValueError as exc:
+                raise ValueError(f"entry {i}: {exc}") from None
+        return tuple(counts)
 
     @property
     def num_chunks(self) -> int:
@@ -200,31 +208,90 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+def _shown(value: Any) -> str:
+    """A value the user wrote, for a message: a short repr on one line."""
+    if isinstance(value, str):
+        return one_line(repr(value if len(value) <= 40 else value[:37] + "..."))
+    if isinstance(value, (dict, list, tuple)):
+        return "a mapping" if isinstance(value, dict) else "a list"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return limits.count(value)
+    return one_line(repr(value))[:60]
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
 
 _NAMES_FIELD = re.compile(r"^[a-z_]+(\.[a-z_0-9]+)+: ")
+# Path segments pydantic adds for its own validators (union members, dict keys, wrappers):
+# "literal['uniform','time','memory']", "function-after[...]", "tuple[int, ...]", "[key]", "str".
+_INTERNAL_SEGMENT = re.compile(r"[\[\]'\"(),]")
+_INTERNAL_NAMES = {"str", "int", "float", "bool", "bytes", "none", "dict", "list", "tuple"}
+_USER_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 
 
-def _describe(error: dict[str, Any]) -> str:
-    loc = [str(part) for part in error.get("loc", ())]
-    if len(loc) > 1 and loc[0] == "model" and loc[1] in MODEL_PRESETS:
-        del loc[1]  # the discriminated union puts the preset tag in the path
-    where = ".".join(loc) or "scenario"
-    kind = error.get("type", "")
-    msg = error.get("msg", "invalid")
-    if kind == "extra_forbidden":
-        return f"{where}: unknown key"
-    if kind == "union_tag_invalid":
-        tag = error.get("ctx", {}).get("tag")
-        return f"{where}.preset: unknown model preset {tag!r} (choose from {', '.join(MODEL_PRESETS)})"
-    if kind == "missing":
-        return f"{where}: required field is missing"
+def user_key(key: Any) -> str:
+    """A key the user wrote, shown as it is when it is a plain name, else quoted (one line, short)."""
+    text = str(key) if isinstance(key, (str, int)) and not isinstance(key, bool) else repr(key)
+    if _USER_KEY.match(text) or (isinstance(key, int) and not isinstance(key, bool) and abs(key) < 10**20):
+        return text
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return repr(text)
+
+
+def error_location(loc: Sequence[Any], kind: str = "") -> str:
+    """Pydantic's error location in the user's words: the scenario path of the field, without
+    pydantic's internal segments; a key the user wrote is quoted if it is not a plain name."""
+    parts: list[str] = []
+    last = len(loc) - 1
+    for i, part in enumerate(loc):
+        if isinstance(part, int) and not isinstance(part, bool):
+            parts.append(str(part))
+            continue
+        text = str(part)
+        user_written = (kind == "extra_forbidden" and i == last) or (i + 1 <= last and loc[i + 1] == "[key]")
+        if user_written:
+            parts.append(user_key(part))
+        elif text == "[key]" or text in _INTERNAL_NAMES or _INTERNAL_SEGMENT.search(text):
+            continue
+        else:
+            parts.append(text)
+    return ".".join(parts)
+
+
+def clean_message(msg: str) -> str:
+    """A pydantic message without its "Value error, " prefix, on one line."""
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             msg = msg[len(prefix) :]
+    return one_line(msg)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    raw = list(error.get("loc", ()))
+    if len(raw) > 1 and raw[0] == "model" and raw[1] in MODEL_PRESETS:
+        del raw[1]  # the discriminated union puts the preset tag in the path
+    kind = error.get("type", "")
+    where = error_location(raw, kind) or "scenario"
+    msg = str(error.get("msg", "invalid"))
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key"
+    if raw and raw[-1] == "[key]":
+        return f"{where}: unknown key ({clean_message(msg).replace('Input should be', 'should be', 1)})"
+    if kind == "union_tag_invalid":
+        tag = str(error.get("ctx", {}).get("tag"))
+        shown = repr(tag if len(tag) <= 40 else tag[:37] + "...")
+        return one_line(
+            f"{where}.preset: unknown model preset {shown} (choose from {', '.join(MODEL_PRESETS)})"
+        )
+    if kind == "union_tag_not_found":
+        return f"{where}.preset: required field is missing (choose from {', '.join(MODEL_PRESETS)})"
+    if kind == "missing":
+        return f"{where}: required field is missing"
+    msg = clean_message(msg)
     if _NAMES_FIELD.match(msg):
         return msg
     return f"{where}: {msg}"
@@ -236,11 +303,16 @@ def parse_scenario(data: Any) -> Scenario:
         data = {}
     if not isinstance(data, dict):
         raise ScenarioError("scenario: expected a mapping with keys model, hardware, pipeline")
+    problem = limits.data_shape(data)
+    if problem:
+        raise ScenarioError(f"scenario: {problem}")
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         raise ScenarioError(_describe(errors[0])) from None
+    except RecursionError:
+        raise ScenarioError(f"scenario: nested more than {limits.MAX_DEPTH} levels deep (the limit)") from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -254,7 +326,10 @@ def load_scenario(path: str | Path) -> Scenario:
 def resolve_relative_paths(data: Any, base: Path) -> None:
     """Make a table model's relative `path` relative to `base` (the scenario file's folder)."""
     model = data.get("model") if isinstance(data, dict) else None
-    if isinstance(model, dict) and isinstance(model.get("path"), str):
+    if isinstance(model, dict) and isinstance(model.get("path"), str) and "\0" not in model["path"]:
         table = Path(model["path"])
-        if not table.is_absolute() and not table.exists():
-            model["path"] = str(base / table)
+        try:
+            if not table.is_absolute() and not table.exists():
+                model["path"] = str(base / table)
+        except (OSError, ValueError):
+            pass  # reading it says what is wrong

@@ -88,12 +88,11 @@ def _get(scenario: Scenario, dotted: str) -> Any:
 def measure(scenario: Scenario, value: int, dotted: str) -> Fit:
     """Simulate the scenario with `dotted` set to `value` and return its memory figures."""
     from gpipe_sim.plan.compile import compile_plan
-    from gpipe_sim.api import result_from_times, run_engine
+    from gpipe_sim.api import simulate_plan
 
     candidate = scenario.with_updates({dotted: value})
     plan = compile_plan(candidate)
-    start, end = run_engine(plan, "auto")
-    result = result_from_times(plan, start, end)
+    result = simulate_plan(plan)
     return Fit(
         value=value,
         fits=bool(result.fits_in_memory),

@@ -141,15 +141,28 @@ class _Runs:
                    np.asarray(timeline.micro_batch)[keep][order], start, end, gap, first, new_time,
                    int(group[-1]) + 1 if n else 0)
 
-    def tolerance_for(self, runs: int) -> float:
-        """The smallest gap tolerance that leaves at most `runs` merged runs (inf if none does)."""
+    def breaks_for(self, runs: int) -> np.ndarray:
+        """Where merged runs start, for at most `runs` of them (one per rank and kind if fewer):
+        the largest gaps stay open; among gaps as large as the last one kept closed, evenly
+        spread ones stay open too, as far as the budget goes (uniform schedules have many)."""
+        breaks = self.first.copy()
         budget = runs - self.groups
-        gaps = self.gap[~self.first]
-        if budget < 0:
-            return math.inf
+        inner = np.flatnonzero(~self.first)
+        if budget <= 0 or not len(inner):
+            return breaks
+        gaps = self.gap[inner]
         if budget >= int(np.count_nonzero(gaps > 0)):
-            return 0.0
-        return float(-np.partition(-gaps, budget)[budget])  # at most `budget` gaps exceed it
+            breaks[inner[gaps > 0]] = True
+            return breaks
+        tolerance = float(-np.partition(-gaps, budget)[budget])  # at most `budget` gaps exceed it
+        wider = gaps > tolerance
+        breaks[inner[wider]] = True
+        tied = inner[~wider & (gaps >= tolerance * (1 - 1e-9)) & (gaps > 0)]
+        spare = budget - int(np.count_nonzero(wider))
+        if spare > 0 and len(tied):
+            pick = np.unique(np.linspace(0, len(tied) - 1, min(spare, len(tied))).round().astype(int))
+            breaks[tied[pick]] = True
+        return breaks
 
 
 def _edf(release: np.ndarray, deadline: np.ndarray, length: np.ndarray,
@@ -182,9 +195,8 @@ def _edf(release: np.ndarray, deadline: np.ndarray, length: np.ndarray,
     return [(int(order[j]), a, b) for j, a, b in pieces]
 
 
-def _merged_bars(runs: _Runs, tolerance: float, actions: int) -> GanttBars:
+def _merged_bars(runs: _Runs, breaks: np.ndarray, actions: int) -> GanttBars:
     n = len(runs.start)
-    breaks = runs.first | (runs.gap > tolerance)
     closed = runs.gap[~breaks]
     resolution = max(float(closed.max()), 0.0) if len(closed) else 0.0
     first = np.flatnonzero(breaks)
@@ -197,10 +209,14 @@ def _merged_bars(runs: _Runs, tolerance: float, actions: int) -> GanttBars:
     lo = np.minimum.reduceat(runs.micro_batch, first) if n else np.empty(0, int)
     hi = np.maximum.reduceat(runs.micro_batch, first) if n else np.empty(0, int)
     # Each run's chunks, as text.
-    pairs = np.unique(np.stack([run_id, runs.chunk]), axis=1) if n else np.empty((2, 0), int)
-    bounds = np.searchsorted(pairs[0], np.arange(len(first) + 1))
-    chunk_list = pairs[1].tolist()
-    chunks = np.array([", ".join("-" if c < 0 else str(c) for c in chunk_list[a:b])
+    width = int(runs.chunk.max()) + 2 if n else 1  # chunk -1 (the update) in column 0
+    held = np.zeros((len(first), width), dtype=bool)
+    held[run_id, runs.chunk + 1] = True
+    which, column = np.nonzero(held)
+    bounds = np.searchsorted(which, np.arange(len(first) + 1))
+    names = ["-"] + [str(c) for c in range(width - 1)]
+    column_list = column.tolist()
+    chunks = np.array([", ".join(names[c] for c in column_list[a:b])
                        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())], dtype=object)
     # Lay the runs of each rank's lane out with their busy time as length.
     lane = np.zeros(len(first), dtype=int)
@@ -239,10 +255,11 @@ def gantt_bars(timeline: Timeline, max_bars: int = 2500) -> GanttBars:
     if n <= max_bars:
         return _exact_bars(timeline)
     runs = _Runs.of(timeline)
-    target = max_bars
+    target = int(0.9 * max_bars)  # room for runs laid out in pieces
     while True:
-        bars = _merged_bars(runs, runs.tolerance_for(target), n)
-        if len(bars) <= max_bars or math.isinf(bars.resolution_s):
+        breaks = runs.breaks_for(target)
+        bars = _merged_bars(runs, breaks, n)
+        if len(bars) <= max_bars or breaks.sum() == runs.groups:
             return bars
         target = min(target - 1, int(target * max_bars / len(bars) * 0.95))
 
