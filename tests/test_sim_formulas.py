@@ -122,3 +122,15 @@ def test_chunk_figures_add_up_to_their_rank(uniform):
         # the update (one per rank) is not a chunk's
         assert stage.busy_s > sum(c.busy_s for c in mine) - 1e-12
         assert max(c.peak_activation_bytes for c in mine) <= stage.peak_activation_bytes + 1e-6
+
+
+def test_bubble_splits_into_imbalance_and_the_busiest_ranks_idle(uniform):
+    # 16 layers on 3 ranks: 6/5/5 layers, so the ranks are uneven
+    result = simulate(uniform(3, 8, BATCH, LAYERS, "1f1b"))
+    busy = [s.busy_s for s in result.stages]
+    assert result.imbalance_fraction == pytest.approx(1 - (sum(busy) / 3) / max(busy), rel=1e-12)
+    assert 1 - result.bubble_fraction == pytest.approx(
+        (1 - result.imbalance_fraction) * (1 - result.busiest_idle_fraction), rel=1e-12)
+    balanced = simulate(uniform(4, 8, BATCH, LAYERS, "1f1b"))
+    assert balanced.imbalance_fraction == pytest.approx(0.0, abs=1e-12)
+    assert balanced.busiest_idle_fraction == pytest.approx(balanced.bubble_fraction, rel=1e-12)

@@ -159,6 +159,21 @@ class Result:
     # Per rank: (times, activation bytes held from each time on); optional.
     memory_timeline: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
+    @property
+    def imbalance_fraction(self) -> float:
+        """The share of device time lost to uneven ranks: 1 - mean(busy) / max(busy) over the
+        ranks. With `busiest_idle_fraction`: 1 - bubble = (1 - imbalance) x (1 - busiest idle)
+        when every rank has a device of its own."""
+        busy = [s.busy_s for s in self.stages]
+        top = max(busy, default=0.0)
+        return 1.0 - (sum(busy) / len(busy)) / top if top > 0 else 0.0
+
+    @property
+    def busiest_idle_fraction(self) -> float:
+        """The share of the step the busiest rank idles: the pipeline's own fill and drain."""
+        top = max((s.busy_s for s in self.stages), default=0.0)
+        return max(0.0, 1.0 - top / self.step_time_s) if self.step_time_s > 0 else 0.0
+
     def devices_over_capacity(self) -> list[tuple[int, list[int], float]]:
         """(device, its ranks, peak bytes) for every device whose peak exceeds the capacity."""
         return [
@@ -173,6 +188,8 @@ class Result:
             "throughput_samples_per_s": self.throughput_samples_per_s,
             "bubble_fraction": self.bubble_fraction,
             "analytic_bubble_fraction": self.analytic_bubble_fraction,
+            "imbalance_fraction": self.imbalance_fraction,
+            "busiest_idle_fraction": self.busiest_idle_fraction,
             "fits_in_memory": self.fits_in_memory,
             "batch_size": self.batch_size,
             "micro_batches": self.micro_batches,
