@@ -198,58 +198,50 @@ def compile_plan(scenario: Scenario) -> Plan:
 
 
 def _flatten(plan: Plan) -> Program:
-    """Vectorised: durations, transfer times, message pairing and link ids for every action."""
+    """Vectorised: durations, transfer times, message pairing and link ids for every action
+    (each step works on the index array of the actions it concerns, not on the whole program)."""
     c = plan.schedule.columns
-    K, M = len(plan.ranks), plan.schedule.micro_batches
+    K, M, C = len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks)
     rank, kind, chunk, mb, peer = c.rank, c.kind, c.chunk, c.micro_batch, c.peer
-    per_chunk = {
-        FORWARD: np.array([ch.forward_s for ch in plan.chunks]),  # [chunk, micro_batch]
-        RECOMPUTE: np.array([ch.forward_s for ch in plan.chunks]),
-        BACKWARD: np.array([ch.backward_s for ch in plan.chunks]),
-        BACKWARD_INPUT: np.array([ch.backward_input_s for ch in plan.chunks]),
-        BACKWARD_WEIGHT: np.array([ch.backward_weight_s for ch in plan.chunks]),
-    }
-    out = np.array([ch.output_bytes for ch in plan.chunks])
-    chc, mbc = np.clip(chunk, 0, len(plan.chunks) - 1), np.clip(mb, 0, M - 1)
-    duration = np.zeros(len(kind))
-    for code, table in per_chunk.items():
-        sel = kind == code
-        duration[sel] = table[chc[sel], mbc[sel]]
-    sel = kind == UPDATE
-    duration[sel] = np.array([r.update_s for r in plan.ranks])[rank[sel]]
     host = plan.scenario.hardware.host
-    duration[np.isin(kind, COMPUTE_CODES)] += host.action_s
-    is_send, is_recv = kind == SEND, kind == RECV
-    comm = is_send | is_recv
-    keys = c.message_keys(M)
-    boundary = np.where(comm, (keys // M) // 2, 0)
-    bytes_moved = np.where(comm, out[np.clip(boundary, 0, len(plan.chunks) - 1), mbc], 0.0)
-    copy = bytes_moved / host.copy_bandwidth
-    duration[is_send] = host.send_s + copy[is_send]
-    duration[is_recv] = host.recv_s + copy[is_recv]
+    # [pass kind, chunk, micro-batch] seconds; row k of `table` serves Kind code `rows[k]`
+    rows = np.full(int(max(COMPUTE_CODES)) + 1, -1)
+    table = np.stack([np.stack([getattr(ch, name) for ch in plan.chunks]) for name in
+                      ("forward_s", "forward_s", "backward_s", "backward_input_s", "backward_weight_s")])
+    rows[[FORWARD, RECOMPUTE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT]] = np.arange(5)
+    duration = np.zeros(len(kind))
+    passes = np.flatnonzero(rows[np.minimum(kind, len(rows) - 1)] >= 0)
+    duration[passes] = table[rows[kind[passes]], chunk[passes], mb[passes]] + host.action_s
+    updates = np.flatnonzero(kind == UPDATE)
+    duration[updates] = np.array([r.update_s for r in plan.ranks])[rank[updates]] + host.action_s
 
+    keys = c.message_keys(M)
     message = keys  # dense ids: boundary, tensor and micro-batch (-1: not a transfer)
-    num_messages = max(len(plan.chunks) - 1, 1) * 2 * M
+    num_messages = max(C - 1, 1) * 2 * M
+    sends, recvs = np.flatnonzero(kind == SEND), np.flatnonzero(kind == RECV)
+    out = np.stack([ch.output_bytes for ch in plan.chunks])  # [chunk, micro-batch]
+    for idx, fixed in ((sends, host.send_s), (recvs, host.recv_s)):
+        moved = out[keys[idx] // M // 2, mb[idx]]  # a message carries its boundary chunk's output
+        duration[idx] = fixed + moved / host.copy_bandwidth
 
     dmap = np.asarray(plan.device_map, dtype=np.int64)
-    src = np.where(is_send, rank, 0).astype(np.int64)
-    dst = np.where(is_send, peer, 0).astype(np.int64)
     link = np.full(len(kind), -1, dtype=np.int64)
     serialization = np.zeros(len(kind))
     latency = np.zeros(len(kind))
-    remote = is_send & (dmap[src] != dmap[dst])
+    src, dst = rank[sends].astype(np.int64), peer[sends].astype(np.int64)
+    apart = dmap[src] != dmap[dst]
+    remote, s, d = sends[apart], src[apart], dst[apart]
     n_dev = int(dmap.max()) + 1
-    pairs, link[remote] = np.unique(dmap[src[remote]] * n_dev + dmap[dst[remote]], return_inverse=True)
+    pairs, link[remote] = np.unique(dmap[s] * n_dev + dmap[d], return_inverse=True)
     # hardware.links[r] joins ranks r and r+1 (both directions); any other pair uses hardware.link
     hardware = plan.scenario.hardware
     pair_links = [hardware.link_between(r) for r in range(max(K - 1, 1))] + [hardware.link]
     bandwidth = np.array([ln.bandwidth for ln in pair_links])
     pair_latency = np.array([ln.latency_s for ln in pair_links])
-    s, d = src[remote], dst[remote]
     which = np.where(np.abs(s - d) == 1, np.minimum(s, d), len(pair_links) - 1)
-    serialization[remote] = bytes_moved[remote] / bandwidth[which]
+    serialization[remote] = out[keys[remote] // M // 2, mb[remote]] / bandwidth[which]
     latency[remote] = pair_latency[which]
-    users = np.unique(link[remote] * K + rank[remote])  # (link, sending rank) pairs
+    users = np.unique(link[remote] * K + s)  # (link, sending rank) pairs
     dedicated = np.bincount(users // K, minlength=len(pairs)) == 1
 
     per_device = np.bincount(dmap)
