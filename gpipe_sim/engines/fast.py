@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpipe_sim.errors import SimulationError
-from gpipe_sim.plan.compile import RECV, SEND, Plan
+from gpipe_sim.plan.compile import ALLREDUCE, RECV, SEND, Plan
 
 SWEEPS = 1  # vectorised up-and-down passes tried before the per-transfer pass (GPipe settles in one)
 
@@ -52,6 +52,8 @@ class _Rank:
         self.send_link = prog.link[lo:hi][self.send_at]
         self.send_ser = prog.serialization[lo:hi][self.send_at]
         self.send_lat = prog.latency[lo:hi][self.send_at]
+        self.reduce_at = np.flatnonzero(kind == ALLREDUCE)
+        self.reduce_group = prog.collective[lo:hi][self.reduce_at]
 
 
 def evaluate_fast(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -60,10 +62,11 @@ def evaluate_fast(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     if not contention_free(plan):
         raise SimulationError("the fast evaluator needs a contention-free plan; use the SimPy engine")
     prog = plan.program
-    ranks = [_Rank(plan, r) for r in range(len(plan.ranks))]
+    ranks = [_Rank(plan, r) for r in range(plan.num_ranks)]
     arrival = np.full(prog.num_messages, -np.inf)
     link_start = np.zeros(len(prog.kind))
-    if not _sweeps(ranks, arrival, link_start):
+    reductions = (prog.collective >= 0).any()  # joins of D ranks: only the per-transfer pass has them
+    if reductions or not _sweeps(ranks, arrival, link_start):
         _topological(plan, ranks, arrival, link_start)
     start = np.zeros(len(prog.kind))
     end = np.zeros(len(prog.kind))
@@ -76,6 +79,9 @@ def evaluate_fast(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         sends = rk.lo + rk.send_at
         start[sends] = link_start[sends]
         end[sends] = arrival[rk.send_msg]
+        reduces = rk.lo + rk.reduce_at
+        start[reduces] = link_start[reduces]
+        end[reduces] = link_start[reduces] + prog.group_seconds[rk.reduce_group]
     return start, end
 
 
@@ -138,18 +144,20 @@ def _topological(plan: Plan, ranks: list[_Rank], arrival: np.ndarray, link_start
     link_free = [0.0] * len(prog.dedicated)
     state = []
     for rk in ranks:
-        # the rank's transfers in program order, as parallel lists
-        at = np.concatenate([rk.recv_at, rk.send_at])
+        # the rank's transfers and reductions in program order, as parallel lists; the event's
+        # type: 0 receive, 1 send, 2 start of a reduction (its "message" is the group)
+        at = np.concatenate([rk.recv_at, rk.send_at, rk.reduce_at])
         order = np.argsort(at, kind="stable")
-        is_send = np.concatenate([np.zeros(len(rk.recv_at), bool), np.ones(len(rk.send_at), bool)])[order]
+        n_recv, n_send, n_reduce = len(rk.recv_at), len(rk.send_at), len(rk.reduce_at)
+        is_send = np.concatenate([np.zeros(n_recv, int), np.ones(n_send, int), np.full(n_reduce, 2)])[order]
         cumulative = np.cumsum(rk.duration)
         pos = at[order]
         state.append((
             pos.tolist(), is_send.tolist(),
-            np.concatenate([rk.recv_msg, rk.send_msg])[order].tolist(),
-            np.concatenate([np.full(len(rk.recv_at), -1), rk.send_link])[order].tolist(),
-            np.concatenate([np.zeros(len(rk.recv_at)), rk.send_ser])[order].tolist(),
-            np.concatenate([np.zeros(len(rk.recv_at)), rk.send_lat])[order].tolist(),
+            np.concatenate([rk.recv_msg, rk.send_msg, rk.reduce_group])[order].tolist(),
+            np.concatenate([np.full(n_recv, -1), rk.send_link, np.full(n_reduce, -1)])[order].tolist(),
+            np.concatenate([np.zeros(n_recv), rk.send_ser, np.zeros(n_reduce)])[order].tolist(),
+            np.concatenate([np.zeros(n_recv), rk.send_lat, np.zeros(n_reduce)])[order].tolist(),
             cumulative[pos].tolist(),  # C[i]: the rank's time after action i, before any wait
             (cumulative - rk.duration)[pos].tolist(),  # C[i] - d[i]
         ))
@@ -158,6 +166,9 @@ def _topological(plan: Plan, ranks: list[_Rank], arrival: np.ndarray, link_start
     begins: list[list[float]] = [[0.0] * len(st[0]) for st in state]
     waiting: dict[int, int] = {}
     work = list(range(len(ranks)))
+    size, group_seconds = prog.group_size, prog.group_seconds.tolist()
+    started, ready = [0] * len(group_seconds), [0.0] * len(group_seconds)
+    wait_base = prog.num_messages - len(group_seconds) * size
     while work:
         r = work.pop()
         positions, sends, messages, links, sers, lats, c_incl, c_excl = state[r]
@@ -165,7 +176,22 @@ def _topological(plan: Plan, ranks: list[_Rank], arrival: np.ndarray, link_start
         e, s, n = pointer[r], slack[r], len(positions)
         while e < n:
             message = messages[e]
-            if sends[e]:
+            if sends[e] == 2:  # this member starts the group's reduction; the last one runs it
+                group, posted = message, c_incl[e] + s
+                begin[e] = posted
+                started[group] += 1
+                if posted > ready[group]:
+                    ready[group] = posted
+                if started[group] == size:
+                    done = ready[group] + group_seconds[group]
+                    for d in range(size):
+                        wait = wait_base + group * size + d
+                        arrival_list[wait] = done
+                        known[wait] = True
+                        woken = waiting.pop(wait, None)
+                        if woken is not None:
+                            work.append(woken)
+            elif sends[e]:
                 posted = c_incl[e] + s
                 link = links[e]
                 if link < 0:
@@ -192,8 +218,13 @@ def _topological(plan: Plan, ranks: list[_Rank], arrival: np.ndarray, link_start
         pointer[r], slack[r] = e, s
     for r, st in enumerate(state):
         if pointer[r] < len(st[0]):
-            action = plan.schedule.rank_actions(r)[st[0][pointer[r]]]
+            action = plan.action(ranks[r].lo + st[0][pointer[r]])
             raise SimulationError(f"schedule deadlocks: rank {r} waits forever at {action}")
-        sends = np.asarray(st[1], dtype=bool)
-        link_start[ranks[r].lo + np.asarray(st[0], dtype=np.int64)[sends]] = np.asarray(begins[r])[sends]
+    group_start = np.asarray(ready)
+    for r, st in enumerate(state):
+        types, positions = np.asarray(st[1]), np.asarray(st[0], dtype=np.int64)
+        sends = types == 1
+        link_start[ranks[r].lo + positions[sends]] = np.asarray(begins[r])[sends]
+        if (types == 2).any():  # every member's reduction runs from the group's start
+            link_start[ranks[r].lo + positions[types == 2]] = group_start[np.asarray(st[2])[types == 2]]
     arrival[:] = arrival_list

@@ -8,7 +8,7 @@ from typing import Generator
 import numpy as np
 import simpy
 
-from gpipe_sim.plan.compile import RECV, SEND, Plan
+from gpipe_sim.plan.compile import ALLREDUCE, RECV, SEND, Plan
 
 
 def straightforward_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -35,6 +35,30 @@ def straightforward_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         delivered[prog.message[i]].succeed()
 
     on_device = plan.scenario.hardware.host.on_device
+    size = prog.group_size
+    started = [env.event() for _ in range(len(prog.group_seconds) * size)]  # member d of group g started
+    wait_base = prog.num_messages - len(prog.group_seconds) * size
+
+    def reduction(group: int, members: list[int]) -> Generator[simpy.Event, object, None]:
+        """A data-parallel ring: once all D members started it, it holds every link it uses."""
+        yield simpy.AllOf(env, started[group * size:(group + 1) * size])
+        held = []
+        for x in sorted(set(int(x) for x in prog.group_links[group])):
+            request = links[x].request()
+            held.append((links[x], request))
+            yield request
+        begin = env.now
+        yield env.timeout(prog.group_seconds[group])
+        for resource, request in held:
+            resource.release(request)
+        for i in members:
+            start[i], end[i] = begin, env.now
+        for d in range(size):
+            delivered[wait_base + group * size + d].succeed()
+
+    for group in range(len(prog.group_seconds)):
+        env.process(reduction(group, [int(i) for i in np.flatnonzero(prog.collective == group)]))
+    replica_of = np.asarray(prog.rank) // max(1, len(plan.ranks))
 
     def host(device: simpy.Resource, duration: float) -> Generator[simpy.Event, object, None]:
         if not on_device or duration <= 0:
@@ -51,6 +75,9 @@ def straightforward_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
             if kind == SEND:
                 yield from host(device, prog.duration[i])  # host time to issue it
                 env.process(transfer(i))
+            elif kind == ALLREDUCE:
+                group = int(prog.collective[i])
+                started[group * size + int(replica_of[i])].succeed()
             elif kind == RECV:
                 start[i] = env.now
                 yield delivered[prog.message[i]]
@@ -63,7 +90,7 @@ def straightforward_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
                     yield env.timeout(prog.duration[i])
                     end[i] = env.now
 
-    for k in range(len(plan.ranks)):
+    for k in range(plan.num_ranks):
         env.process(rank(k))
     env.run()
     return start, end

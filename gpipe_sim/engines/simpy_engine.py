@@ -15,7 +15,7 @@ import numpy as np
 import simpy
 
 from gpipe_sim.errors import SimulationError
-from gpipe_sim.plan.compile import RECV, SEND, Plan
+from gpipe_sim.plan.compile import ALLREDUCE, RECV, SEND, Plan
 
 _Proc = Generator[simpy.Event, object, None]
 
@@ -44,6 +44,12 @@ class _Run:
         self.host_on_device = plan.scenario.hardware.host.on_device
         self.position = [int(o) for o in prog.offsets[:-1]]
         self.done = [False] * len(plan.device_map)
+        # data-parallel reductions: members started so far, the latest start, their actions
+        groups = len(prog.group_seconds)
+        self.group_started = [0] * groups
+        self.group_ready = [0.0] * groups
+        self.group_actions: list[list[int]] = [[] for _ in range(groups)]
+        self.wait_base = prog.num_messages - groups * prog.group_size
 
     def post(self, message: int, at: float) -> None:
         self.arrival[message] = at
@@ -108,6 +114,8 @@ class _Run:
                     if t > env.now:
                         yield env.timeout(t - env.now)
                     env.process(self._transfer(link, i, msgs[j], sers[j], lats[j]))
+            elif code == ALLREDUCE:  # asynchronous: the rank goes on; the update waits for it
+                self._join(int(prog.collective[i]), i, t)
             elif device is None:
                 start[i] = t
                 t += durs[j]
@@ -133,6 +141,46 @@ class _Run:
             yield env.timeout(duration)
         return env.now
 
+    def _join(self, group: int, i: int, t: float) -> None:
+        """A member starts a reduction at local time `t`; the last of the D runs it."""
+        prog = self.prog
+        self.group_actions[group].append(i)
+        self.group_started[group] += 1
+        if t > self.group_ready[group]:
+            self.group_ready[group] = t
+        if self.group_started[group] < prog.group_size:
+            return
+        links = [int(x) for x in prog.group_links[group]]
+        if all(prog.dedicated[x] for x in links):
+            self._reduced(group, self.group_ready[group], self.group_ready[group] + prog.group_seconds[group])
+        else:
+            self.env.process(self._contended_reduction(group, sorted(set(links))))
+
+    def _contended_reduction(self, group: int, links: list[int]) -> _Proc:
+        """A ring over links that pipeline transfers also use: it takes them all (in id order, so
+        two rings cannot hold each other up), first come first served, for its duration."""
+        env = self.env
+        if self.group_ready[group] > env.now:
+            yield env.timeout(self.group_ready[group] - env.now)
+        requests = []
+        for x in links:
+            resource = self.link_res[x]
+            if resource is not None:
+                request = resource.request()
+                requests.append((resource, request))
+                yield request
+        begin = env.now
+        yield env.timeout(self.prog.group_seconds[group])
+        for resource, request in requests:
+            resource.release(request)
+        self._reduced(group, begin, env.now)
+
+    def _reduced(self, group: int, begin: float, done: float) -> None:
+        for i in self.group_actions[group]:
+            self.start[i], self.end[i] = begin, done
+        for d in range(self.prog.group_size):
+            self.post(self.wait_base + group * self.prog.group_size + d, done)
+
     def _transfer(self, link: int, i: int, message: int, ser: float, lat: float) -> _Proc:
         resource = self.link_res[link]
         assert resource is not None
@@ -149,13 +197,11 @@ class _Run:
 def run_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     """Simulate one step; return (start, end) seconds of every action in program order."""
     run = _Run(plan)
-    for k in range(len(plan.ranks)):
+    for k in range(plan.num_ranks):
         run.env.process(run.rank(k))
     run.env.run()
     if not all(run.done):
         k = run.done.index(False)
-        i = run.position[k]
-        action = plan.schedule.rank_actions(k)[i - int(plan.program.offsets[k])]
-        raise SimulationError(f"schedule deadlocks: rank {k} waits forever at {action}")
+        raise SimulationError(f"schedule deadlocks: rank {k} waits forever at {plan.action(run.position[k])}")
     return np.asarray(run.start), np.asarray(run.end)
 

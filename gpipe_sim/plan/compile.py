@@ -9,9 +9,10 @@ from functools import cached_property
 
 import numpy as np
 
-from gpipe_sim.plan.partition import micro_batch_sizes, resolve_partition
+from gpipe_sim.plan.replicas import replicate, ring_allreduce_seconds, with_collectives
+from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
-from gpipe_sim.schedule import SCHEDULES, Kind, Schedule, build_schedule
+from gpipe_sim.schedule import SCHEDULES, Action, Kind, Schedule, Tensor, build_schedule
 from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import BACKWARD_INPUT_SHARE, layer_seconds, update_seconds
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
@@ -21,6 +22,7 @@ from gpipe_sim.spec.scenario import Scenario
 FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = (int(k) for k in (
     Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
 RECOMPUTE, SEND, RECV, UPDATE = (int(k) for k in (Kind.RECOMPUTE, Kind.SEND, Kind.RECV, Kind.UPDATE))
+ALLREDUCE = int(Kind.ALLREDUCE)
 COMPUTE_CODES = np.array([FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, UPDATE])
 
 
@@ -79,11 +81,20 @@ class Program:
     serialization: np.ndarray  # seconds a send occupies its link
     latency: np.ndarray  # seconds from leaving the link to arrival
     save: np.ndarray  # compute passes: the micro-batch's activations were kept by its forward
+    peer: np.ndarray  # transfers: the other global rank
+    tensor: np.ndarray  # transfers: a Tensor code (-1 elsewhere)
     message: np.ndarray
     link: np.ndarray
     dedicated: np.ndarray
-    shared_device: np.ndarray  # per rank: its device runs other ranks too
+    shared_device: np.ndarray  # per global rank: its device runs other ranks too
     num_messages: int
+    # Data parallelism: `collective[j]` is the group (the chunk) an allreduce action joins (-1
+    # elsewhere); a group's reduction takes `group_seconds[g]` once its `group_size` members have
+    # started it, over the links `group_links[g]`, and posts messages num_messages - C*D + g*D + d.
+    collective: np.ndarray
+    group_seconds: np.ndarray
+    group_links: list[np.ndarray]
+    group_size: int
 
 
 @dataclass(frozen=True)
@@ -96,11 +107,21 @@ class Plan:
     chunks: tuple[ChunkPlan, ...]
     ranks: tuple[RankPlan, ...]
     micro_batch_sizes: tuple[int, ...]
-    device_map: tuple[int, ...]  # per rank
+    device_map: tuple[int, ...]  # per global rank d*K + r (replica d, pipeline rank r)
     num_devices: int = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_devices", len(set(self.device_map)))
+
+    @property
+    def replicas(self) -> int:
+        """D: data-parallel replicas of the pipeline."""
+        return self.scenario.pipeline.data_parallel
+
+    @property
+    def num_ranks(self) -> int:
+        """Every process of the step: D replicas x K pipeline ranks."""
+        return self.replicas * len(self.ranks)
 
     @property
     def memory_capacity_bytes(self) -> float:
@@ -115,7 +136,8 @@ class Plan:
     def layout(self) -> Layout:
         """Each chunk's layers and rank and each rank's device, as a Result records them."""
         return Layout(tuple((c.first_layer, c.last_layer) for c in self.chunks),
-                      tuple(c.rank for c in self.chunks), self.device_map)
+                      tuple(c.rank for c in self.chunks), self.device_map[:len(self.ranks)],
+                      self.num_devices, self.replicas)
 
     @property
     def analytic_bubble_fraction(self) -> float:
@@ -124,6 +146,13 @@ class Plan:
         family = SCHEDULES.get(s.name)
         bubble = family.analytic_bubble if family is not None else fill_drain_bubble
         return bubble(s.ranks, s.micro_batches, s.chunks)
+
+    def action(self, i: int) -> Action:
+        """Action i of the flattened program (for messages: which action a rank waits at)."""
+        prog = self.program
+        tensor = int(prog.tensor[i])
+        return Action(Kind(int(prog.kind[i])), int(prog.chunk[i]), int(prog.micro_batch[i]),
+                      int(prog.peer[i]), None if tensor < 0 else Tensor(tensor), bool(prog.save[i]))
 
     @cached_property
     def program(self) -> Program:
@@ -136,18 +165,28 @@ def compile_plan(scenario: Scenario) -> Plan:
     dtype, dtype_bytes = training.dtype, training.dtype_bytes
     layers = build_layers(scenario.model, dtype_bytes)
     M = p.micro_batches
-    sizes = micro_batch_sizes(p.batch_size, M)
+    sizes = micro_batch_sizes(p.batch_size // p.data_parallel, M)  # one replica's share
     largest = max(sizes)
     times = [layer_seconds(layer, largest, accel, dtype, dtype_bytes) for layer in layers]
     remat_factor = 0.0 if p.remat == "none" else 1.0
     time_weights = [f * (1 + remat_factor) + b for f, b in times]
     bpp = training.bytes_per_param
-    memory_weights = [
-        layer.params * bpp + layer.activation_bytes_per_sample * p.batch_size for layer in layers
-    ]
+    # ZeRO-1 shards the optimizer states and master weights over the D replicas (not the gradients)
+    sharded = (training.state_bytes_per_param - dtype_bytes) / (p.data_parallel if training.zero else 1)
+    state_per_param = dtype_bytes + sharded
     schedule = build_schedule(p.stages, M, p.schedule, p.remat, p.chunks)
-    counts = resolve_partition(p.partition, schedule.num_chunks, time_weights, memory_weights)
     model_input = input_bytes_per_sample(scenario.model, dtype_bytes)
+    memory = None
+    if p.partition in ("memory", "fit"):  # what each rank holds under this schedule, and what a device has
+        memory = MemoryTable(
+            static_bytes=[float(layer.params * bpp) for layer in layers],
+            activation_bytes=[float(layer.activation_bytes_per_sample) for layer in layers],
+            input_bytes=[float(model_input)] + [float(layer.output_bytes_per_sample) for layer in layers[:-1]],
+            held=held_activations(schedule, sizes),
+            device_map=scenario.device_map,
+            capacity_bytes=accel.usable_memory_bytes,
+        )
+    counts = resolve_partition(p.partition, schedule.num_chunks, time_weights, memory)
     distinct, size_index = np.unique(sizes, return_inverse=True)
     distinct = distinct.tolist()
     samples = np.asarray(sizes, dtype=float)
@@ -172,7 +211,7 @@ def compile_plan(scenario: Scenario) -> Plan:
                 last_layer=first + count - 1,
                 params=params,
                 param_bytes=float(params * dtype_bytes),
-                state_bytes=float(params * training.state_bytes_per_param),
+                state_bytes=float(params * state_per_param),
                 forward_s=per_size[:, 0].copy(),
                 backward_s=backward.copy(),
                 backward_input_s=backward * BACKWARD_INPUT_SHARE,
@@ -180,7 +219,7 @@ def compile_plan(scenario: Scenario) -> Plan:
                 activation_bytes=act_per_sample * samples,
                 input_bytes=input_per_sample * samples,
                 output_bytes=own[-1].output_bytes_per_sample * samples,
-                update_s=update_seconds(own, accel, dtype_bytes, bpp),
+                update_s=update_seconds(own, accel, dtype_bytes, bpp) / (p.data_parallel if training.zero else 1),
             )
         )
         first += count
@@ -198,11 +237,20 @@ def compile_plan(scenario: Scenario) -> Plan:
 
 
 def _flatten(plan: Plan) -> Program:
-    """Vectorised: durations, transfer times, message pairing and link ids for every action
-    (each step works on the index array of the actions it concerns, not on the whole program)."""
-    c = plan.schedule.columns
-    K, M, C = len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks)
+    """Vectorised: durations, transfer times, message pairing and link ids for every action of
+    every global rank (each step works on the index array of the actions it concerns).
+
+    Messages: replica d's point-to-point messages are numbered d*P + key (P per replica); the
+    wait for chunk c's all-reduce on replica d is message D*P + c*D + d, posted by the collective.
+    Links: a directed device pair within a node (`hardware.link`, or `links[r]` between ranks r
+    and r+1), or a device's port to the network for traffic between nodes (`hardware.network`).
+    """
+    schedule = plan.schedule
+    D, K, M, C = plan.replicas, len(plan.ranks), schedule.micro_batches, len(plan.chunks)
+    base = schedule.columns if D == 1 else with_collectives(schedule.columns)
+    c = base if D == 1 else replicate(base, D)
     rank, kind, chunk, mb, peer = c.rank, c.kind, c.chunk, c.micro_batch, c.peer
+    replica = rank.astype(np.int64) // K
     host = plan.scenario.hardware.host
     # [pass kind, chunk, micro-batch] seconds; row k of `table` serves Kind code `rows[k]`
     rows = np.full(int(max(COMPUTE_CODES)) + 1, -1)
@@ -213,37 +261,54 @@ def _flatten(plan: Plan) -> Program:
     passes = np.flatnonzero(rows[np.minimum(kind, len(rows) - 1)] >= 0)
     duration[passes] = table[rows[kind[passes]], chunk[passes], mb[passes]] + host.action_s
     updates = np.flatnonzero(kind == UPDATE)
-    duration[updates] = np.array([r.update_s for r in plan.ranks])[rank[updates]] + host.action_s
+    duration[updates] = np.array([r.update_s for r in plan.ranks])[rank[updates] % K] + host.action_s
 
+    per_replica = max(C - 1, 1) * 2 * M
     keys = c.message_keys(M)
-    message = keys  # dense ids: boundary, tensor and micro-batch (-1: not a transfer)
-    num_messages = max(C - 1, 1) * 2 * M
-    sends, recvs = np.flatnonzero(kind == SEND), np.flatnonzero(kind == RECV)
+    p2p = keys >= 0
+    message = np.where(p2p, keys + replica * per_replica, -1)
+    waits = np.flatnonzero((kind == RECV) & (c.tensor == int(Tensor.REDUCED)))
+    message[waits] = D * per_replica + chunk[waits].astype(np.int64) * D + replica[waits]
+    num_messages = D * per_replica + (C * D if D > 1 else 0)
+    sends = np.flatnonzero(kind == SEND)
+    recvs = np.flatnonzero((kind == RECV) & p2p)
     out = np.stack([ch.output_bytes for ch in plan.chunks])  # [chunk, micro-batch]
     for idx, fixed in ((sends, host.send_s), (recvs, host.recv_s)):
         moved = out[keys[idx] // M // 2, mb[idx]]  # a message carries its boundary chunk's output
         duration[idx] = fixed + moved / host.copy_bandwidth
 
+    hardware = plan.scenario.hardware
     dmap = np.asarray(plan.device_map, dtype=np.int64)
+    n_dev = int(dmap.max()) + 1
+    per_node = hardware.devices_per_node or n_dev
+    network = hardware.network or hardware.link
     link = np.full(len(kind), -1, dtype=np.int64)
     serialization = np.zeros(len(kind))
     latency = np.zeros(len(kind))
     src, dst = rank[sends].astype(np.int64), peer[sends].astype(np.int64)
-    apart = dmap[src] != dmap[dst]
-    remote, s, d = sends[apart], src[apart], dst[apart]
-    n_dev = int(dmap.max()) + 1
-    pairs, link[remote] = np.unique(dmap[s] * n_dev + dmap[d], return_inverse=True)
+    a, b = dmap[src], dmap[dst]
+    apart = a != b
+    remote, s, d, a, b = sends[apart], src[apart], dst[apart], a[apart], b[apart]
+    between = a // per_node != b // per_node
     # hardware.links[r] joins ranks r and r+1 (both directions); any other pair uses hardware.link
-    hardware = plan.scenario.hardware
-    pair_links = [hardware.link_between(r) for r in range(max(K - 1, 1))] + [hardware.link]
+    pair_links = [hardware.link_between(r) for r in range(max(K - 1, 1))] + [hardware.link, network]
     bandwidth = np.array([ln.bandwidth for ln in pair_links])
     pair_latency = np.array([ln.latency_s for ln in pair_links])
-    which = np.where(np.abs(s - d) == 1, np.minimum(s, d), len(pair_links) - 1)
+    s_r, d_r = s % K, d % K
+    which = np.where(np.abs(s_r - d_r) == 1, np.minimum(s_r, d_r), len(pair_links) - 2)
+    which = np.where(between, len(pair_links) - 1, which)
     serialization[remote] = out[keys[remote] // M // 2, mb[remote]] / bandwidth[which]
     latency[remote] = pair_latency[which]
-    users = np.unique(link[remote] * K + s)  # (link, sending rank) pairs
-    dedicated = np.bincount(users // K, minlength=len(pairs)) == 1
+    link_key = np.where(between, n_dev * n_dev + a, a * n_dev + b)  # a node's traffic leaves by its port
 
+    collective, group_links, group_seconds = _collectives(plan, c, dmap, per_node, network)
+    users_key = np.concatenate([link_key, group_links[:, 1]])
+    users_who = np.concatenate([s, K * D + group_links[:, 0]])  # a collective is a sender of its own
+    keys_all, inverse = np.unique(users_key, return_inverse=True)
+    link[remote] = inverse[: len(remote)]
+    group_link_ids = inverse[len(remote):]
+    pairs = np.unique(inverse * (K * D + C + 1) + users_who)
+    dedicated = np.bincount(pairs // (K * D + C + 1), minlength=len(keys_all)) == 1
     per_device = np.bincount(dmap)
     return Program(
         offsets=c.offsets,
@@ -255,9 +320,40 @@ def _flatten(plan: Plan) -> Program:
         serialization=serialization,
         latency=latency,
         save=c.save,
+        peer=peer,
+        tensor=c.tensor,
         message=message,
         link=link,
         dedicated=dedicated,
         shared_device=per_device[dmap] > 1,
         num_messages=num_messages,
+        collective=collective,
+        group_seconds=group_seconds,
+        group_links=[group_link_ids[group_links[:, 0] == g] for g in range(len(group_seconds))],
+        group_size=D,
     )
+
+
+def _collectives(plan: Plan, c, dmap: np.ndarray, per_node: int, network) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group of each allreduce action, [group, link key] rows of the links each group's ring
+    uses, seconds of each group's ring all-reduce). One group per chunk: its D replicas."""
+    D, K = plan.replicas, len(plan.ranks)
+    collective = np.full(len(c.kind), -1, dtype=np.int64)
+    if D == 1:
+        return collective, np.zeros((0, 2), dtype=np.int64), np.zeros(0)
+    hardware = plan.scenario.hardware
+    n_dev = int(dmap.max()) + 1
+    starts = np.flatnonzero(c.kind == int(Kind.ALLREDUCE))
+    collective[starts] = c.chunk[starts]
+    dtype_bytes = plan.scenario.training.dtype_bytes
+    seconds, rows = [], []
+    for chunk in plan.chunks:
+        ring = [int(dmap[d * K + chunk.rank]) for d in range(D)]
+        nodes = {device // per_node for device in ring}
+        ln = hardware.link if len(nodes) == 1 else network
+        seconds.append(ring_allreduce_seconds(chunk.params * dtype_bytes, D, ln.bandwidth, ln.latency_s))
+        for a, b in zip(ring, ring[1:] + ring[:1]):
+            if a != b:
+                key = a * n_dev + b if a // per_node == b // per_node else n_dev * n_dev + a
+                rows.append((chunk.index, key))
+    return collective, np.asarray(rows, dtype=np.int64).reshape(-1, 2), np.asarray(seconds)

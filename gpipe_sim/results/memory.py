@@ -22,11 +22,11 @@ from gpipe_sim.plan.compile import BACKWARD, BACKWARD_WEIGHT, FORWARD, RECOMPUTE
 class MemoryProfile:
     """Activation memory per rank: the step function over time and its peak; per chunk and device peaks."""
 
-    times: tuple[np.ndarray, ...]  # per rank: event times (allocations at starts, frees at ends)
-    activation_bytes: tuple[np.ndarray, ...]  # per rank: bytes held from that time on
-    peak_activation_bytes: np.ndarray  # per rank
+    times: tuple[np.ndarray, ...]  # per pipeline rank (replica 0): event times (allocations at starts, frees at ends)
+    activation_bytes: tuple[np.ndarray, ...]  # per pipeline rank: bytes held from that time on
+    peak_activation_bytes: np.ndarray  # per pipeline rank
     chunk_peak_activation_bytes: np.ndarray  # per chunk, on its own
-    device_peak_bytes: dict[int, float]  # per device: static bytes of its ranks + activation peak
+    device_peak_bytes: dict[int, float]  # per device (all replicas): static bytes of its ranks + activation peak
 
 
 def activation_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -58,8 +58,9 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
     offsets = prog.offsets
     times, held, peaks = [], [], []
     chunk_peaks = np.zeros(len(plan.chunks))
-    for r in range(len(plan.ranks)):
-        lo, hi = int(offsets[r]), int(offsets[r + 1])
+    K = len(plan.ranks)
+    for g in range(plan.num_ranks):  # every replica's ranks: devices may hold several
+        lo, hi = int(offsets[g]), int(offsets[g + 1])
         t = np.empty(2 * (hi - lo))
         t[0::2], t[1::2] = start[lo:hi], end[lo:hi]
         delta = np.empty_like(t)
@@ -68,12 +69,13 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
         times.append(t)
         held.append(level)
         peaks.append(float(level.max(initial=0.0)))
-        chunk = np.repeat(prog.chunk[lo:hi], 2)
-        for c in plan.ranks[r].chunks:
-            chunk_peaks[c] = float(np.cumsum(delta[chunk == c]).max(initial=0.0))
-    static = [rk.param_bytes + rk.state_bytes for rk in plan.ranks]
+        if g < K:
+            chunk = np.repeat(prog.chunk[lo:hi], 2)
+            for c in plan.ranks[g].chunks:
+                chunk_peaks[c] = float(np.cumsum(delta[chunk == c]).max(initial=0.0))
+    static = [plan.ranks[g % K].param_bytes + plan.ranks[g % K].state_bytes for g in range(plan.num_ranks)]
     device_peak = device_peaks(plan.device_map, static, times, held)
-    return MemoryProfile(tuple(times), tuple(held), np.asarray(peaks), chunk_peaks, device_peak)
+    return MemoryProfile(tuple(times[:K]), tuple(held[:K]), np.asarray(peaks[:K]), chunk_peaks, device_peak)
 
 
 def levels_from_totals(start: np.ndarray, end: np.ndarray, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

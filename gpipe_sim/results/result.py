@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gpipe_sim.schedule.actions import ACTION_KINDS, COMPUTE_KINDS
+from gpipe_sim.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Kind
 
 _COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
 
@@ -64,7 +64,9 @@ class Layout:
 
     chunk_layers: tuple[tuple[int, int], ...]
     chunk_rank: tuple[int, ...]
-    device_map: tuple[int, ...]  # per rank
+    device_map: tuple[int, ...]  # per pipeline rank (of replica 0)
+    num_devices: int = 0  # every device of the step, all replicas (0: those of `device_map`)
+    replicas: int = 1  # D: data-parallel replicas of the pipeline
 
     def chunks_of(self, rank: int) -> list[int]:
         return [c for c, r in enumerate(self.chunk_rank) if r == rank]
@@ -108,6 +110,7 @@ class StageResult:
     peak_memory_bytes: float
     param_bytes: float
     state_bytes: float = 0.0
+    exposed_allreduce_s: float = 0.0  # waiting for the data-parallel reductions before the update
 
     @property
     def layers_text(self) -> str:
@@ -119,7 +122,7 @@ class StageResult:
             "index": self.index, "chunks": list(self.chunks), "layers": [list(pair) for pair in self.layers],
             "device": self.device, "busy_s": self.busy_s, "peak_activation_bytes": self.peak_activation_bytes,
             "peak_memory_bytes": self.peak_memory_bytes, "param_bytes": self.param_bytes,
-            "state_bytes": self.state_bytes,
+            "state_bytes": self.state_bytes, "exposed_allreduce_s": self.exposed_allreduce_s,
         }
 
     @classmethod
@@ -135,6 +138,7 @@ class StageResult:
             peak_activation_bytes=float(d["peak_activation_bytes"]),
             peak_memory_bytes=float(d["peak_memory_bytes"]), param_bytes=float(d["param_bytes"]),
             state_bytes=float(d.get("state_bytes", 0.0)),
+            exposed_allreduce_s=float(d.get("exposed_allreduce_s", 0.0)),
         )
 
 
@@ -156,8 +160,20 @@ class Result:
     device_peak_memory_bytes: dict[int, float] = field(default_factory=dict)
     source: str = "simulated"
     chunks: list[ChunkResult] = field(default_factory=list)
+    data_parallel: int = 1  # D replicas of the pipeline; `stages` are replica 0's ranks
+    num_devices: int = 0
     # Per rank: (times, activation bytes held from each time on); optional.
     memory_timeline: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def exposed_allreduce_s(self) -> float:
+        """The longest wait of any rank for its data-parallel reductions (0 with one replica)."""
+        return max((s.exposed_allreduce_s for s in self.stages), default=0.0)
+
+    @property
+    def throughput_per_device(self) -> float:
+        """Samples per second per device: what adding devices buys."""
+        return self.throughput_samples_per_s / max(1, self.num_devices or len({s.device for s in self.stages}))
 
     @property
     def imbalance_fraction(self) -> float:
@@ -190,6 +206,10 @@ class Result:
             "analytic_bubble_fraction": self.analytic_bubble_fraction,
             "imbalance_fraction": self.imbalance_fraction,
             "busiest_idle_fraction": self.busiest_idle_fraction,
+            "data_parallel": self.data_parallel,
+            "num_devices": self.num_devices,
+            "throughput_per_device": self.throughput_per_device,
+            "exposed_allreduce_s": self.exposed_allreduce_s,
             "fits_in_memory": self.fits_in_memory,
             "batch_size": self.batch_size,
             "micro_batches": self.micro_batches,
@@ -227,6 +247,8 @@ class Result:
             device_peak_memory_bytes={int(k): float(v) for k, v in d.get("device_peak_memory_bytes", {}).items()},
             source=str(d.get("source", "simulated")),
             chunks=[ChunkResult.from_dict(c) for c in d.get("chunks", [])],
+            data_parallel=int(d.get("data_parallel", 1)),
+            num_devices=int(d.get("num_devices", 0)),
             memory_timeline=[
                 (np.asarray(m["time_s"], dtype=float), np.asarray(m["activation_bytes"], dtype=float))
                 for m in d.get("memory_timeline", [])
@@ -269,9 +291,13 @@ def summarize(
     step = float(timeline.end_s.max()) if len(timeline) else 0.0
     durations = np.where(timeline.is_compute, timeline.end_s - timeline.start_s, 0.0)
     busy = np.bincount(timeline.rank, weights=durations, minlength=K)
-    in_chunk = timeline.chunk >= 0
+    first = timeline.rank < K  # replica 0
+    in_chunk = first & (timeline.chunk >= 0)
     chunk_busy = np.bincount(timeline.chunk[in_chunk], weights=durations[in_chunk], minlength=C)
-    devices = len(set(layout.device_map))
+    # waits for the data-parallel reductions: receives that carry no micro-batch
+    waits = first & (timeline.kind == int(Kind.RECV)) & (timeline.micro_batch < 0)
+    exposed = np.bincount(timeline.rank[waits], weights=(timeline.end_s - timeline.start_s)[waits], minlength=K)
+    devices = layout.num_devices or len(set(layout.device_map))
     bubble = 1.0 - float(busy.sum()) / (devices * step) if step > 0 else 0.0
     chunks = [
         ChunkResult(index=c, rank=int(layout.chunk_rank[c]), layers=tuple(layout.chunk_layers[c]),
@@ -290,7 +316,7 @@ def summarize(
                 device=int(layout.device_map[k]), busy_s=float(busy[k]),
                 peak_activation_bytes=float(peak_activation_bytes[k]),
                 peak_memory_bytes=params + states + float(peak_activation_bytes[k]),
-                param_bytes=params, state_bytes=states,
+                param_bytes=params, state_bytes=states, exposed_allreduce_s=float(exposed[k]),
             )
         )
     if device_peak_memory_bytes is None:
@@ -312,6 +338,8 @@ def summarize(
         device_peak_memory_bytes=device_peak_memory_bytes,
         source=source,
         chunks=chunks,
+        data_parallel=layout.replicas,
+        num_devices=devices,
     )
 
 

@@ -17,6 +17,8 @@ class Kind(IntEnum):
     SEND = 5
     RECV = 6
     UPDATE = 7  # the optimizer step over all of a rank's chunks
+    ALLREDUCE = 8  # start the data-parallel reduction of a chunk's gradients (asynchronous, a join
+    #                of the chunk's D replicas; the update waits for it with a `recv` of REDUCED)
 
     @property
     def label(self) -> str:
@@ -29,11 +31,13 @@ class Tensor(IntEnum):
 
     ACTIVATION = 0  # chunk b's output, to chunk b + 1
     GRADIENT = 1  # the gradient of chunk b + 1's input, back to chunk b
+    REDUCED = 2  # a chunk's gradients summed over its data-parallel replicas
 
 
 ACTION_KINDS: tuple[str, ...] = tuple(k.label for k in Kind)
 KindName = Literal[
-    "forward", "backward", "backward_input", "backward_weight", "recompute", "send", "recv", "update"
+    "forward", "backward", "backward_input", "backward_weight", "recompute", "send", "recv", "update",
+    "allreduce",
 ]
 COMPUTE_KINDS: frozenset[Kind] = frozenset(
     {Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT, Kind.RECOMPUTE, Kind.UPDATE}
@@ -64,6 +68,9 @@ class Action(NamedTuple):
     save: bool = True
 
     def __str__(self) -> str:
+        if self.kind == Kind.ALLREDUCE or self.tensor == Tensor.REDUCED:
+            verb = "allreduce" if self.kind == Kind.ALLREDUCE else "wait for the allreduce"
+            return f"{verb}(gradients of chunk {self.chunk})"
         if self.kind in (Kind.SEND, Kind.RECV):
             arrow = "->" if self.kind == Kind.SEND else "<-"
             what = "activation" if self.tensor == Tensor.ACTIVATION else "gradient"

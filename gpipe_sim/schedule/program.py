@@ -31,11 +31,11 @@ class ProgramColumns:
     save: np.ndarray
 
     def message_keys(self, micro_batches: int) -> np.ndarray:
-        """For each send and receive, the key of its message (-1 elsewhere): the chunk boundary it
+        """For each point-to-point send and receive, the key of its message (-1 elsewhere): the chunk boundary it
         crosses (b: between chunks b and b+1), the tensor and the micro-batch. A send and its
         receive share the key."""
         kind, chunk, tensor = self.kind, self.chunk.astype(np.int64), self.tensor.astype(np.int64)
-        comm = (kind == _SEND) | (kind == _RECV)
+        comm = ((kind == _SEND) | (kind == _RECV)) & (tensor <= _GRAD)  # not the waits for all-reduces
         # activation: sent by chunk b, received by b+1; gradient: sent by b+1, received by b
         lower_end = ((kind == _SEND) & (tensor == _ACT)) | ((kind == _RECV) & (tensor == _GRAD))
         boundary = np.where(lower_end, chunk, chunk - 1)

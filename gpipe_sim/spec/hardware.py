@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gpipe_sim.spec.fields import Bandwidth, DeviceId, Flops, Fraction, PositiveBytes, Seconds, _Strict
+from gpipe_sim.spec.fields import Bandwidth, DeviceId, Flops, Fraction, PositiveBytes, Seconds, StageCount, _Strict
 from gpipe_sim.spec.limits import MAX_STAGES
 
 
@@ -72,6 +72,12 @@ class Hardware(_Strict):
     host: Host = Field(default_factory=Host)
     links: tuple[Link, ...] | None = Field(None, max_length=MAX_STAGES)  # per consecutive stage pair (K-1)
     stage_to_device: tuple[DeviceId, ...] | None = Field(None, max_length=MAX_STAGES)
+    # A cluster: devices 0..N-1 in nodes of `devices_per_node` (None: one node); `network` joins
+    # nodes (bandwidth per device), `link` devices within a node. `placement[d][r]`: the device of
+    # replica d's rank r (default: Megatron-LM's order, replicas of a stage on neighbouring devices).
+    devices_per_node: StageCount | None = None
+    network: Link | None = None
+    placement: tuple[tuple[DeviceId, ...], ...] | None = Field(None, max_length=MAX_STAGES)
 
     def link_between(self, stage: int) -> Link:
         """The link carrying transfers between stage `stage` and stage `stage + 1` (`link` where
@@ -98,3 +104,10 @@ class Hardware(_Strict):
             else:
                 merged[key] = value
         return merged
+
+
+def megatron_placement(ranks: int, replicas: int) -> tuple[tuple[int, ...], ...]:
+    """[replica][rank] -> device, as Megatron-LM orders them: data parallelism inside, pipeline
+    outside, so the replicas of a stage sit on neighbouring devices (one node when they fit) and
+    consecutive pipeline ranks are `replicas` devices apart."""
+    return tuple(tuple(r * replicas + d for r in range(ranks)) for d in range(replicas))

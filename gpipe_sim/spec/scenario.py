@@ -16,14 +16,14 @@ from gpipe_sim.spec.fields import (
     BatchSize, ChunkCount, MicroBatchCount, PartCount, StageCount, _Strict, whole_number,
 )
 from gpipe_sim.spec.files import read_data_file
-from gpipe_sim.spec.hardware import Hardware
+from gpipe_sim.spec.hardware import Hardware, megatron_placement
 from gpipe_sim.spec.layers import layer_count
 from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2}
 REMAT_MODES = ("none", "except_last", "always")
-PARTITION_METHODS = ("uniform", "time", "memory")
+PARTITION_METHODS = ("uniform", "time", "memory", "fit")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -36,11 +36,12 @@ class Pipeline(_Strict):
 
     stages: StageCount = 4  # K: pipeline ranks (devices in the pipeline)
     chunks: ChunkCount = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
+    data_parallel: StageCount = 1  # D: replicas of the K-rank pipeline, the global batch split over them
     micro_batches: MicroBatchCount = 8
     batch_size: BatchSize = 64
     schedule: str = "gpipe"
     remat: Literal["none", "except_last", "always"] = "always"
-    partition: Literal["uniform", "time", "memory"] | tuple[PartCount, ...] = "uniform"
+    partition: Literal["uniform", "time", "memory", "fit"] | tuple[PartCount, ...] = "uniform"
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -87,6 +88,7 @@ class Training(_Strict):
 
     optimizer: Literal["sgd", "momentum", "rmsprop", "adagrad", "adam"] = "adam"
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    zero: Literal[0, 1] = 0  # 1: ZeRO-1, optimizer states sharded over the D replicas
 
     @property
     def dtype_bytes(self) -> int:
@@ -137,10 +139,15 @@ class Scenario(_Strict):
             raise ValueError(
                 f"{field}: {cut} but the model has only {layers} layer{'s' if layers != 1 else ''}"
             )
-        if p.micro_batches > p.batch_size:
+        D = p.data_parallel
+        if p.batch_size % D:
+            raise ValueError(f"pipeline.batch_size: the global batch of {p.batch_size} does not split evenly "
+                             f"over {D} data-parallel replicas")
+        if p.micro_batches > p.batch_size // D:
+            share = "the mini-batch" if D == 1 else f"each replica's share ({p.batch_size // D} samples)"
             raise ValueError(
-                f"pipeline.micro_batches: {p.micro_batches} micro-batches exceed "
-                f"the mini-batch of {p.batch_size}"
+                f"pipeline.micro_batches: {p.micro_batches} micro-batches exceed {share}"
+                + (f" of {p.batch_size}" if D == 1 else "")
             )
         problem = SCHEDULES[p.schedule].problem(p.stages, p.micro_batches, p.chunks)
         if problem:
@@ -164,14 +171,25 @@ class Scenario(_Strict):
             raise ValueError(
                 f"hardware.stage_to_device: {len(device_map)} entries for {p.stages} stages"
             )
+        placement = self.hardware.placement
+        if placement is not None:
+            if len(placement) != D or any(len(row) != p.stages for row in placement):
+                raise ValueError(f"hardware.placement: give {D} rows (one per replica) of {p.stages} devices")
+            if device_map is not None:
+                raise ValueError("hardware.placement: give either placement or stage_to_device, not both")
+        elif D > 1 and device_map is not None:
+            raise ValueError("hardware.stage_to_device: with data_parallel > 1 give hardware.placement instead")
         return self
 
     @property
     def device_map(self) -> tuple[int, ...]:
-        """Which device runs each stage (identity unless `hardware.stage_to_device` says otherwise)."""
+        """Which device runs each global rank d*K + r (replica d, pipeline rank r): `hardware.placement`,
+        else `stage_to_device` (one replica), else Megatron-LM's order (the identity for one replica)."""
+        if self.hardware.placement is not None:
+            return tuple(device for row in self.hardware.placement for device in row)
         if self.hardware.stage_to_device is not None:
             return self.hardware.stage_to_device
-        return tuple(range(self.pipeline.stages))
+        return tuple(d for row in megatron_placement(self.pipeline.stages, self.pipeline.data_parallel) for d in row)
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as plain data (YAML/JSON-ready), with presets resolved."""

@@ -11,8 +11,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gpipe_sim.results.result import Result, Timeline, analytic_bubble
-from gpipe_sim.schedule import ACTION_KINDS
+from gpipe_sim.results.result import Result, Timeline
+from gpipe_sim.schedule import ACTION_KINDS, SCHEDULES
 
 KIND_COLORS: dict[str, str] = {
     "forward": "#4C78A8",
@@ -23,6 +23,7 @@ KIND_COLORS: dict[str, str] = {
     "send": "#54A24B",
     "recv": "#9ACD78",
     "update": "#8C8C8C",
+    "allreduce": "#17BECF",
 }
 # Bar placement within a rank's row, as (offset, thickness) in row units; transfers get thin lanes
 # above and below the compute lane so that they never hide compute.
@@ -47,42 +48,76 @@ def time_unit(seconds: float) -> tuple[str, float]:
 
 @dataclass(frozen=True)
 class GanttBars:
-    """Bars to draw, one row per rank. Few actions: one bar per action. Many: the actions of one
-    kind on one rank closer than `resolution_s` are merged, and each merged run is drawn with its
-    true busy time as length (never its span), inside its span; `actions` counts the timeline's
-    actions. Per rank and kind the drawn lengths add up to the time the rank ran that kind."""
+    """Bars to draw, one row per rank; `actions` counts the timeline's actions.
+
+    Few actions: one bar per action. Many (`merged`): consecutive actions of one kind on one rank
+    are merged into runs, each drawn as long as its busy time (never its span), inside its span,
+    on its rank's lane (compute, send or recv) without overlapping another bar there; a run may
+    be drawn in a few pieces. So per rank and kind the drawn lengths add up to the time the rank
+    ran that kind. A bar lies within its `gap_s` (the longest gap its run closed) of an action of
+    its kind, so idle gaps longer than that are never painted, and it draws its run's busy time
+    within `shift_s` (the run's gaps summed) of where that work ran.
+    """
 
     rank: np.ndarray
     kind: np.ndarray
     chunks: np.ndarray  # text per bar: "3", "0, 4", "-" (the update)
     first_micro_batch: np.ndarray
     last_micro_batch: np.ndarray
-    count: np.ndarray  # actions the bar stands for (a run split in pieces: each piece says the run's)
+    count: np.ndarray  # the actions of the bar's run
     start_s: np.ndarray  # drawn
     end_s: np.ndarray
-    span_start_s: np.ndarray  # the merged run's first start and last end
+    span_start_s: np.ndarray  # the run's first start and last end
     span_end_s: np.ndarray
-    busy_s: np.ndarray  # the merged run's busy time (all its pieces together)
+    busy_s: np.ndarray  # the run's busy time (all its pieces together)
+    gap_s: np.ndarray  # the longest gap between two actions of the run
+    shift_s: np.ndarray  # the run's gaps summed: its span less its busy time
     actions: int
     merged: bool
-    resolution_s: float = 0.0  # the largest gap between two actions that merging closed
 
     def __len__(self) -> int:
         return len(self.rank)
+
+    def _max(self, values: np.ndarray, compute: bool | None = None) -> float:
+        if compute is not None:
+            values = values[~np.isin(self.kind, list(_LANE_CODES)) == compute]
+        return float(values.max()) if len(values) else 0.0
+
+    def max_gap_s(self, compute: bool | None = None) -> float:
+        """The longest gap merged over, on every lane, the compute lane or the transfer lanes."""
+        return self._max(self.gap_s, compute)
+
+    def max_shift_s(self, compute: bool | None = None) -> float:
+        """The most that busy time is drawn away from where it ran (see `max_gap_s`)."""
+        return self._max(self.shift_s, compute)
 
     @property
     def note(self) -> str:
         """A sentence saying how the drawing differs from the full timeline ('' when it does not)."""
         if not self.merged:
             return ""
-        unit, scale = time_unit(self.resolution_s)
-        return (f"The timeline has {self.actions:,} actions: actions of one kind on one rank less than "
-                f"{self.resolution_s / scale:.3g} {unit} apart are merged into {len(self):,} bars, each as "
-                f"long as the busy time it stands for, so idle time is never drawn (hover shows the "
-                f"micro-batches and chunks).")
+
+        def text(seconds: float) -> str:
+            unit, scale = time_unit(seconds)
+            return f"{seconds / scale:.3g} {unit}"
+
+        note = (f"The timeline has {self.actions:,} actions: adjacent actions of one kind on one rank "
+                f"are merged into {len(self):,} bars, each as long as the busy time it stands for. "
+                f"Compute is drawn within {text(self.max_shift_s(True))} of where it ran and idle gaps "
+                f"longer than {text(self.max_gap_s(True))} are never painted")
+        if self.max_shift_s(False) > self.max_shift_s(True) or self.max_gap_s(False) > self.max_gap_s(True):
+            note += (f" (transfers: {text(self.max_shift_s(False))} and "
+                     f"{text(self.max_gap_s(False))})")
+        return note + ". Hover shows the chunks and micro-batches."
 
 
 _LANE_CODES = {ACTION_KINDS.index("send"): 1, ACTION_KINDS.index("recv"): 2}  # else the compute lane
+# Gaps (idle time, other kinds' work) are kept first: all gaps longer than _KEEP_GAP of the step
+# where the bars allow, at least _GAP_SHARE of the bars; the rest cut runs finer. Transfers, in
+# their thin lanes, count their gaps _TRANSFER_WEIGHT as long as compute does.
+_KEEP_GAP = 5e-3
+_GAP_SHARE = 0.5
+_TRANSFER_WEIGHT = 0.25
 
 
 def _chunk_text(chunks: np.ndarray) -> np.ndarray:
@@ -93,14 +128,15 @@ def _exact_bars(timeline: Timeline) -> GanttBars:
     start = np.asarray(timeline.start_s, dtype=float)
     end = np.asarray(timeline.end_s, dtype=float)
     mb = np.asarray(timeline.micro_batch)
+    zero = np.zeros(len(start))
     return GanttBars(np.asarray(timeline.rank), np.asarray(timeline.kind), _chunk_text(np.asarray(timeline.chunk)),
-                     mb, mb, np.ones(len(start), dtype=int), start, end, start, end, end - start,
+                     mb, mb, np.ones(len(start), dtype=int), start, end, start, end, end - start, zero, zero,
                      len(start), merged=False)
 
 
 @dataclass
-class _Runs:
-    """A timeline's actions sorted by rank, kind and start, with what merging needs."""
+class _Actions:
+    """A timeline's actions that take time, sorted by rank, kind and start, with what merging needs."""
 
     rank: np.ndarray
     kind: np.ndarray
@@ -108,68 +144,88 @@ class _Runs:
     micro_batch: np.ndarray
     start: np.ndarray
     end: np.ndarray
-    gap: np.ndarray  # start minus the latest end of the same rank and kind before it
     first: np.ndarray  # the first action of its rank and kind
+    gap: np.ndarray  # start minus the latest end before it of its rank and kind (0 for the first)
+    weighed: np.ndarray  # positive gaps, transfers' weighed down
+    weighed_before: np.ndarray  # `weighed` of its rank and kind up to it, summed
     new_time: np.ndarray  # the part of the action no earlier one of its rank and kind covers
-    groups: int
+    groups: int  # (rank, kind) pairs
 
     @classmethod
-    def of(cls, timeline: Timeline) -> "_Runs":
+    def of(cls, timeline: Timeline) -> "_Actions":
         start = np.asarray(timeline.start_s, dtype=float)
         end = np.asarray(timeline.end_s, dtype=float)
-        keep = end > start  # instantaneous actions take no time: nothing to draw
-        order = np.lexsort((start[keep], np.asarray(timeline.kind)[keep], np.asarray(timeline.rank)[keep]))
-        rank = np.asarray(timeline.rank)[keep][order]
-        kind = np.asarray(timeline.kind)[keep][order]
-        start, end = start[keep][order], end[keep][order]
-        n = len(start)
+        keep = np.flatnonzero(end > start)  # instantaneous actions: nothing to draw
+        keep = keep[np.lexsort((start[keep], np.asarray(timeline.kind)[keep], np.asarray(timeline.rank)[keep]))]
+        rank, kind = np.asarray(timeline.rank)[keep], np.asarray(timeline.kind)[keep]
+        start, end = start[keep], end[keep]
+        n = len(keep)
         first = np.ones(n, dtype=bool)
         first[1:] = (rank[1:] != rank[:-1]) | (kind[1:] != kind[:-1])
         group = np.cumsum(first) - 1
-        # The running latest end within each (rank, kind): offset groups apart so that one
-        # accumulate serves all of them.
-        span = max(float(end.max()) if n else 1.0, 1e-300)
-        offset = group * (4.0 * span)
+        # The latest end so far within each (rank, kind): groups offset apart, one accumulate.
+        offset = group * (4.0 * max(float(end.max()) if n else 1.0, 1e-300))
         latest = np.maximum.accumulate(end + offset) - offset
         before = np.empty(n)
         before[1:] = latest[:-1]
-        before[first] = -np.inf
+        before[first] = start[first]
         gap = start - before
-        gap[first] = np.inf
+        weighed = np.maximum(gap, 0.0) * np.where(np.isin(kind, list(_LANE_CODES)), _TRANSFER_WEIGHT, 1.0)
+        total = np.cumsum(weighed)
+        weighed_before = total - total[np.flatnonzero(first)][group]
         new_time = np.maximum(0.0, end - np.maximum(start, before))
-        return cls(rank, kind, np.asarray(timeline.chunk)[keep][order],
-                   np.asarray(timeline.micro_batch)[keep][order], start, end, gap, first, new_time,
-                   int(group[-1]) + 1 if n else 0)
+        return cls(rank, kind, np.asarray(timeline.chunk)[keep], np.asarray(timeline.micro_batch)[keep],
+                   start, end, first, gap, weighed, weighed_before, new_time, int(group[-1]) + 1 if n else 0)
 
-    def breaks_for(self, runs: int) -> np.ndarray:
-        """Where merged runs start, for at most `runs` of them (one per rank and kind if fewer):
-        the largest gaps stay open; among gaps as large as the last one kept closed, evenly
-        spread ones stay open too, as far as the budget goes (uniform schedules have many)."""
+    def gap_breaks(self, runs: int) -> np.ndarray:
+        """Where runs start when the longest (weighed) gaps split them, for at most `runs` runs
+        (one per rank and kind if fewer). Among gaps as long as the longest one closed, evenly
+        spread ones stay open too as far as the budget goes (uniform schedules have many)."""
         breaks = self.first.copy()
         budget = runs - self.groups
-        inner = np.flatnonzero(~self.first)
+        inner = np.flatnonzero(~self.first & (self.weighed > 0))
         if budget <= 0 or not len(inner):
             return breaks
-        gaps = self.gap[inner]
-        if budget >= int(np.count_nonzero(gaps > 0)):
-            breaks[inner[gaps > 0]] = True
+        gaps = self.weighed[inner]
+        if budget >= len(inner):
+            breaks[inner] = True
             return breaks
         tolerance = float(-np.partition(-gaps, budget)[budget])  # at most `budget` gaps exceed it
         wider = gaps > tolerance
         breaks[inner[wider]] = True
-        tied = inner[~wider & (gaps >= tolerance * (1 - 1e-9)) & (gaps > 0)]
+        tied = inner[~wider & (gaps >= tolerance * (1 - 1e-9))]
         spare = budget - int(np.count_nonzero(wider))
         if spare > 0 and len(tied):
             pick = np.unique(np.linspace(0, len(tied) - 1, min(spare, len(tied))).round().astype(int))
             breaks[tied[pick]] = True
         return breaks
 
+    def shift_breaks(self, breaks: np.ndarray, runs: int) -> np.ndarray:
+        """`breaks` plus cuts that keep each run's (weighed) gaps, summed, under the smallest bound
+        that leaves about `runs` runs: so alternating kinds show as alternating bars."""
+        first = np.flatnonzero(breaks)
+        slack = np.add.reduceat(np.where(breaks, 0.0, self.weighed), first) if len(first) else np.empty(0)
+        spare = runs - len(first)
+        if spare <= 0 or not np.any(slack > 0):
+            return breaks
+        lo, hi = 0.0, float(slack.max())
+        for _ in range(50):  # bisect on the cuts each run would take
+            mid = 0.5 * (lo + hi)
+            if mid <= 0 or np.floor(slack / mid).sum() > spare:
+                lo = mid
+            else:
+                hi = mid
+        cell = np.floor(self.weighed_before / hi)
+        cuts = np.zeros(len(cell), dtype=bool)
+        cuts[1:] = cell[1:] != cell[:-1]
+        return breaks | cuts
+
 
 def _edf(release: np.ndarray, deadline: np.ndarray, length: np.ndarray,
          eps: float) -> list[tuple[int, float, float]]:
-    """Place each job (a merged run) as bars of total `length` inside [release, deadline] on one
-    lane, no two overlapping: preemptive earliest-deadline-first, which finds such a placement
-    whenever one exists, and one does: the true actions. Returns (job, start, end) pieces."""
+    """Place each job (a run) as pieces of total `length` inside [release, deadline] on one lane,
+    no two overlapping: preemptive earliest-deadline-first, which finds such a placement whenever
+    one exists, and one does: where the actions ran. Returns (job, start, end) pieces."""
     order = np.argsort(release, kind="stable")
     rel, dl, remaining = release[order].tolist(), deadline[order].tolist(), length[order].tolist()
     n, i, t = len(rel), 0, -math.inf
@@ -195,71 +251,79 @@ def _edf(release: np.ndarray, deadline: np.ndarray, length: np.ndarray,
     return [(int(order[j]), a, b) for j, a, b in pieces]
 
 
-def _merged_bars(runs: _Runs, breaks: np.ndarray, actions: int) -> GanttBars:
-    n = len(runs.start)
-    closed = runs.gap[~breaks]
-    resolution = max(float(closed.max()), 0.0) if len(closed) else 0.0
+def _merged_bars(acts: _Actions, breaks: np.ndarray, actions: int) -> GanttBars:
+    n = len(acts.start)
     first = np.flatnonzero(breaks)
     run_id = np.cumsum(breaks) - 1
-    rank, kind = runs.rank[first], runs.kind[first]
-    span_start = runs.start[first]
-    span_end = np.maximum.reduceat(runs.end, first) if n else np.empty(0)
-    busy = np.add.reduceat(runs.new_time, first) if n else np.empty(0)
+    rank, kind = acts.rank[first], acts.kind[first]
+    span_start = acts.start[first]
+    if n:
+        span_end = np.maximum.reduceat(acts.end, first)
+        busy = np.add.reduceat(acts.new_time, first)
+        gap = np.maximum.reduceat(np.where(breaks, 0.0, np.maximum(acts.gap, 0.0)), first)
+        lo = np.minimum.reduceat(acts.micro_batch, first)
+        hi = np.maximum.reduceat(acts.micro_batch, first)
+    else:
+        span_end = busy = gap = np.empty(0)
+        lo = hi = np.empty(0, dtype=int)
     count = np.diff(np.append(first, n))
-    lo = np.minimum.reduceat(runs.micro_batch, first) if n else np.empty(0, int)
-    hi = np.maximum.reduceat(runs.micro_batch, first) if n else np.empty(0, int)
+    shift = np.maximum(span_end - span_start - busy, 0.0)
     # Each run's chunks, as text.
-    width = int(runs.chunk.max()) + 2 if n else 1  # chunk -1 (the update) in column 0
-    held = np.zeros((len(first), width), dtype=bool)
-    held[run_id, runs.chunk + 1] = True
-    which, column = np.nonzero(held)
-    bounds = np.searchsorted(which, np.arange(len(first) + 1))
+    width = int(acts.chunk.max()) + 2 if n else 1  # chunk -1 (the update) in column 0
+    if len(first) * width <= 1 << 23:
+        held = np.zeros((len(first), width), dtype=bool)
+        held[run_id, acts.chunk + 1] = True
+        which, column = np.nonzero(held)
+    else:  # very many chunks: sort instead
+        pairs = np.unique(run_id.astype(np.int64) * width + acts.chunk + 1)
+        which, column = pairs // width, pairs % width
+    bounds = np.searchsorted(which, np.arange(len(first) + 1)).tolist()
     names = ["-"] + [str(c) for c in range(width - 1)]
     column_list = column.tolist()
-    chunks = np.array([", ".join(names[c] for c in column_list[a:b])
-                       for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())], dtype=object)
-    # Lay the runs of each rank's lane out with their busy time as length.
-    lane = np.zeros(len(first), dtype=int)
+    chunks = np.array([", ".join(names[c] for c in column_list[a:b]) for a, b in zip(bounds[:-1], bounds[1:])],
+                      dtype=object)
+    # Lay each rank's lanes out, every run as long as its busy time.
+    lane = np.zeros(len(first), dtype=np.int64)
     for code, number in _LANE_CODES.items():
         lane[kind == code] = number
-    eps = 1e-12 * max(float(span_end.max()) if len(first) else 0.0, 1e-300)
-    job, start, end = [], [], []
+    eps = 1e-12 * (float(span_end.max()) if n else 0.0)
     key = rank.astype(np.int64) * 4 + lane
     order = np.argsort(key, kind="stable")
-    cuts = np.flatnonzero(np.diff(key[order])) + 1
-    for members in np.split(order, cuts):
-        if not len(members):
-            continue
-        for j, a, b in _edf(span_start[members], span_end[members], busy[members], eps):
-            job.append(members[j])
-            start.append(a)
-            end.append(b)
-    job_a = np.asarray(job, dtype=int)
-    return GanttBars(rank[job_a], kind[job_a], chunks[job_a], lo[job_a], hi[job_a], count[job_a],
-                     np.asarray(start, dtype=float), np.asarray(end, dtype=float), span_start[job_a],
-                     span_end[job_a], busy[job_a], actions, merged=True, resolution_s=resolution)
+    job: list[int] = []
+    start: list[float] = []
+    end: list[float] = []
+    for members in np.split(order, np.flatnonzero(np.diff(key[order])) + 1):
+        if len(members):
+            for j, a, b in _edf(span_start[members], span_end[members], busy[members], eps):
+                job.append(int(members[j]))
+                start.append(a)
+                end.append(b)
+    pick = np.asarray(job, dtype=int)
+    return GanttBars(rank[pick], kind[pick], chunks[pick], lo[pick], hi[pick], count[pick],
+                     np.asarray(start, dtype=float), np.asarray(end, dtype=float), span_start[pick],
+                     span_end[pick], busy[pick], gap[pick], shift[pick], actions, merged=True)
 
 
 def gantt_bars(timeline: Timeline, max_bars: int = 2500) -> GanttBars:
     """The timeline's actions as at most `max_bars` bars that never misstate busy time.
 
-    Up to `max_bars` actions: one bar per action. Beyond: for each rank and kind, actions less
-    than a tolerance apart are merged into runs, the smallest tolerance that fits the budget;
-    each run is drawn as long as its busy time (the union of its actions), inside its span, laid
-    out on the rank's lane (compute, send or recv) so that no two bars overlap (a run may be
-    drawn as a few pieces). So per rank and kind the drawn length is the true busy time, and no
-    bar lies farther than the tolerance from an action of its kind: idle time is never painted.
-    Where the budget is below two bars per rank and kind, that many are drawn instead.
+    Up to `max_bars` actions: one bar per action. Beyond, the actions of one kind on one rank are
+    merged into runs: first split at the longest gaps (idle time, or other kinds' work), then cut
+    where a run's gaps add up to a bound, the smallest the rest of the bars allow; transfers'
+    gaps count less than compute's. Each run is drawn as long as its busy time, inside its span
+    (see GanttBars). Where the budget is below two bars per rank and kind, that many are drawn.
     """
     n = len(timeline)
     if n <= max_bars:
         return _exact_bars(timeline)
-    runs = _Runs.of(timeline)
+    acts = _Actions.of(timeline)
+    visible = acts.groups + int(np.count_nonzero(acts.weighed > _KEEP_GAP * float(np.max(timeline.end_s))))
     target = int(0.9 * max_bars)  # room for runs laid out in pieces
     while True:
-        breaks = runs.breaks_for(target)
-        bars = _merged_bars(runs, breaks, n)
-        if len(bars) <= max_bars or breaks.sum() == runs.groups:
+        breaks = acts.gap_breaks(min(target, max(int(_GAP_SHARE * target), visible)))
+        breaks = acts.shift_breaks(breaks, target)
+        bars = _merged_bars(acts, breaks, n)
+        if len(bars) <= max_bars or breaks.sum() == acts.groups:
             return bars
         target = min(target - 1, int(target * max_bars / len(bars) * 0.95))
 
@@ -328,7 +392,7 @@ def timeline_figure(timeline: Timeline, *, title: str = "Schedule timeline", max
 
 
 def _memory_steps(times: np.ndarray, held: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """A stage's activation bytes as a time-ordered step function, binned to at most `max_points`."""
+    """A rank's activation bytes as a time-ordered step function, binned to at most `max_points`."""
     delta = np.diff(np.asarray(held, dtype=float), prepend=0.0)
     order = np.lexsort((delta, times))  # frees before allocations at equal times
     t = np.asarray(times, dtype=float)[order]
@@ -344,7 +408,7 @@ def _memory_steps(times: np.ndarray, held: np.ndarray, max_points: int) -> tuple
 
 
 def memory_timeline_figure(result: Result, *, max_points_per_stage: int = 600) -> go.Figure:
-    """Each stage's memory (static + activations held) over the step, with the device capacity."""
+    """Each rank's memory (static + activations held) over the step, with the device capacity."""
     unit, scale = time_unit(result.step_time_s)
     fig = go.Figure()
     for k, (times, held) in enumerate(result.memory_timeline):
@@ -354,8 +418,8 @@ def memory_timeline_figure(result: Result, *, max_points_per_stage: int = 600) -
         t = np.concatenate([[0.0], t, [result.step_time_s]])
         level = np.concatenate([[0.0], level, [level[-1] if len(level) else 0.0]])
         fig.add_trace(go.Scatter(
-            x=t / scale, y=(static + level) / GIB, mode="lines", line_shape="hv", name=f"stage {k}",
-            hovertemplate=f"stage {k}<br>%{{x:.4g}} {unit}<br>%{{y:.3f}} GiB<extra></extra>",
+            x=t / scale, y=(static + level) / GIB, mode="lines", line_shape="hv", name=f"rank {k}",
+            hovertemplate=f"rank {k}<br>%{{x:.4g}} {unit}<br>%{{y:.3f}} GiB<extra></extra>",
         ))
     cap = result.memory_capacity_bytes
     peak = max(result.device_peak_memory_bytes.values(), default=0.0)
@@ -384,9 +448,10 @@ def _capacity_line(fig: go.Figure, capacity: float) -> None:
 
 
 def stage_memory_figure(result: Result) -> go.Figure:
-    """Each stage's peak memory, split into parameters, gradients/optimizer states and activations."""
+    """Each rank's peak memory (all its chunks), split into parameters, gradients/optimizer states
+    and activations."""
     stages = result.stages
-    x = [f"stage {s.index}" for s in stages]
+    x = [f"rank {s.index}" for s in stages]
     over = [
         result.device_peak_memory_bytes.get(s.device, s.peak_memory_bytes) > result.memory_capacity_bytes
         for s in stages
@@ -405,24 +470,34 @@ def stage_memory_figure(result: Result) -> go.Figure:
         showlegend=False, hoverinfo="skip",
     ))
     _capacity_line(fig, result.memory_capacity_bytes)
-    fig.update_layout(barmode="stack", title="Peak memory per stage against device capacity",
+    fig.update_layout(barmode="stack", title="Peak memory per rank against device capacity",
                       yaxis_title="GiB", height=360, margin=dict(l=10, r=10, t=50, b=40))
     return fig
 
 
 def bubble_vs_m_figure(stages_list: Sequence[int], current_k: int, current_m: int,
                        current_bubble: float, *, m_max: int = 64,
-                       simulated: Mapping[int, float] | None = None) -> go.Figure:
-    """Analytic bubble (K-1)/(M+K-1) against M for several K, with the current point marked.
+                       simulated: Mapping[int, float] | None = None, schedule: str = "gpipe",
+                       chunks: int = 1, current_analytic: float | None = None) -> go.Figure:
+    """The schedule's analytic bubble against M for several K (GPipe's (K-1)/(M+K-1) by default,
+    (K-1)/(v*M+K-1) for interleaved 1F1B), with the current point marked. Each curve has only
+    the M that the schedule accepts for its K and v.
 
-    `simulated` optionally maps M to the simulated bubble of the current configuration.
+    `simulated` optionally maps M to the simulated bubble of the current configuration;
+    `current_analytic` marks the current result's own analytic bubble.
     """
+    family = SCHEDULES[schedule]
     m_max = max(m_max, current_m)
-    ms = np.unique(np.round(np.geomspace(1, m_max, 60)).astype(int))
+    candidates = np.unique(np.round(np.geomspace(1, m_max, 60)).astype(int)).tolist()
     fig = go.Figure()
     for K in sorted(set(stages_list) | {current_k}):
+        ms = [m for m in candidates if family.problem(K, m, chunks) is None]
+        if not ms:
+            multiple = [m for m in range(1, m_max + 1) if family.problem(K, m, chunks) is None]
+            ms = multiple[:: max(1, len(multiple) // 60)]
         fig.add_trace(go.Scatter(
-            x=ms, y=[analytic_bubble(K, int(m)) for m in ms], mode="lines", name=f"K={K} analytic",
+            x=ms, y=[family.analytic_bubble(K, m, chunks) for m in ms],
+            mode="lines" if len(ms) > 1 else "markers", name=f"K={K} analytic",
             line=dict(width=3 if K == current_k else 1.5, dash=None if K == current_k else "dot"),
             hovertemplate=f"K={K}<br>M=%{{x}}<br>bubble %{{y:.3f}}<extra></extra>",
         ))
@@ -433,6 +508,12 @@ def bubble_vs_m_figure(stages_list: Sequence[int], current_k: int, current_m: in
             line=dict(color="black", dash="dash"), marker=dict(size=7, color="black"),
             hovertemplate="simulated<br>M=%{x}<br>bubble %{y:.3f}<extra></extra>",
         ))
+    if current_analytic is not None:
+        fig.add_trace(go.Scatter(
+            x=[current_m], y=[current_analytic], mode="markers", name="current (analytic)",
+            marker=dict(size=13, symbol="diamond-open", color="black", line=dict(width=2)),
+            hovertemplate="current, analytic<br>M=%{x}<br>bubble %{y:.4f}<extra></extra>",
+        ))
     fig.add_trace(go.Scatter(
         x=[current_m], y=[current_bubble], mode="markers", name="current (simulated)",
         marker=dict(size=15, symbol="star", color="crimson", line=dict(width=1, color="black")),
@@ -440,7 +521,8 @@ def bubble_vs_m_figure(stages_list: Sequence[int], current_k: int, current_m: in
     ))
     ticks = [2**i for i in range(int(math.log2(m_max)) + 2) if 2**i <= 2 * m_max]
     fig.update_xaxes(tickvals=ticks, ticktext=[str(t) for t in ticks])
-    fig.update_layout(title="Bubble fraction against micro-batches M", xaxis_type="log",
+    what = schedule if chunks == 1 else f"{schedule}, v={chunks}"
+    fig.update_layout(title=f"Bubble fraction against micro-batches M ({what})", xaxis_type="log",
                       xaxis_title="micro-batches M", yaxis_title="bubble fraction", height=380,
                       yaxis_range=[0, 1], margin=dict(l=10, r=10, t=50, b=40))
     return fig
@@ -501,15 +583,15 @@ def step_times_figure(predicted_s: float, measured_s: Sequence[float]) -> go.Fig
 
 
 def stage_comparison_figure(named: Sequence[tuple[str, Result]], field: str = "busy_s") -> go.Figure:
-    """One per-stage figure (`busy_s`, `peak_memory_bytes`, ...) for several results, grouped."""
+    """One per-rank figure (`busy_s`, `peak_memory_bytes`, ...) for several results, grouped."""
     fig = go.Figure()
     in_gib = field.endswith("_bytes")
     for name, result in named:
         values = np.array([getattr(s, field) for s in result.stages], dtype=float)
-        fig.add_trace(go.Bar(x=[f"stage {s.index}" for s in result.stages],
+        fig.add_trace(go.Bar(x=[f"rank {s.index}" for s in result.stages],
                              y=values / GIB if in_gib else values, name=name))
     label = field.replace("_bytes", "").replace("_s", "").replace("_", " ")
-    fig.update_layout(barmode="group", title=f"Per-stage {label}",
+    fig.update_layout(barmode="group", title=f"Per-rank {label}",
                       yaxis_title="GiB" if in_gib else "seconds", height=340,
                       margin=dict(l=10, r=10, t=50, b=40))
     return fig
