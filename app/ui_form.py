@@ -11,6 +11,7 @@ from typing import Any
 
 import streamlit as st
 
+import gpipe_sim
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.spec.hardware import Hardware
@@ -22,7 +23,7 @@ from ui_data import read_layer_table
 
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages
 _KEPT_TABLE = "kept.layer_table"
-DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"
+DEFAULT_SCENARIO = Path(gpipe_sim.__file__).resolve().parent / "scenarios" / "default.yaml"  # package data
 MODEL_CLASSES = {
     cls.model_fields["preset"].default: cls
     for cls in (TransformerModel, UniformModel, MlpModel, ConvNetModel, AmoebaNetModel)
@@ -42,7 +43,7 @@ def _default_data() -> dict[str, Any]:
 
 
 def default_scenario_data() -> dict[str, Any]:
-    """The app's starting scenario (scenarios/default.yaml, or the schema defaults) as plain data."""
+    """The app's starting scenario (gpipe_sim/scenarios/default.yaml, or the schema defaults) as plain data."""
     return copy.deepcopy(_default_data())
 
 
@@ -163,12 +164,12 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
     overhead = text("kernel_overhead", "per-kernel overhead", acc["kernel_overhead_s"], "seconds",
                     "Fixed cost per kernel launch, e.g. '4 us'.")
     link_bw = text("link_bandwidth", "link bandwidth (per direction)", link["bandwidth"], "bandwidth",
-                   "Between consecutive stages, e.g. '300 GB/s'.")
+                   "Between consecutive ranks, e.g. '300 GB/s'.")
     latency = text("link_latency", "link latency", link["latency_s"], "seconds", "e.g. '3 us'.")
     placement = box.text_input(
-        "stage → device map", key=_init(PREFIX + "hardware.stage_to_device", ""),
-        help="The device each stage runs on, e.g. '0,0,1,1': stages 0-1 on device 0, 2-3 on device 1, "
-             "taking turns there and sharing its memory. Empty: one device per stage.")
+        "rank → device map", key=_init(PREFIX + "hardware.stage_to_device", ""),
+        help="The device each pipeline rank runs on, e.g. '0,0,1,1': ranks 0-1 on device 0, 2-3 on device 1, "
+             "taking turns there and sharing its memory. Empty: one device per rank.")
     device_map = parse_device_map(placement)
     return {
         **({} if device_map is None else {"stage_to_device": device_map}),
@@ -194,6 +195,11 @@ def parse_device_map(text: str) -> list[int] | str | None:
         return text
 
 
+def schedule_help() -> str:
+    """Every registered schedule with its one-line description (the schedule selectbox's help)."""
+    return "  \n".join(f"**{name}**: {family.description}" for name, family in SCHEDULES.items())
+
+
 def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     """Draw the scenario widgets in `box` (the sidebar); return (scenario data, or None and a notice)."""
     base = default_scenario_data()
@@ -207,23 +213,28 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     pipe_box.subheader("Pipeline")
     c1, c2 = pipe_box.columns(2)
     stages = c1.number_input("stages K", min_value=1, max_value=1024, step=1,
-                             key=_init(PREFIX + "pipeline.stages", bp["stages"]))
+                             key=_init(PREFIX + "pipeline.stages", bp["stages"]),
+                             help="Pipeline ranks: the devices the model is cut across.")
     micro = c2.number_input("micro-batches M", min_value=1, max_value=8192, step=1,
                             key=_init(PREFIX + "pipeline.micro_batches", bp["micro_batches"]))
+    s1, s2 = pipe_box.columns([3, 2])
+    schedule = s1.selectbox("schedule", list(SCHEDULES), key=_init(PREFIX + "pipeline.schedule", bp["schedule"]),
+                            help=schedule_help())
+    chunks = s2.number_input("chunks per rank v", min_value=1, max_value=64, step=1,
+                             key=_init(PREFIX + "pipeline.chunks", bp.get("chunks", 1)),
+                             help="The model is cut into K*v chunks, v on each rank (interleaved "
+                                  "schedules run several; the others one).")
     batch = pipe_box.number_input("mini-batch size", min_value=1, max_value=10_000_000, step=1,
                                   key=_init(PREFIX + "pipeline.batch_size", bp["batch_size"]))
-    schedules = list(SCHEDULES)
-    schedule = pipe_box.selectbox("schedule", schedules, key=_init(PREFIX + "pipeline.schedule", bp["schedule"]))
     remat = pipe_box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
                                help="always: every forward keeps only its input and is re-computed "
                                     "before backward (GPipe); none: keep all activations.")
     partition_default = bp["partition"] if isinstance(bp["partition"], str) else "uniform"
     partition = pipe_box.selectbox("partition", PARTITION_METHODS,
                                    key=_init(PREFIX + "pipeline.partition", partition_default),
-                                   help="uniform: equal layer counts; time: balance compute; memory: balance bytes.")
-    if schedule == "naive" and micro != 1:
-        pipe_box.caption("The naive schedule runs the mini-batch whole: M = 1 is used.")
-        micro = 1
+                                   help="uniform: equal layer counts; time: balance compute; memory: the "
+                                        "smallest largest device peak, as the schedule holds activations; "
+                                        "fit: the fastest partition whose every device fits its memory.")
 
     train_box.subheader("Training")
     t1, t2 = train_box.columns(2)
@@ -249,7 +260,7 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     return {
         "model": model,
         "hardware": hardware,
-        "pipeline": {"stages": stages, "micro_batches": micro, "batch_size": batch,
+        "pipeline": {"stages": stages, "chunks": chunks, "micro_batches": micro, "batch_size": batch,
                      "schedule": schedule, "remat": remat, "partition": partition},
         "training": {"optimizer": optimizer, "dtype": dtype},
     }, None

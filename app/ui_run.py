@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 from typing import Any
 
 import streamlit as st
+import yaml
 
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.results.result import Result
@@ -15,8 +18,9 @@ from gpipe_sim.api import simulate
 from gpipe_sim.results.trace import chrome_trace
 from gpipe_sim.spec.units import format_bytes, format_seconds
 
-MAX_GANTT_BARS = 1000
+MAX_GANTT_BARS = 2500  # beyond, the chart merges actions (never misstating busy time)
 _RUN_STARTED = "_run_started"
+ANALYTIC_LABEL = "Analytic bubble"
 
 
 def start_timer() -> None:
@@ -48,15 +52,51 @@ def simulate_cached(scenario: Scenario) -> Result:
 
 
 def try_run(data: dict[str, Any] | None, what: str = "") -> tuple[Scenario, Result] | None:
-    """Validate and simulate; on bad input show the one-line message with st.error and return None."""
+    """Validate and simulate; on bad input show the one-line message (naming the form's widget,
+    not the dotted field) with st.error and return None."""
     if data is None:
         return None
     try:
         scenario = to_scenario(data)
         return scenario, simulate_cached(scenario)
     except GpipeError as exc:
-        st.error(f"{what}{exc}", icon=":material/error:")
+        st.error(f"{what}{label_error(str(exc))}", icon=":material/error:")
         return None
+
+
+# The form's widget labels by the dotted field they set (model fields: their own name, spaced).
+FIELD_LABELS: dict[str, str] = {
+    "pipeline.stages": "stages K", "pipeline.micro_batches": "micro-batches M",
+    "pipeline.chunks": "chunks per rank v", "pipeline.batch_size": "mini-batch size",
+    "pipeline.schedule": "schedule", "pipeline.remat": "re-materialization", "pipeline.partition": "partition",
+    "training.optimizer": "optimizer", "training.dtype": "dtype", "model.preset": "model preset",
+    "model": "model", "hardware.preset": "hardware preset", "hardware.stage_to_device": "rank → device map",
+    "hardware.accelerator.efficiency": "compute efficiency", "hardware.accelerator.memory_bytes": "device memory",
+    "hardware.accelerator.memory_bandwidth": "memory bandwidth",
+    "hardware.accelerator.kernel_overhead_s": "per-kernel overhead",
+    "hardware.link.bandwidth": "link bandwidth (per direction)", "hardware.link.latency_s": "link latency",
+}
+_FIELD = re.compile(r"^([a-z_]+(?:\.[A-Za-z0-9_\-]+)*): ")
+
+
+def field_label(dotted: str) -> str | None:
+    """The widget label for a dotted field, or None where the form has no such widget."""
+    if dotted in FIELD_LABELS:
+        return FIELD_LABELS[dotted]
+    parts = dotted.split(".")
+    if parts[:3] == ["hardware", "accelerator", "peak_flops"] and len(parts) == 4:
+        return f"peak compute ({parts[3]})"
+    if parts[0] == "model" and len(parts) == 2:
+        return parts[1].replace("_", " ")
+    return None
+
+
+def label_error(message: str) -> str:
+    """A one-line scenario error with its leading dotted field replaced by the widget's label
+    ("pipeline.stages: ..." -> "stages K: ..."); unchanged where no widget sets that field."""
+    match = _FIELD.match(message)
+    label = field_label(match.group(1)) if match else None
+    return message if label is None else f"{label}: {message[match.end():]}"
 
 
 def bubble_text(value: float) -> str:
@@ -64,26 +104,106 @@ def bubble_text(value: float) -> str:
     return f"{value:.4f}"
 
 
+def compact_number(value: float) -> str:
+    """A rate short enough for a metric: '0.0078', '58.4', '9,999.9', '12.35k', '1.2M'."""
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) < 100:
+        return f"{value:.3g}"
+    if abs(value) < 1e4:
+        return f"{value:,.1f}"
+    for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g}{suffix}"
+    return f"{value:.4g}"
+
+
+def duration_text(seconds: float) -> str:
+    """A duration short enough for a metric: '12.3 ms', '1.1 s', '2.5 min', '2.29 h'."""
+    if abs(seconds) >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    if abs(seconds) >= 60:
+        return f"{seconds / 60:.3g} min"
+    return format_seconds(seconds)
+
+
+def _signed(text: str, negative: bool) -> str:
+    return ("-" if negative else "+") + text
+
+
+def delta_parts(value: float, reference: float, kind: str) -> tuple[str, str | None]:
+    """`value - reference` with its sign and units, and the relative change (None for fractions,
+    which are shares already, or a zero reference): ('-1.33 s', '-52.1%'), ('+1.20 GiB', 'x3.5')."""
+    diff = value - reference
+    if kind == "fraction":
+        return f"{diff:+.4f}", None
+    if kind == "seconds":
+        text = _signed(duration_text(abs(diff)), diff < 0)
+    elif kind == "bytes":
+        text = _signed(format_bytes(abs(diff)), diff < 0)
+    else:
+        text = _signed(compact_number(abs(diff)), diff < 0)
+    if not reference:
+        return text, None
+    relative = 100 * diff / abs(reference)
+    return text, f"{relative:+.1f}%" if abs(relative) < 1000 else f"x{value / reference:.3g}"
+
+
+def delta_text(value: float, reference: float, kind: str) -> str:
+    """`value - reference` readable, for a metric's delta: '-1.33 s (-52.1%)', '+1.20 GiB (+8.8%)',
+    '+0.0123' (fractions), '+3.2 (+5.5%)' (rates), 'no change'."""
+    if value == reference:
+        return "no change"
+    text, relative = delta_parts(value, reference, kind)
+    return text if relative is None else f"{text} ({relative})"
+
+
+def largest_peak(result: Result) -> float:
+    return max(result.device_peak_memory_bytes.values(), default=0.0)
+
+
+IMBALANCE_LABEL = "Imbalance"
+FILL_DRAIN_LABEL = "Fill/drain (busiest rank idle)"
+
+
 def show_metrics(scenario: Scenario, result: Result, box: Any = st, reference: Result | None = None) -> None:
-    """Step time, throughput, bubble beside the analytic (K-1)/(M+K-1), and the memory verdict."""
-    cols = box.columns(4)
+    """Two rows of short metrics: step time, throughput and the largest device peak; the bubble,
+    its two factors (imbalance between ranks, the busiest rank's fill/drain idle) and the
+    schedule's analytic bubble. Deltas against `reference`, with units and percentages. Then the
+    memory verdict."""
 
-    def delta(value: float, ref: float | None, fmt: str) -> str | None:
-        if reference is None or ref is None:
-            return None
-        return fmt.format(value - ref)
+    def delta(value: float, ref: float | None, kind: str) -> str | None:
+        if reference is None or ref is None or value == ref:
+            return None  # no arrow for no change
+        return delta_text(value, ref, kind)
 
-    cols[0].metric("Step time", format_seconds(result.step_time_s),
-                   delta(result.step_time_s * 1e3, reference and reference.step_time_s * 1e3, "{:+.3g} ms"),
-                   delta_color="inverse")
-    cols[1].metric("Throughput", f"{result.throughput_samples_per_s:,.1f} samples/s",
-                   delta(result.throughput_samples_per_s,
-                         reference and reference.throughput_samples_per_s, "{:+,.1f}"))
-    cols[2].metric("Bubble fraction", bubble_text(result.bubble_fraction),
-                   delta(result.bubble_fraction, reference and reference.bubble_fraction, "{:+.4f}"),
-                   delta_color="inverse", help="Share of device time idle within the step (simulated).")
-    cols[3].metric("Analytic (K-1)/(M+K-1)", bubble_text(result.analytic_bubble_fraction),
-                   help="GPipe's bubble overhead for K stages and M micro-batches.")
+    r, ref = result, reference
+    top = box.columns(3)
+    top[0].metric("Step time", duration_text(r.step_time_s),
+                  delta(r.step_time_s, ref and ref.step_time_s, "seconds"), delta_color="inverse")
+    top[1].metric("Throughput (samples/s)", compact_number(r.throughput_samples_per_s),
+                  delta(r.throughput_samples_per_s, ref and ref.throughput_samples_per_s, "rate"))
+    top[2].metric("Largest device peak", format_bytes(largest_peak(r)),
+                  delta(largest_peak(r), ref and largest_peak(ref), "bytes"), delta_color="inverse",
+                  help="Parameters, gradients, optimizer states and the activations held at the peak.")
+    low = box.columns(4)
+    low[0].metric("Bubble fraction", bubble_text(r.bubble_fraction),
+                  delta(r.bubble_fraction, ref and ref.bubble_fraction, "fraction"),
+                  delta_color="inverse", help="Share of device time idle within the step (simulated): "
+                  "1 - bubble = (1 - imbalance) x (1 - fill/drain) when every rank has its own device.")
+    low[1].metric(IMBALANCE_LABEL, bubble_text(r.imbalance_fraction),
+                  delta(r.imbalance_fraction, ref and ref.imbalance_fraction, "fraction"),
+                  delta_color="inverse", help="Lost to uneven ranks: 1 - mean busy / busiest rank's busy. "
+                  "The time and fit partitions lower it.")
+    low[2].metric(FILL_DRAIN_LABEL, bubble_text(r.busiest_idle_fraction),
+                  delta(r.busiest_idle_fraction, ref and ref.busiest_idle_fraction, "fraction"),
+                  delta_color="inverse", help="The share of the step the busiest rank idles: the "
+                  "pipeline's own fill and drain, what the analytic bubble describes.")
+    p = scenario.pipeline
+    low[3].metric(ANALYTIC_LABEL, bubble_text(r.analytic_bubble_fraction),
+                  help=f"The {p.schedule} schedule's own bubble overhead for K={p.stages} ranks, "
+                       f"v={p.chunks} chunks per rank and M={p.micro_batches} micro-batches "
+                       "(fill-drain schedules: (K-1)/(v*M+K-1), GPipe's (K-1)/(M+K-1) at v = 1).")
     show_memory_verdict(result, box)
 
 
@@ -91,7 +211,7 @@ def memory_lines(result: Result) -> list[str]:
     """One line per device over capacity (empty when everything fits)."""
     cap = format_bytes(result.memory_capacity_bytes)
     return [
-        f"device {device} (stage {', '.join(map(str, stages))}) needs {format_bytes(peak)} but has {cap}"
+        f"device {device} (rank {', '.join(map(str, stages))}) needs {format_bytes(peak)} but has {cap}"
         for device, stages, peak in result.devices_over_capacity()
     ]
 
@@ -113,7 +233,7 @@ def download_buttons(scenario: Scenario | None, result: Result, key: str, box: A
     """Download the scenario (YAML), the result (JSON) and the timeline (Chrome trace JSON)."""
     cols = box.columns(3)
     if scenario is not None:
-        cols[0].download_button("Scenario (YAML)", scenario.to_yaml(), file_name="scenario.yaml",
+        cols[0].download_button("Scenario (YAML)", scenario_yaml(scenario), file_name="scenario.yaml",
                                 mime="application/x-yaml", key=f"dl.{key}.yaml", on_click="ignore",
                                 icon=":material/download:")
     cols[1].download_button("Result (JSON)", lambda: result.to_json(indent=1), file_name="result.json",
@@ -125,10 +245,28 @@ def download_buttons(scenario: Scenario | None, result: Result, key: str, box: A
                             help="Open in ui.perfetto.dev or chrome://tracing.")
 
 
+def round_floats(data: Any, digits: int = 12) -> Any:
+    """`data` with every float rounded to `digits` significant digits (2039000000000.0002 -> 2.039e12,
+    written 2039000000000.0); whole floats and non-finite ones kept."""
+    if isinstance(data, dict):
+        return {k: round_floats(v, digits) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [round_floats(v, digits) for v in data]
+    if isinstance(data, float) and math.isfinite(data) and data != 0:
+        return float(f"{data:.{digits}g}")
+    return data
+
+
+def scenario_yaml(scenario: Scenario) -> str:
+    """The scenario as YAML for download: floats to 12 significant digits, so unit conversions
+    ('2039 GB/s' -> 2039000000000.0002) read as typed; it loads back to the same scenario."""
+    return yaml.safe_dump(round_floats(scenario.to_dict()), sort_keys=False)
+
+
 def stage_table(result: Result) -> list[dict[str, Any]]:
-    """Per-stage rows for st.dataframe."""
+    """Per-rank rows for st.dataframe: the rank's chunks and their layers, and its figures."""
     return [
-        {"stage": s.index, "layers": s.layers_text, "device": s.device,
+        {"rank": s.index, "chunks": ", ".join(map(str, s.chunks)), "layers": s.layers_text, "device": s.device,
          "busy": format_seconds(s.busy_s), "parameters": format_bytes(s.param_bytes),
          "grads + optimizer": format_bytes(s.state_bytes),
          "peak activations": format_bytes(s.peak_activation_bytes),

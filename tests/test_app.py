@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
+import sys
 
 import pytest
 import yaml
 
 from gpipe_sim.results.result import analytic_bubble
 from test_app_support import (
-    UNIFORM, app_test, metric, page_ms, plotly_specs, set_widget, sweep_table, write_validation,
+    ANALYTIC, ROOT, UNIFORM, app_test, metric, page_ms, plotly_specs, set_widget, sweep_table, write_validation,
 )
 
 pytest.importorskip("streamlit")
+sys.path.insert(0, str(ROOT / "app"))
+from ui_run import label_error  # noqa: E402
+
+STALE = "Showing the last result that ran"
 
 K_M = [(2, 4), (4, 8), (8, 32), (16, 64), (16, 16)]
 
@@ -38,7 +44,7 @@ def test_explore_defaults_render_every_part():
     assert not at.error
     K = at.sidebar.number_input(key="cfg.pipeline.stages").value
     M = at.sidebar.number_input(key="cfg.pipeline.micro_batches").value
-    assert metric(at, "Analytic (K-1)/(M+K-1)") == f"{analytic_bubble(K, M):.4f}"
+    assert metric(at, ANALYTIC) == f"{analytic_bubble(K, M):.4f}"
     bubble = float(metric(at, "Bubble fraction"))
     assert 0.0 < bubble < 1.0
     specs = plotly_specs(at)
@@ -61,7 +67,7 @@ def test_explore_bubble_follows_k_and_m_to_the_analytic_value():
         assert_clean(at)
         expected = f"{analytic_bubble(K, M):.4f}"
         assert metric(at, "Bubble fraction") == expected, (K, M)
-        assert metric(at, "Analytic (K-1)/(M+K-1)") == expected
+        assert metric(at, ANALYTIC) == expected
         shown.append(metric(at, "Bubble fraction"))
         timings.append(page_ms(at))
     assert len(set(shown)) == len(K_M)  # every change of K or M changed the metric
@@ -74,37 +80,134 @@ def test_explore_every_preset_schedule_and_remat_renders():
     from gpipe_sim.schedule import SCHEDULES
 
     at = app_test().run()
+    assert at.sidebar.selectbox(key="cfg.pipeline.schedule").options == list(SCHEDULES)
     settings = [("cfg.model.preset", p) for p in ("uniform", "mlp", "convnet", "amoebanet", "transformer")]
     settings += [("cfg.hardware.preset", h) for h in hardware_presets()]
     settings += [("cfg.pipeline.schedule", s) for s in SCHEDULES]
     settings += [("cfg.pipeline.remat", r) for r in ("none", "except_last", "always")]
-    settings += [("cfg.pipeline.partition", p) for p in ("uniform", "memory", "time")]
+    settings += [("cfg.pipeline.partition", p) for p in ("uniform", "memory", "time", "fit")]
     for key, value in settings:
         set_widget(at, key, value)
         at.run()
         assert_clean(at)
-        assert [e.value for e in at.error if not e.value.startswith("Does not fit")] == [], (key, value)
-        assert len(plotly_specs(at)) == 4, (key, value)
-        if value == "naive":
-            assert metric(at, "Analytic (K-1)/(M+K-1)") == f"{analytic_bubble(4, 1):.4f}"  # M = 1
+        errors = [e.value for e in at.error if not e.value.startswith("Does not fit")]
+        K, M, v = (at.sidebar.number_input(key=f"cfg.pipeline.{n}").value for n in ("stages", "micro_batches", "chunks"))
+        problem = SCHEDULES[at.sidebar.selectbox(key="cfg.pipeline.schedule").value].problem(K, M, v)
+        if problem is None:
+            assert errors == [], (key, value)
+            assert len(plotly_specs(at)) == 4, (key, value)
+            assert not any(w.value.startswith(STALE) for w in at.warning)
+        else:  # the schedule's own one-line rule (e.g. naive's M = 1) naming the widget; the last
+            # good result stays below it, marked stale
+            assert errors == [label_error(problem)] and "\n" not in problem, (key, value)
+            assert not errors[0].startswith("pipeline.")
+            assert any(w.value.startswith(STALE) for w in at.warning)
+    set_widget(at, "cfg.pipeline.schedule", "naive")
+    set_widget(at, "cfg.pipeline.partition", "time")  # `fit` names the failure when nothing fits
+    at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(1).run()
+    assert_clean(at)
+    assert not any(w.value.startswith(STALE) for w in at.warning)
+    assert metric(at, ANALYTIC) == f"{analytic_bubble(4, 1):.4f}"
 
 
-def test_explore_impossible_inputs_show_one_line_errors():
+def test_explore_interleaved_bubble_is_the_schedules_own():
+    """Interleaved 1F1B with v = 2 on the uniform model and ideal hardware: the shown bubble is
+    (K-1)/(v*M+K-1), the ranks table shows each rank's two chunks and their layers."""
+    at = uniform_app()
+    set_widget(at, "cfg.pipeline.schedule", "interleaved_1f1b")
+    set_widget(at, "cfg.pipeline.chunks", 2)
+    v = 2
+    for K, M in ((2, 4), (4, 8), (4, 16), (8, 32)):
+        at.sidebar.number_input(key="cfg.pipeline.stages").set_value(K)
+        at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(M).run()
+        assert_clean(at)
+        assert not at.error, [e.value for e in at.error]
+        expected = f"{(K - 1) / (v * M + K - 1):.4f}"
+        assert metric(at, "Bubble fraction") == expected, (K, M)
+        assert metric(at, ANALYTIC) == expected
+        assert expected != f"{analytic_bubble(K, M):.4f}"  # not GPipe's
+    table = at.dataframe[0].value
+    assert list(table["rank"]) == list(range(8))
+    assert list(table["chunks"]) == [f"{k}, {k + 8}" for k in range(8)]
+    assert list(table["layers"]) == [f"{k}, {k + 8}" for k in range(8)]  # 16 layers in 16 chunks
+    bubble_chart = plotly_specs(at)[3]
+    curves = {t["name"]: t for t in bubble_chart["data"]}
+    assert curves["K=8 analytic"]["y"] == pytest.approx([7 / (2 * m + 7) for m in curves["K=8 analytic"]["x"]])
+    assert curves["current (analytic)"]["y"] == pytest.approx([7 / 71])
+    gantt = plotly_specs(at)[0]
+    shown_chunks = {text.split("<br>")[0] for t in gantt["data"] for text in t["hovertext"]}
+    assert shown_chunks & {"chunk 8", "chunks 0, 8"}  # hover names the chunk (rank 0 holds 0 and 8)
+    # Wrong combinations: the schedule's one-line message, nothing else.
+    at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(12).run()
+    assert_clean(at)
+    assert [e.value for e in at.error] == [
+        "micro-batches M: interleaved_1f1b with 2 chunks per rank needs M to be a multiple of the 8 ranks, got 12"]
+    assert metric(at, "Bubble fraction") == expected  # the last good result, marked stale
+    at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(16)
+    set_widget(at, "cfg.pipeline.schedule", "gpipe")
+    at.run()
+    assert [e.value.split(":")[0] for e in at.error] == ["chunks per rank v"]
+    set_widget(at, "cfg.pipeline.chunks", 3)
+    set_widget(at, "cfg.pipeline.schedule", "interleaved_1f1b")
+    at.run()
+    assert [e.value.split(":")[0] for e in at.error] == ["chunks per rank v"]  # 24 chunks, 16 layers
+
+
+def test_explore_impossible_inputs_show_one_line_errors_naming_the_widget():
     at = app_test().run()
     at.sidebar.number_input(key="cfg.pipeline.stages").set_value(100).run()
     assert_clean(at)
-    assert len(at.error) == 1 and at.error[0].value.startswith("pipeline.stages:")
+    assert len(at.error) == 1 and at.error[0].value.startswith("stages K:")
     assert "only 26 layers" in at.error[0].value
-    assert not at.metric
     at.sidebar.number_input(key="cfg.pipeline.stages").set_value(4)
     at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(128).run()
     assert_clean(at)
-    assert at.error[0].value.startswith("pipeline.micro_batches:")
+    assert at.error[0].value.startswith("micro-batches M:")
     at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(8)
     set_widget(at, "cfg.hw.a100-80gb.memory", "lots")
     at.run()
     assert_clean(at)
-    assert at.error[0].value.startswith("hardware.accelerator.memory_bytes:")
+    assert at.error[0].value.startswith("device memory:")
+    assert "hardware." not in at.error[0].value.split(":")[0]
+
+
+def test_explore_keeps_the_last_good_result_greyed_under_an_error():
+    """One bad input must not blank the page: the error (naming the widget) on top, then the last
+    result that ran, in a container the page greys out, with a note that it is stale."""
+    at = app_test().run()
+    good = {m.label: m.value for m in at.metric}
+    specs = len(plotly_specs(at))
+    assert not at.warning
+    at.sidebar.number_input(key="cfg.pipeline.stages").set_value(100).run()
+    assert_clean(at)
+    assert [e.value.split(":")[0] for e in at.error] == ["stages K"]
+    assert [w.value for w in at.warning if w.value.startswith(STALE)]
+    assert {m.label: m.value for m in at.metric} == good  # the same figures, still there
+    assert len(plotly_specs(at)) == specs
+    css = [m.value for m in at.markdown if "st-key-explore-stale" in m.value]
+    assert css and "opacity" in css[0] and "grayscale" in css[0]
+    at.sidebar.number_input(key="cfg.pipeline.stages").set_value(8).run()  # fixed: live again
+    assert not at.error and not [w for w in at.warning if w.value.startswith(STALE)]
+    assert metric(at, "Step time") != good["Step time"]
+    first = app_test()  # an error before anything ran: nothing to show but the error
+    first.session_state["cfg.pipeline.stages"] = 100
+    first.run()
+    assert [e.value.split(":")[0] for e in first.error] == ["stages K"] and not first.metric
+
+
+def test_explore_metrics_are_short_and_split_the_bubble():
+    """Metric values short enough never to be cut off; imbalance and fill/drain beside the bubble,
+    with 1 - bubble = (1 - imbalance) x (1 - fill/drain)."""
+    at = app_test().run()
+    assert_clean(at)
+    values = {m.label: m.value for m in at.metric}
+    assert {"Step time", "Throughput (samples/s)", "Largest device peak", "Bubble fraction", "Imbalance",
+            "Fill/drain (busiest rank idle)", ANALYTIC} == set(values)
+    assert all(len(v) <= 10 for v in values.values()), values
+    bubble, imbalance, idle = (float(values[k]) for k in ("Bubble fraction", "Imbalance",
+                                                            "Fill/drain (busiest rank idle)"))
+    assert 1 - bubble == pytest.approx((1 - imbalance) * (1 - idle), abs=2e-4)
+    assert float(values["Throughput (samples/s)"].replace(",", "")) > 0
 
 
 def test_explore_stage_to_device_map_shares_devices():
@@ -117,7 +220,7 @@ def test_explore_stage_to_device_map_shares_devices():
     assert_clean(at)
     assert not at.error
     assert metric(at, "Step time") != alone  # two stages per device take turns: a longer step
-    for text, start in (("0,x", "hardware.stage_to_device:"), ("0,0,1", "hardware.stage_to_device: 3 entries")):
+    for text, start in (("0,x", "rank → device map:"), ("0,0,1", "rank → device map: 3 entries")):
         set_widget(at, "cfg.hardware.stage_to_device", text)
         at.run()
         assert_clean(at)
@@ -135,8 +238,8 @@ def test_explore_warns_when_a_stage_does_not_fit():
     assert len(at.error) == 1 and at.error[0].value.startswith("Does not fit in memory: device 0")
     assert "has 2.00 GiB" in at.error[0].value
     stage_memory = plotly_specs(at)[1]
-    texts = [t for trace in stage_memory["data"] for t in trace.get("text") or []]
-    assert "does not fit" in texts
+    marked = [trace for trace in stage_memory["data"] if trace.get("name") == "does not fit"]
+    assert marked and marked[0]["x"] and not marked[0].get("text")  # a marker per rank, no labels
 
 
 def test_explore_uploaded_layer_table():
@@ -173,59 +276,172 @@ def test_explore_uploaded_layer_table():
     broken.run().sidebar.file_uploader[0].set_value(("broken.yaml", b"layers: [", "text/yaml"))
     broken.run()
     assert_clean(broken)
-    assert broken.error[0].value.startswith("model: malformed YAML in 'broken.yaml' at line 1")
+    assert broken.error[0].value.startswith("model: malformed YAML in 'broken.yaml' at line ")
 
 
 # --- Compare -------------------------------------------------------------------------------------
 
+B = "cmp.w.B."  # B's widgets: A's values, or B's own changes
 
-def test_compare_defaults_gpipe_against_1f1b():
-    at = app_test().run()
+
+def compare_app(at=None):
+    at = at or app_test().run()
     at.switch_page("views/compare.py").run()
     assert_clean(at)
+    return at
+
+
+def figures(at):
+    """The figures table (rows: figures, columns: configurations)."""
+    return next(df.value for df in at.dataframe if "step time" in df.value.index)
+
+
+def differing_inputs(at):
+    return next(df.value for df in at.dataframe if "A" in df.value.columns and "B" in df.value.columns
+                and "step time" not in df.value.index)
+
+
+def test_compare_defaults_gpipe_against_1f1b():
+    at = compare_app()
     assert not at.error
-    assert at.selectbox(key="cfg.cmp.b.pipeline.schedule").value == "1f1b"
+    assert at.selectbox(key=B + "pipeline.schedule").value == "1f1b"
     assert [m.label for m in at.metric].count("Bubble fraction") == 2
-    inputs_table = at.dataframe[0].value
+    inputs_table = differing_inputs(at)
     assert list(inputs_table.index) == ["pipeline.schedule"]
     assert list(inputs_table.iloc[0]) == ["gpipe", "1f1b"]
     assert len(plotly_specs(at)) == 4  # a Gantt and a memory chart per configuration
 
 
-def test_compare_bubble_of_b_follows_its_k_and_m():
+def test_compare_b_follows_a_after_a_changes():
+    """B is A with B's own changes: changing A afterwards changes B too, except the fields
+    changed in B's column."""
+    at = compare_app()
+    at.number_input(key=B + "pipeline.micro_batches").set_value(32).run()  # B's own M
+    for K in (8, 2):
+        at.sidebar.number_input(key="cfg.pipeline.stages").set_value(K).run()
+        assert_clean(at)
+        assert at.number_input(key=B + "pipeline.stages").value == K  # follows A
+        assert at.number_input(key=B + "pipeline.micro_batches").value == 32  # its own
+        assert at.selectbox(key=B + "pipeline.schedule").value == "1f1b"
+        inputs_table = differing_inputs(at)
+        assert set(inputs_table.index) == {"pipeline.schedule", "pipeline.micro_batches"}
+        assert inputs_table.loc["pipeline.stages" if "pipeline.stages" in inputs_table.index
+                                else "pipeline.micro_batches"].tolist() == ["16", "32"]
+        analytic = [m.value for m in at.metric if m.label == ANALYTIC]
+        assert analytic[1] == f"{(K - 1) / (32 + K - 1):.4f}"  # B runs K (A's) and M = 32
+    set_widget(at, "cfg.training.dtype", "fp32")  # a field B has no change of: followed
+    at.run()
+    assert at.selectbox(key=B + "training.dtype").value == "fp32"
+    at.number_input(key=B + "pipeline.micro_batches").set_value(16).run()  # back to A's: no change left
+    assert set(differing_inputs(at).index) == {"pipeline.schedule"}
+    at.button(key="btn.cmp.reset.B").click().run()
+    assert_clean(at)
+    assert at.selectbox(key=B + "pipeline.schedule").value == "gpipe"
+    assert any("The configurations are the same" in i.value for i in at.info)
+
+
+def test_compare_up_to_four_columns_with_model_dtype_and_optimizer():
+    at = compare_app()
+    at.button(key="btn.cmp.add").click().run()
+    at.selectbox(key="cmp.w.C.training.dtype").set_value("fp32").run()
+    at.selectbox(key="cmp.w.C.training.optimizer").set_value("sgd").run()
+    at.button(key="btn.cmp.add").click().run()
+    at.selectbox(key="cmp.w.D.model.preset").set_value("mlp").run()
+    at.number_input(key="cmp.w.D.model.layers").set_value(6).run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert not [b for b in at.button if b.key == "btn.cmp.add"]  # four columns at most
+    table = figures(at)
+    assert list(table.columns) == ["A", "B", "C", "D"]
+    inputs_table = differing_inputs(at)
+    assert inputs_table.loc["training.dtype"].tolist() == ["bf16", "bf16", "fp32", "bf16"]
+    assert inputs_table.loc["training.optimizer"].tolist() == ["adam", "adam", "sgd", "adam"]
+    assert inputs_table.loc["model.preset"].tolist() == ["transformer"] * 3 + ["mlp"]
+    assert inputs_table.loc["model.layers"].tolist() == ["24", "24", "24", "6"]
+    assert len(plotly_specs(at)) == 8
+    set_widget(at, "cfg.pipeline.stages", 2)  # all three follow A
+    at.run()
+    assert [at.number_input(key=f"cmp.w.{n}.pipeline.stages").value for n in "BCD"] == [2, 2, 2]
+    at.button(key="btn.cmp.remove.C").click().run()  # D becomes C, keeping its changes
+    assert_clean(at)
+    assert list(figures(at).columns) == ["A", "B", "C"]
+    assert at.selectbox(key="cmp.w.C.model.preset").value == "mlp"
+
+
+def test_compare_deltas_are_readable():
+    """Differences with units, signs and percentages: never '-1.33e+03 ms'."""
+    at = compare_app()
+    at.number_input(key=B + "pipeline.stages").set_value(8).run()
+    table = figures(at)
+    cells = [str(v) for v in table["B"]]
+    assert not any("e+" in c or "e-" in c for c in cells), cells
+    step = table.loc["step time", "B"]
+    assert re.fullmatch(r"[\d.]+ (ms|s|min|h) \([+-][\d.]+ (us|ms|s|min|h), [+-][\d.]+%\)", step), step
+    peak = table.loc["largest device peak", "B"]
+    assert re.fullmatch(r"[\d.]+ [KMGT]iB \([+-][\d.]+ [KMGT]iB, [+-][\d.]+%\)", peak), peak
+    deltas = [m.proto.delta for m in at.metric if m.proto.delta]
+    assert deltas and all(d[0] in "+-" or d == "no change" for d in deltas)
+    assert not any("e+" in d for d in deltas)
+
+
+def test_compare_b_starts_from_a_v_its_schedule_takes():
     at = uniform_app()
-    at.switch_page("views/compare.py").run()
+    set_widget(at, "cfg.pipeline.schedule", "interleaved_1f1b")
+    set_widget(at, "cfg.pipeline.chunks", 2)
+    at.sidebar.number_input(key="cfg.pipeline.stages").set_value(4)
+    at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(8).run()
+    at = compare_app(at)
+    assert not at.error, [e.value for e in at.error]
+    b_schedule = at.selectbox(key=B + "pipeline.schedule").value
+    assert b_schedule != "interleaved_1f1b"
+    from gpipe_sim.schedule import SCHEDULES
+    v = at.number_input(key=B + "pipeline.chunks").value
+    assert SCHEDULES[b_schedule].problem(4, 8, v) is None
+    assert list(figures(at).index).count("analytic bubble") == 1
+
+
+def test_compare_bubble_of_b_follows_its_k_and_m():
+    at = compare_app(uniform_app())
+    at.selectbox(key=B + "pipeline.schedule").set_value("gpipe").run()
     for K, M in K_M[:3]:
-        at.number_input(key="cfg.cmp.b.pipeline.stages").set_value(K)
-        at.number_input(key="cfg.cmp.b.pipeline.micro_batches").set_value(M).run()
+        at.number_input(key=B + "pipeline.stages").set_value(K)
+        at.number_input(key=B + "pipeline.micro_batches").set_value(M).run()
         assert_clean(at)
         bubbles = [m.value for m in at.metric if m.label == "Bubble fraction"]
-        analytic = [m.value for m in at.metric if m.label == "Analytic (K-1)/(M+K-1)"]
+        analytic = [m.value for m in at.metric if m.label == ANALYTIC]
         assert bubbles[1] == analytic[1] == f"{analytic_bubble(K, M):.4f}", (K, M)
-    at.button(key="btn.cmp.reset").click().run()
-    assert at.number_input(key="cfg.cmp.b.pipeline.stages").value == at.sidebar.number_input(
-        key="cfg.pipeline.stages").value
+    at.selectbox(key=B + "pipeline.schedule").set_value("interleaved_1f1b")
+    at.number_input(key=B + "pipeline.chunks").set_value(2).run()  # B changes v: K=8, M=32
+    assert_clean(at)
+    bubbles = [m.value for m in at.metric if m.label == "Bubble fraction"]
+    assert bubbles[1] == f"{7 / (2 * 32 + 7):.4f}"
+    inputs_table = differing_inputs(at)
+    assert {"pipeline.chunks", "pipeline.schedule"} <= set(inputs_table.index)
+    assert inputs_table.loc["pipeline.chunks"].tolist() == ["1", "2"]
+    at.number_input(key=B + "pipeline.micro_batches").set_value(12).run()
+    assert [e.value for e in at.error] == ["Configuration B: micro-batches M: interleaved_1f1b with 2 "
+                                           "chunks per rank needs M to be a multiple of the 8 ranks, got 12"]
 
 
 def test_pages_keep_the_form_and_b_when_switching():
     at = app_test().run()
     at.sidebar.number_input(key="cfg.pipeline.stages").set_value(8).run()
-    at.switch_page("views/compare.py").run()
-    at.number_input(key="cfg.cmp.b.pipeline.micro_batches").set_value(32).run()
+    at = compare_app(at)
+    at.number_input(key=B + "pipeline.micro_batches").set_value(32).run()
     at.switch_page("views/sweep.py").run()
     at.switch_page("views/compare.py").run()
     assert_clean(at)
     assert at.sidebar.number_input(key="cfg.pipeline.stages").value == 8
-    assert at.number_input(key="cfg.cmp.b.pipeline.micro_batches").value == 32
+    assert at.number_input(key=B + "pipeline.micro_batches").value == 32
 
 
 def test_compare_impossible_b_shows_error():
-    at = app_test().run()
-    at.switch_page("views/compare.py").run()
-    at.number_input(key="cfg.cmp.b.pipeline.stages").set_value(100).run()
+    at = compare_app()
+    at.number_input(key=B + "pipeline.stages").set_value(100).run()
     assert_clean(at)
     assert [e.value.split(":")[0] for e in at.error] == ["Configuration B"]
-    assert "pipeline.stages" in at.error[0].value
+    assert at.error[0].value.startswith("Configuration B: stages K:")
+    assert metric(at, "Step time")  # A is still shown
 
 
 # --- Validate ------------------------------------------------------------------------------------
@@ -344,8 +560,11 @@ def test_sweep_plots_any_result_against_any_input(tmp_path):
     assert_clean(at)
     (fig,) = plotly_specs(at)
     ok = table[table["error"].isna()].sort_values("pipeline.stages", kind="stable")
-    assert fig["data"][0]["x"] == ok["pipeline.stages"].tolist()
-    assert fig["data"][0]["y"] == pytest.approx(ok["step_time_s"].tolist())
+    assert len(fig["data"]) == 5  # one line per M (the other input that varies): never a zig-zag
+    for trace, (m, part) in zip(fig["data"], ok.groupby("pipeline.micro_batches", sort=True)):
+        assert trace["name"] == f"pipeline.micro_batches={m}"
+        assert trace["x"] == part["pipeline.stages"].tolist()
+        assert trace["y"] == pytest.approx(part["step_time_s"].tolist())
     assert fig["layout"]["xaxis"].get("type") != "log"
     at.toggle(key="cfg.sweep.log_x").set_value(True).run()
     assert plotly_specs(at)[0]["layout"]["xaxis"]["type"] == "log"
@@ -374,3 +593,52 @@ def test_sweep_csv_upload_and_bad_input(tmp_path):
     at.text_input(key="cfg.sweep.path").set_value(str(tmp_path / "missing")).run()
     assert_clean(at)
     assert "does not exist" in at.error[0].value
+
+
+def _variant_sweep():
+    """Two schedules and two remat modes at every (K, M); the K=8 rows do not fit; a hash column."""
+    import pandas as pd
+
+    base = sweep_table()
+    parts = []
+    for schedule, remat, scale in (("gpipe", "none", 1.0), ("gpipe", "always", 1.3), ("1f1b", "none", 0.9),
+                                   ("1f1b", "always", 1.2)):
+        part = base.assign(**{"pipeline.schedule": schedule, "pipeline.remat": remat,
+                              "step_time_s": base["step_time_s"] * scale})
+        parts.append(part)
+    table = pd.concat(parts, ignore_index=True)
+    table["sweep.index"] = range(len(table))
+    table.insert(1, "sweep.key", [f"{i:020x}" for i in range(len(table))])
+    table["fits_in_memory"] = table["pipeline.stages"] != 8
+    return table
+
+
+def test_sweep_filters_to_fitting_orders_the_table_and_draws_one_line_per_variant(tmp_path):
+    table = _variant_sweep()
+    table.to_parquet(tmp_path / "results.parquet", index=False)
+    at = app_test().run()
+    at.switch_page("views/sweep.py").run()
+    at.text_input(key="cfg.sweep.path").set_value(str(tmp_path)).run()
+    assert_clean(at)
+    at.selectbox(key="cfg.sweep.y").set_value("step_time_s").run()
+    shown = at.dataframe[0].value
+    assert "sweep.key" not in shown.columns  # no hash
+    varying = ["pipeline.stages", "pipeline.micro_batches", "pipeline.schedule", "pipeline.remat"]
+    assert set(shown.columns[:4]) == set(varying)  # the inputs that vary first
+    assert list(shown.columns[4:7]) == ["step_time_s", "throughput_samples_per_s", "bubble_fraction"]
+    constant = [c for c in shown.columns if c in ("model.preset", "model.layers", "hardware.preset",
+                                                   "pipeline.batch_size", "pipeline.partition")]
+    assert list(shown.columns[-len(constant):]) == constant  # constant inputs last
+    (fig,) = plotly_specs(at)
+    assert len(fig["data"]) == 3 * 4  # K x (schedule, remat)
+    for trace in fig["data"]:
+        assert all(b > a for a, b in zip(trace["x"], trace["x"][1:])), trace["name"]  # no zig-zag
+        assert "pipeline.schedule=" in trace["name"] and "pipeline.remat=" in trace["name"]
+    assert any("One line per combination" in c.value for c in at.caption)
+    n_ok = len(shown)
+    at.toggle(key="cfg.sweep.fits").set_value(True).run()
+    assert_clean(at)
+    fitting = at.dataframe[0].value
+    assert len(fitting) == n_ok - 4 * 5 and bool(fitting["fits_in_memory"].all())
+    (fig,) = plotly_specs(at)
+    assert len(fig["data"]) == 2 * 4 and not any("=8" in t["name"].split(",")[0] for t in fig["data"])

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
-from gpipe_sim import parse_scenario, simulate
+from gpipe_sim import load_scenario, parse_scenario, simulate
+from gpipe_sim.schedule import ACTION_KINDS, SCHEDULES
+from gpipe_sim.spec.scenario import REMAT_MODES
 from gpipe_sim.studies import plots
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.results.result import Result, Timeline, analytic_bubble
@@ -28,47 +35,164 @@ def run(stages: int, micro: int, **pipeline) -> Result:
 # --- Gantt ---------------------------------------------------------------------------------------
 
 
+def _segments(key: np.ndarray, start: np.ndarray, end: np.ndarray):
+    """Per key, the maximal stretches where at least one interval runs: (key, start, end), sorted."""
+    n = len(key)
+    k = np.concatenate([key, key])
+    t = np.concatenate([start, end])
+    d = np.concatenate([np.ones(n), -np.ones(n)])
+    order = np.lexsort((-d, t, k))  # by key, then time, starts before ends (touching ones join)
+    k, t, d = k[order], t[order], d[order]
+    depth = np.cumsum(d)
+    opens, closes = (d > 0) & (depth == 1), (d < 0) & (depth == 0)
+    return k[opens], t[opens], t[closes]
+
+
+def assert_bars_honest(t: Timeline, bars: "plots.GanttBars", max_bars: int) -> None:
+    """The drawing never misstates: per rank and kind the drawn length is the true busy time
+    (within 1%); no bar lies where its rank ran no action of its kind (beyond the bar's run's
+    longest closed gap, which the drawing reports); bars of one lane never overlap; the bars fit."""
+    step = float(t.end_s.max())
+    eps = 1e-9 * step
+    kinds = len(ACTION_KINDS)
+    key_t = t.rank.astype(np.int64) * kinds + t.kind
+    key_b = bars.rank.astype(np.int64) * kinds + bars.kind
+    size = int(key_t.max()) + 1
+    groups = len(np.unique(key_t))
+    assert len(bars) <= max(max_bars, 2 * groups)
+    true = np.bincount(key_t, weights=t.end_s - t.start_s, minlength=size)
+    drawn = np.bincount(key_b, weights=bars.end_s - bars.start_s, minlength=size)
+    assert np.all(np.abs(drawn - true) <= 0.01 * true + eps), np.max(np.abs(drawn - true) / (true + eps))
+    assert np.all(bars.end_s >= bars.start_s)
+    # Each bar inside the true actions of its rank and kind, dilated by half its longest gap.
+    reach = np.zeros(size)
+    np.maximum.at(reach, key_b, bars.gap_s / 2)
+    seg_key, seg_start, seg_end = _segments(key_t, t.start_s - reach[key_t] - eps, t.end_s + reach[key_t] + eps)
+    span = 4.0 * (step + reach.max() + 1.0)
+    at = np.searchsorted(seg_key * span + seg_start, key_b * span + bars.start_s, side="right") - 1
+    assert np.all(at >= 0) and np.all(seg_key[at] == key_b)
+    assert np.all(bars.end_s <= seg_end[at]), "a bar covers time where its rank ran no action of its kind"
+    # One lane (compute, send, recv) of one rank: bars never overlap.
+    lane = np.select([bars.kind == ACTION_KINDS.index("send"), bars.kind == ACTION_KINDS.index("recv")], [1, 2], 0)
+    lane_key = bars.rank.astype(np.int64) * 4 + lane
+    order = np.lexsort((bars.start_s, lane_key))
+    same = lane_key[order][1:] == lane_key[order][:-1]
+    if bars.merged:
+        assert np.all(bars.end_s[order][:-1][same] <= bars.start_s[order][1:][same] + eps)
+
+
 def test_gantt_draws_every_action_when_few():
     result = run(4, 8, remat="always")
     bars = plots.gantt_bars(result.timeline, max_bars=10_000)
     assert len(bars) == len(result.timeline) and not bars.merged and bars.note == ""
+    assert_bars_honest(result.timeline, bars, 10_000)
     fig, _ = plots.timeline_figure(result.timeline)
     kinds = {t.name for t in fig.data}
     assert kinds == {"forward", "backward", "recompute", "send", "recv", "update"}
     forward = next(t for t in fig.data if t.name == "forward")
-    shown = sorted((int(y), int(label)) for y, label in zip(forward.y, forward.customdata[:, 0]))
+    shown = sorted((int(y), int(text.split("micro-batch ")[1].split("<br>")[0]))
+                   for y, text in zip(forward.y, forward.hovertext))
     assert shown == sorted((k, m) for k in range(4) for m in range(8))  # micro-batch on hover
+    assert all(text.startswith(f"chunk {y}<br>") for y, text in zip(forward.y, forward.hovertext))
+    assert list(fig.layout.yaxis.ticktext) == [f"rank {k}" for k in range(4)]
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_gantt_merging_covers_every_action(schedule):
-    t = run(16, 64, schedule=schedule, remat="always").timeline
-    bars = plots.gantt_bars(t, max_bars=600)
-    assert bars.merged and not bars.truncated and len(bars) <= 600
-    assert bars.count.sum() == len(t)
+def test_gantt_hover_shows_chunks_of_interleaved_ranks():
+    t = run(4, 8, schedule="interleaved_1f1b", chunks=2).timeline
+    fig, bars = plots.timeline_figure(t, max_bars=100)
+    assert bars.merged and len(bars) <= 100
+    assert_bars_honest(t, bars, 100)
+    texts = [text for trace in fig.data if trace.name == "forward" for text in trace.hovertext]
+    assert any(text.startswith("chunks 0, 4<br>micro-batches") for text in texts)
     assert "merged into" in bars.note
-    for code in np.unique(t.kind):
-        for stage in range(16):
-            mine = (bars.kind == code) & (bars.stage == stage)
-            starts, ends = bars.start_s[mine], bars.end_s[mine]
-            order = np.argsort(starts)
-            starts, ends = starts[order], ends[order]
-            acts = (t.kind == code) & (t.stage == stage)
-            i = np.searchsorted(starts, t.start_s[acts], side="right") - 1
-            assert (i >= 0).all()
-            assert (ends[i] >= t.end_s[acts] - 1e-12).all()  # each action lies inside a bar
-            assert mine.sum() <= acts.sum()
 
 
-def test_gantt_cuts_off_beyond_the_limit_and_says_so():
+@st.composite
+def gantt_cases(draw):
+    schedule = draw(st.sampled_from(sorted(SCHEDULES)))
+    stages = draw(st.integers(1, 24))
+    family = SCHEDULES[schedule]
+    first = draw(st.sampled_from([1, 2]))
+    for chunks in (first, 3 - first):  # the other v where the schedule takes no M with this one
+        valid = [m for m in range(1, 97) if family.problem(stages, m, chunks) is None]
+        if valid:
+            break
+    assume(valid)
+    micro = draw(st.sampled_from(valid))
+    data = uniform_data(stages, micro, draw(st.sampled_from(["ideal", "a100-80gb", "v100"])), schedule=schedule,
+                        chunks=chunks, remat=draw(st.sampled_from(REMAT_MODES)), batch_size=4 * micro)
+    data["model"]["layers"] = 64
+    return data, draw(st.sampled_from([20, 100, 400, 1000, 2500]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gantt_cases())
+def test_gantt_never_misstates_busy_time(case):
+    data, max_bars = case
+    t = simulate(parse_scenario(data), engine="auto").timeline
+    bars = plots.gantt_bars(t, max_bars=max_bars)
+    assert bars.merged == (len(t) > max_bars)
+    assert_bars_honest(t, bars, max_bars)
+
+
+# Large timelines: merged into at most 2,500 bars, they keep compute gaps over 1% of the step.
+@pytest.mark.parametrize("schedule, chunks, stages, micro, hardware", [
+    ("1f1b", 1, 26, 256, "a100-80gb"),
+    ("gpipe", 1, 128, 1024, "ideal"),
+    ("interleaved_1f1b", 2, 128, 512, "a100-80gb"),  # K*v*M at the scenario limit
+])
+def test_gantt_large_timelines_stay_honest(schedule, chunks, stages, micro, hardware):
+    data = uniform_data(stages, micro, hardware, schedule=schedule, chunks=chunks, remat="always",
+                        batch_size=micro)
+    data["model"]["layers"] = stages * chunks
+    t = simulate(parse_scenario(data), engine="auto").timeline
+    started = time.perf_counter()
+    bars = plots.gantt_bars(t, max_bars=2500)
+    elapsed = time.perf_counter() - started
+    assert bars.merged and len(bars) <= 2500
+    assert_bars_honest(t, bars, 2500)
+    step = float(t.end_s.max())
+    assert bars.max_gap_s(compute=True) <= 0.01 * step
+    assert bars.max_gap_s(compute=False) <= 0.05 * step
+    print(f"\n{schedule} K={stages} M={micro}: {len(t):,} actions -> {len(bars):,} bars in {elapsed:.2f} s; "
+          f"compute gaps kept over {bars.max_gap_s(True) / step:.2%} of the step")
+
+
+@pytest.mark.parametrize("stages, micro", [(8, 32), (4, 64), (26, 256)])
+def test_gantt_does_not_paint_the_bubble_as_recompute(stages, micro):
+    """Issue 15: merging drew rank 0 'recomputing' through its bubble (5.96 s drawn, 2.11 true)."""
+    scenario = load_scenario(ROOT / "gpipe_sim" / "scenarios" / "default.yaml").with_updates(
+        {"pipeline.stages": stages, "pipeline.micro_batches": micro, "pipeline.batch_size": 4 * micro,
+         "pipeline.remat": "always"})
+    t = simulate(scenario, engine="auto").timeline
+    bars = plots.gantt_bars(t, max_bars=1000)
+    assert bars.merged
+    assert_bars_honest(t, bars, 1000)
+    code = ACTION_KINDS.index("recompute")
+    # Rank 0's longest idle stretch (the bubble): no compute bar is drawn in it.
+    compute = (t.rank == 0) & t.is_compute
+    order = np.argsort(t.start_s[compute])
+    starts, ends = t.start_s[compute][order], np.maximum.accumulate(t.end_s[compute][order])
+    longest = int(np.argmax(starts[1:] - ends[:-1]))
+    idle_from, idle_to = ends[longest], starts[longest + 1]
+    assert idle_to - idle_from > 0.05 * t.end_s.max()
+    drawn = (bars.rank == 0) & ~np.isin(bars.kind, [ACTION_KINDS.index("send"), ACTION_KINDS.index("recv")])
+    painted = np.clip(np.minimum(bars.end_s[drawn], idle_to) - np.maximum(bars.start_s[drawn], idle_from), 0, None)
+    assert painted.sum() <= 1e-9 * t.end_s.max()
+    assert (bars.end_s - bars.start_s)[bars.kind == code].sum() == pytest.approx(
+        (t.end_s - t.start_s)[t.kind == code].sum(), rel=1e-9)
+
+
+def test_gantt_budget_below_the_actions_still_honest():
     n = 50
-    gaps = Timeline(stage=np.zeros(n, np.int32), kind=np.zeros(n, np.int8),
+    gaps = Timeline(rank=np.zeros(n, np.int32), chunk=np.zeros(n, np.int32), kind=np.zeros(n, np.int8),
                     micro_batch=np.arange(n, dtype=np.int32),
                     start_s=np.arange(n) * 100.0, end_s=np.arange(n) * 100.0 + 1.0)
-    bars = plots.gantt_bars(gaps, max_bars=10)  # gaps above 1/50 of the step: nothing may merge
-    assert bars.truncated and len(bars) == 10
-    assert list(bars.start_s) == [100.0 * i for i in range(10)]
-    assert "only the first 10 bars" in bars.note
+    bars = plots.gantt_bars(gaps, max_bars=10)
+    assert bars.merged and len(bars) == 9  # 90% of the budget, the rest kept for laying runs out
+    assert_bars_honest(gaps, bars, 10)
+    assert bars.busy_s.sum() == pytest.approx(sum(bars.end_s - bars.start_s))
+    assert "50 actions" in bars.note and "merged into 9 bars" in bars.note
 
 
 # --- memory and bubble figures -------------------------------------------------------------------
@@ -85,14 +209,37 @@ def test_memory_over_time_peaks_match_the_result(max_points):
         assert np.all(np.diff(trace.x) >= 0)
 
 
+def test_memory_over_time_starts_at_zero_with_distinct_rank_colours():
+    result = run(8, 16, remat="none")
+    fig = plots.memory_timeline_figure(result)
+    assert fig.layout.yaxis.rangemode == "tozero"  # never a zoom on the top of the curves
+    assert list(fig.layout.xaxis.range) == pytest.approx([0, result.step_time_s / plots.time_unit(result.step_time_s)[1]])
+    assert [t.line.color for t in fig.data] == plots.rank_colors(8)
+
+
+def _rgb(color: str) -> np.ndarray:
+    return np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8, 16, 32, 64])
+def test_neighbouring_ranks_never_share_a_look(ranks):
+    colors = plots.rank_colors(ranks)
+    assert len(set(colors)) == ranks
+    gaps = [np.linalg.norm(_rgb(a) - _rgb(b)) for a, b in zip(colors, colors[1:])]
+    assert min(gaps, default=999) > 150  # of 441 (black to white)
+
+
 def test_stage_memory_marks_stages_over_capacity():
     data = uniform_data(4, 8)
     data["hardware"] = {"preset": "ideal", "accelerator": {"memory_bytes": "1 GB"}}
     result = simulate(parse_scenario(data), engine="auto")
     fig = plots.stage_memory_figure(result)
     over = [t for t in fig.data if t.type == "scatter"][0]
-    expected = [f"stage {s.index}" for s in result.stages if s.peak_memory_bytes > 1e9]
+    expected = [f"rank {s.index}" for s in result.stages if s.peak_memory_bytes > 1e9]
     assert list(over.x) == expected and expected
+    # one legend entry, a marker on each bar: no per-bar text to overlap on a deep pipeline
+    assert over.name == "does not fit" and over.mode == "markers" and over.text is None
+    assert "do not fit" in fig.layout.title.text
     stacked = sum(np.asarray(t.y) for t in fig.data if t.type == "bar") * plots.GIB
     assert stacked == pytest.approx([s.peak_memory_bytes for s in result.stages])
     assert fig.layout.shapes[0].y0 == pytest.approx(1e9 / plots.GIB)
@@ -107,11 +254,74 @@ def test_bubble_vs_m_curves_are_the_analytic_formula():
     assert list(curves["current (simulated)"].x) == [16]
 
 
+def test_bubble_vs_m_follows_the_schedule_and_its_rules():
+    fig = plots.bubble_vs_m_figure([2, 8], current_k=4, current_m=16, current_bubble=0.1, m_max=64,
+                                   schedule="interleaved_1f1b", chunks=2, current_analytic=3 / 35)
+    curves = {t.name: t for t in fig.data}
+    family = SCHEDULES["interleaved_1f1b"]
+    for K in (2, 4, 8):
+        trace = curves[f"K={K} analytic"]
+        assert list(trace.x) and all(int(m) % K == 0 for m in trace.x)  # only the M it accepts
+        assert list(trace.y) == pytest.approx([(K - 1) / (2 * int(m) + K - 1) for m in trace.x])
+        assert list(trace.y) == pytest.approx([family.analytic_bubble(K, int(m), 2) for m in trace.x])
+    assert list(curves["current (analytic)"].y) == pytest.approx([3 / 35])
+    assert "v=2" in fig.layout.title.text
+    single = plots.bubble_vs_m_figure([2], current_k=4, current_m=1, current_bubble=0.75, schedule="naive")
+    assert [list(t.x) for t in single.data if t.name.endswith("analytic")] == [[1], [1]]
+
+
 def test_sweep_figure_groups_by_colour():
     table = split_sweep(sweep_table()).ok
     fig = plots.sweep_figure(table, "pipeline.micro_batches", "fits_in_memory", "pipeline.stages")
     assert [t.name for t in fig.data] == ["pipeline.stages=2", "pipeline.stages=4", "pipeline.stages=8"]
     assert all(set(t.y) == {1.0} for t in fig.data)  # booleans plotted as 0/1
+
+
+def test_sweep_figure_draws_one_line_per_variant():
+    """Two schedules at each (K, M): split by schedule, no line joins the two into a zig-zag."""
+    base = split_sweep(sweep_table()).ok
+    table = pd.concat([base.assign(**{"pipeline.schedule": "gpipe"}),
+                       base.assign(**{"pipeline.schedule": "1f1b",
+                                      "step_time_s": base["step_time_s"] * 0.9})], ignore_index=True)
+    fig = plots.sweep_figure(table, "pipeline.micro_batches", "step_time_s", "pipeline.stages",
+                             split=["pipeline.schedule"])
+    assert len(fig.data) == 6  # 3 K x 2 schedules
+    for trace in fig.data:
+        assert np.all(np.diff(np.asarray(trace.x, dtype=float)) > 0)  # one point per M: no zig-zag
+        assert "pipeline.schedule=" in trace.name
+    by_k = {}
+    for trace in fig.data:
+        by_k.setdefault(trace.name.split(",")[0], set()).add((trace.line.color, trace.line.dash))
+    assert all(len({c for c, _ in v}) == 1 and len({d for _, d in v}) == 2 for v in by_k.values())
+    joined = plots.sweep_figure(table, "pipeline.micro_batches", "step_time_s", "pipeline.stages")
+    assert len(joined.data) == 3  # without the split: what the page no longer draws
+
+
+def test_downloaded_yaml_has_no_raw_floats():
+    from ui_run import round_floats, scenario_yaml
+
+    sc = load_scenario(ROOT / "gpipe_sim" / "scenarios" / "default.yaml")
+    sc = sc.with_updates({"hardware.accelerator.memory_bandwidth": "2.039 TB/s",  # as the form writes it
+                          "hardware.link.latency_s": "3 us"})
+    assert "2039000000000.0002" in sc.to_yaml()  # what the download held before
+    text = scenario_yaml(sc)
+    for token in re.findall(r"\d+\.\d+(?:e[+-]?\d+)?", text):  # every float: 12 significant digits at most
+        digits = token.split("e")[0].replace(".", "").lstrip("0").rstrip("0")
+        assert len(digits) <= 12, token
+    assert "memory_bandwidth: 2039000000000.0" in text
+    again = parse_scenario(yaml.safe_load(text))  # the same scenario, to 12 digits
+
+    def close(a, b):
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+        return a == pytest.approx(b, rel=1e-11) if isinstance(a, float) else a == b
+
+    assert close(again.to_dict(), sc.to_dict())
+    assert again.hardware.accelerator.memory_bandwidth == pytest.approx(2039e9, rel=1e-12)
+    assert round_floats({"a": [0.1 + 0.2, 2039000000000.0002, 3, float("inf")]}) == {
+        "a": [0.3, 2039000000000.0, 3, float("inf")]}
 
 
 # --- loaders -------------------------------------------------------------------------------------

@@ -17,9 +17,10 @@ from gpipe_sim.results.result import analytic_bubble
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app" / "streamlit_app.py"
 # A uniform model on ideal hardware without re-materialization: its GPipe bubble is exactly
-# (K-1)/(M+K-1), so the shown bubble must equal the analytic value.
+# (K-1)/(M+K-1) (interleaved 1F1B's: (K-1)/(v*M+K-1)), so the shown bubble must equal the analytic value.
 UNIFORM = {"model.preset": "uniform", "hardware.preset": "ideal", "pipeline.remat": "none",
-           "pipeline.partition": "uniform", "pipeline.schedule": "gpipe"}
+           "pipeline.partition": "uniform", "pipeline.schedule": "gpipe", "pipeline.chunks": 1}
+ANALYTIC = "Analytic bubble"  # the metric beside the simulated bubble: the schedule's own formula
 
 
 def app_test(timeout: float = 60):

@@ -41,6 +41,24 @@ def _pick(label: str, options: list[str], preferred: tuple[str, ...], key: str, 
     return box.selectbox(label, options, key=key)
 
 
+HIDDEN = ("sweep.key",)  # the result file's hash: no use on screen
+FIRST_RESULTS = ("step_time_s", "throughput_samples_per_s", "bubble_fraction", "fits_in_memory",
+                 "max_device_peak_memory_bytes")
+
+
+def table_view(rows: pd.DataFrame, varying: list[str], results: list[str]) -> pd.DataFrame:
+    """The rows for reading: the inputs that vary first, then the main results and the others,
+    the inputs that never vary last, without the hash column."""
+    shown = [c for c in rows.columns if c not in HIDDEN]
+    still = [c for c in varying if c in shown and rows[c].astype(str).nunique(dropna=False) > 1]
+    main = [c for c in FIRST_RESULTS if c in shown]
+    rest_results = [c for c in results if c in shown and c not in main]
+    inputs = [c for c in shown if c.split(".", 1)[0] in ("model", "hardware", "pipeline", "training")]
+    constant = [c for c in inputs if c not in still]
+    middle = [c for c in shown if c not in still + main + rest_results + constant]
+    return rows[list(dict.fromkeys(still + main + rest_results + middle + constant))]
+
+
 st.title("Sweep results")
 try:
     loaded = _load()
@@ -77,6 +95,12 @@ color = _pick("colour by", [NONE] + [c for c in varying + constant if c != x], P
 color = None if color == NONE else color
 
 rows = cols.ok
+if "fits_in_memory" in rows.columns:
+    st.session_state.setdefault("cfg.sweep.fits", False)
+    fits = rows["fits_in_memory"].fillna(False).astype(bool)
+    if st.toggle(f"only configurations that fit in memory ({int(fits.sum())} of {len(rows)})",
+                 key="cfg.sweep.fits"):
+        rows = rows[fits]
 others = [c for c in varying if c not in (x, color)]
 if others:
     with st.expander("Filter the other inputs"):
@@ -97,10 +121,17 @@ else:
     lines = t1.toggle("connect points", key="cfg.sweep.lines")
     numeric_x = pd.api.types.is_numeric_dtype(rows[x]) and bool((rows[x] > 0).all())
     log_x = t2.toggle("log x axis", key="cfg.sweep.log_x", disabled=not numeric_x) and numeric_x
-    st.plotly_chart(plots.sweep_figure(rows, x, y, color, lines=lines, log_x=log_x), key="sweep.figure")
+    # The inputs still varying among the shown rows besides x and the colour (schedule, remat...):
+    # one line per combination, never a zig-zag joining different variants.
+    split = [c for c in others if rows[c].astype(str).nunique(dropna=False) > 1]
+    st.plotly_chart(plots.sweep_figure(rows, x, y, color, lines=lines, log_x=log_x, split=split),
+                    key="sweep.figure")
+    if split and lines:
+        st.caption(f"One line per combination of {', '.join(split)} (and colour): filter above to show fewer.")
     if "analytic_bubble_fraction" in rows.columns and y == "bubble_fraction":
-        st.caption("analytic_bubble_fraction holds GPipe's (K-1)/(M+K-1) for each row.")
-st.dataframe(rows, hide_index=True)
+        st.caption("analytic_bubble_fraction holds each row's schedule's own analytic bubble "
+                   "((K-1)/(v*M+K-1) for the fill-drain schedules).")
+st.dataframe(table_view(rows, varying, cols.results), hide_index=True)
 st.download_button("Shown rows (CSV)", rows.to_csv(index=False), file_name="sweep_rows.csv",
                    mime="text/csv", key="dl.sweep.csv", on_click="ignore", icon=":material/download:")
 if not rows.empty:

@@ -17,7 +17,7 @@ FIELDS = (
     ("step_time_s", "step time", format_seconds),
     ("throughput_samples_per_s", "throughput (samples/s)", lambda v: f"{v:,.2f}"),
     ("bubble_fraction", "bubble fraction", bubble_text),
-    ("analytic_bubble_fraction", "analytic (K-1)/(M+K-1)", bubble_text),
+    ("analytic_bubble_fraction", "analytic bubble", bubble_text),
 )
 
 
@@ -60,7 +60,7 @@ def _figures_table(v: Validation) -> pd.DataFrame:
             pred, meas = getattr(p, field), getattr(m, field)
             err = v.relative_error.get(f"stage{p.index}.{field}", _relative(pred, meas))
             fmt = format_seconds if field == "busy_s" else format_bytes
-            rows.append({"figure": f"stage {p.index} {label}", "predicted": fmt(pred),
+            rows.append({"figure": f"rank {p.index} {label}", "predicted": fmt(pred),
                          "measured": fmt(meas), "relative error": _pct(err)})
     return pd.DataFrame(rows)
 
@@ -90,7 +90,8 @@ except ValueError as exc:
     st.stop()
 
 st.caption(f"Loaded {name}: {v.predicted.source} against {v.measured.source}, "
-           f"K={len(v.predicted.stages)} stages, M={v.predicted.micro_batches} micro-batches, "
+           f"K={len(v.predicted.stages)} ranks ({len(v.predicted.chunks) or len(v.predicted.stages)} chunks), "
+           f"M={v.predicted.micro_batches} micro-batches, "
            f"mini-batch {v.predicted.batch_size}.")
 cols = st.columns(4)
 cols[0].metric("Predicted step", format_seconds(v.predicted.step_time_s))

@@ -35,6 +35,21 @@ _COMPUTE_LANE = (-0.3, 0.6)
 # Below the time axis, so that it never covers a title in narrow (side-by-side) charts.
 _BOTTOM_LEGEND = dict(orientation="h", yanchor="bottom", y=0.0, yref="container", xanchor="left", x=0.0)
 GIB = 2.0**30
+_GOLDEN = 0.381966  # hue step between neighbouring ranks (the golden angle): neighbours never look alike
+
+
+def rank_colors(n: int) -> list[str]:
+    """One colour per rank, `n` of them, neighbours far apart in hue (and alternating in lightness),
+    all distinct: rank k's hue is k golden-angle steps round the wheel."""
+    import colorsys
+
+    out = []
+    for k in range(n):
+        hue = (0.6 + k * _GOLDEN) % 1.0
+        light = (0.42, 0.58)[k % 2] if n > 8 else 0.48
+        r, g, b = colorsys.hls_to_rgb(hue, light, 0.75)
+        out.append(f"#{round(255 * r):02x}{round(255 * g):02x}{round(255 * b):02x}")
+    return out
 
 
 def time_unit(seconds: float) -> tuple[str, float]:
@@ -411,6 +426,7 @@ def memory_timeline_figure(result: Result, *, max_points_per_stage: int = 600) -
     """Each rank's memory (static + activations held) over the step, with the device capacity."""
     unit, scale = time_unit(result.step_time_s)
     fig = go.Figure()
+    colors = rank_colors(len(result.memory_timeline))
     for k, (times, held) in enumerate(result.memory_timeline):
         stage = result.stages[k]
         static = stage.param_bytes + stage.state_bytes
@@ -419,6 +435,7 @@ def memory_timeline_figure(result: Result, *, max_points_per_stage: int = 600) -
         level = np.concatenate([[0.0], level, [level[-1] if len(level) else 0.0]])
         fig.add_trace(go.Scatter(
             x=t / scale, y=(static + level) / GIB, mode="lines", line_shape="hv", name=f"rank {k}",
+            line=dict(color=colors[k]),
             hovertemplate=f"rank {k}<br>%{{x:.4g}} {unit}<br>%{{y:.3f}} GiB<extra></extra>",
         ))
     cap = result.memory_capacity_bytes
@@ -431,6 +448,8 @@ def memory_timeline_figure(result: Result, *, max_points_per_stage: int = 600) -
     fig.update_layout(title=title,
                       xaxis_title=f"time ({unit})", yaxis_title="GiB", height=360,
                       margin=dict(l=10, r=10, t=50, b=40))
+    fig.update_yaxes(rangemode="tozero")  # memory from 0: the static part is a real share
+    fig.update_xaxes(range=[0, result.step_time_s / scale] if result.step_time_s > 0 else None)
     return fig
 
 
@@ -463,15 +482,21 @@ def stage_memory_figure(result: Result) -> go.Figure:
     for name, values, color in parts:
         fig.add_trace(go.Bar(x=x, y=np.asarray(values) / GIB, name=name, marker_color=color,
                              hovertemplate="%{x}<br>" + name + ": %{y:.3f} GiB<extra></extra>"))
+    # Ranks whose device is over capacity: a marker on the bar (named once, in the legend), never
+    # a text label per bar, which would overlap its neighbours' on a deep pipeline.
     fig.add_trace(go.Scatter(
         x=[x[i] for i, o in enumerate(over) if o],
-        y=[stages[i].peak_memory_bytes / GIB * 1.04 for i, o in enumerate(over) if o],
-        mode="text", text=["does not fit"] * sum(over), textfont=dict(color="crimson"),
-        showlegend=False, hoverinfo="skip",
+        y=[stages[i].peak_memory_bytes / GIB for i, o in enumerate(over) if o],
+        mode="markers", name="does not fit", showlegend=any(over),
+        marker=dict(symbol="x-thin", size=14, color="crimson", line=dict(width=3, color="crimson")),
+        hovertemplate="%{x} does not fit: %{y:.3f} GiB<extra></extra>",
     ))
     _capacity_line(fig, result.memory_capacity_bytes)
-    fig.update_layout(barmode="stack", title="Peak memory per rank against device capacity",
-                      yaxis_title="GiB", height=360, margin=dict(l=10, r=10, t=50, b=40))
+    title = "Peak memory per rank against device capacity"
+    if any(over):
+        title += f"<br><sup>{sum(over)} of {len(over)} ranks do not fit (marked x)</sup>"
+    fig.update_layout(barmode="stack", title=title, yaxis_title="GiB", height=360,
+                      margin=dict(l=10, r=10, t=60, b=40))
     return fig
 
 
@@ -598,21 +623,46 @@ def stage_comparison_figure(named: Sequence[tuple[str, Result]], field: str = "b
 
 
 def sweep_figure(rows: Any, x: str, y: str, color: str | None = None, lines: bool = True,
-                 log_x: bool = False) -> go.Figure:
-    """A sweep's result column `y` against input column `x`, one series per value of `color`."""
+                 log_x: bool = False, split: Sequence[str] = ()) -> go.Figure:
+    """A sweep's result column `y` against input column `x`, one series per value of `color` and,
+    within it, one per combination of the `split` columns (schedule, remat... variants), so a
+    line never joins different variants into a zig-zag. A colour per `color` value; the variants
+    of one colour differ in dash and marker."""
     df = rows.sort_values(x, kind="stable")
     if df[y].dtype == bool or str(df[y].dtype) == "boolean":
         df = df.assign(**{y: df[y].astype(float)})
-    groups = [(None, df)] if not color else [(value, part) for value, part in df.groupby(color, sort=True, dropna=False)]
+    split = [c for c in split if c in df.columns and c not in (x, color)]
+    colours = [None] if not color else list(dict.fromkeys(v for v, _ in df.groupby(color, sort=True, dropna=False)))
+    palette = rank_colors(len(colours)) if len(colours) > 1 else [None]
     fig = go.Figure()
-    for value, part in groups:
-        fig.add_trace(go.Scatter(
-            x=part[x], y=part[y], mode="lines+markers" if lines else "markers",
-            name=y if value is None else f"{color}={value}",
-            hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y:.4g}}<extra></extra>",
-        ))
+    for index, value in enumerate(colours):
+        part = df if color is None else df[_equal(df[color], value)]
+        variants = [((), part)] if not split else list(part.groupby(split, sort=True, dropna=False))
+        for number, (key, piece) in enumerate(variants):
+            key = key if isinstance(key, tuple) else (key,)
+            names = ([] if value is None and color is None else [f"{color}={value}"]) + [
+                f"{c}={v}" for c, v in zip(split, key)]
+            fig.add_trace(go.Scatter(
+                x=piece[x], y=piece[y], mode="lines+markers" if lines else "markers",
+                name=", ".join(names) or y, legendgroup=str(value),
+                line=dict(color=palette[index], dash=_DASHES[number % len(_DASHES)]),
+                marker=dict(symbol=_SYMBOLS[number % len(_SYMBOLS)]),
+                hovertemplate=f"{', '.join(names) or y}<br>{x}=%{{x}}<br>{y}=%{{y:.4g}}<extra></extra>",
+            ))
     if log_x:
         fig.update_xaxes(type="log")
     fig.update_layout(title=f"{y} against {x}", xaxis_title=x, yaxis_title=y, height=420,
-                      legend_title_text=color or "", margin=dict(l=10, r=10, t=50, b=40))
+                      legend_title_text=", ".join([c for c in (color, *split) if c]),
+                      margin=dict(l=10, r=10, t=50, b=40))
     return fig
+
+
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "star")
+
+
+def _equal(column: Any, value: Any) -> Any:
+    """Rows of `column` equal to `value` (NaN equal to NaN)."""
+    if isinstance(value, float) and math.isnan(value):
+        return column.isna()
+    return column == value

@@ -41,6 +41,10 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
     head.add_row("bubble", f"{result.bubble_fraction:.4f} (the schedule's analytic bubble on ideal "
                            f"hardware: {result.analytic_bubble_fraction:.4f})")
+    head.add_row("  imbalance", f"{result.imbalance_fraction:.4f} (uneven ranks: 1 - mean busy / busiest; "
+                                "a `time` or `fit` partition lowers it)")
+    head.add_row("  fill/drain", f"{result.busiest_idle_fraction:.4f} (busiest rank idle; "
+                                 "1 - bubble = (1 - imbalance) x (1 - fill/drain))")
     cap = result.memory_capacity_bytes
     over = [f"device {d} needs {format_bytes(peak)}" for d, _, peak in result.devices_over_capacity()]
     fit = "yes" if result.fits_in_memory else "NO: " + "; ".join(over)

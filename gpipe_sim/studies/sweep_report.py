@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gpipe_sim.results.result import analytic_bubble
+from gpipe_sim.studies.plots import _DASHES, _SYMBOLS, rank_colors
 
 K, M = "pipeline.stages", "pipeline.micro_batches"
 GIB = 2.0**30
@@ -42,12 +43,21 @@ def _lines(ok: pd.DataFrame, x: str, y: str, colour: str, others: list[str]) -> 
     if aggregate:  # too many combinations: the median over the other axes
         grouped = list(ok.groupby([colour], dropna=False, sort=True))
         groups = [colour]
+    # One colour per value of `colour` (all distinct), the other axes' combinations in dashes and
+    # markers: never two legend entries that look alike.
+    keys = [key if isinstance(key, tuple) else (key,) for key, _ in grouped]
+    firsts = list(dict.fromkeys(str(k[0]) for k in keys))
+    rests = list(dict.fromkeys(str(k[1:]) for k in keys))
+    palette = rank_colors(len(firsts))
     traces = []
-    for key, part in grouped:
-        key = key if isinstance(key, tuple) else (key,)
+    for key, (_, part) in zip(keys, grouped):
         series = part.groupby(x, sort=True)[y].median() if aggregate else part.sort_values(x).set_index(x)[y]
         name = _label(dict(zip(groups, key))) + (" (median)" if aggregate else "")
-        traces.append(go.Scatter(x=series.index.tolist(), y=series.tolist(), mode="lines+markers", name=name))
+        variant = rests.index(str(key[1:]))
+        traces.append(go.Scatter(
+            x=series.index.tolist(), y=series.tolist(), mode="lines+markers", name=name,
+            line={"color": palette[firsts.index(str(key[0]))], "dash": _DASHES[variant % len(_DASHES)]},
+            marker={"symbol": _SYMBOLS[variant % len(_SYMBOLS)]}))
     return traces
 
 
@@ -88,7 +98,8 @@ def figure_memory(ok: pd.DataFrame) -> go.Figure | None:
         return None
     fig = go.Figure()
     ks = sorted(rows[K].unique())
-    for k in ks[:MAX_TRACES]:
+    palette = rank_colors(len(ks[:MAX_TRACES]))
+    for k, color in zip(ks[:MAX_TRACES], palette):
         part = rows[rows[K] == k]
         xs, ys, texts = [], [], []
         for _, row in part.iterrows():
@@ -97,7 +108,7 @@ def figure_memory(ok: pd.DataFrame) -> go.Figure | None:
                 ys.append(peak / GIB)
                 texts.append(f"scenario {row['sweep.index']}")
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=f"K={k}", text=texts,
-                                 marker={"size": 5, "opacity": 0.6}))
+                                 marker={"size": 5, "opacity": 0.6, "color": color}))
     caps = sorted({float(c) for c in rows["memory_capacity_bytes"].dropna()})
     for cap in caps[:6]:
         fig.add_hline(y=cap / GIB, line_dash="dash", line_color="red",
