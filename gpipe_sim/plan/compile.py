@@ -179,7 +179,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     memory = None
     if p.partition in ("memory", "fit"):  # what each rank holds under this schedule, and what a device has
         memory = MemoryTable(
-            static_bytes=[float(layer.params * bpp) for layer in layers],
+            static_bytes=[float(layer.params * (dtype_bytes + state_per_param)) for layer in layers],
             activation_bytes=[float(layer.activation_bytes_per_sample) for layer in layers],
             input_bytes=[float(model_input)] + [float(layer.output_bytes_per_sample) for layer in layers[:-1]],
             held=held_activations(schedule, sizes),
