@@ -166,6 +166,13 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
     link_bw = text("link_bandwidth", "link bandwidth (per direction)", link["bandwidth"], "bandwidth",
                    "Between consecutive ranks, e.g. '300 GB/s'.")
     latency = text("link_latency", "link latency", link["latency_s"], "seconds", "e.g. '3 us'.")
+    n1, n2 = box.columns(2)
+    per_node = n1.number_input("devices per node", min_value=0, max_value=65_536, step=1,
+                               key=_init(PREFIX + "hardware.devices_per_node", 0),
+                               help="0: every device in one node. Otherwise devices 0..N-1 fill nodes of "
+                                    "this many; traffic between nodes uses the network.")
+    network = n2.text_input("network bandwidth (per device)", key=_init(key + "network", ""),
+                            help="Between nodes, e.g. '50 GB/s' (empty: the link bandwidth).")
     placement = box.text_input(
         "rank → device map", key=_init(PREFIX + "hardware.stage_to_device", ""),
         help="The device each pipeline rank runs on, e.g. '0,0,1,1': ranks 0-1 on device 0, 2-3 on device 1, "
@@ -173,6 +180,8 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
     device_map = parse_device_map(placement)
     return {
         **({} if device_map is None else {"stage_to_device": device_map}),
+        **({"devices_per_node": int(per_node)} if per_node else {}),
+        **({"network": {"bandwidth": network.strip(), "latency_s": latency}} if network.strip() else {}),
         "preset": preset,
         "accelerator": {
             "peak_flops": {**{k: v for k, v in acc["peak_flops"].items()}, dtype: peak},
@@ -224,8 +233,13 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
                              key=_init(PREFIX + "pipeline.chunks", bp.get("chunks", 1)),
                              help="The model is cut into K*v chunks, v on each rank (interleaved "
                                   "schedules run several; the others one).")
-    batch = pipe_box.number_input("mini-batch size", min_value=1, max_value=10_000_000, step=1,
-                                  key=_init(PREFIX + "pipeline.batch_size", bp["batch_size"]))
+    b1, b2 = pipe_box.columns([3, 2])
+    batch = b1.number_input("mini-batch size (global)", min_value=1, max_value=10_000_000, step=1,
+                            key=_init(PREFIX + "pipeline.batch_size", bp["batch_size"]))
+    replicas = b2.number_input("data-parallel D", min_value=1, max_value=4096, step=1,
+                               key=_init(PREFIX + "pipeline.data_parallel", bp.get("data_parallel", 1)),
+                               help="Replicas of the K-rank pipeline (D x K devices); the global batch is "
+                                    "split evenly over them and each chunk's gradients are all-reduced.")
     remat = pipe_box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
                                help="always: every forward keeps only its input and is re-computed "
                                     "before backward (GPipe); none: keep all activations.")
@@ -240,6 +254,8 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     t1, t2 = train_box.columns(2)
     optimizer = t1.selectbox("optimizer", list(OPTIMIZER_STATES), key=_init(PREFIX + "training.optimizer", bt["optimizer"]))
     dtype = t2.selectbox("dtype", list(DTYPE_BYTES), key=_init(PREFIX + "training.dtype", bt["dtype"]))
+    zero = train_box.checkbox("ZeRO-1 (shard optimizer states over the D replicas)",
+                              key=_init(PREFIX + "training.zero", bool(bt.get("zero", 0))))
 
     preset = model_box.selectbox("model preset", MODEL_CHOICES,
                                  key=_init(PREFIX + "model.preset", base["model"]["preset"]))
@@ -260,9 +276,9 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     return {
         "model": model,
         "hardware": hardware,
-        "pipeline": {"stages": stages, "chunks": chunks, "micro_batches": micro, "batch_size": batch,
-                     "schedule": schedule, "remat": remat, "partition": partition},
-        "training": {"optimizer": optimizer, "dtype": dtype},
+        "pipeline": {"stages": stages, "chunks": chunks, "data_parallel": replicas, "micro_batches": micro,
+                     "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition},
+        "training": {"optimizer": optimizer, "dtype": dtype, "zero": int(zero)},
     }, None
 
 

@@ -200,6 +200,16 @@ def show_metrics(scenario: Scenario, result: Result, box: Any = st, reference: R
                   delta_color="inverse", help="The share of the step the busiest rank idles: the "
                   "pipeline's own fill and drain, what the analytic bubble describes.")
     p = scenario.pipeline
+    if p.data_parallel > 1:
+        dp = box.columns(3)
+        dp[0].metric("Devices", f"{r.num_devices} ({p.data_parallel} x {p.stages})",
+                     help="D data-parallel replicas of the K-rank pipeline.")
+        dp[1].metric("Throughput per device", compact_number(r.throughput_per_device),
+                     delta(r.throughput_per_device, ref and ref.throughput_per_device, "rate"))
+        dp[2].metric("Exposed all-reduce", duration_text(r.exposed_allreduce_s),
+                     delta(r.exposed_allreduce_s, ref and ref.exposed_allreduce_s, "seconds"),
+                     delta_color="inverse", help="The longest time a rank waits for its chunks' gradient "
+                     "all-reduces before the update (what the backward passes did not hide).")
     low[3].metric(ANALYTIC_LABEL, bubble_text(r.analytic_bubble_fraction),
                   help=f"The {p.schedule} schedule's own bubble overhead for K={p.stages} ranks, "
                        f"v={p.chunks} chunks per rank and M={p.micro_batches} micro-batches "

@@ -642,3 +642,16 @@ def test_sweep_filters_to_fitting_orders_the_table_and_draws_one_line_per_varian
     assert len(fitting) == n_ok - 4 * 5 and bool(fitting["fits_in_memory"].all())
     (fig,) = plotly_specs(at)
     assert len(fig["data"]) == 2 * 4 and not any("=8" in t["name"].split(",")[0] for t in fig["data"])
+
+
+def test_data_parallel_replicas_show_devices_and_the_exposed_all_reduce():
+    at = app_test().run()
+    K = at.sidebar.number_input(key="cfg.pipeline.stages").value
+    batch = at.sidebar.number_input(key="cfg.pipeline.batch_size").value
+    set_widget(at, "cfg.pipeline.batch_size", 2 * batch)
+    set_widget(at, "cfg.pipeline.data_parallel", 2)
+    at.run()
+    assert_clean(at)
+    assert not at.error, [e.value for e in at.error]
+    assert metric(at, "Devices") == f"{2 * K} (2 x {K})"
+    assert metric(at, "Exposed all-reduce")
