@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gpipe_sim.errors import GpipeError
+from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "default.yaml"  # package data
 
@@ -18,6 +19,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpipe_sim.spec.scenario import Scenario, load_scenario
     from gpipe_sim.api import result_from_times, run_engine
     from gpipe_sim.results.trace import write_chrome_trace
+    from gpipe_sim.spec.limits import result_problem
 
     if args.scenario is not None:
         scenario = load_scenario(args.scenario)
@@ -28,8 +30,15 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     plan = compile_plan(scenario)
     start, end = run_engine(plan, args.engine)
     result = result_from_times(plan, start, end)
+    problem = result_problem(scenario, result)
+    if problem:
+        raise ScenarioError(problem)
     if args.trace:
-        write_chrome_trace(result.timeline, args.trace, name="gpipe-sim prediction")
+        try:
+            write_chrome_trace(result.timeline, args.trace, name="gpipe-sim prediction")
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise GpipeError(f"--trace: cannot write {args.trace!r}: {reason}") from None
     if args.json:
         sys.stdout.write(result.to_json(timeline=not args.no_timeline) + "\n")
     else:
@@ -49,6 +58,9 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from gpipe_sim.studies.bench import run_benchmark
 
+    for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches), ("--repeat", args.repeat)):
+        if value < 1:
+            raise GpipeError(f"{flag}: must be >= 1, got {value}")
     sys.stdout.write(run_benchmark(args.stages, args.micro_batches, args.repeat) + "\n")
     return 0
 
@@ -97,17 +109,36 @@ def _load_extra_commands() -> None:
 
 def run_command(prog: str, args: argparse.Namespace) -> int:
     """Run a parsed subcommand: any GpipeError ends it with one line on stderr and the error's
-    `exit_status` (2 for bad input), never a traceback. Shared by gpipe-sim and gpipe-exec."""
+    `exit_status` (2 for bad input), never a traceback. Shared by gpipe-sim and gpipe-exec.
+
+    Anything else is a bug, not bad input: one line saying so and exit status 1 (set
+    GPIPE_TRACEBACK=1 to see the traceback instead). Running out of memory or stack on a huge
+    input is reported as bad input (2)."""
     try:
         return int(args.func(args) or 0)
     except GpipeError as exc:
-        sys.stderr.write(f"{prog}: error: {exc}\n")
+        sys.stderr.write(f"{prog}: error: {one_line(str(exc))}\n")
         return exc.exit_status
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         return 130
     except BrokenPipeError:
         return 0
+    except (RecursionError, MemoryError) as exc:
+        if os.environ.get("GPIPE_TRACEBACK"):
+            raise
+        what = "nested too deeply" if isinstance(exc, RecursionError) else "too large for this machine's memory"
+        sys.stderr.write(f"{prog}: error: the input is {what}\n")
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the boundary: never a traceback
+        if os.environ.get("GPIPE_TRACEBACK"):
+            raise
+        text = str(exc).strip().splitlines()
+        detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+        sys.stderr.write(
+            f"{prog}: internal error (a bug; set GPIPE_TRACEBACK=1 for the traceback): {one_line(detail)}\n"
+        )
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -257,3 +258,89 @@ def test_shipped_sweep_files_expand_to_valid_scenarios(path):
     for values in spec.axes.values():
         sizes *= len(values)
     assert len(points) == sizes * max(1, len(spec.points))
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile sweeps (issue 16)
+
+_BOMB = "\n".join(
+    ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    + [f"{n}: &{n} [{', '.join(['*' + p] * 10)}]" for p, n in zip("abcdefgh", "bcdefghi")]
+)
+
+
+def test_empty_links_in_a_sweep_run(tmp_path):
+    spec = parse_sweep({"base": {"model": {"preset": "uniform"}, "hardware": {"preset": "h200", "links": []},
+                                 "pipeline": {"stages": 1}},
+                        "axes": {"pipeline.micro_batches": [1, 2, 4]}})
+    base = resolve_base(spec)
+    run = run_sweep(expand(spec, base), base, tmp_path / "out", workers=0, progress=False)
+    assert list(run.table["status"]) == ["ok"] * 3
+
+
+@pytest.mark.parametrize("where", ["base", "axis"])
+def test_alias_bomb_in_a_sweep_is_refused_without_expanding(tmp_path, capsys, where):
+    indented = "\n".join("    " + line for line in _BOMB.splitlines())
+    if where == "base":
+        text = f"base:\n  model: {{preset: uniform}}\n  pipeline:\n{indented}\naxes:\n  pipeline.stages: [1, 2]\n"
+    else:
+        text = f"defs:\n{indented}\nbase: {{model: {{preset: uniform}}}}\naxes:\n  model.layers: [*i, 4]\n"
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    t0 = time.perf_counter()
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "YAML aliases are expanded" in err
+    assert time.perf_counter() - t0 < 10
+
+
+def test_alias_bomb_given_in_process_is_refused():
+    row = ["x"] * 10
+    for _ in range(8):
+        row = [row] * 10  # shared, as YAML aliases build it: 10**9 values once expanded
+    with pytest.raises(SweepError, match="YAML aliases"):
+        parse_sweep({"base": BASE, "axes": {"model.layers": [row, 4]}})
+
+
+def test_too_many_points_are_refused_before_expanding():
+    axes = {f"model.{name}": list(range(1, 101)) for name in ("layers", "forward_s_per_sample", "params_per_layer")}
+    with pytest.raises(SweepError, match=r"axes: 1,000,000 points, over the limit of 100,000"):
+        parse_sweep({"base": BASE, "axes": axes})
+
+
+def test_absurd_axis_values_fail_their_own_rows_only(tmp_path):
+    spec = parse_sweep({"base": BASE, "axes": {"model.layers": [8, 10**30, 10**5000, math.nan, "a\nb", 10**6]}})
+    base = resolve_base(spec)
+    points = expand(spec, base)
+    assert len({p.key for p in points}) == 6
+    run = run_sweep(points, base, tmp_path / "out", workers=0, progress=False)
+    table = run.table
+    assert list(table["status"]) == ["ok"] + ["error"] * 5
+    assert all("\n" not in e for e in table["error"].dropna())
+    assert "limit of 100,000 layers" in table["error"].iloc[1]
+    assert pd.read_csv(tmp_path / "out" / "results.csv").shape[0] == 6
+
+
+def test_a_degenerate_result_in_a_sweep_is_an_error_row(tmp_path):
+    spec = parse_sweep({"base": {**BASE, "model": {"preset": "uniform", "layers": 8}},
+                        "axes": {"model.forward_s_per_sample": [1e-3, 0.0]},
+                        "points": [{"model.backward_s_per_sample": 0.0}]})
+    base = resolve_base(spec)
+    run = run_sweep(expand(spec, base), base, tmp_path / "out", workers=0, progress=False)
+    assert list(run.table["status"]) == ["ok", "error"]
+    assert "takes no time" in run.table["error"].iloc[1]
+
+
+def test_a_large_shared_axis_value_is_summarised_not_expanded(tmp_path):
+    value: object = {f"k{i}": "x" for i in range(10)}
+    for _ in range(4):
+        value = {f"k{i}": value for i in range(10)}  # 222,221 keys and values once expanded, 5 objects
+    spec = parse_sweep({"base": BASE, "axes": {"model.layers": [8, value], "pipeline.micro_batches": [1, 2]}})
+    base = resolve_base(spec)
+    t0 = time.perf_counter()
+    points = expand(spec, base)
+    run = run_sweep(points, base, tmp_path / "out", workers=0, progress=False)
+    assert time.perf_counter() - t0 < 10
+    assert list(run.table["status"]) == ["ok", "ok", "error", "error"]
+    assert run.table["model.layers"].iloc[2].startswith("<a mapping of 222,221 values, sha256 ")
+    assert "expected a whole number, got a mapping" in run.table["error"].iloc[2]

@@ -18,7 +18,7 @@ _UNIT = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOP/s", "seconds": "s"}
 
 
 def _bounded(value: float, unit: str, *, low: float, high: float, low_open: bool = False,
-             allow_inf: bool = False) -> float:
+             allow_inf: bool = False, min_positive: float = 0.0) -> float:
     """`value` if it lies in [low, high] (or (low, high]; or is +inf where allowed), else ValueError."""
     if math.isnan(value):
         raise ValueError("NaN is not a number the simulator can use")
@@ -26,6 +26,8 @@ def _bounded(value: float, unit: str, *, low: float, high: float, low_open: bool
         if value > 0 and allow_inf:
             return value
         raise ValueError(f"{number(value)} is not allowed here (give a finite value up to {number(high)}{unit})")
+    if 0 < value < min_positive:
+        raise ValueError(f"{number(value)}{unit} is out of range: give 0 or at least {number(min_positive)}{unit}")
     if value < low or (low_open and value == low):
         relation = "greater than" if low_open else "at least"
         raise ValueError(f"{number(value)}{unit} is out of range: must be {relation} {number(low)}{unit}")
@@ -36,17 +38,18 @@ def _bounded(value: float, unit: str, *, low: float, high: float, low_open: bool
 
 
 def _quantity(kind: str, *, low: float = 0.0, high: float = limits.MAX_QUANTITY, low_open: bool = False,
-              allow_inf: bool = False) -> BeforeValidator:
+              allow_inf: bool = False, min_positive: float = 0.0) -> BeforeValidator:
     unit = " " + _UNIT[kind]
 
     def check(value: Any) -> float:
         return _bounded(parse_quantity(value, kind), unit, low=low, high=high, low_open=low_open,
-                        allow_inf=allow_inf)
+                        allow_inf=allow_inf, min_positive=min_positive)
 
     return BeforeValidator(check)
 
 
-def _real(*, low: float = 0.0, high: float, low_open: bool = False, unit: str = "") -> BeforeValidator:
+def _real(*, low: float = 0.0, high: float, low_open: bool = False, unit: str = "",
+          min_positive: float = 0.0) -> BeforeValidator:
     """A plain number (no unit) in [low, high]; booleans and text that is not a number refused."""
 
     def check(value: Any) -> float:
@@ -61,7 +64,7 @@ def _real(*, low: float = 0.0, high: float, low_open: bool = False, unit: str = 
             if abs(value) > 10**300:
                 raise ValueError(f"{count(value)} exceeds the limit of {number(high)}{unit}")
             value = float(value)
-        return _bounded(value, unit, low=low, high=high, low_open=low_open)
+        return _bounded(value, unit, low=low, high=high, low_open=low_open, min_positive=min_positive)
 
     return BeforeValidator(check)
 
@@ -111,7 +114,7 @@ Seconds = Annotated[float, _quantity("seconds", high=limits.MAX_SECONDS)]
 Fraction = Annotated[float, _real(low=limits.MIN_FRACTION, high=1.0)]
 
 # Model figures: plain non-negative numbers.
-Duration = Annotated[float, _real(high=limits.MAX_SECONDS, unit=" s")]  # seconds
+Duration = Annotated[float, _real(high=limits.MAX_SECONDS, unit=" s", min_positive=limits.MIN_SECONDS)]
 Amount = Annotated[float, _real(high=limits.MAX_QUANTITY)]  # bytes or FLOPs per sample
 NonNegative = Amount  # the former name
 
@@ -122,6 +125,8 @@ Params = Annotated[int, _integer(low=0, high=limits.MAX_PARAMS, what="parameters
 Kernels = Annotated[int, _integer(low=0, high=limits.MAX_KERNELS, what="kernels per layer")]
 BatchSize = Annotated[int, _integer(low=1, high=limits.MAX_BATCH, what="samples")]
 StageCount = Annotated[int, _integer(low=1, high=limits.MAX_STAGES, what="stages")]
+ReplicaCount = Annotated[int, _integer(low=1, high=limits.MAX_STAGES, what="replicas")]
+DeviceCount = Annotated[int, _integer(low=1, high=limits.MAX_DEVICE_ID + 1, what="devices")]
 ChunkCount = Annotated[int, _integer(low=1, high=limits.MAX_CHUNKS, what="chunks per rank")]
 MicroBatchCount = Annotated[int, _integer(low=1, high=limits.MAX_PASSES, what="micro-batches")]
 PartCount = Annotated[int, _integer(low=1, high=limits.MAX_LAYERS, what="layers")]

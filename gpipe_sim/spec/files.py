@@ -83,6 +83,8 @@ def read_data_file(path: str | Path, what: str, error: type[GpipeError] = Scenar
         else:
             message = _one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise error(f"malformed {_kind(path)} in {name}: {message}") from None
+    except (IndexError, KeyError, TypeError, AttributeError) as exc:  # PyYAML's own slips, e.g. `!!float ""`
+        raise error(f"malformed {_kind(path)} in {name}: a value its tag cannot hold ({type(exc).__name__})") from None
     problem = limits.data_shape(data)
     if problem:
         raise error(f"{what} {name}: {problem}")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gpipe_sim.spec.fields import Bandwidth, DeviceId, Flops, Fraction, PositiveBytes, Seconds, StageCount, _Strict
+from gpipe_sim.spec.fields import Bandwidth, DeviceCount, DeviceId, Flops, Fraction, PositiveBytes, Seconds, _Strict
 from gpipe_sim.spec.limits import MAX_STAGES
 
 
@@ -75,7 +75,7 @@ class Hardware(_Strict):
     # A cluster: devices 0..N-1 in nodes of `devices_per_node` (None: one node); `network` joins
     # nodes (bandwidth per device), `link` devices within a node. `placement[d][r]`: the device of
     # replica d's rank r (default: Megatron-LM's order, replicas of a stage on neighbouring devices).
-    devices_per_node: StageCount | None = None
+    devices_per_node: DeviceCount | None = None
     network: Link | None = None
     placement: tuple[tuple[DeviceId, ...], ...] | None = Field(None, max_length=MAX_STAGES)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 from gpipe_sim.spec.model import (
     AmoebaNetModel,
@@ -17,6 +17,13 @@ from gpipe_sim.spec.model import (
 )
 
 ModelBuilder = Callable[..., list[LayerSpec]]
+
+
+def _layer(**fields: Any) -> LayerSpec:
+    """A preset's layer, built without re-validation: its figures come from validated sizes (and
+    may exceed what a hand-written table row may hold, e.g. FLOPs of a huge convolution)."""
+    return LayerSpec.model_construct(**fields)
+
 _BUILDERS: dict[str, ModelBuilder] = {}
 
 
@@ -67,7 +74,7 @@ def total_params(layers: list[LayerSpec]) -> int:
 @_builder("uniform")
 def _uniform(model: UniformModel, dtype_bytes: int) -> list[LayerSpec]:
     return [
-        LayerSpec(
+        _layer(
             name=f"layer{i}",
             params=model.params_per_layer,
             activation_bytes_per_sample=model.activation_bytes_per_sample,
@@ -89,7 +96,7 @@ def _table(model: TableModel, dtype_bytes: int) -> list[LayerSpec]:
 def _transformer(model: TransformerModel, p: int) -> list[LayerSpec]:
     d, f, s, a, v = model.d_model, model.d_ff, model.seq_len, model.heads, model.vocab
     # Embedding: token and learned position tables; saves the token ids; emits s x d.
-    embed = LayerSpec(
+    embed = _layer(
         name="embedding",
         params=v * d + s * d,
         activation_bytes_per_sample=8.0 * s,
@@ -113,8 +120,8 @@ def _transformer(model: TransformerModel, p: int) -> list[LayerSpec]:
         backward_flops_per_sample=2.0 * matmul_flops,
         kernels=14,
     )
-    blocks = [LayerSpec(name=f"block{i}", **block) for i in range(model.layers)]
-    head = LayerSpec(
+    blocks = [_layer(name=f"block{i}", **block) for i in range(model.layers)]
+    head = _layer(
         name="head",
         params=d * v + 2 * d,
         activation_bytes_per_sample=float(s * d * p + s * v * p),
@@ -130,7 +137,7 @@ def _transformer(model: TransformerModel, p: int) -> list[LayerSpec]:
 def _mlp(model: MlpModel, p: int) -> list[LayerSpec]:
     def linear(name: str, n_in: int, n_out: int, relu: bool) -> LayerSpec:
         flops = 2.0 * n_in * n_out
-        return LayerSpec(
+        return _layer(
             name=name,
             params=n_in * n_out + n_out,
             activation_bytes_per_sample=float((n_in + (n_out if relu else 0)) * p),
@@ -148,7 +155,7 @@ def _mlp(model: MlpModel, p: int) -> list[LayerSpec]:
 
 
 def _conv_layer(name: str, params: int, flops: float, act: float, out: float, kernels: int) -> LayerSpec:
-    return LayerSpec(
+    return _layer(
         name=name,
         params=params,
         activation_bytes_per_sample=act,

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 # Files and their structure.
-MAX_FILE_BYTES = 16 * 2**20  # a scenario, sweep or layer-table file
+MAX_FILE_BYTES = 4 * 2**20  # a scenario, sweep or layer-table file (a YAML file this size loads in ~5 s)
 MAX_DEPTH = 32  # nesting of mappings and lists (a scenario needs 5)
 MAX_NODES = 2_000_000  # values in a file's data once YAML aliases are expanded
 
@@ -25,11 +25,12 @@ MAX_KERNELS = 10**6  # kernels of one layer
 MAX_STAGES = 4096  # K
 MAX_CHUNKS = 1024  # v
 MAX_BATCH = 10**9  # samples in a mini-batch (and micro-batch size of a measured timing)
-MAX_PASSES = 2**20  # K x v x M: (rank, chunk, micro-batch) cells the schedule runs
+MAX_PASSES = 2**17  # K x v x M x D: passes per step, all replicas (what `gpipe-sim bench` runs: 128 x 1024)
 MAX_DEVICE_ID = 65_535  # hardware.stage_to_device entries
 
 # Magnitudes (base units: seconds, bytes, FLOP/s, bytes/s).
 MAX_SECONDS = 1.0e6  # any time: per sample, per micro-batch, latency, overhead, host time
+MIN_SECONDS = 1.0e-15  # a model time (per sample, measured) is zero or at least this (a femtosecond)
 MAX_QUANTITY = 1.0e30  # memory, bandwidth, peak FLOP/s, bytes or FLOPs per sample
 MIN_RATE = 1.0  # bandwidths (bytes/s) and peak FLOP/s
 MIN_FRACTION = 1.0e-6  # efficiency, usable memory fraction
@@ -115,6 +116,8 @@ def result_problem(scenario: Any, result: Any) -> str | None:
         return f"{_likely_cause(scenario, 'largest')}: the step time comes out as {number(step)}; refused"
     if step <= 0:
         return f"{_likely_cause(scenario, 'zero')}: the step takes no time (every pass and transfer costs zero); refused"
+    if not math.isfinite(result.throughput_samples_per_s):
+        return f"{_likely_cause(scenario, 'zero')}: the step is too short ({number(step)} s) to give a throughput; refused"
     figures: list[tuple[str, Any]] = [
         ("throughput", result.throughput_samples_per_s),
         ("bubble fraction", result.bubble_fraction),

@@ -13,7 +13,7 @@ from gpipe_sim.errors import ScenarioError, one_line
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.fields import (
-    BatchSize, ChunkCount, MicroBatchCount, PartCount, StageCount, _Strict, whole_number,
+    BatchSize, ChunkCount, MicroBatchCount, PartCount, ReplicaCount, StageCount, _Strict, whole_number,
 )
 from gpipe_sim.spec.files import read_data_file
 from gpipe_sim.spec.hardware import Hardware, megatron_placement
@@ -36,7 +36,7 @@ class Pipeline(_Strict):
 
     stages: StageCount = 4  # K: pipeline ranks (devices in the pipeline)
     chunks: ChunkCount = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
-    data_parallel: StageCount = 1  # D: replicas of the K-rank pipeline, the global batch split over them
+    data_parallel: ReplicaCount = 1  # D: replicas of the K-rank pipeline, the global batch split over them
     micro_batches: MicroBatchCount = 8
     batch_size: BatchSize = 64
     schedule: str = "gpipe"
@@ -126,12 +126,15 @@ class Scenario(_Strict):
             raise ValueError(
                 f"model.layers: the model has {layers:,} layers, over the limit of {limits.MAX_LAYERS:,}"
             )
-        passes = p.stages * p.chunks * p.micro_batches
+        passes = p.stages * p.chunks * p.micro_batches * p.data_parallel
         if passes > limits.MAX_PASSES:
-            field = "pipeline.micro_batches" if p.micro_batches >= p.stages * p.chunks else "pipeline.stages"
+            sizes = {"pipeline.micro_batches": p.micro_batches, "pipeline.stages": p.stages * p.chunks,
+                     "pipeline.data_parallel": p.data_parallel}
+            field = max(sizes, key=lambda name: sizes[name])
+            replicas = f" x {p.data_parallel} replicas" if p.data_parallel > 1 else ""
             raise ValueError(
-                f"{field}: {p.stages} stages x {p.chunks} chunks x {p.micro_batches} micro-batches is "
-                f"{passes:,} passes per step, over the limit of {limits.MAX_PASSES:,}"
+                f"{field}: {p.stages} stages x {p.chunks} chunks x {p.micro_batches} micro-batches{replicas} "
+                f"is {passes:,} passes per step, over the limit of {limits.MAX_PASSES:,}"
             )
         if p.num_chunks > layers:
             field = "pipeline.stages" if p.chunks == 1 else "pipeline.chunks"

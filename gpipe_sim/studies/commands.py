@@ -25,8 +25,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     try:
         run = run_sweep(points, base, out, workers=args.workers, progress=not args.quiet,
                         engine=spec.engine)
-    except OSError as exc:
-        raise GpipeError(f"--out: cannot write to {str(out)!r}: {exc.strerror or exc}") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise GpipeError(f"--out: cannot write to {str(out)!r}: {getattr(exc, 'strerror', None) or exc}") from None
     if run.interrupted:
         sys.stderr.write(
             f"gpipe-sim: interrupted: {len(run.table)} of {run.total} scenarios saved in {out}; "
@@ -37,8 +37,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         axes = list(dict.fromkeys([*spec.axes, *(k for point in spec.points for k in point)]))
         try:
             write_report(run.table, out / "report.html", title=f"gpipe-sim sweep: {spec.name}", axes=axes)
-        except OSError as exc:
-            raise GpipeError(f"--out: cannot write the report: {exc.strerror or exc}") from None
+        except (OSError, ValueError) as exc:
+            raise GpipeError(f"--out: cannot write the report: {getattr(exc, 'strerror', None) or exc}") from None
     rate = f"{run.scenarios_per_second:,.1f} scenarios/s" if run.computed else "nothing to compute"
     sys.stdout.write(
         f"{run.total} scenarios: {run.computed} computed, {run.reused} reused, {run.failed} failed "

@@ -16,9 +16,12 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.errors import GpipeError, ScenarioError, one_line
+from gpipe_sim.spec import limits
 from gpipe_sim.spec.files import read_data_file
-from gpipe_sim.spec.scenario import Scenario, load_scenario, parse_scenario, resolve_relative_paths, set_dotted
+from gpipe_sim.spec.scenario import (
+    Scenario, clean_message, error_location, load_scenario, parse_scenario, resolve_relative_paths, set_dotted,
+)
 
 SCENARIO_SECTIONS = ("model", "hardware", "pipeline", "training")
 RESULT_COLUMNS = (
@@ -93,31 +96,53 @@ def _check_field_name(where: str, name: str) -> None:
     head = name.split(".", 1)[0]
     if head not in SCENARIO_SECTIONS or "." not in name:
         raise ValueError(
-            f"{where}: not a dotted scenario field (start with one of {', '.join(SCENARIO_SECTIONS)})"
+            f"{one_line(where, 200)}: not a dotted scenario field "
+            f"(start with one of {', '.join(SCENARIO_SECTIONS)})"
         )
 
 
 def _describe(exc: ValidationError) -> str:
     error = exc.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in error.get("loc", ())) or "sweep"
-    msg = str(error.get("msg", "invalid"))
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
+    kind = str(error.get("type", ""))
+    where = error_location(error.get("loc", ()), kind) or "sweep"
+    msg = clean_message(str(error.get("msg", "invalid")))
+    if str(error.get("msg", "")).startswith("Value error, "):
         if ": " in msg and msg.split(": ", 1)[0].replace(".", "").replace("_", "").isalnum():
             return msg
-    if error.get("type") == "extra_forbidden":
+    if kind == "extra_forbidden":
         return f"{where}: unknown key (sweep keys: name, base, axes, points, mode, engine)"
     return f"{where}: {msg}"
 
 
 def parse_sweep(data: Any) -> SweepSpec:
-    """Validate plain data as a SweepSpec; SweepError with one line naming the field."""
+    """Validate plain data as a SweepSpec; SweepError with one line naming the field.
+
+    The data's shape is measured first (shared parts counted each time they occur), so a YAML
+    alias bomb under `base` or in the axes is refused before anything walks it."""
     if not isinstance(data, dict):
         raise SweepError("sweep: expected a mapping with keys base, axes and/or points")
+    problem = limits.data_shape(data)
+    if problem:
+        raise SweepError(f"sweep: {problem}")
     try:
-        return SweepSpec.model_validate(data)
+        spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
         raise SweepError(_describe(exc)) from None
+    total = point_count(spec)
+    if total > limits.MAX_SWEEP_POINTS:
+        field = "points" if spec.resolved_mode == "points" else "axes"
+        raise SweepError(
+            f"{field}: {limits.count(total)} points, over the limit of {limits.MAX_SWEEP_POINTS:,} per sweep"
+        )
+    return spec
+
+
+def point_count(spec: SweepSpec) -> int:
+    """How many points the sweep expands to (without expanding it)."""
+    listed = max(1, len(spec.points))
+    if spec.resolved_mode == "points":
+        return listed
+    return listed * math.prod(len(values) for values in spec.axes.values())
 
 
 def load_sweep(path: str | Path) -> tuple[SweepSpec, dict[str, Any]]:
@@ -138,7 +163,7 @@ def resolve_base(spec: SweepSpec, base_dir: Path = Path(".")) -> dict[str, Any]:
             return load_scenario(base_path).to_dict()
         except ScenarioError as exc:
             raise SweepError(f"base: {exc}") from None
-    data = json.loads(json.dumps(spec.base))
+    data = _copy_plain(spec.base)
     resolve_relative_paths(data, base_dir)
     try:
         return parse_scenario(data).to_dict()
@@ -179,6 +204,8 @@ def expand(spec: SweepSpec, base: dict[str, Any]) -> list[SweepPoint]:
             error = None
         except GpipeError as exc:
             scenario, error = None, str(exc)
+        if scenario is None:
+            updates = {name: _row_value(value) for name, value in updates.items()}  # for its row
         key_data = scenario if scenario is not None else {"base": base, "updates": updates}
         points.append(SweepPoint(index, dict(updates), scenario, error, scenario_key(key_data, spec.engine)))
     return points
@@ -199,8 +226,91 @@ def _check_axis_names(spec: SweepSpec, base: Scenario) -> None:
 
 def scenario_key(data: dict[str, Any], engine: str = "auto") -> str:
     """A stable short hash of a scenario's plain data (and the engine) naming its result file."""
-    text = json.dumps({"scenario": data, "engine": engine}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    text = json.dumps({"scenario": _storable(data), "engine": engine}, sort_keys=True, default=_plain)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+def _copy_plain(value: Any) -> Any:
+    """A deep copy of plain data (mappings and lists; tuples become lists)."""
+    if isinstance(value, dict):
+        return {k: _copy_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_copy_plain(v) for v in value]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """json.dumps' fallback for values plain data does not hold (str, as before)."""
+    return str(value)
+
+
+def _storable(value: Any) -> Any:
+    """`value` with what JSON, CSV and parquet cannot hold made storable: integers beyond 64 bits
+    as text (hexadecimal beyond Python's decimal digit limit), keys as text. Input data only
+    (its shape was checked when it was read, so this walk is bounded)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (float, str)):
+        return value
+    if isinstance(value, int):
+        if -(2**63) <= value < 2**63:
+            return value
+        return str(value) if abs(value) < 10**4000 else f"{value:#x}"
+    if isinstance(value, dict):
+        return {_storable_key(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_storable(v) for v in value]
+    return str(value)
+
+
+_SMALL = 1000  # an invalid point's value up to this many values (expanded) is kept whole
+
+
+def _row_value(value: Any) -> Any:
+    """An invalid point's value as its row keeps it: a scalar as it is (made storable), a mapping or
+    list as JSON text, or, when it is large once shared parts are expanded (a YAML alias bomb), a
+    short summary with a digest; never expanded."""
+    if not isinstance(value, (dict, list, tuple)):
+        return _storable(value)
+    memo: dict[int, Any] = {}
+    size = _expanded_size(value, memo)
+    if size > _SMALL:
+        kind = "mapping" if isinstance(value, dict) else "list"
+        return f"<a {kind} of {size:,} values, sha256 {_digest(value, {})[:16]}>"
+    return json.dumps(_storable(value), sort_keys=True, default=_plain)
+
+
+def _expanded_size(value: Any, memo: dict[int, Any]) -> int:
+    """Values in `value` with shared parts counted each time they occur; linear in distinct objects
+    (the sweep's shape was checked when it was parsed: no cycles, bounded depth)."""
+    if not isinstance(value, (dict, list, tuple)):
+        return 1
+    key = id(value)
+    if key not in memo:
+        memo[key] = 1  # a cycle (not reachable after parse_sweep) counts once
+        children = list(value.items()) if isinstance(value, dict) else [(None, v) for v in value]
+        memo[key] = 1 + sum((k is not None) + _expanded_size(v, memo) for k, v in children)
+    return memo[key]
+
+
+def _digest(value: Any, memo: dict[int, str]) -> str:
+    """A hash of `value`'s content (shared parts hashed once), for keys of values too large to write."""
+    if isinstance(value, (dict, list, tuple)):
+        key = id(value)
+        if key not in memo:
+            memo[key] = ""
+            if isinstance(value, dict):
+                parts = sorted(f"{_digest(k, memo)}:{_digest(v, memo)}" for k, v in value.items())
+                text = "{" + ",".join(parts) + "}"
+            else:
+                text = "[" + ",".join(_digest(v, memo) for v in value) + "]"
+            memo[key] = hashlib.sha256(text.encode()).hexdigest()
+        return memo[key]
+    text = json.dumps(_storable(value), default=_plain)
+    return hashlib.sha256(f"{type(value).__name__}:{text}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _storable_key(key: Any) -> str:
+    value = _storable(key)
+    return value if isinstance(value, str) else json.dumps(value, default=_plain)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,6 +353,9 @@ def result_columns(scenario: Scenario, engine: str) -> dict[str, Any]:
     plan = compile_plan(scenario)
     start, end = run_engine(plan, engine)  # type: ignore[arg-type]
     result = result_from_times(plan, start, end)
+    problem = limits.result_problem(scenario, result)
+    if problem:
+        raise ScenarioError(problem)
     stages = result.stages
     cap = result.memory_capacity_bytes
     return {
@@ -542,9 +655,15 @@ def merge_rows(
         values = table[column].dropna()
         kinds = {type(v) for v in values}
         if kinds and not kinds <= {int, float} and not kinds <= {bool} and not kinds <= {str}:
-            table[column] = table[column].map(lambda v: None if v is None else str(v))
+            table[column] = table[column].map(lambda v: None if v is None else _text(v))
     table["fits_in_memory"] = table["fits_in_memory"].astype("boolean")
     return table
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**4000:
+        return f"{value:#x}"
+    return str(value)
 
 
 def write_tables(table: Any, out: Path) -> None:
