@@ -35,7 +35,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     steps = ", ".join(f"{t * 1e3:.2f}" for t in m.step_times_s)
     sys.stdout.write(f"measured step times (ms, after {args.warmup} warm-up): {steps}; loss {m.loss:.5f}\n")
     if any(p is not None for p in m.cuda_peak_bytes):
-        sys.stdout.write(f"cuda max_memory_allocated per stage: {m.cuda_peak_bytes}\n")
+        sys.stdout.write(f"cuda max_memory_allocated per rank: {m.cuda_peak_bytes}\n")
     if args.trace:
         sys.stdout.write(f"trace written to {args.trace} (open in ui.perfetto.dev)\n")
     return 0

@@ -161,7 +161,7 @@ def check_ran_as_planned(plan: Plan, timeline: Timeline, step: int = 0) -> None:
             if row is None:
                 return "nothing"
             kind, chunk, mb = (int(v) for v in row)
-            return f"{ACTION_KINDS[kind]}(chunk {chunk}, micro-batch {mb})"
+            return ACTION_KINDS[kind] if chunk < 0 else f"{ACTION_KINDS[kind]}(chunk {chunk}, micro-batch {mb})"
 
         raise ExecutionError(
             f"step {step}, rank {r}: action {i} ran {text(ran[i] if i < len(ran) else None)}, "

@@ -171,7 +171,7 @@ def build_layer(model: ModelSpec, index: int, *, seed: int = 0, dropout: float |
 
 
 def build_layers_range(model: ModelSpec, first: int, last: int, **kwargs: object) -> list[nn.Module]:
-    """Layers `first..last` (inclusive), e.g. one pipeline stage."""
+    """Layers `first..last` (inclusive), e.g. one model chunk."""
     return [build_layer(model, i, **kwargs) for i in range(first, last + 1)]  # type: ignore[arg-type]
 
 

@@ -61,28 +61,43 @@ def plan_of(case: Case):
     return with_schedule(plan, split_backward(plan.schedule, case.split)) if case.split else plan
 
 
-def run_all(K: int, cases: list[Case], dropout: float = 0.0, steps: int = 1,
-            **job: Any) -> list[tuple[Case, dict]]:
-    """Launch K ranks once and run every case in that one process group; each case's measured
-    timelines are checked against its programs (`step_timelines` refuses any difference)."""
-    plans = [plan_of(c) for c in cases]
-    jobs = [job_for(p.scenario, p, steps=steps, warmup=0, dropout=dropout, return_params=True, tag=str(i),
-                    weight_pass=c.weight_pass, **job)
-            for i, (c, p) in enumerate(zip(cases, plans))]
-    outs = launch(jobs, list(range(K)), OPTIONS)
-    merged = []
-    for case, plan, out in zip(cases, plans, outs):
-        assert len(step_timelines(plan, out)) == steps, case
+def run_groups(K: int, groups: dict[str, tuple[list[Case], dict[str, Any]]]) -> dict[str, list[tuple[Case, dict]]]:
+    """Launch K ranks once and run every group's cases (each group with its own job settings:
+    steps, dropout, receive window...) in that one process group. Each case's measured timelines
+    are checked against its programs (`step_timelines` refuses any difference)."""
+    entries = []
+    for name, (cases, settings) in groups.items():
+        settings = {"steps": 1, "dropout": 0.0, **settings}
+        for case in cases:
+            plan = plan_of(case)
+            job = job_for(plan.scenario, plan, warmup=0, return_params=True, tag=f"{name}: {case}",
+                          weight_pass=case.weight_pass, **settings)
+            entries.append((name, case, plan, job))
+    outs = launch([e[3] for e in entries], list(range(K)), OPTIONS)
+    merged: dict[str, list[tuple[Case, dict]]] = {name: [] for name in groups}
+    for (name, case, plan, job), out in zip(entries, outs):
+        assert out["tag"] == job.tag
+        assert len(step_timelines(plan, out)) == job.steps, case
         params: dict[str, Any] = {}
         for rank in out["ranks"]:
             params.update(rank["params"])
-        merged.append((case, params))
+        merged[name].append((case, params))
     return merged
+
+
+def run_all(K: int, cases: list[Case], **settings: Any) -> list[tuple[Case, dict]]:
+    """One launch of K ranks running every case with the same job settings."""
+    return run_groups(K, {"all": (cases, settings)})["all"]
+
+
+def reference(case: Case, steps: int = 1) -> dict[str, Any]:
+    """Plain training of the case's model, mini-batch and optimizer (schedules play no part)."""
+    return reference_step(scenario(case._replace(K=1, v=1, schedule="gpipe", remat="none")), steps=steps)
 
 
 def assert_equal_to_reference(results: list[tuple[Case, dict]], steps: int = 1) -> None:
     for case, got in results:
-        ref = reference_step(scenario(case), steps=steps)
+        ref = reference(case, steps)
         assert got.keys() == ref.keys(), case
         for name, (param, grad) in ref.items():
             torch.testing.assert_close(got[name][1], grad, rtol=1e-5, atol=1e-5, msg=f"grad {name}: {case}")
@@ -91,34 +106,118 @@ def assert_equal_to_reference(results: list[tuple[Case, dict]], steps: int = 1) 
 
 REMATS = ("none", "except_last", "always")
 SCHEDULES_V1 = ("gpipe", "1f1b")
+WINDOWS = {"all ahead": None, "at the action": 0, "one ahead": 1}
 
 
-def test_two_ranks_every_schedule_chunking_and_remat_mode() -> None:
-    cases = [Case("transformer", 2, M, s, r) for s, r, M in itertools.product(SCHEDULES_V1, REMATS, (1, 3))]
+def backward_in_order(ranks: int, micro_batches: int, chunks: int) -> list:
+    """A schedule registered by a test: every forward through the rank's chunks, then the
+    backwards in micro-batch order."""
+    from gpipe_sim.schedule import Kind
+
+    orders = []
+    for r in range(ranks):
+        mine = [r + i * ranks for i in range(chunks)]
+        order = [(Kind.FORWARD, c, m) for c in mine for m in range(micro_batches)]
+        order += [(Kind.BACKWARD, c, m) for c in reversed(mine) for m in range(micro_batches)]
+        orders.append(order)
+    return orders
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[str, list[tuple[Case, dict]]]:
+    """Every K=2 group of this module, in one launch (a launch costs seconds of start-up)."""
+    from gpipe_sim.schedule import ScheduleFamily
+
+    main = [Case("transformer", 2, M, s, r) for s, r, M in itertools.product(SCHEDULES_V1, REMATS, (1, 3))]
     # Adam on the transformer would amplify rounding in gradients that are exactly zero in theory
     # (the key bias): Adam is checked on the MLP and the convnet.
-    cases += [Case("convnet", 2, 4, "1f1b", "always", "adam"), Case("mlp", 2, 4, "gpipe", "except_last", "momentum"),
-              Case("mlp", 2, 3, "1f1b", "none", "adam"), Case("mlp", 2, 1, "naive", "none")]
+    main += [Case("convnet", 2, 4, "1f1b", "always", "adam"), Case("mlp", 2, 4, "gpipe", "except_last", "momentum"),
+             Case("mlp", 2, 3, "1f1b", "none", "adam"), Case("mlp", 2, 1, "naive", "none")]
     # several chunks per rank: local hand-overs between a rank's chunks, transfers from the last rank to the first
-    cases += [Case("transformer", 2, 4, "interleaved_1f1b", r, v=2) for r in ("none", "always")]
-    cases += [Case("mlp", 2, 3, "interleaved_1f1b", "except_last"), Case("mlp", 2, 2, "looped_bfs", "none"),
-              Case("convnet", 2, 3, "looped_bfs", "except_last", "adam", v=2)]
+    main += [Case("transformer", 2, 4, "interleaved_1f1b", r, v=2) for r in ("none", "always")]
+    main += [Case("mlp", 2, 3, "interleaved_1f1b", "except_last"), Case("mlp", 2, 2, "looped_bfs", "none"),
+             Case("convnet", 2, 3, "looped_bfs", "except_last", "adam", v=2)]
     # the backward split into input and weight passes, hand-made from the schedules' orders
-    cases += [Case("transformer", 2, 3, "1f1b", "always", split="adjacent"),
-              Case("transformer", 2, 4, "interleaved_1f1b", "except_last", v=2, split="deferred"),
-              Case("mlp", 2, 4, "interleaved_1f1b", "none", "momentum", v=2, split="deferred", weight_pass="simple"),
-              Case("convnet", 2, 2, "looped_bfs", "always", v=2, split="deferred")]
-    assert_equal_to_reference(run_all(2, cases))
+    main += [Case("transformer", 2, 3, "1f1b", "always", split="adjacent"),
+             Case("transformer", 2, 4, "interleaved_1f1b", "except_last", v=2, split="deferred"),
+             Case("mlp", 2, 4, "interleaved_1f1b", "none", "momentum", v=2, split="deferred", weight_pass="simple"),
+             Case("convnet", 2, 2, "looped_bfs", "always", v=2, split="deferred")]
+    # the zero-bubble and V schedules (split backward built in; V: rank 0 holds the first and last chunks)
+    main += [Case("transformer", 2, 4, "zb_h1", "none"), Case("mlp", 2, 4, "zb_h2", "always", "adam"),
+             Case("convnet", 2, 4, "interleaved_zb", "except_last", v=2),
+             Case("transformer", 2, 4, "zbv", "always", v=2),
+             Case("mlp", 2, 5, "dualpipev", "except_last", "momentum", v=2)]
+    groups: dict[str, tuple[list[Case], dict[str, Any]]] = {"main": (main, {})}
+    groups["dropout"] = ([Case("transformer", 2, 3, "gpipe", r) for r in REMATS]
+                         + [Case("transformer", 2, 4, "interleaved_1f1b", r, v=2, split="deferred") for r in REMATS],
+                         {"dropout": 0.3})
+    steps = [Case("transformer", 2, 3, "1f1b", "always", "momentum"), Case("convnet", 2, 4, "gpipe", "none", "adam"),
+             Case("mlp", 2, 4, "interleaved_1f1b", "except_last", "momentum", v=2, split="deferred")]
+    for name, window in WINDOWS.items():
+        groups[name] = (steps, {"steps": 3, "recv_window": window})
+    with pytest.MonkeyPatch.context() as patch:  # registered in this process only, while jobs are made
+        patch.setitem(SCHEDULES, "backward-in-order", ScheduleFamily("backward-in-order", backward_in_order))
+        groups["registered"] = ([Case("mlp", 2, 3, "backward-in-order", "always"),
+                                 Case("transformer", 2, 4, "backward-in-order", "none", v=2)], {})
+        return run_groups(2, groups)
 
 
-def test_four_ranks() -> None:
-    cases = [Case("transformer", 4, 4, s, r) for s, r in itertools.product(SCHEDULES_V1, ("none", "always"))]
-    cases += [Case("convnet", 4, 3, "gpipe", "except_last"), Case("mlp", 4, 1, "1f1b", "always", "adam")]
-    cases += [Case("transformer", 4, 4, "interleaved_1f1b", "always", v=2),
-              Case("mlp", 4, 3, "looped_bfs", "none", v=2),
-              Case("convnet", 4, 4, "interleaved_1f1b", "none", v=2, split="deferred"),
-              Case("mlp", 4, 4, "1f1b", "except_last", "adam", split="adjacent")]
-    assert_equal_to_reference(run_all(4, cases))
+def test_two_ranks_every_schedule_chunking_and_remat_mode(two_ranks) -> None:
+    assert_equal_to_reference(two_ranks["main"])
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_several_steps_reuse_receive_buffers_safely(two_ranks, window: str) -> None:
+    # Receive buffers are allocated once and reused every step; a step's receives are posted
+    # before it starts (all ahead, on CPU), each at its own action (as on CUDA) or one ahead:
+    # three steps equal three plain steps.
+    assert_equal_to_reference(two_ranks[window], steps=3)
+
+
+def test_recompute_restores_dropout_masks(two_ranks) -> None:
+    """With dropout on, re-materialization gives exactly the gradients of keeping activations."""
+    results = two_ranks["dropout"]
+    for g in (0, 3):
+        base = results[g][1]
+        for _, other in results[g + 1:g + 3]:
+            for name in base:
+                torch.testing.assert_close(other[name][1], base[name][1], rtol=0, atol=0)
+    # and dropout really acted: the gradients differ from training without it
+    ref = reference(results[0][0])
+    assert any(not torch.allclose(results[0][1][n][1], ref[n][1], atol=1e-5) for n in ref)
+
+
+def test_a_newly_registered_schedule_runs_unchanged(two_ranks) -> None:
+    """A schedule added to gpipe_sim.schedule's registry runs with no executor change (the
+    workers run the parent's programs; they never look the schedule up)."""
+    assert "backward-in-order" not in SCHEDULES
+    assert_equal_to_reference(two_ranks["registered"])
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> dict[str, list[tuple[Case, dict]]]:
+    main = [Case("transformer", 4, 4, s, r) for s, r in itertools.product(SCHEDULES_V1, ("none", "always"))]
+    main += [Case("convnet", 4, 3, "gpipe", "except_last"), Case("mlp", 4, 1, "1f1b", "always", "adam")]
+    main += [Case("transformer", 4, 4, "interleaved_1f1b", "always", v=2),
+             Case("mlp", 4, 3, "looped_bfs", "none", v=2),
+             Case("convnet", 4, 4, "interleaved_1f1b", "none", v=2, split="deferred"),
+             Case("mlp", 4, 4, "1f1b", "except_last", "adam", split="adjacent"),
+             Case("transformer", 4, 8, "zbv", "none", v=2), Case("mlp", 4, 8, "dualpipev", "always", v=2),
+             Case("convnet", 4, 4, "zb_h2", "except_last")]
+    # The CUDA default (one process group per direction, so NCCL's in-order streams cannot
+    # deadlock 1F1B), checked here on gloo with receives posted at their action as on CUDA.
+    split = [Case("transformer", 4, 4, "1f1b", "none"), Case("mlp", 4, 3, "gpipe", "always", "adam"),
+             Case("mlp", 4, 4, "interleaved_1f1b", "always", "momentum", v=2)]
+    return run_groups(4, {"main": (main, {}),
+                          "split": (split, {"steps": 2, "recv_window": 0, "split_directions": True})})
+
+
+def test_four_ranks(four_ranks) -> None:
+    assert_equal_to_reference(four_ranks["main"])
+
+
+def test_activations_and_gradients_in_groups_of_their_own(four_ranks) -> None:
+    assert_equal_to_reference(four_ranks["split"], steps=2)
 
 
 def test_one_rank() -> None:
@@ -128,50 +227,19 @@ def test_one_rank() -> None:
     assert_equal_to_reference(run_all(1, cases))
 
 
-@pytest.mark.parametrize("recv_window", [None, 0, 1])
-def test_several_steps_reuse_receive_buffers_safely(recv_window: int | None) -> None:
-    # Receive buffers are allocated once and reused every step; a step's receives are posted
-    # before it starts (None, on CPU), each at its own action (0, as on CUDA) or one ahead (1):
-    # three steps equal three plain steps.
-    cases = [Case("transformer", 2, 3, "1f1b", "always", "momentum"), Case("convnet", 2, 4, "gpipe", "none", "adam"),
-             Case("mlp", 2, 4, "interleaved_1f1b", "except_last", "momentum", v=2, split="deferred")]
-    assert_equal_to_reference(run_all(2, cases, steps=3, recv_window=recv_window), steps=3)
-
-
-def test_activations_and_gradients_in_groups_of_their_own() -> None:
-    # The CUDA default (one process group per direction, so NCCL's in-order streams cannot
-    # deadlock 1F1B), checked here on gloo with receives posted at their action as on CUDA.
-    cases = [Case("transformer", 4, 4, "1f1b", "none"), Case("mlp", 4, 3, "gpipe", "always", "adam"),
-             Case("mlp", 4, 4, "interleaved_1f1b", "always", "momentum", v=2)]
-    assert_equal_to_reference(run_all(4, cases, steps=2, recv_window=0, split_directions=True), steps=2)
-
-
-def test_recompute_restores_dropout_masks() -> None:
-    """With dropout on, re-materialization gives exactly the gradients of keeping activations."""
-    groups = [[Case("transformer", 2, 3, "gpipe", r) for r in REMATS],
-              [Case("transformer", 2, 4, "interleaved_1f1b", r, v=2, split="deferred") for r in REMATS]]
-    results = run_all(2, [c for g in groups for c in g], dropout=0.3)
-    for g in range(len(groups)):
-        base = results[3 * g][1]
-        for _, other in results[3 * g + 1:3 * g + 3]:
-            for name in base:
-                torch.testing.assert_close(other[name][1], base[name][1], rtol=0, atol=0)
-    # and dropout really acted: the gradients differ from training without it
-    ref = reference_step(scenario(results[0][0]))
-    assert any(not torch.allclose(results[0][1][n][1], ref[n][1], atol=1e-5) for n in ref)
-
-
 def matrix(K: int) -> list[Case]:
     """Every model, M, schedule (with its chunk counts and splits) and remat mode that K admits."""
     variants = [("gpipe", 1, None), ("1f1b", 1, None), ("interleaved_1f1b", 1, None),
                 ("interleaved_1f1b", 2, None), ("looped_bfs", 1, None), ("looped_bfs", 2, None),
                 ("1f1b", 1, "adjacent"), ("1f1b", 1, "deferred"), ("interleaved_1f1b", 2, "adjacent"),
-                ("interleaved_1f1b", 2, "deferred"), ("looped_bfs", 2, "deferred")]
+                ("interleaved_1f1b", 2, "deferred"), ("looped_bfs", 2, "deferred"),
+                ("zb_h1", 1, None), ("zb_h2", 1, None), ("interleaved_zb", 2, None), ("zbv", 2, None),
+                ("dualpipev", 2, None)]
     cases = []
-    for model, M, (s, v, split), r in itertools.product(MODELS, (1, 3, 4), variants, REMATS):
-        if SCHEDULES[s].problem(K, M, v) is None:
+    for model, M, (s, v, split), r in itertools.product(MODELS, (1, 3, 4, 8), variants, REMATS):
+        if SCHEDULES[s].problem(K, M, v) is None and (M < 8 or s in ("zbv", "dualpipev")):
             cases.append(Case(model, K, M, s, r, v=v, split=split))
-    cases.append(Case("transformer", K, 4 * K, "interleaved_1f1b", "always", v=2, split="deferred",
+    cases.append(Case("transformer", K, 2 * K, "interleaved_1f1b", "always", v=2, split="deferred",
                       weight_pass="simple"))
     return cases
 
@@ -186,22 +254,3 @@ def test_matrix_fits_the_models() -> None:
 @pytest.mark.parametrize("K", [1, 2, 4])
 def test_full_matrix(K: int) -> None:
     assert_equal_to_reference(run_all(K, matrix(K)))
-
-
-def test_a_newly_registered_schedule_runs_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A schedule added to gpipe_sim.schedule's registry runs with no executor change."""
-    from gpipe_sim.schedule import Kind, ScheduleFamily
-
-    def backward_in_order(ranks: int, micro_batches: int, chunks: int) -> list:
-        """Every forward through the rank's chunks, then the backwards in micro-batch order."""
-        orders = []
-        for r in range(ranks):
-            mine = [r + i * ranks for i in range(chunks)]
-            order = [(Kind.FORWARD, c, m) for c in mine for m in range(micro_batches)]
-            order += [(Kind.BACKWARD, c, m) for c in reversed(mine) for m in range(micro_batches)]
-            orders.append(order)
-        return orders
-
-    monkeypatch.setitem(SCHEDULES, "backward-in-order", ScheduleFamily("backward-in-order", backward_in_order))
-    assert_equal_to_reference(run_all(2, [Case("mlp", 2, 3, "backward-in-order", "always"),
-                                          Case("transformer", 2, 4, "backward-in-order", "none", v=2)]))

@@ -27,16 +27,19 @@ SCENARIO = {
 OPTIONS = LaunchOptions(comm_timeout_s=20, run_timeout_s=120)
 
 
-def _job(fault: dict) -> tuple:
-    sc = parse_scenario(SCENARIO)
+def _job(fault: dict, pipeline: dict | None = None) -> tuple:
+    sc = parse_scenario({**SCENARIO, "pipeline": {**SCENARIO["pipeline"], **(pipeline or {})}})
     plan = execute.check_runnable(sc)
     return execute.job_for(sc, plan, steps=2, warmup=0, fault=fault), plan
 
 
-@pytest.mark.parametrize("kind", ["raise", "kill"])
-def test_failing_rank_stops_everyone_and_is_named(kind: str) -> None:
+@pytest.mark.parametrize("kind, pipeline", [
+    ("raise", None), ("kill", None),
+    ("raise", {"schedule": "interleaved_1f1b", "chunks": 2}),  # two chunks per rank
+])
+def test_failing_rank_stops_everyone_and_is_named(kind: str, pipeline: dict | None) -> None:
     # Rank 1 fails before its 5th action; rank 0 is then blocked waiting for its gradient.
-    job, plan = _job({"rank": 1, "kind": kind, "action": 4, "step": 1})
+    job, plan = _job({"rank": 1, "kind": kind, "action": 4, "step": 1}, pipeline)
     t0 = time.monotonic()
     with pytest.raises(ExecutionError) as info:
         launch([job], plan.device_map, OPTIONS)
@@ -69,6 +72,8 @@ def test_cli_exits_nonzero_naming_the_rank(tmp_path: Path) -> None:
     [
         ({"pipeline": {**SCENARIO["pipeline"], "micro_batches": 16}}, "pipeline.micro_batches"),
         ({"pipeline": {**SCENARIO["pipeline"], "stages": 5}}, "pipeline.stages"),
+        ({"pipeline": {**SCENARIO["pipeline"], "chunks": 2}}, "pipeline.chunks"),
+        ({"pipeline": {**SCENARIO["pipeline"], "schedule": "interleaved_1f1b", "chunks": 3}}, "pipeline.chunks"),
         ({"model": {"preset": "amoebanet", "layers": 3, "filters": 8, "image_size": 16}}, "model.preset"),
         ({"model": {"preset": "convnet", "layers": 2, "channels": 4, "image_size": 2}}, "model.image_size"),
     ],

@@ -17,13 +17,13 @@ from gpipe_exec.studies.calibrate import LinkFit, fit_link, fit_runtime, runtime
 from gpipe_exec.execute import check_runnable, job_for, measured_result  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.profile import ProfileOptions, profile_model, write_table  # noqa: E402
+from gpipe_exec.programs import split_backward, with_schedule  # noqa: E402
 from gpipe_exec.studies.rounds import predict_with_profile  # noqa: E402
 from gpipe_exec.studies.validate import relative_errors  # noqa: E402
 from gpipe_exec.zoo import build_model  # noqa: E402
-from gpipe_sim.plan.compile import compile_plan  # noqa: E402
 from gpipe_sim.results.result import summarize  # noqa: E402
 from gpipe_sim.spec.scenario import load_scenario, parse_scenario  # noqa: E402
-from gpipe_sim.schedule import ACTION_KINDS  # noqa: E402
+from gpipe_sim.schedule import ACTION_KINDS, Kind  # noqa: E402
 from gpipe_sim.results.trace import chrome_trace  # noqa: E402
 
 BASE = {
@@ -34,27 +34,43 @@ BASE = {
 }
 
 
+CASES = [  # (schedule, remat, chunks per rank, micro-batches, split backward)
+    ("gpipe", "none", 1, 3, None), ("gpipe", "always", 1, 3, None), ("1f1b", "except_last", 1, 3, None),
+    ("1f1b", "always", 1, 3, None), ("interleaved_1f1b", "always", 2, 4, None), ("looped_bfs", "none", 2, 3, None),
+    ("interleaved_1f1b", "except_last", 2, 4, "deferred"), ("1f1b", "none", 1, 3, "adjacent"),
+    ("zbv", "except_last", 2, 4, None),  # split backward built in; rank 0 holds the first and last chunks
+]
+
+
 @pytest.fixture(scope="module")
 def runs():
-    """Several schedules and remat modes, each predicted from a profile and run for real (one spawn)."""
+    """Several schedules, chunkings and remat modes, each predicted from a profile and run for real
+    (one spawn): (plan, predicted, measurement, the ranks' raw output)."""
     base = parse_scenario(BASE)
     table = profile_model(base, ProfileOptions(warmup=0, repeats=1))
     cases = []
-    for schedule, remat in [("gpipe", "none"), ("gpipe", "always"), ("1f1b", "except_last"),
-                            ("1f1b", "always")]:
-        sc = base.with_updates({"pipeline.schedule": schedule, "pipeline.remat": remat})
-        run_sc, predicted = predict_with_profile(sc, table, None)
-        plan = compile_plan(run_sc)
-        cases.append((plan, predicted, job_for(run_sc, check_runnable(run_sc), steps=3, warmup=1)))
+    for schedule, remat, v, M, split in CASES:
+        sc = base.with_updates({"pipeline.schedule": schedule, "pipeline.remat": remat, "pipeline.chunks": v,
+                                "pipeline.micro_batches": M, "pipeline.batch_size": 2 * M})
+        programs = (lambda s, split=split: split_backward(s, split)) if split else None
+        run_sc, predicted = predict_with_profile(sc, table, None, programs)
+        plan = check_runnable(run_sc)
+        if programs:
+            plan = with_schedule(plan, programs(plan.schedule))
+        cases.append((plan, predicted, job_for(run_sc, plan, steps=3, warmup=1)))
     outs = launch([c[2] for c in cases], [0, 1], LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
-    return [(plan, predicted, measured_result(plan, out)) for (plan, predicted, _), out in zip(cases, outs)]
+    return [(plan, predicted, measured_result(plan, out), out) for (plan, predicted, _), out in zip(cases, outs)]
 
 
 def test_peak_activation_memory_matches_the_simulator_definition(runs) -> None:
-    for plan, predicted, m in runs:
+    for plan, predicted, m, _ in runs:
         for p, q in zip(predicted.stages, m.result.stages):
             assert q.peak_activation_bytes > 0
-            assert q.peak_activation_bytes == pytest.approx(p.peak_activation_bytes, rel=1e-9), plan.schedule
+            assert q.peak_activation_bytes == pytest.approx(p.peak_activation_bytes, rel=1e-9), plan.schedule.name
+        assert len(m.result.chunks) == len(plan.chunks)
+        for p, q in zip(predicted.chunks, m.result.chunks):  # each chunk on its own
+            assert q.peak_activation_bytes == pytest.approx(p.peak_activation_bytes, rel=1e-9), plan.schedule.name
+            assert (q.rank, q.layers, q.param_bytes, q.state_bytes) == (p.rank, p.layers, p.param_bytes, p.state_bytes)
         errors = relative_errors(predicted, m.result)
         assert set(errors) >= {"step_time_s", "throughput_samples_per_s", "bubble_fraction",
                                "stage0.peak_activation_bytes", "stage1.peak_activation_bytes"}
@@ -66,31 +82,71 @@ def test_remat_lowers_the_measured_peak(runs) -> None:
     assert always < none
 
 
+def test_the_ranks_ran_the_plans_programs(runs) -> None:
+    """The measured timeline is what the ranks recorded as they ran (kind, chunk, micro-batch of
+    each action), not the plan's columns copied: it equals the programs, I/W split included."""
+    kinds = set()
+    for plan, _, m, _ in runs:
+        t, prog = m.result.timeline, plan.program
+        for name in ("rank", "kind", "chunk", "micro_batch"):
+            assert np.array_equal(getattr(t, name), getattr(prog, name)), (plan.schedule.name, name)
+        kinds |= set(t.kind_names)
+    assert kinds >= {"forward", "backward", "backward_input", "backward_weight", "recompute", "send", "recv", "update"}
+
+
+def test_a_run_that_strays_from_its_program_is_refused(runs) -> None:
+    import copy
+
+    from gpipe_exec.errors import ExecutionError
+    from gpipe_exec.execute import check_ran_as_planned, step_timelines
+
+    plan, _, _, out = runs[4]  # interleaved, two chunks per rank
+    bad = copy.deepcopy(out)
+    record = bad["ranks"][1]["records"][0]
+    i = record.kind.index(int(Kind.FORWARD))
+    j = i + 1 + record.kind[i + 1:].index(int(Kind.FORWARD))
+    for column in (record.chunk, record.micro_batch):  # two forwards run the other way round
+        column[i], column[j] = column[j], column[i]
+    if (record.chunk[i], record.micro_batch[i]) == (record.chunk[j], record.micro_batch[j]):
+        pytest.skip("the two forwards are alike")
+    with pytest.raises(ExecutionError, match=rf"rank 1: action {i} ran forward"):
+        step_timelines(plan, bad)
+    with pytest.raises(ExecutionError, match="rank 1"):
+        measured_result(plan, bad)
+    short = copy.deepcopy(out)
+    for column in ("kind", "chunk", "micro_batch", "message", "starts", "ends", "held"):
+        getattr(short["ranks"][0]["records"][0], column).pop()  # the update never ran
+    with pytest.raises(ExecutionError, match="ran nothing, the program says update"):
+        step_timelines(plan, short)
+    check_ran_as_planned(plan, step_timelines(plan, out)[0])
+
+
 def test_timeline_is_causal_on_one_clock(runs) -> None:
-    for plan, _, m in runs:
+    for plan, _, m, _ in runs:
         t = m.result.timeline
         prog = plan.program
-        assert np.array_equal(t.kind, prog.kind) and np.array_equal(t.stage, prog.stage)
         assert np.all(t.end_s >= t.start_s) and t.start_s.min() >= 0
         assert m.result.step_time_s == pytest.approx(t.end_s.max())
         assert m.result.step_time_s == pytest.approx(sorted(m.step_times_s)[1])  # the median of 3
         compute = t.is_compute
-        for k in range(plan.schedule.stages):
-            sel = np.flatnonzero((t.stage == k) & compute)
+        for k in range(plan.schedule.ranks):
+            sel = np.flatnonzero((t.rank == k) & compute)
             assert np.all(t.start_s[sel][1:] >= t.end_s[sel][:-1] - 1e-9)  # in order, no overlap
         # a receive cannot end before the matching send started
-        send, recv = ACTION_KINDS.index("send"), ACTION_KINDS.index("recv")
+        send, recv = int(Kind.SEND), int(Kind.RECV)
         starts = {int(prog.message[i]): t.start_s[i] for i in np.flatnonzero(t.kind == send)}
         for i in np.flatnonzero(t.kind == recv):
             assert t.end_s[i] >= starts[int(prog.message[i])] - 1e-4
         # throughput and bubble are gpipe_sim.results.result.summarize's definitions
         r = m.result
-        again = summarize(t, batch_size=r.batch_size, micro_batches=r.micro_batches,
-                          stage_layers=[s.layers for s in r.stages], device_map=plan.device_map,
+        again = summarize(t, batch_size=r.batch_size, micro_batches=r.micro_batches, layout=plan.layout,
+                          analytic_bubble_fraction=plan.analytic_bubble_fraction,
                           peak_activation_bytes=[s.peak_activation_bytes for s in r.stages],
-                          param_bytes=[s.param_bytes for s in r.stages],
-                          state_bytes=[s.state_bytes for s in r.stages], memory_capacity_bytes=float("inf"))
+                          chunk_peak_activation_bytes=[c.peak_activation_bytes for c in r.chunks],
+                          param_bytes=[c.param_bytes for c in r.chunks],
+                          state_bytes=[c.state_bytes for c in r.chunks], memory_capacity_bytes=float("inf"))
         assert again.bubble_fraction == pytest.approx(r.bubble_fraction)
+        assert [c.busy_s for c in again.chunks] == pytest.approx([c.busy_s for c in r.chunks])
         assert r.throughput_samples_per_s == pytest.approx(r.batch_size / r.step_time_s)
         trace = chrome_trace(t)
         assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == len(t)
@@ -182,13 +238,13 @@ def test_host_times_sit_where_the_runtime_spends_them(runs) -> None:
     plain, charged = simulate(base), simulate(base.with_updates({"hardware.host": host}))
     names = plain.timeline.kind_names
     for k in range(2):
-        idx = np.flatnonzero(charged.timeline.stage == k)
+        idx = np.flatnonzero(charged.timeline.rank == k)
         for a, b in zip(idx[:-1], idx[1:]):
             if names[b] == "send":
                 assert charged.timeline.start_s[b] >= charged.timeline.end_s[a] + 3e-5 - 1e-12
     assert charged.step_time_s > plain.step_time_s
     # Measured: the gaps the calibration reads are real, positive and small (host time, not compute).
-    _, _, measured = runs[0]
+    _, _, measured, _ = runs[0]
     action, send, recv = runtime_sample([measured.result.timeline], list(ACTION_KINDS))
     assert 0 <= action < 5e-3 and 0 < send < 5e-3 and 0 <= recv < 5e-3
 
@@ -208,8 +264,9 @@ def test_calibrate_shared_scales_host_times_to_reproduce_a_shared_run() -> None:
 def test_cli_validate_json(tmp_path: Path) -> None:
     import yaml
 
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(BASE))
+    path = tmp_path / "s.yaml"  # interleaved: two chunks per rank
+    path.write_text(yaml.safe_dump({**BASE, "pipeline": {**BASE["pipeline"], "schedule": "interleaved_1f1b",
+                                                         "chunks": 2, "micro_batches": 4, "batch_size": 8}}))
     proc = subprocess.run([sys.executable, "-m", "gpipe_exec.cli", "validate", str(path), "--json",
                            "--steps", "1", "--warmup", "0", "--no-timeline"],
                           capture_output=True, text=True, timeout=300)
@@ -218,6 +275,22 @@ def test_cli_validate_json(tmp_path: Path) -> None:
     assert out["predicted"]["source"] == "simulated" and out["measured"]["source"] == "measured"
     assert set(out["relative_error"]) >= {"step_time_s", "throughput_samples_per_s", "bubble_fraction"}
     assert out["relative_error"]["stage1.peak_activation_bytes"] < 1e-9
+    assert all(out["relative_error"][f"chunk{c}.peak_activation_bytes"] < 1e-9 for c in range(4))
+    assert [len(s["chunks"]) for s in out["measured"]["stages"]] == [2, 2]
+
+
+def test_accuracy_grid_covers_interleaved_where_it_runs() -> None:
+    from gpipe_exec.studies.accuracy import base_scenario, grid, markdown
+
+    cases = grid(base_scenario("transformer", 4, 32), [1, 4, 6, 8], ["gpipe", "interleaved_1f1b"], [1, 2], ["none"])
+    got = {(sc.pipeline.schedule, sc.pipeline.chunks, sc.pipeline.micro_batches) for sc in cases}
+    assert ("interleaved_1f1b", 2, 4) in got and ("interleaved_1f1b", 2, 8) in got
+    assert ("interleaved_1f1b", 2, 6) not in got and ("interleaved_1f1b", 2, 1) not in got  # M not a multiple of K
+    assert not any(schedule == "gpipe" and v == 2 for schedule, v, _ in got)
+    row = {"model": "transformer", "K": 4, "M": 4, "schedule": "interleaved_1f1b", "v": 2, "remat": "none",
+           "step_time_error": 0.02, "measured_spread": 0.01, "memory_error": 0.0, "predicted_step_s": 1.0,
+           "measured_step_s": 1.02}
+    assert "| transformer | 4 | interleaved_1f1b | 2 | none | 2.0% (4) |" in markdown([row])
 
 
 def test_example_scenarios_are_runnable() -> None:
@@ -236,7 +309,7 @@ def test_stages_sharing_a_device_never_compute_at_once() -> None:
     t = measured_result(plan, out).result.timeline
     for pair in ((0, 1), (2, 3)):
         spans = sorted((t.start_s[i], t.end_s[i]) for i in np.flatnonzero(t.is_compute)
-                       if int(t.stage[i]) in pair)
+                       if int(t.rank[i]) in pair)
         for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
             assert b0 >= a1 - 1e-4, (pair, (a0, a1), (b0, b1))
     # Memory of a shared device: its stages' measured curves merged in time, as the simulator does.

@@ -153,7 +153,7 @@ def _failure_message(errors: list[dict[str, Any]], exitcodes: dict[int, int | No
 
 def launch(jobs: Any, device_map: Sequence[int], options: LaunchOptions = LaunchOptions(),
            task: Task = run_jobs) -> Any:
-    """Spawn one process per stage, run `task` (by default: `jobs` in order), return rank 0's answer.
+    """Spawn one process per rank, run `task` (by default: `jobs` in order), return rank 0's answer.
 
     If any rank fails, the others are stopped within about a second and ExecutionError names the
     failing rank; the whole launch is bounded by `options.run_timeout_s`.

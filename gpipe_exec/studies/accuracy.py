@@ -20,6 +20,8 @@ from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions
 from gpipe_exec.studies.rounds import Round, compare_rounds
 from gpipe_exec.studies.validate import calibration_text, combine_rounds, relative_errors
+from gpipe_sim.schedule import schedule_family
+from gpipe_sim.spec.layers import layer_count
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -51,7 +53,7 @@ def _row(sc: Scenario, done: list[Round]) -> dict[str, Any]:
               if name.endswith("peak_activation_bytes")]
     return {
         "model": sc.model.preset, "K": sc.pipeline.stages, "M": sc.pipeline.micro_batches,
-        "schedule": sc.pipeline.schedule, "remat": sc.pipeline.remat,
+        "schedule": sc.pipeline.schedule, "v": sc.pipeline.chunks, "remat": sc.pipeline.remat,
         "predicted_step_s": v.predicted.step_time_s, "measured_step_s": v.measured.result.step_time_s,
         "step_time_error": v.relative_error["step_time_s"],
         "predicted_round_s": [p.step_time_s for p in predicted], "measured_round_s": per_round,
@@ -62,14 +64,24 @@ def _row(sc: Scenario, done: list[Round]) -> dict[str, Any]:
     }
 
 
+def grid(base: Scenario, Ms: Sequence[int], schedules: Sequence[str], chunks: Sequence[int],
+         remats: Sequence[str]) -> list[Scenario]:
+    """Every (M, schedule, chunks per rank, remat) that the schedule's family accepts for this K
+    (gpipe and 1f1b run one chunk per rank; interleaved_1f1b several when M is a multiple of K)."""
+    K = base.pipeline.stages
+    return [base.with_updates({"pipeline.micro_batches": M, "pipeline.schedule": schedule,
+                               "pipeline.chunks": v, "pipeline.remat": remat})
+            for M, schedule, v, remat in itertools.product(Ms, schedules, chunks, remats)
+            if schedule_family(schedule).problem(K, M, v) is None and M <= base.pipeline.batch_size
+            and K * v <= layer_count(base.model)]
+
+
 def run_group(model: str, K: int, Ms: Sequence[int], schedules: Sequence[str], remats: Sequence[str],
               batch: int, steps: int, warmup: int, options: LaunchOptions, calibration: Any,
-              repeats: int = 5, concurrent: bool = True, rounds: int = 3) -> list[dict[str, Any]]:
-    """Every (M, schedule, remat) for this model and K, in one process group (`compare_rounds`)."""
-    base = base_scenario(model, K, batch)
-    cases = [base.with_updates({"pipeline.micro_batches": M, "pipeline.schedule": schedule,
-                                "pipeline.remat": remat})
-             for M, schedule, remat in itertools.product(Ms, schedules, remats)]
+              repeats: int = 5, concurrent: bool = True, rounds: int = 3,
+              chunks: Sequence[int] = (1,)) -> list[dict[str, Any]]:
+    """Every (M, schedule, chunks, remat) for this model and K, in one process group (`compare_rounds`)."""
+    cases = grid(base_scenario(model, K, batch), Ms, schedules, chunks, remats)
     payload = {"cases": cases, "calibration": calibration, "steps": steps, "warmup": warmup, "rounds": rounds,
                "profile": ProfileOptions(warmup=1, repeats=repeats), "alone": not concurrent}
     done = launch(payload, DEVICE_MAPS[K], options, task=compare_rounds)
@@ -78,16 +90,17 @@ def run_group(model: str, K: int, Ms: Sequence[int], schedules: Sequence[str], r
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table: one line per (model, K, schedule, remat) with the errors over M, then a summary."""
-    lines = ["| model | K | schedule | remat | step-time error per M (1,2,4,8,16...) "
+    lines = ["| model | K | schedule | v | remat | step-time error per M (M) "
              "| measured spread over rounds per M | peak activation error (max) |",
-             "|---|---|---|---|---|---|---|"]
-    key = lambda r: (r["model"], r["K"], r["schedule"], r["remat"])  # noqa: E731
+             "|---|---|---|---|---|---|---|---|"]
+    key = lambda r: (r["model"], r["K"], r["schedule"], r.get("v", 1), r["remat"])  # noqa: E731
     for group, items in itertools.groupby(sorted(rows, key=key), key=key):
         items = sorted(items, key=lambda r: r["M"])
-        errs = " / ".join(f"{100 * r['step_time_error']:.1f}%" for r in items)
+        errs = " / ".join(f"{100 * r['step_time_error']:.1f}% ({r['M']})" for r in items)
         spreads = " / ".join(f"{100 * r['measured_spread']:.1f}%" for r in items)
         mem = max(r["memory_error"] for r in items)
-        lines.append(f"| {group[0]} | {group[1]} | {group[2]} | {group[3]} | {errs} | {spreads} | {100 * mem:.3f}% |")
+        lines.append(f"| {group[0]} | {group[1]} | {group[2]} | {group[3]} | {group[4]} | {errs} | {spreads} "
+                     f"| {100 * mem:.3f}% |")
     step = [r["step_time_error"] for r in rows]
     mem = [r["memory_error"] for r in rows]
     spread = [r["measured_spread"] for r in rows]
@@ -108,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="transformer,convnet")
     parser.add_argument("--stages", default="2,4")
     parser.add_argument("--micro-batches", default="1,2,4,8,16")
-    parser.add_argument("--schedules", default="gpipe,1f1b")
+    parser.add_argument("--schedules", default="gpipe,1f1b,interleaved_1f1b")
+    parser.add_argument("--chunks", default="1,2",
+                        help="chunks per rank; each schedule runs those its family accepts (default 1,2)")
     parser.add_argument("--remat", default="none,always")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5, help="measured steps per case and round")
@@ -137,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             bar.update(task, description=f"{model} K={K}: profile and run")
             rows += run_group(model, K, Ms, args.schedules.split(","), args.remat.split(","),
                               args.batch_size, args.steps, args.warmup, options, shared.get(K, calibration),
-                              concurrent=not args.profile_alone, rounds=args.rounds)
+                              concurrent=not args.profile_alone, rounds=args.rounds,
+                              chunks=[int(v) for v in args.chunks.split(",")])
             bar.advance(task)
     if args.json:
         with open(args.json, "w") as f:

@@ -75,6 +75,9 @@ def compared_fields(predicted: Result, measured: Result) -> list[tuple[str, floa
     ]
     for p, m in zip(predicted.stages, measured.stages):
         rows.append((f"stage{p.index}.peak_activation_bytes", p.peak_activation_bytes, m.peak_activation_bytes))
+    if len(predicted.chunks) > len(predicted.stages):  # several chunks per rank: each one's own peak too
+        for p, m in zip(predicted.chunks, measured.chunks):
+            rows.append((f"chunk{p.index}.peak_activation_bytes", p.peak_activation_bytes, m.peak_activation_bytes))
     return rows
 
 
