@@ -129,3 +129,35 @@ def test_split_schedules_run_with_rematerialization_on_real_links(schedule, v, r
     fast, slow = simulate(scenario, engine="fast"), simulate(scenario, engine="simpy")
     assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=1e-12)
     assert 0 < fast.bubble_fraction < 1
+
+
+@pytest.mark.parametrize("i_s, w_s", [(1.5e-3, 0.5e-3), (1.0e-3, 1.0e-3), (1.2e-3, 0.8e-3)])
+@pytest.mark.parametrize("K, M", [(4, 8), (4, 16), (8, 16)])
+def test_zb_h1_bubble_with_unequal_input_and_weight_passes(i_s, w_s, K, M):
+    """The paper's (K-1)(F+I-W) on rank 0 (stated for W <= I, as measured passes have it)."""
+    result, layers = _run("zb_h1", K, M, backward_input_s_per_sample=i_s, backward_weight_s_per_sample=w_s)
+    f, i, w = (x * layers / K for x in (F_S, i_s, w_s))
+    assert result.step_time_s - result.stages[0].busy_s == pytest.approx((K - 1) * (f + i - w), rel=1e-9)
+
+
+@pytest.mark.parametrize("i_s, w_s", [(1.5e-3, 0.5e-3), (0.8e-3, 1.2e-3), (1.2e-3, 0.8e-3)])
+@pytest.mark.parametrize("K, M", [(4, 8), (8, 16)])
+def test_zb_h2_bubble_with_unequal_input_and_weight_passes(i_s, w_s, K, M):
+    """The paper's (K-1)(F+I-2W) on rank 0, between its first and last pass (0 when W >= (F+I)/2)."""
+    result, layers = _run("zb_h2", K, M, backward_input_s_per_sample=i_s, backward_weight_s_per_sample=w_s)
+    f, i, w = (x * layers / K for x in (F_S, i_s, w_s))
+    assert _idle_within_spans(result)[0] == pytest.approx(max(0.0, (K - 1) * (f + i - 2 * w)), rel=1e-9, abs=1e-12)
+
+
+def test_transformer_input_gradient_pass_carries_the_attention_backward():
+    from gpipe_sim.spec.costs import split_backward_seconds, layer_seconds
+    from gpipe_sim.spec.layers import build_layers
+    from gpipe_sim.spec.model import TransformerModel
+    from gpipe_sim.spec.hardware import Hardware
+
+    accel = Hardware.model_validate({"preset": "a100-80gb"}).accelerator
+    embed, block, *_ = build_layers(TransformerModel(d_model=1024, d_ff=4096, heads=16, seq_len=2048), 2)
+    _, backward = layer_seconds(block, 4, accel, "bf16", 2)
+    i, w = split_backward_seconds(block, 4, backward)
+    assert i + w == pytest.approx(backward) and i > w  # seq 2048 > d: attention's s^2 d terms dominate I
+    assert split_backward_seconds(embed, 4, 1.0) == (0.0, 1.0)

@@ -14,7 +14,7 @@ from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_
 from gpipe_sim.results.result import Layout
 from gpipe_sim.schedule import SCHEDULES, Action, Kind, Schedule, Tensor, build_schedule
 from gpipe_sim.schedule.registry import fill_drain_bubble
-from gpipe_sim.spec.costs import BACKWARD_INPUT_SHARE, layer_seconds, update_seconds
+from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.scenario import Scenario
@@ -195,10 +195,9 @@ def compile_plan(scenario: Scenario) -> Plan:
     for c, count in enumerate(counts):
         own = layers[first : first + count]
         per_size = np.array([
-            [math.fsum(t[i] for t in (layer_seconds(layer, b, accel, dtype, dtype_bytes) for layer in own))
-             for i in (0, 1)]
-            for b in distinct
-        ])[size_index]  # [micro-batch, (forward, backward)]
+            [math.fsum(t[i] for t in times_b) for i in range(4)]
+            for times_b in ([_layer_times(layer, b, accel, dtype, dtype_bytes) for layer in own] for b in distinct)
+        ])[size_index]  # [micro-batch, (forward, backward, backward input, backward weight)]
         params = sum(layer.params for layer in own)
         input_per_sample = model_input if c == 0 else layers[first - 1].output_bytes_per_sample
         act_per_sample = sum(layer.activation_bytes_per_sample for layer in own)
@@ -214,8 +213,8 @@ def compile_plan(scenario: Scenario) -> Plan:
                 state_bytes=float(params * state_per_param),
                 forward_s=per_size[:, 0].copy(),
                 backward_s=backward.copy(),
-                backward_input_s=backward * BACKWARD_INPUT_SHARE,
-                backward_weight_s=backward * (1 - BACKWARD_INPUT_SHARE),
+                backward_input_s=per_size[:, 2].copy(),
+                backward_weight_s=per_size[:, 3].copy(),
                 activation_bytes=act_per_sample * samples,
                 input_bytes=input_per_sample * samples,
                 output_bytes=own[-1].output_bytes_per_sample * samples,
@@ -234,6 +233,12 @@ def compile_plan(scenario: Scenario) -> Plan:
             update_s=math.fsum(chunks[c].update_s for c in mine),
         ))
     return Plan(scenario, schedule, tuple(layers), tuple(chunks), tuple(ranks), tuple(sizes), device_map)
+
+
+def _layer_times(layer: LayerSpec, micro_batch: int, accel, dtype: str, dtype_bytes: int) -> tuple[float, ...]:
+    """(forward, backward, backward input, backward weight) seconds of one layer on a micro-batch."""
+    forward, backward = layer_seconds(layer, micro_batch, accel, dtype, dtype_bytes)
+    return (forward, backward, *split_backward_seconds(layer, micro_batch, backward))
 
 
 def _flatten(plan: Plan) -> Program:

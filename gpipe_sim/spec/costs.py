@@ -10,8 +10,9 @@ from gpipe_sim.spec.hardware import Accelerator
 from gpipe_sim.spec.model import LayerSpec
 
 
-# The share of a backward pass that computes the input gradient (zero-bubble's I pass); the rest
-# is the weight gradients (W). A matmul's two gradients each cost as much as its forward.
+# The share of a backward pass that computes the input gradient (zero-bubble's I pass) when a layer
+# says nothing else; the rest is the weight gradients (W). A matmul's two gradients each cost as
+# much as its forward.
 BACKWARD_INPUT_SHARE = 0.5
 
 def layer_seconds(
@@ -82,3 +83,28 @@ def update_seconds(
             traffic = layer.params * (bytes_per_param + (bytes_per_param - dtype_bytes))
             total += accelerator.kernel_overhead_s + traffic / accelerator.memory_bandwidth
     return total if math.isfinite(total) else 0.0
+
+
+def split_backward_seconds(layer: LayerSpec, micro_batch: int, backward_s: float) -> tuple[float, float]:
+    """(input-gradient, weight-gradient) seconds of `layer`'s backward split in two passes, for a
+    micro-batch whose full backward takes `backward_s`: measured `timings` of both passes
+    (interpolated as the full backward is), seconds per sample, or the full backward divided by
+    `backward_input_flops_per_sample / backward_flops_per_sample` (else BACKWARD_INPUT_SHARE).
+    Measured split passes may add up to more than the full backward, as they do on real hardware."""
+    if layer.timings and all(t.backward_input_s is not None and t.backward_weight_s is not None
+                             for t in layer.timings):
+        split = layer.model_copy(update={"timings": tuple(
+            t.model_copy(update={"forward_s": t.backward_input_s, "backward_s": t.backward_weight_s})
+            for t in layer.timings)})
+        return _interpolate(split, micro_batch)
+    if layer.backward_input_s_per_sample is not None or layer.backward_weight_s_per_sample is not None:
+        i = layer.backward_input_s_per_sample
+        w = layer.backward_weight_s_per_sample
+        per = backward_s / micro_batch if micro_batch else 0.0
+        i = per - w if i is None and w is not None else i
+        w = per - i if w is None and i is not None else w
+        return max(0.0, i) * micro_batch, max(0.0, w) * micro_batch  # type: ignore[operator]
+    share = BACKWARD_INPUT_SHARE
+    if layer.backward_input_flops_per_sample is not None and layer.backward_flops_per_sample:
+        share = min(1.0, layer.backward_input_flops_per_sample / layer.backward_flops_per_sample)
+    return share * backward_s, (1 - share) * backward_s

@@ -81,6 +81,8 @@ def _uniform(model: UniformModel, dtype_bytes: int) -> list[LayerSpec]:
             output_bytes_per_sample=model.output_bytes_per_sample,
             forward_s_per_sample=model.forward_s_per_sample,
             backward_s_per_sample=model.backward_s_per_sample,
+            backward_input_s_per_sample=model.backward_input_s_per_sample,
+            backward_weight_s_per_sample=model.backward_weight_s_per_sample,
             kernels=0,
         )
         for i in range(model.layers)
@@ -103,6 +105,7 @@ def _transformer(model: TransformerModel, p: int) -> list[LayerSpec]:
         output_bytes_per_sample=float(s * d * p),
         forward_flops_per_sample=float(s * d),
         backward_flops_per_sample=float(2 * s * d),
+        backward_input_flops_per_sample=0.0,  # token ids have no gradient: all of it is the tables'
         kernels=3,
     )
     # Block: attention (QKV, scores, context, projection) and MLP, pre-LayerNorm.
@@ -118,6 +121,9 @@ def _transformer(model: TransformerModel, p: int) -> list[LayerSpec]:
         output_bytes_per_sample=float(s * d * p),
         forward_flops_per_sample=matmul_flops,
         backward_flops_per_sample=2.0 * matmul_flops,
+        # a weight matmul's input and weight gradients each cost its forward; the attention
+        # scores and context (4 s^2 d) have no weights: both their gradients are the input's
+        backward_input_flops_per_sample=2.0 * s * (4 * d * d + 2 * d * f) + 8.0 * s * s * d,
         kernels=14,
     )
     blocks = [_layer(name=f"block{i}", **block) for i in range(model.layers)]

@@ -23,6 +23,8 @@ class Timing(_Strict):
     micro_batch: BatchSize
     forward_s: Duration
     backward_s: Duration
+    backward_input_s: Duration | None = None  # the backward split (zero-bubble's I and W passes)
+    backward_weight_s: Duration | None = None
 
 
 class LayerSpec(_Strict):
@@ -41,6 +43,11 @@ class LayerSpec(_Strict):
     backward_flops_per_sample: Amount | None = None
     forward_s_per_sample: Duration | None = None
     backward_s_per_sample: Duration | None = None
+    # The backward split into the input-gradient pass I and the weight-gradient pass W, which
+    # zero-bubble schedules run apart (default: half of the backward each, or by FLOPs)
+    backward_input_flops_per_sample: Amount | None = None
+    backward_input_s_per_sample: Duration | None = None
+    backward_weight_s_per_sample: Duration | None = None
     timings: tuple[Timing, ...] = Field((), max_length=1000)
     kernels: Kernels = 1
     update_s: Duration | None = None
@@ -70,6 +77,8 @@ class UniformModel(_Strict):
     layers: LayerCount = 16
     forward_s_per_sample: Duration = 1.0e-3
     backward_s_per_sample: Duration = 2.0e-3
+    backward_input_s_per_sample: Duration | None = None  # default: half of the backward
+    backward_weight_s_per_sample: Duration | None = None  # default: half of the backward
     params_per_layer: Params = 10_000_000
     activation_bytes_per_sample: Amount = 4.0e6
     output_bytes_per_sample: Amount = 1.0e6
