@@ -38,6 +38,10 @@ class ProfileOptions:
     # Time backward passes with gradients already there to add to, as a stage's micro-batches after
     # its first (2% more on the transformer at 2 samples); None: when the scenario has M > 1.
     accumulate: bool | None = None
+    # Also time each layer's backward split as zero-bubble schedules run it (the executor's
+    # split_backward: the input's gradient I, then the weights' W), written as each timing's
+    # backward_input_s / backward_weight_s and the row's *_s_per_sample (at the largest size).
+    split_backward: bool = False
 
 
 def too_large_to_build(scenario: Scenario, fraction: float = 0.5) -> bool:
@@ -182,6 +186,7 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         if progress:
             progress(n + j, n + len(sizes), f"timing micro-batch {b}")
         samples = []
+        split_samples: list[tuple[list[float], list[float]]] = []
         timed, r = 0.0, 0
         while r < options.warmup + max(1, options.repeats) or (
                 timed < options.min_time_s and r < options.warmup + options.max_repeats):
@@ -189,9 +194,12 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
                 for layer in layers:
                     layer.zero_grad(set_to_none=True)
             times = _chain_times_with_grads(layers, x, y, b, device, hold)
+            split = _split_times(layers, x, y, b, device, hold) if options.split_backward else None
             if r >= options.warmup:
                 samples.append(times)
                 timed += sum(times[0]) + sum(times[1])
+                if split is not None:
+                    split_samples.append(split)
             r += 1
         for i in range(n):
             timings[i].append({
@@ -199,8 +207,15 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
                 "forward_s": typical([t[0][i] for t in samples]),
                 "backward_s": typical([t[1][i] for t in samples]),
             })
+            if split_samples:
+                timings[i][-1]["backward_input_s"] = typical([t[0][i] for t in split_samples])
+                timings[i][-1]["backward_weight_s"] = typical([t[1][i] for t in split_samples])
     for i, layer in enumerate(layers):
         rows[i]["timings"] = timings[i]
+        if options.split_backward:
+            at_big = timings[i][-1]  # sizes are sorted: the largest, the least noisy per sample
+            rows[i]["backward_input_s_per_sample"] = at_big["backward_input_s"] / at_big["micro_batch"]
+            rows[i]["backward_weight_s_per_sample"] = at_big["backward_weight_s"] / at_big["micro_batch"]
         params = list(layer.parameters())
         if params:
             opt = make_optimizer(params, scenario.training.optimizer)
@@ -280,6 +295,104 @@ def _chain_times_with_grads(layers: list[torch.nn.Module], x: torch.Tensor, targ
             continue  # no gradient reaches this layer (nothing before it is trained)
         bwd[i] = stamps.seconds(marks[i + 1], marks.get(i, done))
     return fwd, bwd
+
+
+def _split_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor, batch: int,
+                 device: torch.device, hold: Callable[[], ContextManager[None]] = nullcontext
+                 ) -> tuple[list[float], list[float]]:
+    """Per-layer seconds of the backward split in two, as the executor runs it for a zero-bubble
+    schedule (`split_backward.backward_input` then `backward_weight`, "reuse" mode), one layer at
+    a time: a forward through the layers, each taking its predecessor's output detached (so each
+    layer's I and W reach no further than its own input), then from the last layer to the first,
+    I (which gives the gradient the layer before it starts from) and W. The first layer, whose
+    input takes no gradient, has no I: its W is its full backward, as in the executor."""
+    from gpipe_exec.runtime.split_backward import backward_input, backward_weight
+
+    n = len(layers)
+    stamps = _Stamps(device)
+    ins, outs = [], []
+    with hold():
+        h = x[:batch]
+        for i, layer in enumerate(layers):
+            h = h.detach()
+            if i > 0 and h.is_floating_point():
+                h.requires_grad_(True)
+            ins.append(h)
+            out = layer(h)
+            outs.append(loss_sum(out, target[:batch], batch) if i == n - 1 else out)
+            h = out
+    ti, tw = [0.0] * n, [0.0] * n
+    grad: torch.Tensor | None = None
+    for i in reversed(range(n)):
+        if not outs[i].requires_grad:
+            break  # nothing before this layer is trained
+        params = [p for p in layers[i].parameters() if p.requires_grad]
+        with hold():
+            _sync(device)
+            t0 = stamps.now()
+            g_in, work = backward_input(outs[i], grad, ins[i], params)
+            t1 = stamps.now()
+            _sync(device)
+        with hold():
+            _sync(device)
+            t2 = stamps.now()
+            backward_weight(work, params)
+            t3 = stamps.now()
+            _sync(device)
+        ti[i], tw[i] = stamps.seconds(t0, t1), stamps.seconds(t2, t3)
+        outs[i] = None  # type: ignore[call-overload]  # its graph may go
+        grad = g_in
+        if grad is None:
+            break
+    return ti, tw
+
+
+def split_saved_bytes(layer: torch.nn.Module, x: torch.Tensor, *, first: bool = False) -> dict[str, Any]:
+    """What the weight pass W still needs of what the forward saved, for one layer (a block), with
+    the executor's split (`split_backward`, "reuse"): bytes autograd saved in the forward
+    (`forward`, parameters and buffers left out, counted per save as SavedBytesMeter counts them),
+    bytes of those that W reads (`read_by_w`: the saved tensors of the nodes W runs again, an upper
+    bound, since a node reads all it saved even where it computes only a weight gradient),
+    bytes of the gradients I keeps for W (`kept_gradients`: at each node where a parameter's
+    branch meets the input's path), and what I alone reads (`read_by_i_only`: freeable after I)."""
+    from gpipe_exec.runtime.split_backward import backward_input, backward_weight
+
+    static = {t.untyped_storage().data_ptr() for t in [*layer.parameters(), *layer.buffers()]}
+    saved: dict[int, torch.Tensor] = {}
+    read: dict[str, set[int]] = {"I": set(), "W": set()}
+    phase = ["F"]
+
+    def pack(t: torch.Tensor) -> Any:
+        if t.untyped_storage().data_ptr() in static:
+            return ("static", t)
+        key = len(saved)
+        saved[key] = t
+        return ("saved", key)
+
+    def unpack(handle: Any) -> torch.Tensor:
+        kind, value = handle
+        if kind == "static":
+            return value
+        read[phase[0]].add(value)
+        return saved[value]
+
+    x = x.detach()
+    if not first and x.is_floating_point():
+        x.requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = layer(x)
+    grad = _grad_like(out, 0)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    phase[0] = "I"
+    _, work = backward_input(out, grad, x, params)
+    kept = sum(tensor_bytes(g) for group in work.groups for saved_grads in group.grads
+               for g in (saved_grads or ()) if g is not None)
+    phase[0] = "W"
+    backward_weight(work, params)
+    layer.zero_grad(set_to_none=True)
+    size = lambda keys: float(sum(tensor_bytes(saved[k]) for k in keys))  # noqa: E731
+    return {"forward": size(saved), "read_by_w": size(read["W"]), "kept_gradients": float(kept),
+            "read_by_i_only": size(read["I"] - read["W"]), "mode": work.mode}
 
 
 def write_table(table: dict[str, Any], path: str | Path) -> None:

@@ -30,6 +30,9 @@ MODELS: dict[str, dict[str, Any]] = {
     "convnet": {"preset": "convnet", "layers": 6, "channels": 16, "image_size": 32, "num_classes": 10},
 }
 DEVICE_MAPS = {2: [0, 1], 4: [0, 0, 1, 1]}  # K=4 shares the two cores, and the hardware says so
+# The schedules the study runs by default (--schedules picks others, any registered family):
+# zb_h1 runs one chunk per rank, zbv two in a V; each only the (M, v) its family accepts.
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
 
 
 def base_scenario(model: str, K: int, batch: int) -> Scenario:
@@ -67,7 +70,8 @@ def _row(sc: Scenario, done: list[Round]) -> dict[str, Any]:
 def grid(base: Scenario, Ms: Sequence[int], schedules: Sequence[str], chunks: Sequence[int],
          remats: Sequence[str]) -> list[Scenario]:
     """Every (M, schedule, chunks per rank, remat) that the schedule's family accepts for this K
-    (gpipe and 1f1b run one chunk per rank; interleaved_1f1b several when M is a multiple of K)."""
+    (gpipe, 1f1b and zb_h1 run one chunk per rank; interleaved_1f1b several when M is a multiple
+    of K; zbv exactly two, dualpipev two with M >= 2K)."""
     K = base.pipeline.stages
     return [base.with_updates({"pipeline.micro_batches": M, "pipeline.schedule": schedule,
                                "pipeline.chunks": v, "pipeline.remat": remat})
@@ -121,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="transformer,convnet")
     parser.add_argument("--stages", default="2,4")
     parser.add_argument("--micro-batches", default="1,2,4,8,16")
-    parser.add_argument("--schedules", default="gpipe,1f1b,interleaved_1f1b")
+    parser.add_argument("--schedules", default=",".join(SCHEDULES),
+                        help=f"comma-separated schedule families (default {','.join(SCHEDULES)}); "
+                             f"each runs the cases its family accepts")
     parser.add_argument("--chunks", default="1,2",
                         help="chunks per rank; each schedule runs those its family accepts (default 1,2)")
     parser.add_argument("--remat", default="none,always")
@@ -135,6 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="profile on rank 0 while the other devices idle (default: every device "
                              "profiles at once, as in the pipeline's steady state)")
     args = parser.parse_args(argv)
+    for name in args.schedules.split(","):
+        try:
+            schedule_family(name)
+        except ValueError as exc:  # ScheduleError names the choices
+            parser.error(f"--schedules: {exc}")
     options = LaunchOptions(comm_timeout_s=120, run_timeout_s=3600)
     Ms = [int(v) for v in args.micro_batches.split(",")]
     groups = [(m, int(k)) for m in args.models.split(",") for k in args.stages.split(",")]
