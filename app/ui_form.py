@@ -15,6 +15,7 @@ import gpipe_sim
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.spec.hardware import Hardware
+from gpipe_sim.spec.layers import describe_layer_count
 from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
 from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, Scenario, load_scenario
 from gpipe_sim.schedule import SCHEDULES
@@ -112,7 +113,22 @@ def _model_fields(box: Any, preset: str, base: dict[str, Any]) -> dict[str, Any]
             value = float(default) or 1.0
             step = 10.0 ** math.floor(math.log10(abs(value)))
             model[name] = box.number_input(_label(name), step=step, format="%g", key=key)
+    caption = layer_count_caption(model)
+    if caption:
+        box.caption(caption)
     return model
+
+
+def layer_count_caption(model: dict[str, Any]) -> str | None:
+    """The model box's caption: how many layers the preset builds, e.g. "This model has 26 layers
+    (24 blocks + embedding + head)." (None while its fields are invalid; the scenario's check names them)."""
+    cls = MODEL_CLASSES.get(model.get("preset"))  # type: ignore[arg-type]
+    if cls is None:
+        return None
+    try:
+        return f"This model has {describe_layer_count(cls.model_validate(model))}."
+    except ValueError:
+        return None
 
 
 def _table_model(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:

@@ -9,25 +9,45 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
+from gpipe_sim.spec.overrides import add_set_option
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "default.yaml"  # package data
+
+
+def load_command_scenario(path: str | None, overrides: Sequence[str] | None = None):
+    """The scenario a command names (default: scenarios/default.yaml, else the schema defaults),
+    with its `--set KEY=VALUE` items applied."""
+    from gpipe_sim.spec.scenario import Scenario, load_scenario
+
+    if path is not None:
+        return load_scenario(path, overrides)
+    if DEFAULT_SCENARIO.exists():
+        return load_scenario(DEFAULT_SCENARIO, overrides)
+    return Scenario().with_overrides(overrides)
+
+
+def write_schedule_notes(scenario) -> None:
+    """What reading the scenario's schedule CSV left out or changed (skipped actions), one line each
+    on stderr; nothing for a registered schedule."""
+    from gpipe_sim.spec.scenario import read_schedule_csv
+
+    path = scenario.pipeline.schedule_csv
+    if path is None:
+        return
+    for note in read_schedule_csv(path).notes:
+        sys.stderr.write(f"gpipe-sim: note: {one_line(path, 200)}: {one_line(note)}\n")
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpipe_sim.plan.compile import compile_plan
     from gpipe_sim.studies.report import summary_text
-    from gpipe_sim.spec.scenario import Scenario, load_scenario
     from gpipe_sim.api import result_from_times, run_engine
     from gpipe_sim.results.trace import write_chrome_trace
     from gpipe_sim.spec.limits import result_problem
 
-    if args.scenario is not None:
-        scenario = load_scenario(args.scenario)
-    elif DEFAULT_SCENARIO.exists():
-        scenario = load_scenario(DEFAULT_SCENARIO)
-    else:
-        scenario = Scenario()
+    scenario = load_command_scenario(args.scenario, args.set)
     plan = compile_plan(scenario)
+    write_schedule_notes(scenario)
     start, end = run_engine(plan, args.engine)
     result = result_from_times(plan, start, end)
     problem = result_problem(scenario, result)
@@ -45,6 +65,26 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         sys.stdout.write(summary_text(scenario, result) + "\n")
         if args.trace:
             sys.stdout.write(f"trace written to {args.trace} (open in ui.perfetto.dev)\n")
+    return 0
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    from gpipe_sim.plan.compile import scenario_schedule
+    from gpipe_sim.schedule.torch_csv import torch_csv_text
+    from gpipe_sim.studies.report import schedule_text
+
+    scenario = load_command_scenario(args.scenario, args.set)
+    schedule = scenario_schedule(scenario)
+    write_schedule_notes(scenario)
+    if args.csv:
+        try:
+            Path(args.csv).write_text(torch_csv_text(schedule))
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise GpipeError(f"--csv: cannot write {args.csv!r}: {reason}") from None
+    sys.stdout.write(schedule_text(scenario, schedule) + "\n")
+    if args.csv:
+        sys.stdout.write(f"schedule written to {args.csv} (torch.distributed.pipelining's CSV format)\n")
     return 0
 
 
@@ -78,7 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
     p.add_argument("--engine", choices=("simpy", "fast", "auto"), default="simpy",
                    help="simpy (default, models contention) or the fast evaluator (contention-free)")
+    add_set_option(p)
     p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("schedule", help="show a scenario's schedule: passes per rank; --csv writes it for torch")
+    p.add_argument("scenario", nargs="?", help="scenario YAML (default: scenarios/default.yaml)")
+    p.add_argument("--csv", metavar="OUT",
+                   help="write the schedule in torch.distributed.pipelining's CSV format (one row per rank)")
+    add_set_option(p)
+    p.set_defaults(func=_cmd_schedule)
 
     p = sub.add_parser("presets", help="list model and hardware presets")
     p.set_defaults(func=_cmd_presets)

@@ -46,6 +46,12 @@ CASES = [
     (_with("model.layers", -2), "model.layers"),
     (_with("hardware.stage_to_device", [0, 1]), "hardware.stage_to_device: 2 entries for 4 stages"),
     (_with("training.optimizer", "lion"), "training.optimizer"),
+    # presets that add layers around their blocks say so: the count is not a mystery
+    ({**BASE, "model": {"preset": "transformer", "layers": 8, "d_model": 64, "d_ff": 128, "heads": 4,
+                        "seq_len": 16, "vocab": 100}, "pipeline": {**BASE["pipeline"], "stages": 12}},
+     "pipeline.stages: 12 stages but the model has only 10 layers (8 blocks + embedding + head)"),
+    ({**BASE, "model": {"preset": "convnet", "layers": 4}, "pipeline": {**BASE["pipeline"], "partition": [1, 1, 1, 1]}},
+     "pipeline.partition: layer counts sum to 4, the model has 6 layers (4 blocks + stem + head)"),
 ]
 
 
@@ -128,3 +134,22 @@ def test_with_updates_switches_presets_cleanly():
     assert base.with_updates({"model.layers": 32}).model.layers == 32
     deeper = Scenario().with_updates({"model.layers": 30, "pipeline.stages": 6})
     assert (deeper.model.preset, deeper.model.layers, deeper.pipeline.stages) == ("transformer", 30, 6)
+
+
+def test_layer_counts_name_what_each_preset_adds():
+    from gpipe_sim.spec.layers import build_layers, describe_layer_count
+    from gpipe_sim.spec.model import (AmoebaNetModel, ConvNetModel, MlpModel, TableModel, TransformerModel,
+                                      UniformModel)
+
+    expected = {
+        TransformerModel(layers=24): "26 layers (24 blocks + embedding + head)",
+        MlpModel(layers=8): "10 layers (8 blocks + input + head)",
+        ConvNetModel(layers=1): "3 layers (1 block + stem + head)",
+        AmoebaNetModel(layers=18): "22 layers (18 normal cells + 2 reduction cells + stem + head)",
+        UniformModel(layers=16): "16 layers",
+        TableModel(layers=[{"name": "only", "forward_s_per_sample": 1.0, "backward_s_per_sample": 2.0}]): "1 layer",
+    }
+    for model, text in expected.items():
+        assert describe_layer_count(model) == text
+        n = len(build_layers(model))
+        assert text.startswith(f"{n} layers" if n > 1 else "1 layer")

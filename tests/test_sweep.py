@@ -344,3 +344,39 @@ def test_a_large_shared_axis_value_is_summarised_not_expanded(tmp_path):
     assert list(run.table["status"]) == ["ok", "ok", "error", "error"]
     assert run.table["model.layers"].iloc[2].startswith("<a mapping of 222,221 values, sha256 ")
     assert "expected a whole number, got a mapping" in run.table["error"].iloc[2]
+
+
+def test_cli_sweep_prints_the_best_configurations_that_fit(tmp_path, capsys):
+    """Top 5 by throughput among the rows that fit, with the inputs that vary and the figures."""
+    sweep_file = tmp_path / "s.yaml"
+    base = {**BASE, "hardware": {"preset": "ideal", "accelerator": {"memory_bytes": "300 MB"}},
+            "model": {**BASE["model"], "params_per_layer": 1_000_000}}
+    sweep_file.write_text(yaml.safe_dump({
+        "base": base,
+        "axes": {"pipeline.stages": [1, 2, 4], "pipeline.micro_batches": [1, 2, 4],
+                 "pipeline.remat": ["none", "always"]},
+    }))
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep_file), "--out", str(out), "--workers", "0", "--quiet", "--no-report"]) == 0
+    text = capsys.readouterr().out
+    table = pd.read_parquet(out / "results.parquet")
+    fits = table[table["fits_in_memory"].astype(bool)]
+    assert 5 < len(fits) < len(table)  # some do not fit: they must not be listed
+    best = fits.sort_values("throughput_samples_per_s", ascending=False, kind="stable").head(5)
+    assert f"best 5 of the {len(fits)} configurations that fit in memory" in text
+    lines = [line for line in text.splitlines() if line.startswith("│")]
+    assert len(lines) == 5
+    header = next(line for line in text.splitlines() if "stages" in line and "step time" in line)
+    for name in ("stages", "micro_batches", "remat", "step time", "samples/s", "bubble", "largest device peak"):
+        assert name in header
+    for line, (_, row) in zip(lines, best.iterrows()):
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        assert cells[1:4] == [str(row["pipeline.stages"]), str(row["pipeline.micro_batches"]), row["pipeline.remat"]]
+        assert cells[5] == f"{row['throughput_samples_per_s']:,.1f}"
+        assert cells[6] == f"{row['bubble_fraction']:.3f}"
+    # none fits: one line naming the nearest miss
+    sweep_file.write_text(yaml.safe_dump({"base": {**base, "hardware": {"preset": "ideal", "accelerator": {
+        "memory_bytes": "1 MB"}}}, "axes": {"pipeline.stages": [1, 2]}}))
+    assert main(["sweep", str(sweep_file), "--out", str(tmp_path / "o2"), "--workers", "0", "--quiet",
+                 "--no-report"]) == 0
+    assert "none of the 2 configurations that ran fits in memory; the nearest, sweep.index 1" in capsys.readouterr().out

@@ -12,12 +12,14 @@ import numpy as np
 from gpipe_sim.plan.replicas import replicate, ring_allreduce_seconds, with_collectives
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
-from gpipe_sim.schedule import SCHEDULES, Action, Kind, Schedule, Tensor, build_schedule
+from gpipe_sim.errors import ScheduleError
+from gpipe_sim.schedule import SCHEDULES, Action, Kind, Schedule, Tensor, build_schedule, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
 from gpipe_sim.spec.model import LayerSpec
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.spec.files import shown_path
+from gpipe_sim.spec.scenario import Scenario, read_schedule_csv
 
 FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = (int(k) for k in (
     Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
@@ -159,6 +161,21 @@ class Plan:
         return _flatten(self)
 
 
+def scenario_schedule(scenario: Scenario) -> Schedule:
+    """The scenario's schedule as programs: a registered one built for its K, M and v, or per-rank
+    pass orders read from torch's CSV (`pipeline.schedule: {csv: PATH}`), lowered and checked the
+    same way (ScheduleError with one line naming the field)."""
+    p = scenario.pipeline
+    path = p.schedule_csv
+    if path is None:
+        return build_schedule(p.stages, p.micro_batches, p.schedule_name, p.remat, p.chunks)
+    read = read_schedule_csv(path)
+    try:
+        return lower(p.schedule_name, read.orders, read.placement, read.micro_batches, p.remat, read.chunks)
+    except ScheduleError as exc:
+        raise ScheduleError(f"pipeline.schedule.csv: {shown_path(path)}: {exc}") from None
+
+
 def compile_plan(scenario: Scenario) -> Plan:
     """Build the layer table, partition it into K*v chunks, place and cost them, build the programs."""
     p, training, accel = scenario.pipeline, scenario.training, scenario.hardware.accelerator
@@ -174,7 +191,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     # ZeRO-1 shards the optimizer states and master weights over the D replicas (not the gradients)
     sharded = (training.state_bytes_per_param - dtype_bytes) / (p.data_parallel if training.zero else 1)
     state_per_param = dtype_bytes + sharded
-    schedule = build_schedule(p.stages, M, p.schedule, p.remat, p.chunks)
+    schedule = scenario_schedule(scenario)
     model_input = input_bytes_per_sample(scenario.model, dtype_bytes)
     memory = None
     if p.partition in ("memory", "fit"):  # what each rank holds under this schedule, and what a device has

@@ -51,6 +51,29 @@ def layer_count(model: ModelSpec) -> int:
     return model.layers + 2  # input layer, blocks, head
 
 
+# What each preset adds around its `layers` repeated units: (unit name, the layers added).
+_AROUND: dict[type, tuple[str, tuple[str, ...]]] = {
+    TransformerModel: ("block", ("embedding", "head")),
+    MlpModel: ("block", ("input", "head")),
+    ConvNetModel: ("block", ("stem", "head")),
+    AmoebaNetModel: ("normal cell", ("2 reduction cells", "stem", "head")),
+}
+
+
+def describe_layer_count(model: ModelSpec) -> str:
+    """The model's layer count in the user's words: "26 layers (24 blocks + embedding + head)" for a
+    preset that adds layers around its `layers` units, "16 layers" for a uniform or table model
+    (whose layers are exactly the ones given)."""
+    total = layer_count(model)
+    counted = f"{total:,} layer{'s' if total != 1 else ''}"
+    around = _AROUND.get(type(model))
+    if around is None:
+        return counted
+    unit, extra = around
+    units = f"{model.layers:,} {unit}{'s' if model.layers != 1 else ''}"
+    return f"{counted} ({units} + {' + '.join(extra)})"
+
+
 def input_bytes_per_sample(model: ModelSpec, dtype_bytes: int = 4) -> float:
     """Bytes of one sample of the model's input (kept for stage 0 under re-materialization)."""
     if isinstance(model, UniformModel):

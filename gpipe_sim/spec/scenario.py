@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import copy
+import os
 import re
+import stat
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gpipe_sim.errors import ScenarioError, one_line
+from gpipe_sim.errors import ScenarioError, ScheduleError, one_line
 from gpipe_sim.schedule import SCHEDULES
+from gpipe_sim.schedule.torch_csv import MAX_CSV_BYTES, TorchSchedule, parse_torch_csv
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.fields import (
     BatchSize, ChunkCount, MicroBatchCount, PartCount, ReplicaCount, StageCount, _Strict, whole_number,
 )
-from gpipe_sim.spec.files import read_data_file
+from gpipe_sim.spec.files import read_data_file, shown_path
 from gpipe_sim.spec.hardware import Hardware, megatron_placement
-from gpipe_sim.spec.layers import layer_count
+from gpipe_sim.spec.layers import describe_layer_count, layer_count
+from gpipe_sim.spec.overrides import blame, parse_overrides
 from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -30,27 +35,50 @@ PARTITION_METHODS = ("uniform", "time", "memory", "fit")
 # pipeline and training
 
 
+class CsvSchedule(_Strict):
+    """A schedule read from a CSV file in torch.distributed.pipelining's format (one row per rank)."""
+
+    csv: Annotated[str, Field(min_length=1, max_length=4096)]
+
+
 class Pipeline(_Strict):
     """K ranks, v chunks per rank, M micro-batches, the mini-batch, the schedule, re-materialization
-    and the partition of the layers into K*v chunks."""
+    and the partition of the layers into K*v chunks.
+
+    `schedule` is a registered schedule's name, or `{csv: PATH}`: per-rank pass orders written in
+    torch.distributed.pipelining's CSV format (a relative PATH is read from the scenario's folder).
+    """
 
     stages: StageCount = 4  # K: pipeline ranks (devices in the pipeline)
     chunks: ChunkCount = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
     data_parallel: ReplicaCount = 1  # D: replicas of the K-rank pipeline, the global batch split over them
     micro_batches: MicroBatchCount = 8
     batch_size: BatchSize = 64
-    schedule: str = "gpipe"
+    schedule: str | CsvSchedule = "gpipe"
     remat: Literal["none", "except_last", "always"] = "always"
     partition: Literal["uniform", "time", "memory", "fit"] | tuple[PartCount, ...] = "uniform"
 
     @field_validator("schedule", mode="before")
     @classmethod
-    def _known_schedule(cls, value: Any) -> str:
+    def _known_schedule(cls, value: Any) -> str | CsvSchedule:
         from gpipe_sim.schedule import SCHEDULES
 
+        if isinstance(value, CsvSchedule):
+            return value
+        if isinstance(value, dict):
+            extra = sorted((user_key(k) for k in value if k != "csv"), key=str)
+            if extra:
+                raise ValueError(f"pipeline.schedule.{extra[0]}: unknown key (a CSV schedule is {{csv: PATH}})")
+            path = value.get("csv")
+            if not isinstance(path, str) or not path:
+                raise ValueError("pipeline.schedule.csv: give the path of a schedule CSV (torch's format)")
+            if "\0" in path:
+                raise ValueError("pipeline.schedule.csv: a file name cannot contain a NUL character")
+            return CsvSchedule(csv=path)
         if not isinstance(value, str) or value not in SCHEDULES:
             shown = _shown(value)
-            raise ValueError(f"unknown schedule {shown} (choose from {', '.join(SCHEDULES)})")
+            raise ValueError(f"unknown schedule {shown} (choose from {', '.join(SCHEDULES)}, "
+                             "or give {csv: PATH} for a schedule in torch's CSV format)")
         return value
 
     @field_validator("partition", mode="before")
@@ -81,6 +109,16 @@ class Pipeline(_Strict):
     def num_chunks(self) -> int:
         """K*v: the pieces the model is cut into."""
         return self.stages * self.chunks
+
+    @property
+    def schedule_name(self) -> str:
+        """The registered schedule's name, or "csv:PATH" for a schedule read from a CSV file."""
+        return self.schedule if isinstance(self.schedule, str) else f"csv:{self.schedule.csv}"
+
+    @property
+    def schedule_csv(self) -> str | None:
+        """The path of the schedule's CSV file, or None for a registered schedule."""
+        return None if isinstance(self.schedule, str) else self.schedule.csv
 
 
 class Training(_Strict):
@@ -124,7 +162,8 @@ class Scenario(_Strict):
         p = self.pipeline
         if layers > limits.MAX_LAYERS:
             raise ValueError(
-                f"model.layers: the model has {layers:,} layers, over the limit of {limits.MAX_LAYERS:,}"
+                f"model.layers: the model has {describe_layer_count(self.model)}, "
+                f"over the limit of {limits.MAX_LAYERS:,}"
             )
         passes = p.stages * p.chunks * p.micro_batches * p.data_parallel
         if passes > limits.MAX_PASSES:
@@ -139,9 +178,7 @@ class Scenario(_Strict):
         if p.num_chunks > layers:
             field = "pipeline.stages" if p.chunks == 1 else "pipeline.chunks"
             cut = f"{p.stages} stages" if p.chunks == 1 else f"{p.stages} stages x {p.chunks} chunks"
-            raise ValueError(
-                f"{field}: {cut} but the model has only {layers} layer{'s' if layers != 1 else ''}"
-            )
+            raise ValueError(f"{field}: {cut} but the model has only {describe_layer_count(self.model)}")
         D = p.data_parallel
         if p.batch_size % D:
             raise ValueError(f"pipeline.batch_size: the global batch of {p.batch_size} does not split evenly "
@@ -152,7 +189,10 @@ class Scenario(_Strict):
                 f"pipeline.micro_batches: {p.micro_batches} micro-batches exceed {share}"
                 + (f" of {p.batch_size}" if D == 1 else "")
             )
-        problem = SCHEDULES[p.schedule].problem(p.stages, p.micro_batches, p.chunks)
+        if isinstance(p.schedule, str):
+            problem = SCHEDULES[p.schedule].problem(p.stages, p.micro_batches, p.chunks)
+        else:
+            problem = csv_schedule_problem(p)
         if problem:
             raise ValueError(problem)
         if isinstance(p.partition, tuple):
@@ -162,7 +202,7 @@ class Scenario(_Strict):
             if sum(p.partition) != layers:
                 raise ValueError(
                     f"pipeline.partition: layer counts sum to {sum(p.partition)}, "
-                    f"the model has {layers} layers"
+                    f"the model has {describe_layer_count(self.model)}"
                 )
         if self.hardware.links is not None and len(self.hardware.links) != p.stages - 1:
             raise ValueError(
@@ -201,13 +241,98 @@ class Scenario(_Strict):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def with_overrides(self, overrides: Sequence[str] | None) -> "Scenario":
+        """A copy with command-line `--set KEY=VALUE` items applied (see gpipe_sim.spec.overrides)."""
+        return parse_scenario_with_overrides(self.to_dict(), overrides) if overrides else self
+
     def with_updates(self, updates: dict[str, Any]) -> "Scenario":
         """A copy with dotted-name fields replaced, e.g. {"pipeline.stages": 8}; revalidated."""
         data = self.to_dict()
-        # Preset switches first, so that fields given beside them override the new preset.
-        for dotted, value in sorted(updates.items(), key=lambda kv: not kv[0].endswith(".preset")):
-            set_dotted(data, dotted, value)
+        apply_updates(data, updates)
         return parse_scenario(data)
+
+
+def apply_updates(data: dict[str, Any], updates: dict[str, Any]) -> None:
+    """Replace dotted-name fields of scenario data in place (what `Scenario.with_updates` does)."""
+    # Preset switches first, so that fields given beside them override the new preset.
+    for dotted, value in sorted(updates.items(), key=lambda kv: not kv[0].endswith(".preset")):
+        set_dotted(data, dotted, value)
+
+
+# ---------------------------------------------------------------------------------------------
+# schedules read from torch's CSV
+
+_CSV_CACHE: dict[tuple[str, int, int, int], TorchSchedule] = {}
+_CSV_CACHE_SIZE = 8
+
+
+def read_schedule_csv(path: str | Path) -> TorchSchedule:
+    """The per-rank pass orders of a schedule CSV (torch's format); ScheduleError with one line
+    starting "pipeline.schedule.csv:" if it cannot be read. Kept while the file is unchanged, so a
+    sweep reads it once."""
+    name = shown_path(path)
+    where = "pipeline.schedule.csv"
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise ScheduleError(f"{where}: cannot read {name}: {exc.strerror or type(exc).__name__}") from None
+    except ValueError as exc:  # a NUL in the name
+        raise ScheduleError(f"{where}: cannot read {name}: {exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ScheduleError(f"{where}: {name} is not a regular file")
+    key = (str(path), info.st_mtime_ns, info.st_size, info.st_ino)
+    cached = _CSV_CACHE.get(key)
+    if cached is not None:
+        return cached
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CSV_BYTES + 1)
+    except OSError as exc:
+        raise ScheduleError(f"{where}: cannot read {name}: {exc.strerror or type(exc).__name__}") from None
+    if len(raw) > MAX_CSV_BYTES:
+        raise ScheduleError(f"{where}: {name} is larger than the limit of {MAX_CSV_BYTES // 2**20} MiB")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ScheduleError(f"{where}: {name} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}") from None
+    try:
+        parsed = parse_torch_csv(text)
+    except ScheduleError as exc:
+        message = str(exc)
+        if message.startswith(where + ": "):
+            message = message[len(where) + 2:]
+        raise ScheduleError(f"{where}: {name}: {one_line(message)}") from None
+    if len(_CSV_CACHE) >= _CSV_CACHE_SIZE:
+        _CSV_CACHE.pop(next(iter(_CSV_CACHE)))
+    _CSV_CACHE[key] = parsed
+    return parsed
+
+
+def csv_schedule_problem(p: Pipeline) -> str | None:
+    """Why the pipeline's schedule CSV does not fit its K, v and M (one line naming the field)."""
+    path = p.schedule_csv
+    assert path is not None
+    try:
+        read = read_schedule_csv(path)
+    except ScheduleError as exc:
+        return str(exc)
+    name = shown_path(path)
+    if read.ranks != p.stages:
+        return (f"pipeline.stages: {p.stages} stages, but the schedule CSV {name} has {read.ranks} "
+                f"row{'s' if read.ranks != 1 else ''} (one per rank)")
+    if read.chunks != p.chunks:
+        return (f"pipeline.chunks: {p.chunks} chunk{'s' if p.chunks != 1 else ''} per rank, but the schedule "
+                f"CSV {name} runs {read.chunks} per rank")
+    if read.micro_batches != p.micro_batches:
+        return (f"pipeline.micro_batches: {p.micro_batches} micro-batches, but the schedule CSV {name} "
+                f"runs {read.micro_batches}")
+    passes = sum(len(order) for order in read.orders)
+    if passes > 3 * p.num_chunks * p.micro_batches:  # F, I and W of every chunk and micro-batch at most
+        return (f"pipeline.schedule.csv: {name} has {passes:,} passes, more than the "
+                f"{3 * p.num_chunks * p.micro_batches:,} of {p.num_chunks} chunks x {p.micro_batches} "
+                "micro-batches (forward, backward_input, backward_weight each)")
+    return None
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -336,21 +461,65 @@ def parse_scenario(data: Any) -> Scenario:
         raise ScenarioError(f"scenario: nested more than {limits.MAX_DEPTH} levels deep (the limit)") from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario YAML (or JSON) file; raise ScenarioError on any problem."""
+def load_scenario(path: str | Path, overrides: Sequence[str] | None = None) -> Scenario:
+    """Read and validate a scenario YAML (or JSON) file; raise ScenarioError on any problem.
+
+    `overrides` are command-line `--set KEY=VALUE` items, applied before validation (so they may
+    also mend a file that is invalid on its own); see `gpipe_sim.spec.overrides`."""
+    data = read_scenario_data(path)
+    return parse_scenario_with_overrides(data, overrides) if overrides else parse_scenario(data)
+
+
+def parse_scenario_with_overrides(data: Any, overrides: Sequence[str] | None) -> Scenario:
+    """Validate plain scenario data (modified in place) with `--set KEY=VALUE` items applied first,
+    as `Scenario.with_updates` applies updates. A problem is one line naming the item whose field it
+    names; or, when the data is valid without the items, the only item (or "with the --set items");
+    else it is the data's own problem, as `parse_scenario` says it."""
+    updates = parse_overrides(overrides)
+    if not updates or not isinstance(data, dict):
+        return parse_scenario(data)
+    original = copy.deepcopy(data)
+    apply_updates(data, updates)
+    try:
+        return parse_scenario(data)
+    except ScenarioError as exc:
+        message = str(exc)
+
+        def valid_without() -> bool:
+            try:
+                parse_scenario(original)
+            except ScenarioError:
+                return False
+            return True
+
+        prefix = blame(message, list(overrides or ()), valid_without)
+        if prefix is None:
+            raise
+        raise ScenarioError(f"{prefix}: {message}") from None
+
+
+def read_scenario_data(path: str | Path) -> Any:
+    """A scenario file's plain data, its relative file names made relative to its folder (unvalidated)."""
     path = Path(path)
     data = read_data_file(path, "scenario")
     resolve_relative_paths(data, path.parent)
-    return parse_scenario(data)
+    return data
 
 
 def resolve_relative_paths(data: Any, base: Path) -> None:
-    """Make a table model's relative `path` relative to `base` (the scenario file's folder)."""
+    """Make a table model's relative `path`, and a schedule CSV's relative `csv`, relative to `base`
+    (the scenario file's folder)."""
     model = data.get("model") if isinstance(data, dict) else None
-    if isinstance(model, dict) and isinstance(model.get("path"), str) and "\0" not in model["path"]:
-        table = Path(model["path"])
+    _resolve(model, "path", base)
+    pipeline = data.get("pipeline") if isinstance(data, dict) else None
+    _resolve(pipeline.get("schedule") if isinstance(pipeline, dict) else None, "csv", base)
+
+
+def _resolve(node: Any, key: str, base: Path) -> None:
+    if isinstance(node, dict) and isinstance(node.get(key), str) and node[key] and "\0" not in node[key]:
+        given = Path(node[key])
         try:
-            if not table.is_absolute() and not table.exists():
-                model["path"] = str(base / table)
+            if not given.is_absolute() and not given.exists():
+                node[key] = str(base / given)
         except (OSError, ValueError):
             pass  # reading it says what is wrong

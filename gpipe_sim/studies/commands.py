@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from gpipe_sim.errors import GpipeError
+from gpipe_sim.spec.overrides import add_set_option
 
 
 class InterruptedSweep(GpipeError):
@@ -14,10 +15,10 @@ class InterruptedSweep(GpipeError):
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from gpipe_sim.studies.sweep import expand, load_sweep, run_sweep
+    from gpipe_sim.studies.sweep import best_text, expand, load_sweep, run_sweep
     from gpipe_sim.studies.sweep_report import write_report
 
-    spec, base = load_sweep(args.sweep)
+    spec, base = load_sweep(args.sweep, args.set)
     points = expand(spec, base)
     out = Path(args.out)
     if args.workers is not None and args.workers < 0:
@@ -33,8 +34,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             "run the same command again to finish\n"
         )
         return 130
+    axes = list(dict.fromkeys([*spec.axes, *(k for point in spec.points for k in point)]))
     if not args.no_report:
-        axes = list(dict.fromkeys([*spec.axes, *(k for point in spec.points for k in point)]))
         try:
             write_report(run.table, out / "report.html", title=f"gpipe-sim sweep: {spec.name}", axes=axes)
         except (OSError, ValueError) as exc:
@@ -46,16 +47,17 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         f"results: {out / 'results.parquet'}, {out / 'results.csv'}"
         + ("" if args.no_report else f", {out / 'report.html'}") + "\n"
     )
+    sys.stdout.write(best_text(run.table, axes) + "\n")
     for message in run.infrastructure_errors[:3]:
         sys.stderr.write(f"gpipe-sim: executor error (not saved; re-run retries): {message}\n")
     return 0
 
 
 def _cmd_max_model(args: argparse.Namespace) -> int:
-    from gpipe_sim.studies.maxmodel import find_max_model, max_model_text
     from gpipe_sim.spec.scenario import load_scenario
+    from gpipe_sim.studies.maxmodel import find_max_model, max_model_text
 
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, args.set)
     found = find_max_model(scenario, args.grow, step=args.step, start=args.start, limit=args.limit)
     sys.stdout.write(max_model_text(found) + "\n")
     return 0 if found.largest is not None else 1
@@ -78,6 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="worker processes (default: one per core; 0 runs in this process)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    add_set_option(p, "change a field of the sweep's base scenario, e.g. --set hardware.preset=a100-80gb "
+                      "(repeatable; VALUE is read as YAML; the axes and points still apply on top)")
     p.set_defaults(func=_cmd_sweep)
 
     p = subparsers.add_parser("max-model", help="largest model (by a size field) whose every stage fits")
@@ -87,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--step", type=int, default=None, help="search step (default: the field's natural step)")
     p.add_argument("--start", type=int, default=None, help="smallest value tried (default: one step)")
     p.add_argument("--limit", type=int, default=None, help="largest value tried (default: 65536)")
+    add_set_option(p)
     p.set_defaults(func=_cmd_max_model)
 
     p = subparsers.add_parser("paper", help="the GPipe paper's tables: published figures beside predictions")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.spec.layers import describe_layer_count
 from gpipe_sim.spec.model import AmoebaNetModel, TransformerModel
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.units import format_bytes
@@ -208,6 +209,8 @@ def max_model_text(found: MaxModel) -> str:
         return "\n".join(lines)
     b = found.best
     lines.append(f"largest {found.field} that fits: {found.largest} (search step {found.step})")
+    if found.field == "model.layers" and b.scenario is not None:
+        lines.append(f"  layers:                 {describe_layer_count(b.scenario.model)}")
     lines.append(f"  parameters:             {b.params:,} ({b.params / 1e6:,.1f}M)")
     lines.append(f"  parameter memory:       {format_bytes(b.param_memory_bytes)} "
                  "(weights, gradients, optimizer states; all stages)")

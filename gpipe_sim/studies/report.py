@@ -7,11 +7,12 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from gpipe_sim.spec.layers import build_layers, total_params
+from gpipe_sim.spec.layers import build_layers, describe_layer_count, total_params
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.results.result import Result
 from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
 from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.schedule import Schedule
 from gpipe_sim.spec.units import format_bytes, format_seconds
 
 
@@ -33,10 +34,10 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     head.add_column(style="bold")
     head.add_column()
     model = scenario.model
-    head.add_row("model", f"{model.preset} ({len(build_layers(model, scenario.training.dtype_bytes))} layers)")
+    head.add_row("model", f"{model.preset}, {describe_layer_count(model)}")
     head.add_row("hardware", f"{scenario.hardware.preset or 'custom'}: {scenario.hardware.accelerator.name}")
     head.add_row("pipeline", f"K={p.stages} v={p.chunks} M={p.micro_batches} batch={p.batch_size} "
-                             f"schedule={p.schedule} remat={p.remat} partition={p.partition}")
+                             f"schedule={p.schedule_name} remat={p.remat} partition={p.partition}")
     head.add_row("step time", format_seconds(result.step_time_s))
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
     head.add_row("bubble", f"{result.bubble_fraction:.4f} (the schedule's analytic bubble on ideal "
@@ -77,13 +78,14 @@ def summary_text(scenario: Scenario, result: Result) -> str:
 def presets_text() -> str:
     """The model presets with their default sizes, and the hardware presets with key figures."""
     models = Table(title="model presets (defaults)")
-    for col in ("preset", "fields", "layers", "parameters"):
-        models.add_column(col)
+    for col in ("preset", "fields", "layers", "params"):  # a transformer's layer count on one line
+        models.add_column(col, no_wrap=col in ("preset", "params"), min_width=40 if col == "layers" else None,
+                          max_width=38 if col == "fields" else None)
     for spec in (UniformModel(), TransformerModel(), AmoebaNetModel(), MlpModel(), ConvNetModel()):
-        fields = ", ".join(f"{k}={v}" for k, v in spec.model_dump().items() if k != "preset")
+        fields = ", ".join(f"{k}={v}" for k, v in spec.model_dump(exclude_none=True).items() if k != "preset")
         layers = build_layers(spec)
-        models.add_row(spec.preset, fields, str(len(layers)), f"{total_params(layers) / 1e6:,.1f}M")
-    models.add_row("table", "path: per-layer YAML/JSON (as written by gpipe-exec profile)", "-", "-")
+        models.add_row(spec.preset, fields, describe_layer_count(spec), f"{total_params(layers) / 1e6:,.1f}M")
+    models.add_row("table", "path: per-layer YAML/JSON (as written by gpipe-exec profile)", "one per row", "-")
     hw = Table(title="hardware presets")
     for col in ("preset", "accelerator", "peak fp32/bf16", "memory", "mem bw", "link bw", "latency"):
         hw.add_column(col)
@@ -100,3 +102,48 @@ def presets_text() -> str:
 
 def _bw(value: float) -> str:
     return "inf" if value == float("inf") else f"{value / 1e9:g} GB/s"
+
+
+_PASS_LETTERS = {0: "F", 1: "B", 2: "I", 3: "W"}  # Kind codes of the passes, as torch's CSV writes them
+SHOWN_PASSES = 6
+
+
+def schedule_text(scenario: Scenario, schedule: Schedule) -> str:
+    """A schedule's programs in short: per rank, its chunks, how many of each pass and transfer it
+    runs, and its first passes in torch's notation (chunk, F/B/I/W, micro-batch)."""
+    import numpy as np
+
+    from gpipe_sim.schedule import Kind
+
+    p = scenario.pipeline
+    head = (f"schedule {p.schedule_name}: K={schedule.ranks} ranks x v={schedule.chunks} "
+            f"chunk{'s' if schedule.chunks != 1 else ''} per rank, M={schedule.micro_batches} micro-batches, "
+            f"remat={schedule.remat}")
+    table = Table(title="passes per pipeline rank",
+                  caption="F forward, B backward, I/W input/weight gradient, R recompute")
+    kinds = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT, Kind.RECOMPUTE,
+             Kind.SEND, Kind.RECV)
+    for col in ("rank", "chunks", "F", "B", "I", "W", "R", "send", "recv", "first passes"):
+        table.add_column(col, justify="left" if col == "first passes" else "right",
+                         no_wrap=col in ("first passes", "rank"))
+    c = schedule.columns
+    counts = np.zeros((schedule.ranks, len(Kind)), dtype=np.int64)
+    np.add.at(counts, (c.rank.astype(np.int64), c.kind.astype(np.int64)), 1)
+    ranks: list[int | None] = list(range(schedule.ranks))
+    if len(ranks) > 2 * SHOWN_RANKS:
+        ranks = ranks[:SHOWN_RANKS] + [None] + ranks[-SHOWN_RANKS:]
+    for r in ranks:
+        if r is None:
+            table.add_row("...", f"({schedule.ranks - 2 * SHOWN_RANKS} ranks)", *[""] * (len(kinds) + 1))
+            continue
+        lo, hi = int(c.offsets[r]), int(c.offsets[r + 1])
+        first = []
+        for kind, chunk, mb in zip(c.kind[lo:hi].tolist(), c.chunk[lo:hi].tolist(), c.micro_batch[lo:hi].tolist()):
+            if kind in _PASS_LETTERS:
+                first.append(f"{chunk}{_PASS_LETTERS[kind]}{mb}")
+                if len(first) > SHOWN_PASSES:
+                    break
+        shown = " ".join(first[:SHOWN_PASSES]) + (" ..." if len(first) > SHOWN_PASSES else "")
+        table.add_row(str(r), ",".join(map(str, schedule.chunks_of(r))),
+                      *(f"{int(counts[r, int(k)]):,}" for k in kinds), shown)
+    return _render(head, table)
