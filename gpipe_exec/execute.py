@@ -87,12 +87,13 @@ def check_host_memory(plan: Plan, available: float | None = None) -> None:
     if available is None:
         return
     start, end = run_engine(plan, "auto")
-    stages = result_from_times(plan, start, end).stages
-    needed = sum(s.peak_memory_bytes for s in stages) + RANK_OVERHEAD_BYTES * len(stages)
+    stages = result_from_times(plan, start, end).stages  # replica 0's; every replica holds as much
+    needed = plan.replicas * (sum(s.peak_memory_bytes for s in stages) + RANK_OVERHEAD_BYTES * len(stages))
     if needed > available:
         gib = 2.0**30
+        what = f"{len(stages)} stages" + (f" x {plan.replicas} replicas" if plan.replicas > 1 else "")
         raise ScenarioError(
-            f"model: running these {len(stages)} stages here needs about {needed / gib:.1f} GiB "
+            f"model: running these {what} here needs about {needed / gib:.1f} GiB "
             f"(weights, gradients, optimizer states and peak activations, as gpipe_sim predicts), "
             f"but this machine has {available / gib:.1f} GiB free; use a smaller model or batch"
         )
@@ -113,8 +114,8 @@ def job_for(scenario: Scenario, plan: Plan, *, steps: int = 5, warmup: int = 2, 
 def _end_sends_at_arrival(kind: np.ndarray, message: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
     """A send ends when its data has arrived: no later than the matching receive's end (the sender
     only notices completion when it next polls). Sends and receives pair by their recorded message."""
-    sends = np.flatnonzero(kind == int(Kind.SEND))
-    recvs = np.flatnonzero(kind == int(Kind.RECV))
+    sends = np.flatnonzero((kind == int(Kind.SEND)) & (message >= 0))
+    recvs = np.flatnonzero((kind == int(Kind.RECV)) & (message >= 0))  # not the waits for all-reduces
     if not len(sends):
         return
     size = int(max(message[sends].max(), message[recvs].max(initial=-1))) + 1
@@ -127,15 +128,19 @@ def step_timelines(plan: Plan, output: dict[str, Any]) -> list[Timeline]:
     """Every measured step's timeline, rank after rank, each rank's actions as they ran (kind, chunk
     and micro-batch from the ranks' own records), on seconds from the step's start."""
     ranks = output["ranks"]
-    if len(ranks) != len(plan.ranks):
-        raise ExecutionError(f"{len(ranks)} ranks reported for a plan of {len(plan.ranks)}")
+    if len(ranks) != plan.num_ranks:
+        raise ExecutionError(f"{len(ranks)} ranks reported for a plan of {plan.num_ranks}")
+    K, M, C = len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks)
+    per_replica = max(C - 1, 1) * 2 * M  # message keys of one replica (ProgramColumns.message_keys)
     timelines = []
     for s in range(len(ranks[0]["records"])):
         recs = [rank["records"][s] for rank in ranks]
         cols = record_columns(recs)
         t0 = min(r.step_start for r in recs)
         start, end = cols["start_s"] - t0, cols["end_s"] - t0
-        _end_sends_at_arrival(cols["kind"], cols["message"], start, end)
+        # every replica numbers its messages alike: make them distinct before pairing
+        message = np.where(cols["message"] >= 0, cols["message"] + (cols["rank"] // K) * per_replica, -1)
+        _end_sends_at_arrival(cols["kind"], message, start, end)
         timeline = Timeline(cols["rank"], cols["chunk"], cols["kind"], cols["micro_batch"], start, end)
         check_ran_as_planned(plan, timeline, step=s)
         timelines.append(timeline)
@@ -146,7 +151,7 @@ def check_ran_as_planned(plan: Plan, timeline: Timeline, step: int = 0) -> None:
     """ExecutionError (one line, naming the rank and the first action that differs) unless every
     rank ran exactly its program: the same kinds, chunks and micro-batches in the same order."""
     prog = plan.program
-    for r in range(len(plan.ranks)):
+    for r in range(plan.num_ranks):
         lo, hi = int(prog.offsets[r]), int(prog.offsets[r + 1])
         mine = np.flatnonzero(timeline.rank == r)
         planned = np.stack([prog.kind[lo:hi], prog.chunk[lo:hi], prog.micro_batch[lo:hi]], axis=1).astype(np.int64)
@@ -171,39 +176,42 @@ def check_ran_as_planned(plan: Plan, timeline: Timeline, step: int = 0) -> None:
 def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
     """The measured Result (median step after warm-up), via gpipe_sim.results.result.summarize."""
     ranks = output["ranks"]
-    K = len(plan.ranks)
+    K, G = len(plan.ranks), plan.num_ranks  # pipeline ranks; every process (D replicas of K)
     timelines = step_timelines(plan, output)
     times = [float(t.end_s.max()) for t in timelines]
     order = np.argsort(times)
     median = int(order[(len(times) - 1) // 2])
-    recs = [ranks[k]["records"][median] for k in range(K)]
-    state_per_param = plan.scenario.training.state_bytes_per_param
+    recs = [ranks[g]["records"][median] for g in range(G)]
+    training = plan.scenario.training
+    # ZeRO-1: each replica holds the optimizer states of 1/D of the parameters (as the plan counts)
+    state_per_param = training.dtype_bytes + (training.state_bytes_per_param - training.dtype_bytes) / (
+        plan.replicas if training.zero else 1)
     owned = {c: info for rank in ranks for c, info in rank["chunks"].items()}
     chunks = range(len(plan.chunks))
     param_bytes = [float(owned[c]["param_bytes"]) for c in chunks]
     state_bytes = [float(owned[c]["param_count"] * state_per_param) for c in chunks]
-    chunk_peaks = {c: peak for r in recs for c, peak in r.chunk_peak_activation_bytes.items()}
+    chunk_peaks = {c: peak for r in recs[:K] for c, peak in r.chunk_peak_activation_bytes.items()}
     timeline = timelines[median]
     curves = []
-    for k in range(K):
-        mine = timeline.rank == k
-        curves.append(levels_from_totals(timeline.start_s[mine], timeline.end_s[mine], recs[k].held))
-    static = [sum(param_bytes[c] + state_bytes[c] for c in rank.chunks) for rank in plan.ranks]
+    for g in range(G):
+        mine = timeline.rank == g
+        curves.append(levels_from_totals(timeline.start_s[mine], timeline.end_s[mine], recs[g].held))
+    static = [sum(param_bytes[c] + state_bytes[c] for c in plan.ranks[g % K].chunks) for g in range(G)]
     device_peak = device_peaks(plan.device_map, static, [c[0] for c in curves], [c[1] for c in curves])
     result = summarize_plan(
         plan, timeline,
-        peak_activation_bytes=[r.peak_activation_bytes for r in recs],
+        peak_activation_bytes=[r.peak_activation_bytes for r in recs[:K]],  # replica 0's ranks
         chunk_peak_activation_bytes=[chunk_peaks[c] for c in chunks],
         param_bytes=param_bytes,
         state_bytes=state_bytes,
         device_peak_memory_bytes=device_peak,
         source="measured",
     )
-    result.memory_timeline = curves
+    result.memory_timeline = curves[:K]
     return Measurement(
         result=result,
         step_times_s=times,
-        loss=float(sum(r.loss for r in recs)),
+        loss=float(sum(r.loss for r in recs)),  # every replica's share of the global batch
         cuda_peak_bytes=[r.cuda_peak_bytes for r in recs],
     )
 

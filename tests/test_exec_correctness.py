@@ -1,5 +1,6 @@
 """The pipelined step equals plain single-process training (gradients and parameters, fp32, 1e-5),
-for every schedule, chunks per rank, re-materialization mode and split (I/W) backward."""
+for every schedule, chunks per rank, re-materialization mode and split (I/W) backward, and with
+data parallelism (D replicas of the pipeline on the global batch, with and without ZeRO-1)."""
 
 from __future__ import annotations
 
@@ -40,19 +41,27 @@ class Case(NamedTuple):
     v: int = 1
     split: str | None = None
     weight_pass: str = "reuse"
+    D: int = 1  # data-parallel replicas
+    zero: int = 0  # ZeRO-1 (with D > 1)
 
     def __str__(self) -> str:
         split = f" split {self.split} ({self.weight_pass})" if self.split else ""
+        dp = f" D={self.D}{' zero1' if self.zero else ''}" if self.D > 1 else ""
         return (f"{self.model} K={self.K} v={self.v} M={self.M} {self.schedule}{split} remat={self.remat} "
-                f"{self.optimizer}")
+                f"{self.optimizer}{dp}")
+
+    @property
+    def world(self) -> int:
+        return self.D * self.K
 
 
 def scenario(case: Case) -> Scenario:
     return parse_scenario({
         "model": MODELS[case.model], "hardware": {"preset": "cpu"},
         "pipeline": {"stages": case.K, "chunks": case.v, "micro_batches": case.M,
-                     "batch_size": 8 if case.M > 1 else 5, "schedule": case.schedule, "remat": case.remat},
-        "training": {"optimizer": case.optimizer},
+                     "batch_size": 8 if case.M > 1 or case.D > 1 else 5, "schedule": case.schedule,
+                     "remat": case.remat, "data_parallel": case.D},
+        "training": {"optimizer": case.optimizer, "zero": case.zero},
     })
 
 
@@ -62,13 +71,16 @@ def plan_of(case: Case):
 
 
 def run_groups(K: int, groups: dict[str, tuple[list[Case], dict[str, Any]]]) -> dict[str, list[tuple[Case, dict]]]:
-    """Launch K ranks once and run every group's cases (each group with its own job settings:
-    steps, dropout, receive window...) in that one process group. Each case's measured timelines
-    are checked against its programs (`step_timelines` refuses any difference)."""
+    """Launch K processes once and run every group's cases (each group with its own job settings:
+    steps, dropout, receive window...) in that one process group: cases of D replicas of K/D ranks
+    share the launch. Each case's measured timelines are checked against its programs
+    (`step_timelines` refuses any difference). A case's parameters are those every replica holds
+    (checked equal across replicas)."""
     entries = []
     for name, (cases, settings) in groups.items():
         settings = {"steps": 1, "dropout": 0.0, **settings}
         for case in cases:
+            assert case.world == K, f"{case}: {case.world} processes, the launch has {K}"
             plan = plan_of(case)
             job = job_for(plan.scenario, plan, warmup=0, return_params=True, tag=f"{name}: {case}",
                           weight_pass=case.weight_pass, **settings)
@@ -80,7 +92,11 @@ def run_groups(K: int, groups: dict[str, tuple[list[Case], dict[str, Any]]]) -> 
         assert len(step_timelines(plan, out)) == job.steps, case
         params: dict[str, Any] = {}
         for rank in out["ranks"]:
-            params.update(rank["params"])
+            for key, (param, grad) in rank["params"].items():
+                if key in params:  # another replica's copy: the same parameters and reduced gradients
+                    torch.testing.assert_close(param, params[key][0], rtol=0, atol=0, msg=f"{key}: {case}")
+                    torch.testing.assert_close(grad, params[key][1], rtol=0, atol=0, msg=f"{key}: {case}")
+                params[key] = (param, grad)
         merged[name].append((case, params))
     return merged
 
@@ -92,7 +108,8 @@ def run_all(K: int, cases: list[Case], **settings: Any) -> list[tuple[Case, dict
 
 def reference(case: Case, steps: int = 1) -> dict[str, Any]:
     """Plain training of the case's model, mini-batch and optimizer (schedules play no part)."""
-    return reference_step(scenario(case._replace(K=1, v=1, schedule="gpipe", remat="none")), steps=steps)
+    return reference_step(scenario(case._replace(K=1, v=1, schedule="gpipe", remat="none", D=1, zero=0)),
+                          steps=steps)
 
 
 def assert_equal_to_reference(results: list[tuple[Case, dict]], steps: int = 1) -> None:
@@ -121,6 +138,17 @@ def backward_in_order(ranks: int, micro_batches: int, chunks: int) -> list:
         order += [(Kind.BACKWARD, c, m) for c in reversed(mine) for m in range(micro_batches)]
         orders.append(order)
     return orders
+
+
+# Data parallelism by default: D=2 x K=1 (in the two-process launch) and D=2 x K=2 (in the
+# four-process one), every schedule family, remat none/always, ZeRO 0/1; the full product under -m slow.
+DP_TWO = [Case("mlp", 1, 2, "gpipe", "none", D=2), Case("transformer", 1, 3, "1f1b", "always", "momentum", D=2, zero=1),
+          Case("convnet", 1, 2, "interleaved_1f1b", "always", "adam", v=2, D=2, zero=1),
+          Case("mlp", 1, 4, "interleaved_1f1b", "none", "momentum", v=2, D=2)]
+DP_FOUR = [Case("transformer", 2, 2, "gpipe", "always", D=2), Case("mlp", 2, 4, "1f1b", "none", "adam", D=2, zero=1),
+           Case("transformer", 2, 4, "interleaved_1f1b", "always", "momentum", v=2, D=2, zero=1),
+           Case("convnet", 2, 2, "interleaved_1f1b", "none", v=2, D=2),
+           Case("mlp", 2, 4, "interleaved_1f1b", "except_last", "adam", v=2, split="deferred", D=2, zero=1)]
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +183,8 @@ def two_ranks() -> dict[str, list[tuple[Case, dict]]]:
              Case("mlp", 2, 4, "interleaved_1f1b", "except_last", "momentum", v=2, split="deferred")]
     for name, window in WINDOWS.items():
         groups[name] = (steps, {"steps": 3, "recv_window": window})
+    # data parallelism: two replicas of a one-rank pipeline (the same launch of two processes)
+    groups["data_parallel"] = (DP_TWO, {"steps": 2})
     with pytest.MonkeyPatch.context() as patch:  # registered in this process only, while jobs are made
         patch.setitem(SCHEDULES, "backward-in-order", ScheduleFamily("backward-in-order", backward_in_order))
         groups["registered"] = ([Case("mlp", 2, 3, "backward-in-order", "always"),
@@ -209,7 +239,8 @@ def four_ranks() -> dict[str, list[tuple[Case, dict]]]:
     split = [Case("transformer", 4, 4, "1f1b", "none"), Case("mlp", 4, 3, "gpipe", "always", "adam"),
              Case("mlp", 4, 4, "interleaved_1f1b", "always", "momentum", v=2)]
     return run_groups(4, {"main": (main, {}),
-                          "split": (split, {"steps": 2, "recv_window": 0, "split_directions": True})})
+                          "split": (split, {"steps": 2, "recv_window": 0, "split_directions": True}),
+                          "data_parallel": (DP_FOUR, {"steps": 2})})
 
 
 def test_four_ranks(four_ranks) -> None:
@@ -218,6 +249,14 @@ def test_four_ranks(four_ranks) -> None:
 
 def test_activations_and_gradients_in_groups_of_their_own(four_ranks) -> None:
     assert_equal_to_reference(four_ranks["split"], steps=2)
+
+
+def test_data_parallel_equals_training_on_the_global_batch(two_ranks, four_ranks) -> None:
+    """D=2 replicas (K=1 and K=2), each on its half of the global batch, gradients all-reduced per
+    chunk (ZeRO-1: each replica updates its shard, then all-gathers): two steps equal two plain
+    steps on the whole batch, and both replicas hold the same parameters."""
+    assert_equal_to_reference(two_ranks["data_parallel"], steps=2)
+    assert_equal_to_reference(four_ranks["data_parallel"], steps=2)
 
 
 def test_one_rank() -> None:
@@ -242,6 +281,26 @@ def matrix(K: int) -> list[Case]:
     cases.append(Case("transformer", K, 2 * K, "interleaved_1f1b", "always", v=2, split="deferred",
                       weight_pass="simple"))
     return cases
+
+
+def dp_matrix() -> dict[int, list[Case]]:
+    """D in {1, 2} x K in {1, 2} x {gpipe, 1f1b, interleaved_1f1b v=2} x remat {none, always} x
+    ZeRO {0, 1}, models and optimizers in turn; by number of processes."""
+    variants = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)]
+    models, optimizers = list(MODELS), ("sgd", "momentum", "adam")
+    out: dict[int, list[Case]] = {}
+    for i, (D, K, (s, v), r, zero) in enumerate(itertools.product((1, 2), (1, 2), variants, ("none", "always"), (0, 1))):
+        model = models[i % len(models)]
+        optimizer = optimizers[(i // 3) % 3] if model != "transformer" else ("sgd", "momentum")[i % 2]
+        case = Case(model, K, 4 if D == 1 else (2, 4)[i % 2], s, r, optimizer, v=v, D=D, zero=zero)
+        out.setdefault(case.world, []).append(case)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_full_data_parallel_matrix(world: int) -> None:
+    assert_equal_to_reference(run_all(world, dp_matrix()[world], steps=2), steps=2)
 
 
 def test_matrix_fits_the_models() -> None:

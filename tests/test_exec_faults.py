@@ -53,6 +53,20 @@ def test_failing_rank_stops_everyone_and_is_named(kind: str, pipeline: dict | No
     assert peers and peers[0]["peer"] and "rank 1" in peers[0]["message"]
 
 
+def test_a_killed_rank_stops_all_replicas_and_is_named() -> None:
+    # D=2 replicas of K=2 ranks: global rank 3 (replica 1's last rank) is killed in its second step;
+    # its pipeline peer (rank 2) and replica 0 (blocked in the chunks' all-reduces) stop too.
+    job, plan = _job({"rank": 3, "kind": "kill", "action": 3, "step": 1}, {"data_parallel": 2, "micro_batches": 2})
+    assert len(plan.device_map) == 4
+    t0 = time.monotonic()
+    with pytest.raises(ExecutionError) as info:
+        launch([job], plan.device_map, OPTIONS)
+    elapsed = time.monotonic() - t0
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("rank 3 was killed by SIGKILL"), message
+    assert elapsed < 60
+
+
 def test_cli_exits_nonzero_naming_the_rank(tmp_path: Path) -> None:
     import yaml
 

@@ -279,6 +279,43 @@ def test_cli_validate_json(tmp_path: Path) -> None:
     assert [len(s["chunks"]) for s in out["measured"]["stages"]] == [2, 2]
 
 
+DATA_PARALLEL = {**BASE, "pipeline": {**BASE["pipeline"], "data_parallel": 2, "micro_batches": 2, "batch_size": 8},
+                 "training": {"optimizer": "adam", "zero": 1}}
+
+
+def test_cli_run_data_parallel(tmp_path: Path) -> None:
+    """`gpipe-exec run` on D=2 replicas of K=2 ranks (four processes): the result is the
+    replicas' step, with the all-reduce waits in the timeline."""
+    import yaml
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(DATA_PARALLEL))
+    proc = subprocess.run([sys.executable, "-m", "gpipe_exec.cli", "run", str(path), "--json",
+                           "--steps", "1", "--warmup", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["data_parallel"] == 2 and out["source"] == "measured" and len(out["stages"]) == 2
+    assert {e["rank"] for e in out["timeline"]} == {0, 1, 2, 3}
+    reductions = [e for e in out["timeline"] if e["kind"] == "allreduce"]
+    assert sorted((e["rank"], e["chunk"]) for e in reductions) == [(0, 0), (1, 1), (2, 0), (3, 1)]
+
+
+@pytest.mark.slow
+def test_cli_validate_data_parallel(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "s.yaml"  # each core runs one rank of each replica, taking turns
+    path.write_text(yaml.safe_dump({**DATA_PARALLEL, "hardware": {"preset": "cpu", "placement": [[0, 1], [0, 1]]}}))
+    proc = subprocess.run([sys.executable, "-m", "gpipe_exec.cli", "validate", str(path), "--json",
+                           "--steps", "2", "--warmup", "1", "--no-timeline"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["predicted"]["data_parallel"] == out["measured"]["data_parallel"] == 2
+    assert out["relative_error"]["stage1.peak_activation_bytes"] < 1e-9
+
+
 def test_accuracy_grid_covers_interleaved_where_it_runs() -> None:
     from gpipe_exec.studies.accuracy import base_scenario, grid, markdown
 

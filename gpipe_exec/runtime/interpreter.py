@@ -8,6 +8,13 @@ gradient the previous chunk's output gradient); between ranks it is a transfer, 
 sends complete in the background, so communication overlaps compute wherever the schedule allows.
 Every action is recorded as it ran: its kind, chunk, micro-batch and message, and its start and
 end on the aligned clock.
+
+Data parallelism (`pipeline.data_parallel` = D): global rank g = d*K + r runs pipeline rank r's
+program for replica d on its share of the global batch, with each chunk's gradients all-reduced
+among its D replicas (`allreduce` starts it, asynchronously, right after the chunk's last backward
+pass; the `recv` of the REDUCED tensor before the update waits for it). With `training.zero: 1`
+each replica's optimizer holds and updates only its 1/D shard of the rank's parameters (ZeRO-1),
+then the replicas all-gather the updated shards.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.runtime.split_backward import WeightPass
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.plan.partition import micro_batch_sizes
+from gpipe_sim.plan.replicas import with_collectives
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Schedule, Tensor, build_schedule
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
 
@@ -127,6 +135,64 @@ def direction_groups() -> dict[Tensor, Any]:
     return _DIRECTION_GROUPS[1]
 
 
+_DP_GROUPS: tuple[Any, int, int, list[Any]] | None = None  # (default group, K, D, group per pipeline rank)
+
+
+def data_parallel_groups(K: int, D: int) -> list[Any]:
+    """Per pipeline rank r, the process group of its D replicas (global ranks d*K + r), made once
+    per (default group, K, D); collective: every rank creates all K, in the same order."""
+    global _DP_GROUPS
+    default = dist.distributed_c10d._get_default_group()
+    if _DP_GROUPS is None or _DP_GROUPS[0] is not default or _DP_GROUPS[1:3] != (K, D):
+        if dist.get_world_size() != K * D:
+            raise ExecutionError(f"{dist.get_world_size()} processes for {D} replicas of {K} ranks")
+        _DP_GROUPS = (default, K, D, [dist.new_group([d * K + r for d in range(D)]) for r in range(K)])
+    return _DP_GROUPS[3]
+
+
+class _ZeroShard:
+    """ZeRO-1 on one global rank: the rank's parameters flattened (padded to a multiple of D), this
+    replica's 1/D of them as the one tensor its optimizer steps (states for the shard only); after
+    the step the replicas all-gather the updated shards into every parameter."""
+
+    def __init__(self, params: list[torch.nn.Parameter], optimizer_name: str, replica: int, D: int,
+                 group: Any) -> None:
+        self.params, self.D, self.group = params, D, group
+        total = sum(q.numel() for q in params)
+        self.size = -(-total // D) if total else 0
+        self.lo, self.hi = min(replica * self.size, total), min((replica + 1) * self.size, total)
+        flat = self._flat([q.detach() for q in params])
+        self.master = torch.nn.Parameter(flat[self.lo:self.hi].clone())
+        self.optimizer = make_optimizer([self.master], optimizer_name)
+
+    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+        return torch.nn.functional.pad(flat, (0, self.size * self.D - flat.numel()))
+
+    def step(self) -> None:
+        """This replica's shard: its optimizer step (compute: under the device lock)."""
+        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params]
+        self.master.grad = self._flat(grads)[self.lo:self.hi].clone()
+        self.optimizer.step()
+
+    def gather(self) -> None:
+        """Every replica's updated shard into the parameters (a collective: outside the device lock,
+        which a replica sharing this device may need to reach it)."""
+        mine = torch.zeros(self.size, dtype=self.master.dtype, device=self.master.device)
+        mine[:self.hi - self.lo] = self.master.detach()
+        parts = [torch.empty_like(mine) for _ in range(self.D)]
+        dist.all_gather(parts, mine, group=self.group)
+        flat = torch.cat(parts)
+        at = 0
+        with torch.no_grad():
+            for q in self.params:
+                q.copy_(flat[at:at + q.numel()].view_as(q))
+                at += q.numel()
+
+    def zero_grad(self) -> None:
+        self.master.grad = None
+
+
 class _Comm:
     """Point-to-point transfers tagged by message key, with clear errors on peer failure.
 
@@ -144,11 +210,22 @@ class _Comm:
         self.groups: dict[Tensor, Any] = direction_groups() if split else {}
 
     def _guard(self, peer: int, what: str, fn: Callable[[], Any]) -> Any:
+        return self._guarded(f"{what} rank {peer}", fn)
+
+    def _guarded(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except (RuntimeError, dist.DistError) as exc:
             line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise PeerError(f"rank {self.rank}: {what} rank {peer} failed ({line})") from None
+            raise PeerError(f"rank {self.rank}: {what} failed ({line})") from None
+
+    def allreduce(self, bucket: torch.Tensor, group: Any, chunk: int) -> Any:
+        """Start the sum of `bucket` over the data-parallel group (asynchronous)."""
+        return self._guarded(f"all-reduce of chunk {chunk} with its replicas",
+                             lambda: dist.all_reduce(bucket, group=group, async_op=True))
+
+    def wait_collective(self, work: Any, chunk: int) -> None:
+        self._guarded(f"all-reduce of chunk {chunk} with its replicas", work.wait)
 
     def isend(self, tensor: torch.Tensor, action: Action, tag: int) -> Any:
         group = self.groups.get(action.tensor)
@@ -175,6 +252,7 @@ class _StepState:
     posted: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)  # action -> (work, buffer)
     sends: list[tuple[int, int, Any]] = field(default_factory=list)  # (record index, action, work)
     next_post: int = 0
+    reductions: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)  # chunk -> (work, bucket)
 
 
 class RankRunner:
@@ -188,29 +266,51 @@ class RankRunner:
         self.schedule = job.schedule or build_schedule(p.stages, p.micro_batches, p.schedule, p.remat, p.chunks)
         self.K, self.M = self.schedule.ranks, self.schedule.micro_batches
         self.C = self.schedule.num_chunks
+        self.D = p.data_parallel
+        self.replica, self.pipeline_rank = divmod(rank, self.K)
         if len(job.partition) != self.C:
             raise ExecutionError(f"the partition has {len(job.partition)} entries for {self.C} chunks")
-        self.actions = self.schedule.rank_actions(rank)
-        c = self.schedule.columns
-        lo, hi = int(c.offsets[rank]), int(c.offsets[rank + 1])
+        if self.replica >= self.D:
+            raise ExecutionError(f"global rank {rank} is outside {self.D} replicas of {self.K} ranks")
+        # Global rank d*K + r runs pipeline rank r's program (with the all-reduces and their waits
+        # when D > 1), its peers shifted into replica d.
+        c = self.schedule.columns if self.D == 1 else with_collectives(self.schedule.columns)
+        lo, hi = int(c.offsets[self.pipeline_rank]), int(c.offsets[self.pipeline_rank + 1])
+        shift = self.replica * self.K
+        self.actions = tuple(
+            Action(Kind(kind), chunk, mb, peer + shift if peer >= 0 else peer,
+                   None if tensor < 0 else Tensor(tensor), save)
+            for kind, chunk, mb, peer, tensor, save in zip(
+                c.kind[lo:hi].tolist(), c.chunk[lo:hi].tolist(), c.micro_batch[lo:hi].tolist(),
+                c.peer[lo:hi].tolist(), c.tensor[lo:hi].tolist(), c.save[lo:hi].tolist()))
         self.tags: list[int] = c.message_keys(self.M)[lo:hi].tolist()
         dtype = sc.training.dtype
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
         self.chunks: dict[int, Chunk] = {}
-        for index in self.schedule.chunks_of(rank):
+        for index in self.schedule.chunks_of(self.pipeline_rank):
             first, last = chunk_bounds(job.partition, index)
             layers = build_layers_range(sc.model, first, last, seed=job.seed, dropout=job.dropout, dtype=dtype)
             self.chunks[index] = Chunk(index, self.C, first, torch.nn.Sequential(*layers).to(device), device,
                                        loss_sum, p.batch_size, parent_meter=self.meter,
                                        weight_pass=job.weight_pass)
         params = [q for ch in self.chunks.values() for q in ch.module.parameters()]
-        self.optimizer = make_optimizer(params, sc.training.optimizer)
-        self.sizes = micro_batch_sizes(p.batch_size, self.M)
+        self.dp_group = data_parallel_groups(self.K, self.D)[self.pipeline_rank] if self.D > 1 else None
+        self.zero: _ZeroShard | None = None
+        if self.D > 1 and sc.training.zero:
+            self.zero = _ZeroShard(params, sc.training.optimizer, self.replica, self.D, self.dp_group)
+            self.optimizer = self.zero.optimizer
+        else:
+            self.optimizer = make_optimizer(params, sc.training.optimizer)
+        # This replica's share of the global batch (each loss still divides by the global batch
+        # size, so the replicas' summed gradients are those of the global batch's mean loss).
+        share = p.batch_size // self.D
+        self.sizes = micro_batch_sizes(share, self.M)
         x, y = make_batch(sc.model, p.batch_size, seed=job.seed, dtype=dtype)
+        x, y = x[self.replica * share:(self.replica + 1) * share], y[self.replica * share:(self.replica + 1) * share]
         self.inputs = [t.to(device) for t in torch.tensor_split(x, self.M)] if 0 in self.chunks else []
         self.targets = [t.to(device) for t in torch.tensor_split(y, self.M)] if self.C - 1 in self.chunks else []
         self.float_dtype = TORCH_DTYPES[dtype]
-        receives = [a for a in self.actions if a.kind == Kind.RECV]
+        receives = [a for a in self.actions if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
         self.shapes = boundary_shapes(sc, job.seed, job.dropout) if receives else []
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = _Comm(rank, split)
@@ -226,6 +326,7 @@ class RankRunner:
             Kind.SEND: self._send,
             Kind.RECV: self._recv,
             Kind.UPDATE: self._update,
+            Kind.ALLREDUCE: self._allreduce,
         }
         self._state = _StepState()
         self._record = StepRecord()
@@ -311,7 +412,35 @@ class RankRunner:
         self._state.sends.append((len(self._record), i, work))
         return Kind.SEND, a.chunk, a.micro_batch
 
+    def _chunk_grads(self, c: int) -> list[torch.Tensor]:
+        params = list(self.chunks[c].module.parameters())
+        for q in params:
+            if q.grad is None:
+                q.grad = torch.zeros_like(q)
+        return [q.grad for q in params]
+
+    def _allreduce(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        """Start the sum of chunk a.chunk's gradients over its D replicas (one flat bucket)."""
+        grads = self._chunk_grads(a.chunk)
+        bucket = (torch.cat([g.reshape(-1) for g in grads]) if grads
+                  else torch.zeros(0, dtype=self.float_dtype, device=self.device))
+        work = self.comm.allreduce(bucket, self.dp_group, a.chunk)
+        self._state.reductions[a.chunk] = (work, bucket)
+        return Kind.ALLREDUCE, a.chunk, -1
+
+    def _reduced(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        """Wait for chunk a.chunk's reduction and put the summed gradients back in `.grad`."""
+        work, bucket = self._state.reductions.pop(a.chunk)
+        self.comm.wait_collective(work, a.chunk)
+        at = 0
+        for g in self._chunk_grads(a.chunk):
+            g.copy_(bucket[at:at + g.numel()].view_as(g))
+            at += g.numel()
+        return Kind.RECV, a.chunk, -1
+
     def _recv(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        if a.tensor == Tensor.REDUCED:
+            return self._reduced(i, a)
         st = self._state
         if i not in st.posted:  # not posted ahead: post it now
             st.next_post += 1
@@ -325,7 +454,10 @@ class RankRunner:
         return Kind.RECV, a.chunk, a.micro_batch
 
     def _update(self, i: int, a: Action) -> tuple[Kind, int, int]:
-        self.optimizer.step()
+        if self.zero is not None:
+            self.zero.step()  # the all-gather follows, out of the device lock (`step`)
+        else:
+            self.optimizer.step()
         return Kind.UPDATE, -1, -1
 
     # -- the step ------------------------------------------------------------------------------
@@ -342,6 +474,7 @@ class RankRunner:
         acts, clock = self.actions, self.clock
         self.optimizer.zero_grad(set_to_none=True)
         for ch in self.chunks.values():
+            ch.module.zero_grad(set_to_none=True)
             ch.reset()
         self.meter.reset()
         # Dropout draws from a per-(job seed, step, rank) stream: runs are reproducible.
@@ -350,7 +483,7 @@ class RankRunner:
             torch.cuda.reset_peak_memory_stats(self.device)
         rec = self._record = StepRecord()
         st = self._state = _StepState()
-        recv_at = [i for i, a in enumerate(acts) if a.kind == Kind.RECV]
+        recv_at = [i for i, a in enumerate(acts) if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
         window = self.job.recv_window
         if window is None:
             window = 0 if self.device.type == "cuda" else len(recv_at)
@@ -373,6 +506,10 @@ class RankRunner:
                 start = clock()
                 kind, chunk, micro_batch = self.handlers[a.kind](i, a)
                 now = clock()
+            if self.zero is not None and a.kind == Kind.UPDATE:
+                self.comm._guarded("ZeRO-1 all-gather of the updated parameters with the replicas",
+                                   self.zero.gather)
+                now = clock()
             rec.kind.append(int(kind))
             rec.chunk.append(chunk)
             rec.micro_batch.append(micro_batch)
@@ -390,7 +527,8 @@ class RankRunner:
         for j, index, work in st.sends:
             self.comm.wait(work, acts[index])
             rec.ends[j] = clock()
-        leftover = [k for k, v in (("inputs", st.inputs), ("gradients", st.grads), ("unsent", st.outbox)) if v]
+        leftover = [k for k, v in (("inputs", st.inputs), ("gradients", st.grads), ("unsent", st.outbox),
+                                   ("unawaited reductions", st.reductions)) if v]
         if leftover or any(ch.micro for ch in self.chunks.values()):
             raise ExecutionError(f"rank {self.rank}: the program left {', '.join(leftover) or 'micro-batches'} "
                                  "behind (an action it needed was not in the program)")

@@ -7,7 +7,7 @@ from typing import Any, Callable, NamedTuple, Union
 
 from gpipe_exec.execute import Measurement, job_for, measured_result
 from gpipe_exec.programs import with_schedule
-from gpipe_exec.profile import ProfileOptions, default_sizes, profile_model, profile_on_rank, table_scenario
+from gpipe_exec.profile import ProfileOptions, profile_model, profile_on_rank, table_scenario
 from gpipe_exec.studies.calibrate import LinkFit, RuntimeFit
 from gpipe_sim.api import result_from_times, run_engine
 from gpipe_sim.plan.compile import compile_plan
@@ -35,6 +35,15 @@ def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration:
     return run_scenario, result_from_times(plan, *run_engine(plan, "auto"))
 
 
+def run_sizes(scenario: Scenario) -> tuple[int, ...]:
+    """The micro-batch sizes the ranks run: of one replica's share of the global batch (tensor_split
+    gives at most two), as the simulator costs them."""
+    from gpipe_sim.plan.partition import micro_batch_sizes
+
+    p = scenario.pipeline
+    return tuple(sorted(set(micro_batch_sizes(p.batch_size // p.data_parallel, p.micro_batches))))
+
+
 class Round(NamedTuple):
     """One profile, prediction and run of a case."""
 
@@ -59,7 +68,7 @@ def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) 
     out: list[list[Round]] = [[] for _ in cases]
     for _ in range(payload["rounds"]):
         for i, sc in enumerate(cases):
-            options = base if base.micro_batches else dataclasses.replace(base, micro_batches=default_sizes(sc))
+            options = base if base.micro_batches else dataclasses.replace(base, micro_batches=run_sizes(sc))
             if not payload["alone"]:
                 table = profile_on_rank(sc, options, rank)  # rank 0's is used
             elif rank == 0:
