@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 from gpipe_sim.cli import run_command
 from gpipe_sim.errors import GpipeError
+from gpipe_sim.spec.overrides import add_set_option
+from gpipe_sim.spec.units import format_seconds
 
 
 def _options(args: argparse.Namespace):  # -> LaunchOptions
@@ -20,20 +22,26 @@ def _options(args: argparse.Namespace):  # -> LaunchOptions
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from gpipe_exec.execute import execute
+    from gpipe_exec.studies.validate import spread_warning
     from gpipe_sim.studies.report import summary_text
     from gpipe_sim.spec.scenario import load_scenario
     from gpipe_sim.results.trace import write_chrome_trace
 
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, args.set)
     m = execute(scenario, steps=args.steps, warmup=args.warmup, options=_options(args))
     if args.trace:
         write_chrome_trace(m.result.timeline, args.trace, name="gpipe-exec measurement")
     if args.json:
         sys.stdout.write(m.result.to_json(timeline=not args.no_timeline) + "\n")
         return 0
+    sys.stdout.write(f"MEASURED on this machine: the median of {len(m.step_times_s)} steps after "
+                     f"{args.warmup} warm-up (gpipe-exec validate puts the prediction beside it)\n")
     sys.stdout.write(summary_text(scenario, m.result) + "\n")
-    steps = ", ".join(f"{t * 1e3:.2f}" for t in m.step_times_s)
-    sys.stdout.write(f"measured step times (ms, after {args.warmup} warm-up): {steps}; loss {m.loss:.5f}\n")
+    steps = ", ".join(format_seconds(t) for t in m.step_times_s)
+    sys.stdout.write(f"measured step times: {steps}; loss {m.loss:.5f}\n")
+    warning = spread_warning(m.step_times_s)
+    if warning:
+        sys.stdout.write(warning + "\n")
     if any(p is not None for p in m.cuda_peak_bytes):
         sys.stdout.write(f"cuda max_memory_allocated per rank: {m.cuda_peak_bytes}\n")
     if args.trace:
@@ -61,13 +69,14 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     from gpipe_exec.profile import too_large_to_build
 
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, args.set)
     meta = args.meta or too_large_to_build(scenario)
     if meta and not args.meta:
         sys.stderr.write("gpipe-exec: the model does not fit in memory here; profiling FLOPs and bytes "
                          "on the meta device (no timings)\n")
     options = ProfileOptions(micro_batches=_sizes(args.micro_batches), warmup=args.warmup,
-                             repeats=args.repeats, threads=args.threads, meta=meta)
+                             repeats=args.repeats, threads=args.threads, meta=meta,
+                             split_backward=args.split_backward and not meta)
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=None)
 
@@ -116,7 +125,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from gpipe_exec.studies.validate import validate, validation_text
     from gpipe_sim.spec.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, args.set)
     console = Console(stderr=True)
     with console.status("validating") as status:
         v = validate(scenario, steps=args.steps, warmup=args.warmup, options=_options(args),
@@ -142,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--run-timeout", type=float, default=1800.0, help="seconds for the whole run")
 
     p = sub.add_parser("run", help="train one step per iteration for real and measure it")
-    p.add_argument("scenario")
+    p.add_argument("scenario", help="scenario YAML (a zoo model: transformer, mlp or convnet)")
+    add_set_option(p)
     p.add_argument("--steps", type=int, default=5, help="measured steps (the median is reported)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up steps, not measured")
     p.add_argument("--json", action="store_true", help="print the measured result JSON")
@@ -152,13 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("profile", help="measure every layer and write the simulator's layer table")
-    p.add_argument("scenario")
+    p.add_argument("scenario", help="scenario YAML (a zoo model)")
+    add_set_option(p)
     p.add_argument("--out", required=True, help="table file (.yaml or .json)")
     p.add_argument("--micro-batches", help="sizes to time, e.g. 1,2,4 (default: the scenario's)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2, help="untimed repeats first (default 2)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per size (default 5; more on noisy machines)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a rank runs)")
     p.add_argument("--meta", action="store_true", help="FLOPs and bytes only, on the meta device")
+    p.add_argument("--split-backward", action="store_true",
+                   help="also time each layer's input- and weight-gradient passes (zero-bubble schedules)")
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("calibrate", help="measure the link and the runtime's host time per action "
@@ -169,9 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("validate", help="predicted vs measured step time, throughput, bubble, memory")
-    p.add_argument("scenario")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("scenario", help="scenario YAML (a zoo model)")
+    add_set_option(p)
+    p.add_argument("--steps", type=int, default=5, help="measured steps per round (the median is compared)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up steps per round, not measured")
     p.add_argument("--rounds", type=int, default=1,
                    help="profile, predict and run this many times, in one launch; the median round "
                         "of each is compared (default 1)")

@@ -64,7 +64,7 @@ def default_sizes(scenario: Scenario) -> tuple[int, ...]:
     from gpipe_sim.plan.partition import micro_batch_sizes
 
     p = scenario.pipeline
-    return tuple(sorted(set(micro_batch_sizes(p.batch_size, p.micro_batches))))
+    return tuple(sorted(set(micro_batch_sizes(p.batch_size // p.data_parallel, p.micro_batches))))
 
 
 def _sync(device: torch.device) -> None:

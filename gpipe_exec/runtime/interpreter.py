@@ -36,7 +36,8 @@ from gpipe_exec.runtime.split_backward import WeightPass
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.plan.partition import micro_batch_sizes
 from gpipe_sim.plan.replicas import with_collectives
-from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Schedule, Tensor, build_schedule
+from gpipe_sim.plan.compile import scenario_schedule
+from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Schedule, Tensor
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
 
 
@@ -263,7 +264,7 @@ class RankRunner:
         self.scenario = job.scenario if isinstance(job.scenario, Scenario) else parse_scenario(job.scenario)
         sc, p = self.scenario, self.scenario.pipeline
         self.rank, self.device, self.clock = rank, device, clock
-        self.schedule = job.schedule or build_schedule(p.stages, p.micro_batches, p.schedule, p.remat, p.chunks)
+        self.schedule = job.schedule or scenario_schedule(self.scenario)
         self.K, self.M = self.schedule.ranks, self.schedule.micro_batches
         self.C = self.schedule.num_chunks
         self.D = p.data_parallel

@@ -56,7 +56,7 @@ def _row(sc: Scenario, done: list[Round]) -> dict[str, Any]:
               if name.endswith("peak_activation_bytes")]
     return {
         "model": sc.model.preset, "K": sc.pipeline.stages, "M": sc.pipeline.micro_batches,
-        "schedule": sc.pipeline.schedule, "v": sc.pipeline.chunks, "remat": sc.pipeline.remat,
+        "schedule": sc.pipeline.schedule_name, "v": sc.pipeline.chunks, "remat": sc.pipeline.remat,
         "predicted_step_s": v.predicted.step_time_s, "measured_step_s": v.measured.result.step_time_s,
         "step_time_error": v.relative_error["step_time_s"],
         "predicted_round_s": [p.step_time_s for p in predicted], "measured_round_s": per_round,

@@ -7,12 +7,12 @@ from typing import Any, Callable, NamedTuple, Union
 
 from gpipe_exec.execute import Measurement, job_for, measured_result
 from gpipe_exec.programs import with_schedule
-from gpipe_exec.profile import ProfileOptions, profile_model, profile_on_rank, table_scenario
+from gpipe_exec.profile import ProfileOptions, default_sizes, profile_model, profile_on_rank, table_scenario
 from gpipe_exec.studies.calibrate import LinkFit, RuntimeFit
 from gpipe_sim.api import result_from_times, run_engine
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.results.result import Result
-from gpipe_sim.schedule import Schedule
+from gpipe_sim.schedule import Kind, Schedule
 from gpipe_sim.spec.scenario import Scenario
 
 Calibration = Union[LinkFit, RuntimeFit]  # what `hardware_updates()` turns into scenario fields
@@ -38,10 +38,13 @@ def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration:
 def run_sizes(scenario: Scenario) -> tuple[int, ...]:
     """The micro-batch sizes the ranks run: of one replica's share of the global batch (tensor_split
     gives at most two), as the simulator costs them."""
-    from gpipe_sim.plan.partition import micro_batch_sizes
+    return default_sizes(scenario)
 
-    p = scenario.pipeline
-    return tuple(sorted(set(micro_batch_sizes(p.batch_size // p.data_parallel, p.micro_batches))))
+
+def splits_backward(scenario: Scenario) -> bool:
+    """Whether the scenario's schedule runs input- and weight-gradient passes apart (then the
+    profile times them apart too, and the simulator uses those times)."""
+    return compile_plan(scenario).schedule.count(Kind.BACKWARD_INPUT) > 0
 
 
 class Round(NamedTuple):
@@ -69,6 +72,8 @@ def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) 
     for _ in range(payload["rounds"]):
         for i, sc in enumerate(cases):
             options = base if base.micro_batches else dataclasses.replace(base, micro_batches=run_sizes(sc))
+            if splits_backward(sc):
+                options = dataclasses.replace(options, split_backward=True)
             if not payload["alone"]:
                 table = profile_on_rank(sc, options, rank)  # rank 0's is used
             elif rank == 0:

@@ -18,6 +18,7 @@ from gpipe_exec.profile import ProfileOptions
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.results.result import Result
 from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.spec.units import format_bytes, format_seconds
 
 
 def calibration_text(c: Calibration) -> str:
@@ -131,22 +132,56 @@ def combine_rounds(done: list[Round], calibration: Calibration | None) -> Valida
                       rounds=pairs if len(done) > 1 else [])
 
 
+SPREAD_WARNING = 0.10  # measured steps whose (max - min) / median exceeds this are flagged
+
+
+def spread_warning(step_times_s: list[float], rounds: int = 1) -> str:
+    """A one-line warning when the measured steps disagree with each other by more than 10%
+    ('' otherwise): an error that large may be the machine, not the prediction."""
+    if len(step_times_s) < 2:
+        return ""
+    ordered = sorted(step_times_s)
+    median = ordered[(len(ordered) - 1) // 2]
+    spread = (ordered[-1] - ordered[0]) / median if median > 0 else 0.0
+    if spread <= SPREAD_WARNING:
+        return ""
+    advice = " (more --rounds spread a case over more machine states)" if rounds > 1 else \
+        "; run with --rounds 3 to compare the median of three profile-predict-run rounds"
+    return (f"warning: the measured steps spread {100 * spread:.0f}% ({format_seconds(ordered[0])} to "
+            f"{format_seconds(ordered[-1])}): this machine's noise is of that size{advice}")
+
+
+def _shown(name: str, value: float) -> str:
+    """A compared figure in its unit."""
+    if name.startswith("throughput"):
+        return f"{value:,.2f} samples/s"
+    if name.endswith("_s"):
+        return format_seconds(value)
+    if name.endswith("_bytes"):
+        return format_bytes(value)
+    return f"{value:.4f}"
+
+
 def validation_text(v: Validation) -> str:
-    """A table: predicted, measured and relative error per compared field."""
+    """A table: predicted, measured and relative error per compared field, in their units; the
+    measured steps, every round, and a warning when the measurement is noisier than 10%."""
     table = Table(title="predicted vs measured")
     for col in ("field", "predicted", "measured", "relative error"):
         table.add_column(col, justify="right" if col != "field" else "left")
     errors = v.relative_error
     for name, p, m in compared_fields(v.predicted, v.measured.result):
-        table.add_row(name, f"{p:.6g}", f"{m:.6g}", f"{100 * errors[name]:.2f}%")
+        table.add_row(name, _shown(name, p), _shown(name, m), f"{100 * errors[name]:.2f}%")
     buf = io.StringIO()
     console = Console(file=buf, width=100, force_terminal=False)
     console.print(table)
-    steps = ", ".join(f"{t * 1e3:.2f}" for t in v.measured.step_times_s)
-    console.print(f"measured step times (ms): {steps}")
+    steps = ", ".join(format_seconds(t) for t in v.measured.step_times_s)
+    console.print(f"measured step times: {steps}")
     if v.rounds:
-        each = ", ".join(f"{p * 1e3:.2f}/{m * 1e3:.2f}" for p, m in v.rounds)
-        console.print(f"rounds, predicted/measured step (ms): {each} (the median round of each is shown)")
+        each = ", ".join(f"{format_seconds(p)}/{format_seconds(m)}" for p, m in v.rounds)
+        console.print(f"rounds, predicted/measured step: {each} (the median round of each is shown)")
+    warning = spread_warning(v.measured.step_times_s, max(1, len(v.rounds)))
+    if warning:
+        console.print(warning)
     if v.calibration is not None:
         console.print(calibration_text(v.calibration))
     return buf.getvalue().rstrip()
