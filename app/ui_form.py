@@ -6,25 +6,22 @@ import copy
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
-import gpipe_sim
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.spec.hardware import Hardware
 from gpipe_sim.spec.layers import describe_layer_count
 from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
-from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, Scenario, load_scenario
+from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, PARTITION_METHODS, REMAT_MODES, Scenario, load_scenario
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES
 from ui_data import read_layer_table
 
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages
 _KEPT_TABLE = "kept.layer_table"
-DEFAULT_SCENARIO = Path(gpipe_sim.__file__).resolve().parent / "scenarios" / "default.yaml"  # package data
 MODEL_CLASSES = {
     cls.model_fields["preset"].default: cls
     for cls in (TransformerModel, UniformModel, MlpModel, ConvNetModel, AmoebaNetModel)

@@ -10,8 +10,7 @@ from typing import Callable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 from gpipe_sim.spec.overrides import add_set_option
-
-DEFAULT_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "default.yaml"  # package data
+from gpipe_sim.spec.scenario import DEFAULT_SCENARIO
 
 
 def load_command_scenario(path: str | None, overrides: Sequence[str] | None = None):

@@ -408,3 +408,17 @@ def test_app_and_plots_import_no_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_data_parallel_reductions_get_a_lane_of_their_own():
+    """An all-reduce runs beside the rank's compute: drawn in the compute lane it would overlap it."""
+    from gpipe_sim.studies.plots import _COMPUTE_LANE, _LANES, gantt_bars
+
+    result = simulate(parse_scenario({
+        "model": {"preset": "uniform", "layers": 8}, "hardware": {"preset": "v100"},
+        "pipeline": {"stages": 2, "chunks": 2, "data_parallel": 2, "micro_batches": 4, "batch_size": 16,
+                     "schedule": "interleaved_1f1b", "remat": "none"}}))
+    bars = gantt_bars(result.timeline)
+    assert (bars.kind == ACTION_KINDS.index("allreduce")).any()
+    low, _ = _LANES["allreduce"]
+    assert low >= _COMPUTE_LANE[0] + _COMPUTE_LANE[1] and low >= sum(_LANES["send"]) - 1e-12

@@ -35,7 +35,7 @@ from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.runtime.split_backward import WeightPass
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.plan.partition import micro_batch_sizes
-from gpipe_sim.plan.replicas import with_collectives
+from gpipe_sim.plan.replicas import replicate, with_collectives
 from gpipe_sim.plan.compile import scenario_schedule
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Schedule, Tensor
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
@@ -275,15 +275,9 @@ class RankRunner:
             raise ExecutionError(f"global rank {rank} is outside {self.D} replicas of {self.K} ranks")
         # Global rank d*K + r runs pipeline rank r's program (with the all-reduces and their waits
         # when D > 1), its peers shifted into replica d.
-        c = self.schedule.columns if self.D == 1 else with_collectives(self.schedule.columns)
-        lo, hi = int(c.offsets[self.pipeline_rank]), int(c.offsets[self.pipeline_rank + 1])
-        shift = self.replica * self.K
-        self.actions = tuple(
-            Action(Kind(kind), chunk, mb, peer + shift if peer >= 0 else peer,
-                   None if tensor < 0 else Tensor(tensor), save)
-            for kind, chunk, mb, peer, tensor, save in zip(
-                c.kind[lo:hi].tolist(), c.chunk[lo:hi].tolist(), c.micro_batch[lo:hi].tolist(),
-                c.peer[lo:hi].tolist(), c.tensor[lo:hi].tolist(), c.save[lo:hi].tolist()))
+        c = self.schedule.columns if self.D == 1 else replicate(with_collectives(self.schedule.columns), self.D)
+        lo, hi = int(c.offsets[rank]), int(c.offsets[rank + 1])
+        self.actions = c.actions(rank)
         self.tags: list[int] = c.message_keys(self.M)[lo:hi].tolist()
         dtype = sc.training.dtype
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks

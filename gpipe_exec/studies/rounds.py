@@ -10,7 +10,7 @@ from gpipe_exec.programs import with_schedule
 from gpipe_exec.profile import ProfileOptions, default_sizes, profile_model, profile_on_rank, table_scenario
 from gpipe_exec.studies.calibrate import LinkFit, RuntimeFit
 from gpipe_sim.api import result_from_times, run_engine
-from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.plan.compile import compile_plan, scenario_schedule
 from gpipe_sim.results.result import Result
 from gpipe_sim.schedule import Kind, Schedule
 from gpipe_sim.spec.scenario import Scenario
@@ -35,16 +35,10 @@ def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration:
     return run_scenario, result_from_times(plan, *run_engine(plan, "auto"))
 
 
-def run_sizes(scenario: Scenario) -> tuple[int, ...]:
-    """The micro-batch sizes the ranks run: of one replica's share of the global batch (tensor_split
-    gives at most two), as the simulator costs them."""
-    return default_sizes(scenario)
-
-
 def splits_backward(scenario: Scenario) -> bool:
     """Whether the scenario's schedule runs input- and weight-gradient passes apart (then the
     profile times them apart too, and the simulator uses those times)."""
-    return compile_plan(scenario).schedule.count(Kind.BACKWARD_INPUT) > 0
+    return scenario_schedule(scenario).count(Kind.BACKWARD_INPUT) > 0
 
 
 class Round(NamedTuple):
@@ -71,7 +65,7 @@ def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) 
     out: list[list[Round]] = [[] for _ in cases]
     for _ in range(payload["rounds"]):
         for i, sc in enumerate(cases):
-            options = base if base.micro_batches else dataclasses.replace(base, micro_batches=run_sizes(sc))
+            options = base if base.micro_batches else dataclasses.replace(base, micro_batches=default_sizes(sc))
             if splits_backward(sc):
                 options = dataclasses.replace(options, split_backward=True)
             if not payload["alone"]:

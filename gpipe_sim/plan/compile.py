@@ -152,9 +152,8 @@ class Plan:
     def action(self, i: int) -> Action:
         """Action i of the flattened program (for messages: which action a rank waits at)."""
         prog = self.program
-        tensor = int(prog.tensor[i])
-        return Action(Kind(int(prog.kind[i])), int(prog.chunk[i]), int(prog.micro_batch[i]),
-                      int(prog.peer[i]), None if tensor < 0 else Tensor(tensor), bool(prog.save[i]))
+        return Action.of(int(prog.kind[i]), int(prog.chunk[i]), int(prog.micro_batch[i]),
+                         int(prog.peer[i]), int(prog.tensor[i]), bool(prog.save[i]))
 
     @cached_property
     def program(self) -> Program:

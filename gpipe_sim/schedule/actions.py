@@ -67,6 +67,11 @@ class Action(NamedTuple):
     tensor: Tensor | None = None
     save: bool = True
 
+    @classmethod
+    def of(cls, kind: int, chunk: int, micro_batch: int, peer: int, tensor: int, save: bool) -> "Action":
+        """From program column values (integer codes, tensor -1 for none)."""
+        return cls(Kind(kind), chunk, micro_batch, peer, None if tensor < 0 else Tensor(tensor), save)
+
     def __str__(self) -> str:
         if self.kind == Kind.ALLREDUCE or self.tensor == Tensor.REDUCED:
             verb = "allreduce" if self.kind == Kind.ALLREDUCE else "wait for the allreduce"

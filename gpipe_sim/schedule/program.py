@@ -43,6 +43,13 @@ class ProgramColumns:
         return np.where(comm, keys, -1)
 
 
+    def actions(self, r: int) -> tuple[Action, ...]:
+        """Rank `r`'s ordered actions as `Action` tuples."""
+        lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
+        return tuple(map(Action.of, self.kind[lo:hi].tolist(), self.chunk[lo:hi].tolist(),
+                         self.micro_batch[lo:hi].tolist(), self.peer[lo:hi].tolist(),
+                         self.tensor[lo:hi].tolist(), self.save[lo:hi].tolist()))
+
 @dataclass(frozen=True)
 class Schedule:
     """One training step's programs: for each pipeline rank, its ordered actions.
@@ -66,15 +73,7 @@ class Schedule:
 
     def rank_actions(self, r: int) -> tuple[Action, ...]:
         """Rank `r`'s ordered actions."""
-        c = self.columns
-        lo, hi = int(c.offsets[r]), int(c.offsets[r + 1])
-        return tuple(
-            Action(Kind(kind), chunk, mb, peer, None if tensor < 0 else Tensor(tensor), save)
-            for kind, chunk, mb, peer, tensor, save in zip(
-                c.kind[lo:hi].tolist(), c.chunk[lo:hi].tolist(), c.micro_batch[lo:hi].tolist(),
-                c.peer[lo:hi].tolist(), c.tensor[lo:hi].tolist(), c.save[lo:hi].tolist(),
-            )
-        )
+        return self.columns.actions(r)
 
     @cached_property
     def actions(self) -> tuple[tuple[Action, ...], ...]:

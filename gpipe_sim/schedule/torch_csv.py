@@ -15,7 +15,7 @@ import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+
 
 from gpipe_sim.errors import ScheduleError
 from gpipe_sim.schedule.actions import Kind
@@ -134,10 +134,3 @@ def torch_csv_text(schedule: Schedule) -> str:
 
 def write_torch_csv(schedule: Schedule, path: str | Path) -> None:
     Path(path).write_text(torch_csv_text(schedule))
-
-
-def orders_from_rows(rows: Sequence[Sequence[str]]) -> TorchSchedule:
-    """Like `parse_torch_csv` for rows already split into cells (e.g. torch's `str(_Action)`)."""
-    buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerows(rows)
-    return parse_torch_csv(buffer.getvalue())

@@ -25,6 +25,7 @@ from gpipe_sim.spec.layers import describe_layer_count, layer_count
 from gpipe_sim.spec.overrides import blame, parse_overrides
 from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
 
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"  # package data
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2}
 REMAT_MODES = ("none", "except_last", "always")

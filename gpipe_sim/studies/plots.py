@@ -29,7 +29,8 @@ KIND_COLORS: dict[str, str] = {
 # above and below the compute lane so that they never hide compute.
 _LANES: dict[str, tuple[float, float]] = {
     "recv": (-0.46, 0.14),
-    "send": (0.32, 0.14),
+    "send": (0.32, 0.07),
+    "allreduce": (0.40, 0.07),  # a data-parallel reduction runs beside compute, on the network
 }
 _COMPUTE_LANE = (-0.3, 0.6)
 # Below the time axis, so that it never covers a title in narrow (side-by-side) charts.
@@ -126,7 +127,8 @@ class GanttBars:
         return note + ". Hover shows the chunks and micro-batches."
 
 
-_LANE_CODES = {ACTION_KINDS.index("send"): 1, ACTION_KINDS.index("recv"): 2}  # else the compute lane
+_LANE_CODES = {ACTION_KINDS.index("send"): 1, ACTION_KINDS.index("recv"): 2,
+               ACTION_KINDS.index("allreduce"): 3}  # else the compute lane
 # Gaps (idle time, other kinds' work) are kept first: all gaps longer than _KEEP_GAP of the step
 # where the bars allow, at least _GAP_SHARE of the bars; the rest cut runs finer. Transfers, in
 # their thin lanes, count their gaps _TRANSFER_WEIGHT as long as compute does.
