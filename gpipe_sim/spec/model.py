@@ -39,6 +39,10 @@ class LayerSpec(_Strict):
     params: Params = 0
     activation_bytes_per_sample: Amount = 0.0
     output_bytes_per_sample: Amount = 0.0
+    # Bytes a pass of this layer allocates beyond what it saves and its output (attention scores not
+    # kept, workspace, gradient buffers), freed by the end of that pass: the largest over its forward,
+    # re-computation and backward passes. Counted on top of the held activations while it runs.
+    transient_bytes_per_sample: Amount = 0.0
     forward_flops_per_sample: Amount | None = None
     backward_flops_per_sample: Amount | None = None
     forward_s_per_sample: Duration | None = None
