@@ -1,4 +1,4 @@
-"""The what-if explorer's entry point: `streamlit run app/streamlit_app.py` (Explore, Compare, Validate, Sweep)."""
+"""The what-if explorer's entry point: `streamlit run app/streamlit_app.py` (Explore, Compare, Validate, Sweep, Plan)."""
 
 from __future__ import annotations
 
@@ -22,5 +22,6 @@ page = st.navigation([
     st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page("views/validate.py", title="Validate", icon=":material/fact_check:"),
     st.Page("views/sweep.py", title="Sweep", icon=":material/scatter_plot:"),
+    st.Page("views/plan.py", title="Plan", icon=":material/travel_explore:"),
 ])
 page.run()

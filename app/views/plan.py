@@ -1,0 +1,121 @@
+"""Plan: the fastest configurations of the form's model and hardware on N devices, ranked."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from gpipe_sim.errors import GpipeError
+from gpipe_sim.schedule import SCHEDULES
+from gpipe_sim.spec.scenario import PARTITION_METHODS, parse_scenario
+from gpipe_sim.studies import plots
+from gpipe_sim.studies.plan_report import COLUMNS, counts_text, entry_row, nothing_fits_text, pareto_figure
+from gpipe_sim.studies.planner import AXES, DEFAULT_PARTITIONS, PlanOptions, PlanSearch, plan
+from ui_form import PREFIX, scenario_form
+from ui_run import MAX_GANTT_BARS, label_error, show_elapsed, show_metrics, simulate_cached
+
+MAX_DEVICES = 4096
+
+
+@st.cache_data(max_entries=16, show_spinner="Searching the configurations...")
+def _search(scenario_json: str, options_json: str) -> PlanSearch:
+    options = json.loads(options_json)
+    for key in ("schedules", "partitions"):
+        if options.get(key) is not None:
+            options[key] = tuple(options[key])
+    return plan(parse_scenario(json.loads(scenario_json)), PlanOptions(**options))
+
+
+GOTO_EXPLORE = "plan.goto_explore"
+
+
+def _open_in_explore(overrides: dict[str, Any]) -> None:
+    """Put a configuration into the form (kept across pages); the rerun then goes to Explore
+    (a button callback: it runs before the form's widgets exist)."""
+    for dotted, value in overrides.items():
+        if dotted.startswith("pipeline.") or dotted == "training.zero":
+            st.session_state[PREFIX + dotted] = bool(value) if dotted == "training.zero" else value
+    st.session_state[GOTO_EXPLORE] = True
+
+
+if st.session_state.pop(GOTO_EXPLORE, False):
+    st.switch_page("views/explore.py")
+st.title("Plan: the fastest configuration on N devices")
+data, notice = scenario_form(st.sidebar)
+if notice:
+    notice.show()
+    st.stop()
+if data is None:
+    st.stop()
+st.caption("The form's model, hardware and training set the question; the planner searches D x K = N, "
+           "chunks v, micro-batches M, every schedule, re-materialization, partition and ZeRO, keeps what "
+           "fits in memory and ranks it by throughput.")
+c1, c2, c3 = st.columns(3)
+form_devices = int(data["pipeline"]["stages"]) * int(data["pipeline"]["data_parallel"])
+devices = c1.number_input("devices N", min_value=1, max_value=MAX_DEVICES, step=1,
+                          value=min(max(form_devices, 1), MAX_DEVICES), key="plan.devices")
+batch = c2.number_input("global batch", min_value=1, max_value=1_000_000, step=1,
+                        value=int(data["pipeline"]["batch_size"]), key="plan.batch")
+top = c3.number_input("configurations shown", min_value=1, max_value=100, step=1, value=10, key="plan.top")
+with st.expander("Search space", expanded=False):
+    fewer = st.checkbox("also fewer devices", value=False, key="plan.fewer")
+    schedules = st.multiselect("schedules", list(SCHEDULES), default=list(SCHEDULES), key="plan.schedules")
+    partitions = st.multiselect("partitions", list(PARTITION_METHODS), default=list(DEFAULT_PARTITIONS),
+                                key="plan.partitions",
+                                help="memory and fit run a partition search per configuration (slower).")
+if not schedules or not partitions:
+    st.error("Choose at least one schedule and one partition method.", icon=":material/error:")
+    st.stop()
+
+question = {**data, "pipeline": {**data["pipeline"], "batch_size": int(batch)}}
+question["pipeline"].update({"stages": 1, "data_parallel": 1, "micro_batches": 1, "chunks": 1,
+                             "schedule": "gpipe"})  # a valid base: the planner replaces these
+question["hardware"] = {k: v for k, v in question["hardware"].items() if k not in ("stage_to_device", "placement")}
+options = {"devices": int(devices), "fewer_devices": bool(fewer), "top": int(top),
+           "schedules": list(schedules), "partitions": list(partitions)}
+try:
+    base = parse_scenario(question)
+    search = _search(json.dumps(base.to_dict(), sort_keys=True), json.dumps(options, sort_keys=True))
+except GpipeError as exc:
+    st.error(label_error(str(exc)), icon=":material/error:")
+    st.stop()
+
+st.caption(counts_text(search))
+if not search.ranked:
+    st.warning(nothing_fits_text(search), icon=":material/memory:")
+    if search.enumerated == 0:
+        st.info("No D x K split of these devices suits the model and batch (K at most the layers, D dividing "
+                "the batch): try another number of devices or 'also fewer devices'.")
+    show_elapsed()
+    st.stop()
+
+rows = [entry_row(i + 1, e) for i, e in enumerate(search.distinct[: int(top)])]
+st.subheader("Ranked configurations")
+st.dataframe(pd.DataFrame(rows, columns=list(COLUMNS)), hide_index=True, key="plan.table")
+labels = {f"#{i + 1}: " + ", ".join(f"{k}={e.get(k)}" for k in AXES): i
+          for i, e in enumerate(search.distinct[: int(top)])}
+choice = st.selectbox("configuration", list(labels), key="plan.choice")
+chosen = search.distinct[labels[choice]]
+st.plotly_chart(pareto_figure(search.simulated_entries, search.front, search.capacity_bytes, chosen),
+                key="plan.pareto")
+
+st.subheader(f"Configuration {choice.split(':')[0]}")
+scenario = base.with_updates(chosen.overrides)
+result = simulate_cached(scenario)
+show_metrics(scenario, result)
+st.button("Open in Explore", key="plan.open", icon=":material/insights:", on_click=_open_in_explore,
+          args=(chosen.overrides,), help="Load this configuration into the form and show it in Explore.")
+p = scenario.pipeline
+fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS,
+                                  title=f"Schedule timeline ({p.schedule}, D={p.data_parallel}, K={p.stages}, "
+                                        f"v={p.chunks}, M={p.micro_batches})")
+st.plotly_chart(fig, key="plan.gantt")
+if bars.note:
+    st.caption(bars.note)
+left, right = st.columns(2)
+left.plotly_chart(plots.stage_memory_figure(result), key="plan.stage_memory")
+right.plotly_chart(plots.memory_timeline_figure(result), key="plan.memory_time")
+show_elapsed()

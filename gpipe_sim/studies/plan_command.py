@@ -1,0 +1,140 @@
+"""The `gpipe-sim plan` subcommand: the fastest configurations that fit N devices, ranked."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.spec.overrides import add_set_option
+
+MAX_DEVICES = 1 << 17
+
+
+def _count(flag: str, text: str, low: int = 1, high: int = MAX_DEVICES) -> int:
+    """A whole number option in [low, high], else ScenarioError naming the option."""
+    try:
+        value = int(str(text).strip().replace("_", ""), 10)
+    except ValueError:
+        raise ScenarioError(f"{flag}: expected a whole number, got {str(text)[:40]!r}") from None
+    if not low <= value <= high:
+        raise ScenarioError(f"{flag}: must be between {low:,} and {high:,}, got {value:,}")
+    return value
+
+
+def _names(flag: str, text: str | None, cast: Callable[[str], Any] = str) -> tuple[Any, ...] | None:
+    if text is None:
+        return None
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ScenarioError(f"{flag}: give at least one value (comma-separated)")
+    try:
+        return tuple(cast(item) for item in items)
+    except ValueError:
+        raise ScenarioError(f"{flag}: expected comma-separated whole numbers, got {text[:40]!r}") from None
+
+
+def _progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
+    """A rich progress bar on stderr when it is a terminal (nothing otherwise)."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("planning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)
+    task = bar.add_task("plan", total=None)
+    bar.start()
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return update, bar.stop
+
+
+def _write(flag: str, path: str, write: Callable[[], None]) -> None:
+    try:
+        write()
+    except (OSError, ValueError) as exc:
+        raise GpipeError(f"{flag}: cannot write {path!r}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Exit 0 with the ranked table; 1 when no configuration fits (the smallest peak is named);
+    2 on bad input (one line naming the option)."""
+    from gpipe_sim.cli import load_command_scenario
+    from gpipe_sim.studies.plan_report import plan_json, plan_text, write_csv, write_html
+    from gpipe_sim.studies.planner import PlanOptions, device_pairs, plan
+
+    devices = _count("--devices", args.devices)
+    top = _count("--top", args.top, 1, 10_000)
+    max_chunks = _count("--max-chunks", args.max_chunks, 1, 64)
+    options = PlanOptions(
+        devices=devices, fewer_devices=args.fewer_devices, schedules=_names("--schedules", args.schedules),
+        remat=_names("--remat", args.remat), partitions=_names("--partitions", args.partitions),
+        zero=_names("--zero", args.zero, int), max_chunks=max_chunks, top=top,
+        micro_batches=_names("--micro-batches", args.micro_batches, int), powers_of_two=args.powers_of_two,
+    )
+    scenario = load_command_scenario(args.scenario, args.set)
+    if not device_pairs(scenario, options):
+        raise ScenarioError(
+            f"--devices: no D x K = {devices:,} suits this scenario (K at most its layers, D dividing the "
+            f"global batch of {scenario.pipeline.batch_size}); try --fewer-devices")
+    update, stop = _progress() if not args.quiet else (None, lambda: None)
+    try:
+        search = plan(scenario, options, progress=update)
+    finally:
+        stop()
+    if search.enumerated == 0:
+        raise ScenarioError("--devices: no configuration of this scenario runs on "
+                            f"{devices:,} device{'s' if devices != 1 else ''} with the schedules asked for")
+    if args.csv:
+        _write("--csv", args.csv, lambda: write_csv(search, args.csv))
+    if args.html:
+        _write("--html", args.html, lambda: write_html(search, args.html, top))
+    if args.json:
+        sys.stdout.write(plan_json(search, top) + "\n")
+    else:
+        sys.stdout.write(plan_text(search, top) + "\n")
+        for flag, path in (("csv", args.csv), ("html", args.html)):
+            if path:
+                sys.stdout.write(f"{flag} written to {Path(path)}\n")
+    return 0 if search.ranked else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `plan` to the gpipe-sim command line."""
+    p = subparsers.add_parser(
+        "plan", help="the fastest configurations (D x K, v, M, schedule, remat, partition, ZeRO) that fit N devices",
+        description="Search every configuration of the scenario's model, hardware and global batch on N devices "
+                    "and rank those that fit by throughput. Exit status 1 when none fits.")
+    p.add_argument("scenario", nargs="?", help="scenario YAML (default: scenarios/default.yaml)")
+    p.add_argument("--devices", required=True, help="N: devices to use (D x K = N)")
+    p.add_argument("--fewer-devices", action="store_true", help="also configurations on fewer devices")
+    p.add_argument("--top", default="10", help="configurations shown (default 10)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--csv", metavar="FILE", help="write every simulated configuration as CSV")
+    p.add_argument("--html", metavar="FILE", help="write an HTML report: the table and the Pareto chart")
+    p.add_argument("--schedules", help="comma-separated schedule names (default: every registered one)")
+    p.add_argument("--remat", help="comma-separated remat modes (default: none,except_last,always)")
+    p.add_argument("--partitions", help="comma-separated partition methods (default: uniform,time; "
+                                        "memory and fit cost a partition search each)")
+    p.add_argument("--zero", help="comma-separated ZeRO stages, 0 and/or 1 (default: 0,1 when D > 1)")
+    p.add_argument("--max-chunks", default="4", help="largest v tried for multi-chunk schedules (default 4)")
+    p.add_argument("--micro-batches", help="comma-separated M values (default: every M the batch allows)")
+    p.add_argument("--powers-of-two", action="store_true", help="K and D powers of two only")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_set_option(p)
+    p.set_defaults(func=cmd_plan)
+
+    p = subparsers.add_parser("plan-bench", help="time the planner on the 8- and 1,024-GPU questions")
+    p.set_defaults(func=_cmd_plan_bench)
+
+
+def _cmd_plan_bench(args: argparse.Namespace) -> int:
+    from gpipe_sim.studies.plan_bench import run_plan_benchmark
+
+    sys.stdout.write(run_plan_benchmark() + "\n")
+    return 0

@@ -1,0 +1,167 @@
+"""The planner's outputs: the ranked table as text, CSV and JSON, and an HTML page with the Pareto chart."""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import plotly.graph_objects as go
+
+from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.studies.planner import AXES, PlanEntry, PlanSearch
+
+GIB = 2.0**30
+COLUMNS = ("rank", "D", "K", "v", "M", "schedule", "remat", "partition", "zero", "step", "samples/s",
+           "per device", "bubble", "exposed AR", "peak / capacity", "limiter", "alike")
+
+
+def _peak_text(e: PlanEntry) -> str:
+    cap = e.capacity_bytes
+    if not math.isfinite(cap) or cap <= 0:
+        return format_bytes(e.peak_memory_bytes)
+    return f"{format_bytes(e.peak_memory_bytes)} / {format_bytes(cap)} ({e.peak_memory_bytes / cap:.0%})"
+
+
+def entry_row(rank: int, e: PlanEntry) -> list[str]:
+    """One table row, as text."""
+    return [str(rank), *(str(e.get(k)) for k in AXES), format_seconds(e.step_time_s),
+            f"{e.throughput_samples_per_s:,.2f}", f"{e.throughput_per_device:,.2f}",
+            f"{e.bubble_fraction:.1%}", format_seconds(e.exposed_allreduce_s), _peak_text(e), e.limiter,
+            f"+{e.alike}" if e.alike else ""]
+
+
+def counts_text(search: PlanSearch) -> str:
+    """The counts line: how many configurations were enumerated, simulated and pruned, and how fast."""
+    return (f"{search.enumerated:,} configurations: {search.simulated:,} simulated, {search.reused:,} reused "
+            f"(same partition), {search.pruned_by_memory:,} pruned by memory bound, {search.pruned_by_bound:,} "
+            f"pruned by step-time bound, {search.infeasible:,} infeasible; {search.seconds:.2f} s "
+            f"({search.configs_per_second:,.0f} configurations/s)")
+
+
+def nothing_fits_text(search: PlanSearch) -> str:
+    """Why no configuration fits: the smallest peak found against the capacity."""
+    cap = format_bytes(search.capacity_bytes)
+    least = search.smallest_peak
+    if least is None:
+        return f"no configuration of the {search.enumerated:,} enumerated could be simulated (capacity {cap})"
+    config = ", ".join(f"{k}={least.get(k)}" for k in AXES)
+    return (f"no configuration fits: the smallest peak is {format_bytes(least.peak_memory_bytes)} per device "
+            f"against a capacity of {cap} ({config}); try more devices, a smaller batch or another dtype")
+
+
+def plan_text(search: PlanSearch, top: int = 10) -> str:
+    """The top configurations as an aligned table, then the counts line and any notes."""
+    lines = [f"plan: {search.options.devices} device{'s' if search.options.devices != 1 else ''}"
+             f"{' or fewer' if search.options.fewer_devices else ''}, global batch {search.base.pipeline.batch_size}"]
+    if search.distinct:
+        rows = [list(COLUMNS)] + [entry_row(i + 1, e) for i, e in enumerate(search.distinct[:top])]
+        widths = [max(len(r[j]) for r in rows) for j in range(len(COLUMNS))]
+        for r in rows:
+            lines.append("  ".join(cell.rjust(w) if j in (0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13) else cell.ljust(w)
+                                   for j, (cell, w) in enumerate(zip(r, widths))).rstrip())
+    else:
+        lines.append(nothing_fits_text(search))
+    lines.append(counts_text(search))
+    lines.extend(f"note: {n}" for n in search.notes)
+    return "\n".join(lines)
+
+
+def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
+    """The search as plain data (JSON-ready): options, counts, the top entries and the Pareto front."""
+    o = search.options
+    return {
+        "devices": o.devices, "fewer_devices": o.fewer_devices, "batch_size": search.base.pipeline.batch_size,
+        "capacity_bytes": search.capacity_bytes if math.isfinite(search.capacity_bytes) else None,
+        "enumerated": search.enumerated, "simulated": search.simulated, "reused": search.reused,
+        "pruned_by_memory": search.pruned_by_memory, "pruned_by_bound": search.pruned_by_bound,
+        "infeasible": search.infeasible, "seconds": search.seconds,
+        "configs_per_second": search.configs_per_second,
+        "ranked": [e.to_dict() for e in search.distinct[:top]],
+        "pareto_front": [e.to_dict() for e in search.front],
+        "nothing_fits": None if search.ranked else nothing_fits_text(search),
+        "notes": list(search.notes),
+    }
+
+
+def plan_json(search: PlanSearch, top: int = 10) -> str:
+    return json.dumps(plan_dict(search, top), indent=2, allow_nan=False)
+
+
+def write_csv(search: PlanSearch, path: str | Path) -> None:
+    """Every simulated configuration (fitting ones first, in rank order), one row each."""
+    fitting = search.ranked
+    others = [e for e in search.simulated_entries if not e.fits]
+    rows = [e.to_dict() for e in [*fitting, *others]]
+    keys = list(rows[0]) if rows else [*AXES, "step_time_s", "throughput_samples_per_s"]
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["rank", *keys])
+        writer.writeheader()
+        for i, row in enumerate(rows):
+            writer.writerow({"rank": i + 1 if i < len(fitting) else "", **row})
+
+
+def _config_text(e: PlanEntry) -> str:
+    return ", ".join(f"{k}={e.get(k)}" for k in AXES)
+
+
+def pareto_figure(entries: Sequence[PlanEntry], front: Sequence[PlanEntry], capacity_bytes: float,
+                  chosen: PlanEntry | None = None) -> go.Figure:
+    """Throughput (samples/s) against peak memory per device (GiB) of every simulated configuration,
+    the Pareto front drawn as a line, the capacity as a vertical line; hover shows the configuration."""
+    fig = go.Figure()
+    for fits, name, color in ((True, "fits", "#4c78a8"), (False, "over capacity", "#bbbbbb")):
+        part = [e for e in entries if e.fits == fits]
+        if part:
+            fig.add_trace(go.Scattergl(
+                x=[e.peak_memory_bytes / GIB for e in part], y=[e.throughput_samples_per_s for e in part],
+                mode="markers", name=name, marker={"color": color, "size": 6, "opacity": 0.6},
+                text=[_config_text(e) for e in part],
+                hovertemplate="%{text}<br>peak %{x:.2f} GiB<br>%{y:.2f} samples/s<extra></extra>"))
+    if front:
+        fig.add_trace(go.Scatter(
+            x=[e.peak_memory_bytes / GIB for e in front], y=[e.throughput_samples_per_s for e in front],
+            mode="lines+markers", name="Pareto front", line={"color": "#e45756", "shape": "hv"},
+            marker={"size": 9}, text=[_config_text(e) for e in front],
+            hovertemplate="%{text}<br>peak %{x:.2f} GiB<br>%{y:.2f} samples/s<extra>front</extra>"))
+    if chosen is not None:
+        fig.add_trace(go.Scatter(
+            x=[chosen.peak_memory_bytes / GIB], y=[chosen.throughput_samples_per_s], mode="markers",
+            name="chosen", marker={"symbol": "star", "size": 16, "color": "#f58518"},
+            text=[_config_text(chosen)], hovertemplate="%{text}<extra>chosen</extra>"))
+    if math.isfinite(capacity_bytes) and capacity_bytes > 0:
+        fig.add_vline(x=capacity_bytes / GIB, line_dash="dash", line_color="#54a24b",
+                      annotation_text=f"capacity {format_bytes(capacity_bytes)}", annotation_position="top left")
+    fig.update_layout(title="Throughput against peak memory (every simulated configuration)",
+                      xaxis_title="peak memory per device (GiB)", yaxis_title="throughput (samples/s)",
+                      template="plotly_white", height=480, legend={"orientation": "h", "y": -0.2})
+    fig.update_xaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def plan_html(search: PlanSearch, top: int = 10, title: str = "gpipe-sim plan") -> str:
+    """A self-contained page: the ranked table, the counts and the Pareto chart (plotly inlined)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    if search.distinct:
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in entry_row(i + 1, e)) + "</tr>"
+                       for i, e in enumerate(search.distinct[:top]))
+        table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    else:
+        table = f"<p><b>{html.escape(nothing_fits_text(search))}</b></p>"
+    chart = pareto_figure(search.simulated_entries, search.front, search.capacity_bytes,
+                          search.best).to_html(full_html=False, include_plotlyjs=True)
+    notes = "".join(f"<p>note: {html.escape(n)}</p>" for n in search.notes)
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f4f4f4}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
+            f"<p>{html.escape(plan_text(search, 0).splitlines()[0])}</p>{table}"
+            f"<p>{html.escape(counts_text(search))}</p>{notes}{chart}</body></html>")
+
+
+def write_html(search: PlanSearch, path: str | Path, top: int = 10) -> None:
+    Path(path).write_text(plan_html(search, top))

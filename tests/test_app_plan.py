@@ -1,0 +1,60 @@
+"""The Plan page driven with AppTest: the ranked table, the Pareto chart, the chosen row's plots."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_app_support import app_test, plotly_specs, set_widget
+
+pytest.importorskip("streamlit")
+
+SMALL = {"model.preset": "uniform", "hardware.preset": "v100", "pipeline.remat": "none",
+         "pipeline.partition": "uniform", "pipeline.schedule": "gpipe", "pipeline.chunks": 1}
+
+
+def plan_app(devices: int = 2):
+    at = app_test().run()
+    for key, value in SMALL.items():
+        set_widget(at, "cfg." + key, value)
+    at.switch_page("views/plan.py").run()
+    set_widget(at, "plan.devices", devices)
+    set_widget(at, "plan.schedules", ["gpipe", "1f1b"])
+    return at.run()
+
+
+def test_plan_page_ranks_and_plots():
+    at = plan_app()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    assert len(table) >= 2 and list(table["rank"])[:2] == ["1", "2"]
+    throughputs = [float(x.replace(",", "")) for x in table["samples/s"]]
+    assert throughputs == sorted(throughputs, reverse=True)
+    specs = plotly_specs(at)
+    assert specs[0]["layout"]["xaxis"]["title"]["text"] == "peak memory per device (GiB)"
+    assert specs[0]["layout"]["yaxis"]["title"]["text"] == "throughput (samples/s)"
+    assert len(specs) == 4  # Pareto, timeline, stage memory, memory over time
+    # choosing another row re-draws its timeline
+    choice = at.selectbox(key="plan.choice")
+    choice.set_value(choice.options[1]).run()
+    assert not at.exception
+    assert any(s.value == "Configuration #2" for s in at.main.subheader)
+
+
+def test_plan_page_nothing_fits_and_bad_devices():
+    at = plan_app()
+    set_widget(at, "cfg.model.uniform.layers", 2)
+    at.run()
+    set_widget(at, "plan.devices", 7)  # no D x K = 7 with K <= 2 layers and D dividing the batch
+    at.run()
+    assert not at.exception
+    assert at.warning and "no configuration" in at.warning[0].value
+
+
+def test_plan_page_opens_explore():
+    at = plan_app()
+    chosen = at.selectbox(key="plan.choice").value
+    at.button(key="plan.open").click().run()
+    assert not at.exception
+    K = int(chosen.split("K=")[1].split(",")[0])
+    assert at.sidebar.number_input(key="cfg.pipeline.stages").value == K

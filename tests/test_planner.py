@@ -1,0 +1,225 @@
+"""The planner: its space against the schema, its bounds against the simulator, its best against a
+brute-force sweep of the same space, and the `gpipe-sim plan` command."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import yaml
+
+from gpipe_sim.api import simulate
+from gpipe_sim.cli import main
+from gpipe_sim.errors import GpipeError
+from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.schedule import SCHEDULES
+from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.studies.planner import (
+    CostTable, PlanEntry, PlanOptions, enumerate_candidates, held_memory_bound, memory_lower_bound, pareto_front, plan,
+    program_step_bound, step_lower_bound,
+)
+
+UNIFORM = {
+    "model": {"preset": "uniform", "layers": 6, "params_per_layer": 50_000_000},
+    "hardware": {"preset": "v100", "accelerator": {"memory_bytes": "3 GB"}},
+    "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 8, "schedule": "1f1b"},
+}
+TRANSFORMER = {
+    "model": {"preset": "transformer", "layers": 4, "d_model": 256, "d_ff": 1024, "heads": 4, "seq_len": 128,
+              "vocab": 1000},
+    "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "60 MB"}},
+    "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 8, "schedule": "gpipe",
+                 "partition": "time"},
+    "training": {"dtype": "bf16"},
+}
+
+
+def _brute_force(base, options):
+    """Every enumerated candidate simulated as `gpipe_sim.api.simulate` does: (overrides, Result or None)."""
+    out = []
+    for o in enumerate_candidates(base, options):
+        try:
+            out.append((o, simulate(base.with_updates(o), "auto")))
+        except GpipeError:
+            out.append((o, None))
+    return out
+
+
+def test_enumeration_is_what_the_schema_accepts():
+    """Every (D, K, v, M, schedule) the schema accepts on 4 devices, and nothing else (each
+    candidate re-validated on its own); remat x partition x zero on top."""
+    base = parse_scenario({**UNIFORM, "model": {"preset": "uniform", "layers": 4}})
+    options = PlanOptions(devices=4, max_chunks=2, remat=("none",), partitions=("uniform",))
+    got = enumerate_candidates(base, options)
+    assert got == enumerate_candidates(base, options)  # stable
+    keys = {(o["pipeline.data_parallel"], o["pipeline.stages"], o["pipeline.chunks"], o["pipeline.micro_batches"],
+             o["pipeline.schedule"], o["training.zero"]) for o in got}
+    assert len(keys) == len(got)
+    expected = set()
+    for D, K in ((1, 4), (2, 2), (4, 1)):
+        for name in SCHEDULES:
+            for v in (1, 2):
+                for M in range(1, 9):
+                    try:
+                        base.with_updates({"pipeline.data_parallel": D, "pipeline.stages": K, "pipeline.chunks": v,
+                                           "pipeline.micro_batches": M, "pipeline.schedule": name})
+                    except GpipeError:
+                        continue
+                    for zero in ((0, 1) if D > 1 else (0,)):
+                        expected.add((D, K, v, M, name, zero))
+    assert keys == expected
+    for o in got:
+        assert o["pipeline.data_parallel"] * o["pipeline.stages"] == 4
+
+
+def test_explicit_device_map_is_cleared_where_it_no_longer_fits():
+    base = parse_scenario({**UNIFORM, "hardware": {"preset": "v100", "stage_to_device": [1, 0]}})
+    got = enumerate_candidates(base, PlanOptions(devices=2, schedules=("gpipe",), remat=("none",),
+                                                 partitions=("uniform",)))
+    for o in got:
+        kept = o["pipeline.data_parallel"] == 1 and o["pipeline.stages"] == 2
+        assert ("hardware.stage_to_device" in o) != kept
+        base.with_updates(o)  # valid
+
+
+@pytest.mark.parametrize("data, options", [
+    pytest.param(UNIFORM, PlanOptions(devices=2, max_chunks=2, micro_batches=(2, 8), top=3, remat=("none", "always"),
+                                      partitions=("uniform", "time", "memory", "fit")), marks=pytest.mark.slow),
+    (UNIFORM, PlanOptions(devices=2, max_chunks=2, micro_batches=(2, 8), top=3, remat=("none",),
+                          schedules=("gpipe", "1f1b", "zbv", "interleaved_1f1b"), partitions=("time", "fit"))),
+    (TRANSFORMER, PlanOptions(devices=2, fewer_devices=True, max_chunks=2, micro_batches=(1, 4), top=1,
+                              remat=("none", "always"), schedules=("gpipe", "1f1b", "zb_h1", "interleaved_1f1b"))),
+    ({**UNIFORM, "model": {"preset": "uniform", "layers": 8, "params_per_layer": 20_000_000},
+      "hardware": {"preset": "v100", "accelerator": {"memory_bytes": "1.2 GB"}, "devices_per_node": 2,
+                   "network": {"bandwidth": "2 GB/s", "latency_s": 1.0e-5}},
+      "pipeline": {**UNIFORM["pipeline"], "batch_size": 4}},
+     PlanOptions(devices=4, max_chunks=2, top=5, remat=("except_last", "always"),
+                 schedules=("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv"))),
+])
+def test_planner_matches_brute_force_and_bounds_hold(data, options):
+    """The planner's top entries are the brute-force sweep's (the best exactly), some candidates do
+    not fit, and both bounds are below what the simulator reports for every candidate (with and
+    without the partition's counts)."""
+    base = parse_scenario(data)
+    brute = _brute_force(base, options)
+    fitting = sorted((r.throughput_samples_per_s for _, r in brute if r is not None and r.fits_in_memory),
+                     reverse=True)
+    assert fitting and len(fitting) < len(brute)  # memory is tight: some do not fit
+    search = plan(base, options)
+    assert search.enumerated == len(brute)
+    assert search.best.throughput_samples_per_s == pytest.approx(fitting[0], rel=1e-12)
+    got = [e.throughput_samples_per_s for e in search.ranked[:options.top]]
+    assert got == pytest.approx(fitting[:options.top], rel=1e-12)
+    assert search.pruned_by_bound + search.pruned_by_memory > 0
+    # the distinct ranking: brute force's fitting results collapsed by (D, K, M, ZeRO, step, peak)
+    groups: dict[tuple, float] = {}
+    for o, r in brute:
+        if r is not None and r.fits_in_memory:
+            key = (o["pipeline.data_parallel"], o["pipeline.stages"], o["pipeline.micro_batches"],
+                   o["training.zero"], round(r.step_time_s, 12), round(max(r.device_peak_memory_bytes.values())))
+            groups[key] = r.throughput_samples_per_s
+    distinct = sorted(groups.values(), reverse=True)
+    got = [e.throughput_samples_per_s for e in search.distinct[:options.top]]
+    assert got == pytest.approx(distinct[:options.top], rel=1e-12)
+    assert len({e.signature for e in search.distinct}) == len(search.distinct)
+    assert sum(1 + e.alike for e in search.distinct) == len(search.ranked)
+    assert (search.enumerated == search.simulated + search.reused + search.pruned_by_memory
+            + search.pruned_by_bound + search.infeasible)
+    costs = CostTable(base)
+    for o, result in brute:
+        if result is None:
+            continue
+        peak = max(result.device_peak_memory_bytes.values())
+        compiled = compile_plan(base.with_updates(o))
+        counts = compiled.layer_counts
+        assert program_step_bound(costs, o, compiled) <= result.step_time_s, o
+        for given in (None, counts):
+            assert memory_lower_bound(costs, o, given) <= peak, (o, given)
+            assert held_memory_bound(costs, o, given) <= peak, (o, given)
+            assert step_lower_bound(costs, o, given) <= result.step_time_s, (o, given)
+
+
+def test_nothing_fits_names_the_smallest_peak():
+    base = parse_scenario({**UNIFORM, "hardware": {"preset": "v100", "accelerator": {"memory_bytes": "100 MB"}}})
+    options = PlanOptions(devices=2, schedules=("gpipe", "1f1b"), micro_batches=(1, 8))
+    search = plan(base, options)
+    assert not search.ranked and search.smallest_peak is not None
+    least = min(max(simulate(base.with_updates(o), "auto").device_peak_memory_bytes.values())
+                for o in enumerate_candidates(base, options))
+    assert search.smallest_peak.peak_memory_bytes == least
+
+
+def _entry(i, throughput, peak):
+    o = {"pipeline.data_parallel": 1, "pipeline.stages": 1, "pipeline.chunks": 1, "pipeline.micro_batches": 1,
+         "pipeline.schedule": "gpipe", "pipeline.remat": "none", "pipeline.partition": "uniform", "training.zero": 0}
+    return PlanEntry(i, o, 1 / throughput, throughput, 1, 0.0, 0.0, 0.0, peak, math.inf, True, "bubble")
+
+
+def test_pareto_front_is_the_undominated_points():
+    points = [(10, 5), (12, 7), (9, 3), (12, 6), (8, 8), (15, 9)]
+    entries = [_entry(i, t, m) for i, (t, m) in enumerate(points)]
+    front = pareto_front(entries)
+    assert [(e.throughput_samples_per_s, e.peak_memory_bytes) for e in front] == [(9, 3), (10, 5), (12, 6), (15, 9)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the command
+
+
+@pytest.fixture
+def scenario_file(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(UNIFORM))
+    return path
+
+
+def _refused(capsys, argv, *fragments, status=2):
+    assert main(argv) == status
+    err = capsys.readouterr().err
+    assert err.startswith("gpipe-sim: error: ") and err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+@pytest.mark.parametrize("devices", ["0", "-1", "x", "1e3", "99999999999", ""])
+def test_bad_devices_is_one_line(capsys, scenario_file, devices):
+    _refused(capsys, ["plan", str(scenario_file), "--devices", devices], "--devices")
+
+
+def test_bad_options_are_one_line(capsys, scenario_file):
+    _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--schedules", "nope"], "--schedules", "nope")
+    _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--remat", "some"], "--remat")
+    _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--zero", "2"], "--zero")
+    _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--top", "0"], "--top")
+    _refused(capsys, ["plan", str(scenario_file), "--devices", "5000"], "--devices")  # no D x K fits
+    _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--set", "pipeline.stages=x"], "pipeline.stages")
+
+
+def test_plan_command_outputs(capsys, scenario_file, tmp_path):
+    html_path, csv_path = tmp_path / "p.html", tmp_path / "p.csv"
+    argv = ["plan", str(scenario_file), "--devices", "2", "--schedules", "gpipe,1f1b", "--top", "3",
+            "--html", str(html_path), "--csv", str(csv_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "samples/s" in out and "limiter" in out and "configurations/s" in out
+    page = html_path.read_text()
+    assert "plotly" in page and "peak memory per device (GiB)" in page
+    assert "throughput (samples/s)" in page.replace("\\u002f", "/")
+    rows = list(csv.DictReader(csv_path.open()))
+    assert rows and rows[0]["rank"] == "1"
+    assert main([*argv[:8], "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["ranked"]) == 3
+    best = data["ranked"][0]
+    assert best["throughput_samples_per_s"] >= data["ranked"][1]["throughput_samples_per_s"]
+    assert best["limiter"] in ("bubble", "imbalance", "memory", "communication")
+
+
+def test_plan_command_nothing_fits_exits_1(capsys, scenario_file):
+    argv = ["plan", str(scenario_file), "--devices", "2", "--schedules", "gpipe",
+            "--set", "hardware.accelerator.memory_bytes=10 MB"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "no configuration fits" in out and "smallest peak" in out
