@@ -137,6 +137,65 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv(text: str | None, name: str, cast: Any = str) -> tuple[Any, ...] | None:
+    """A comma-separated option ("a,b") as a tuple; None when not given; one line naming it if bad."""
+    if text is None:
+        return None
+    try:
+        values = tuple(cast(v.strip()) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise GpipeError(f"{name}: expected comma-separated values, got {text!r}") from None
+    if not values:
+        raise GpipeError(f"{name}: expected at least one value, got {text!r}")
+    return values
+
+
+def _int_option(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise GpipeError(f"{name}: expected a whole number, got {text!r}") from None
+
+
+def _cmd_plan_check(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gpipe_exec.studies.plan_check import CheckOptions, check_options, check_text, plan_check
+    from gpipe_sim.spec.scenario import load_scenario
+
+    micro: Any = args.micro_batches
+    if micro not in ("even", "all"):
+        micro = _csv(micro, "--micro-batches", int)
+        if min(micro) < 1:
+            raise GpipeError(f"--micro-batches: expected even, all or sizes >= 1, got {args.micro_batches!r}")
+    defaults = CheckOptions()
+    options = CheckOptions(
+        devices=_int_option(args.devices, "--devices"), rounds=args.rounds, steps=args.steps, warmup=args.warmup,
+        schedules=defaults.schedules if args.schedules is None else
+        (None if args.schedules == "all" else _csv(args.schedules, "--schedules")),
+        remat=defaults.remat if args.remat is None else (None if args.remat == "all" else _csv(args.remat, "--remat")),
+        partitions=defaults.partitions if args.partitions is None else
+        (None if args.partitions == "all" else _csv(args.partitions, "--partitions")),
+        zero=defaults.zero if args.zero is None else (None if args.zero == "all" else _csv(args.zero, "--zero", int)),
+        max_chunks=args.max_chunks, micro_batches=micro, profiles=args.profiles)
+    check_options(options)
+    scenario = load_scenario(args.scenario, args.set)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what)
+
+        check = plan_check(scenario, options, launch_options=_options(args), progress=progress)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(check.to_dict(), f, indent=1)
+    sys.stdout.write(check_text(check) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpipe-exec", description="Run gpipe_sim's pipeline schedules for real on torch.distributed."
@@ -194,6 +253,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timelines")
     launch_flags(p)
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("plan-check", help="run every configuration the planner ranks for this machine "
+                                          "and compare its ranking with the measured one")
+    p.add_argument("scenario", help="scenario YAML (a zoo model; its hardware, model and global batch)")
+    add_set_option(p)
+    p.add_argument("--devices", default="2", help="devices (cores) to plan for: D*K up to this (default 2)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="passes over all configurations, each running every one once (default 3)")
+    p.add_argument("--steps", type=int, default=3, help="measured steps per configuration and round (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up steps per configuration and round (default 1)")
+    p.add_argument("--schedules", help="comma-separated schedule families, or all "
+                                       "(default gpipe,1f1b,interleaved_1f1b,zb_h1,zbv)")
+    p.add_argument("--remat", help="comma-separated remat modes, or all (default none: with everything in "
+                                   "memory re-computing is only slower, and checking it doubles the run)")
+    p.add_argument("--partitions", help="comma-separated partition methods, or all (default time)")
+    p.add_argument("--zero", help="comma-separated ZeRO stages for D > 1, or all (default 0)")
+    p.add_argument("--max-chunks", type=int, default=2, help="chunks per rank tried, at most (default 2)")
+    p.add_argument("--profiles", type=int, default=3,
+                   help="profiles of the model, each timing every micro-batch size once; the planner "
+                        "works on their median (default 3)")
+    p.add_argument("--micro-batches", default="even",
+                   help="M checked: even (M divides each replica's batch; default), all, or values like 1,2,4")
+    p.add_argument("--json", metavar="FILE", help="also write every configuration and the summary as JSON")
+    launch_flags(p)
+    p.set_defaults(func=_cmd_plan_check)
     return parser
 
 
