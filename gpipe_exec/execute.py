@@ -47,6 +47,9 @@ class Measurement:
     step_times_s: list[float]
     loss: float
     cuda_peak_bytes: list[float | None] = field(default_factory=list)
+    # The saved-tensor accounting (the simulator's definition, counted by hooks): per rank, static
+    # + peak saved bytes. Not a measurement of memory: the result's peak_memory_bytes is that.
+    accounting_peak_bytes: list[float] = field(default_factory=list)
 
 
 RANK_OVERHEAD_BYTES = 0.5 * 2**30  # a rank's interpreter, torch and gloo, before the model
@@ -107,6 +110,7 @@ def job_for(scenario: Scenario, plan: Plan, *, steps: int = 5, warmup: int = 2, 
     # The worker runs the parent's programs as they are: a schedule registered here needs no
     # executor change (and no registration in the worker processes).
     extra.setdefault("schedule", plan.schedule)
+    extra.setdefault("memory_step", True)
     return Job(scenario=scenario, partition=list(plan.layer_counts), steps=steps, warmup=warmup,
                seed=seed, dropout=dropout, **extra)
 
@@ -173,8 +177,35 @@ def check_ran_as_planned(plan: Plan, timeline: Timeline, step: int = 0) -> None:
             f"the program says {text(planned[i] if i < len(planned) else None)}")
 
 
+def measured_memory(plan: Plan, output: dict[str, Any]) -> tuple[list[float], list[dict[str, float]], dict[int, float]] | None:
+    """From the ranks' memory step (`Job.memory_step`): per pipeline rank (replica 0) the real tensor
+    bytes at their peak and what they were made of; per device the peak of its ranks' bytes merged
+    in time (each action holding its own peak from its start, its ending bytes from its end), by
+    `device_peaks`, the simulator's definition. None when the ranks ran no memory step."""
+    records = [rank.get("memory") for rank in output["ranks"]]
+    if any(r is None or r.memory_peak_bytes is None for r in records):
+        return None
+    K = len(plan.ranks)
+    times, levels = [], []
+    for r in records:
+        t = np.empty(2 * len(r))
+        t[0::2], t[1::2] = r.starts, r.ends
+        level = np.empty(2 * len(r))
+        level[0::2], level[1::2] = r.memory_action_peaks, r.memory_levels
+        times.append(t)
+        levels.append(level)
+    # the bytes live before the first action (static state) are the first level's: no static term
+    device = device_peaks(plan.device_map, [0.0] * len(records), times, levels)
+    return ([float(r.memory_peak_bytes) for r in records[:K]], [dict(r.memory_breakdown) for r in records[:K]],
+            device)
+
+
 def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
-    """The measured Result (median step after warm-up), via gpipe_sim.results.result.summarize."""
+    """The measured Result (median step after warm-up), via gpipe_sim.results.result.summarize.
+
+    Its stages' `peak_memory_bytes` (and the device peaks) are the ranks' real tensor bytes over the
+    memory step (`measured_memory`) where the ranks ran one; `peak_activation_bytes` stays the
+    saved-tensor accounting, and `Measurement.accounting_peak_bytes` its static + activations."""
     ranks = output["ranks"]
     K, G = len(plan.ranks), plan.num_ranks  # pipeline ranks; every process (D replicas of K)
     timelines = step_timelines(plan, output)
@@ -198,6 +229,11 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
         curves.append(levels_from_totals(timeline.start_s[mine], timeline.end_s[mine], recs[g].held))
     static = [sum(param_bytes[c] + state_bytes[c] for c in plan.ranks[g % K].chunks) for g in range(G)]
     device_peak = device_peaks(plan.device_map, static, [c[0] for c in curves], [c[1] for c in curves])
+    accounting = [static[k] + recs[k].peak_activation_bytes for k in range(K)]
+    memory = measured_memory(plan, output)
+    peak_memory, breakdown = None, None
+    if memory is not None:
+        peak_memory, breakdown, device_peak = memory
     result = summarize_plan(
         plan, timeline,
         peak_activation_bytes=[r.peak_activation_bytes for r in recs[:K]],  # replica 0's ranks
@@ -206,6 +242,8 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
         state_bytes=state_bytes,
         device_peak_memory_bytes=device_peak,
         source="measured",
+        peak_memory_bytes=peak_memory,
+        memory_breakdown=breakdown,
     )
     result.memory_timeline = curves[:K]
     return Measurement(
@@ -213,6 +251,7 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
         step_times_s=times,
         loss=float(sum(r.loss for r in recs)),  # every replica's share of the global batch
         cuda_peak_bytes=[r.cuda_peak_bytes for r in recs],
+        accounting_peak_bytes=accounting,
     )
 
 

@@ -24,12 +24,12 @@ from gpipe_sim.spec.scenario import Scenario
 
 @dataclass(frozen=True)
 class ProfileOptions:
-    """Micro-batch sizes to time, warm-up and timed repeats (see `typical`), where to run."""
+    """Micro-batch sizes to time, warm-up and timed repeats (see `typical_repeats`), the clock, where to run."""
 
     micro_batches: tuple[int, ...] = ()
     warmup: int = 2
-    repeats: int = 5
-    min_time_s: float = 0.5  # more repeats (up to max_repeats) until the timed ones add up to this
+    repeats: int = 7  # at least; `typical_repeats` keeps the middle half of them
+    min_time_s: float = 1.0  # more repeats (up to max_repeats) until the timed ones add up to this
     max_repeats: int = 100
     threads: int = 1
     meta: bool = False  # FLOPs, parameters and bytes only, on the meta device (no timings)
@@ -42,6 +42,13 @@ class ProfileOptions:
     # split_backward: the input's gradient I, then the weights' W), written as each timing's
     # backward_input_s / backward_weight_s and the row's *_s_per_sample (at the largest size).
     split_backward: bool = False
+    # On CPU, what a time is: "thread", the CPU time of the thread that runs the pass (user and
+    # system; it stops while other processes hold the core), or "wall", the elapsed time. On a
+    # machine shared with other work, wall times follow the share of the core this process got
+    # (x2-x4 here at load 4-7, changing within seconds); the thread's time is the pass's own work.
+    # On a core to itself the two agree. CUDA devices always time with events; with `threads` > 1
+    # the thread's own time would miss the others' work, so those profiles take wall time.
+    clock: str = "thread"
 
 
 def too_large_to_build(scenario: Scenario, fraction: float = 0.5) -> bool:
@@ -111,6 +118,22 @@ def typical(samples: Sequence[float]) -> float:
     return statistics.fmean(kept)
 
 
+def typical_repeats(totals: Sequence[float]) -> list[int]:
+    """The repeats whose times to average, given each repeat's total (every layer's forward and
+    backward at one size): those in the middle half of the totals (all of them below 4), in their
+    order. A repeat is a pass through the whole model, as a step is a pass of every micro-batch:
+    a burst of other work that slows a whole repeat drops it, as it drops a step from the median
+    step that a run reports, while the hiccups inside the kept repeats are averaged in, as a step
+    adds them up. Chosen by the total, the kept repeats are the same for every layer, so the
+    layers' times add up to a repeat that ran (each layer's own mean or median would not)."""
+    n = len(totals)
+    if n < 4:
+        return list(range(n))
+    order = sorted(range(n), key=lambda i: (totals[i], i))
+    cut = n // 4
+    return sorted(order[cut:n - cut])
+
+
 def _typical_time(fn: Callable[[], float], warmup: int, repeats: int) -> float:
     for _ in range(warmup):
         fn()
@@ -146,7 +169,7 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     Bytes and FLOPs are measured layer by layer (with `meta`, on the meta device, allocating
     nothing). Times are measured with the layers chained as a stage runs them: each repeat times
     every layer's forward in order, then every layer's backward in reverse order (one autograd
-    call); per layer and micro-batch size the `typical` time of the repeats is kept.
+    call); per micro-batch size, each layer's mean over the repeats `typical_repeats` keeps.
     """
     from gpipe_exec.zoo import layer_names
 
@@ -165,20 +188,36 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     rows: list[dict[str, Any]] = []
     layers: list[torch.nn.Module] = []
     h = x
+    previous_saves_output = False
     for i in range(n):
         if progress:
             progress(i, n + len(sizes), names[i])
         with torch.device(device):
             layer = build_layer(scenario.model, i, seed=seed, dropout=dropout, dtype=dtype)
         layer.to(device)
+        h_in = h
+        if not options.meta:  # before the static pass, which leaves gradients behind
+            transient = transient_bytes(layer, h, y, first=i == 0, last=i == n - 1, batch=big)
         row, h = _measure_static(layer, h, y, first=i == 0, last=i == n - 1, batch=big)
         rows.append({"name": names[i], **row})
+        if not options.meta:
+            rows[-1]["transient_bytes_per_sample"] = transient / big
+        if not options.meta:
+            saves_input, saves_output = saves_input_output(layer, h_in[:big], y[:big], first=i == 0, last=i == n - 1)
+            if saves_input and previous_saves_output:
+                rows[-1]["saved_with_previous_bytes_per_sample"] = tensor_bytes(h_in[:big]) / big
+            previous_saves_output = saves_output
+        if not options.meta and any(p.requires_grad for p in layer.parameters()):  # for split backwards
+            kept = split_saved_bytes(layer, h_in[:big], first=i == 0)["kept_gradients"]
+            rows[-1]["kept_for_weight_bytes_per_sample"] = kept / big
         if not options.meta:
             layers.append(layer)
     table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
     if options.meta:
         return table
     timings: list[list[dict[str, float]]] = [[] for _ in range(n)]
+    # One thread's CPU time misses the work of torch's other intra-op threads: with more, wall time.
+    clock = options.clock if options.threads <= 1 else "wall"
     accumulate = options.accumulate
     if accumulate is None:
         accumulate = scenario.pipeline.micro_batches > 1
@@ -193,23 +232,26 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
             if not accumulate:
                 for layer in layers:
                     layer.zero_grad(set_to_none=True)
-            times = _chain_times_with_grads(layers, x, y, b, device, hold)
-            split = _split_times(layers, x, y, b, device, hold) if options.split_backward else None
+            times = _chain_times_with_grads(layers, x, y, b, device, hold, clock=clock)
+            split = (_split_times(layers, x, y, b, device, hold, clock=clock)
+                     if options.split_backward else None)
             if r >= options.warmup:
                 samples.append(times)
                 timed += sum(times[0]) + sum(times[1])
                 if split is not None:
                     split_samples.append(split)
             r += 1
+        steady = [samples[k] for k in typical_repeats([sum(f) + sum(g) for f, g in samples])]
+        kept_split = [split_samples[k] for k in typical_repeats([sum(f) + sum(g) for f, g in split_samples])]
         for i in range(n):
             timings[i].append({
                 "micro_batch": b,
-                "forward_s": typical([t[0][i] for t in samples]),
-                "backward_s": typical([t[1][i] for t in samples]),
+                "forward_s": statistics.fmean(t[0][i] for t in steady),
+                "backward_s": statistics.fmean(t[1][i] for t in steady),
             })
-            if split_samples:
-                timings[i][-1]["backward_input_s"] = typical([t[0][i] for t in split_samples])
-                timings[i][-1]["backward_weight_s"] = typical([t[1][i] for t in split_samples])
+            if kept_split:
+                timings[i][-1]["backward_input_s"] = statistics.fmean(t[0][i] for t in kept_split)
+                timings[i][-1]["backward_weight_s"] = statistics.fmean(t[1][i] for t in kept_split)
     for i, layer in enumerate(layers):
         rows[i]["timings"] = timings[i]
         if options.split_backward:
@@ -219,28 +261,38 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         params = list(layer.parameters())
         if params:
             opt = make_optimizer(params, scenario.training.optimizer)
+            stamps = _Stamps(device, clock)
 
             def step() -> float:
                 _sync(device)
-                t0 = time.perf_counter()
+                t0 = stamps.now()
                 opt.step()
+                t1 = stamps.now()
                 _sync(device)
-                return time.perf_counter() - t0
+                return stamps.seconds(t0, t1)
 
             rows[i]["update_s"] = _typical_time(step, options.warmup, options.repeats)
         LayerSpec.model_validate(rows[i])  # the row format gpipe_sim loads
     return table
 
 
-class _Stamps:
-    """Timestamps on the device's clock: perf_counter on CPU, CUDA events (read once synchronized)."""
+CLOCKS = ("thread", "wall")
 
-    def __init__(self, device: torch.device) -> None:
+
+class _Stamps:
+    """Timestamps on the device's clock: on CPU the calling thread's CPU time (`clock` "thread",
+    which autograd's CPU backward also runs on) or perf_counter ("wall"); CUDA events (read once
+    synchronized)."""
+
+    def __init__(self, device: torch.device, clock: str = "wall") -> None:
+        if clock not in CLOCKS:
+            raise ValueError(f"clock: {clock!r} is not one of {', '.join(CLOCKS)}")
         self.cuda = device.type == "cuda"
+        self.read = time.thread_time if clock == "thread" else time.perf_counter
 
     def now(self) -> Any:
         if not self.cuda:
-            return time.perf_counter()
+            return self.read()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
@@ -251,7 +303,7 @@ class _Stamps:
 
 def _chain_times_with_grads(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor,
                             batch: int, device: torch.device,
-                            hold: Callable[[], ContextManager[None]] = nullcontext
+                            hold: Callable[[], ContextManager[None]] = nullcontext, clock: str = "wall"
                             ) -> tuple[list[float], list[float]]:
     """Per-layer forward and backward seconds of one pass through the chained layers, run as a
     stage runs them: one forward through all layers, then one autograd call for the backward,
@@ -259,7 +311,7 @@ def _chain_times_with_grads(layers: list[torch.nn.Module], x: torch.Tensor, targ
     layer instead, each call's fixed cost counted once per layer: on the convnet at 2 samples the
     layers' backward added up to 9% more than the chain's.)"""
     n = len(layers)
-    stamps = _Stamps(device)
+    stamps = _Stamps(device, clock)
     fwd, bwd = [0.0] * n, [0.0] * n
     marks: dict[int, Any] = {}  # layer -> when its input's gradient was ready
 
@@ -298,8 +350,8 @@ def _chain_times_with_grads(layers: list[torch.nn.Module], x: torch.Tensor, targ
 
 
 def _split_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor, batch: int,
-                 device: torch.device, hold: Callable[[], ContextManager[None]] = nullcontext
-                 ) -> tuple[list[float], list[float]]:
+                 device: torch.device, hold: Callable[[], ContextManager[None]] = nullcontext,
+                 clock: str = "wall") -> tuple[list[float], list[float]]:
     """Per-layer seconds of the backward split in two, as the executor runs it for a zero-bubble
     schedule (`split_backward.backward_input` then `backward_weight`, "reuse" mode), one layer at
     a time: a forward through the layers, each taking its predecessor's output detached (so each
@@ -309,7 +361,7 @@ def _split_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.T
     from gpipe_exec.runtime.split_backward import backward_input, backward_weight
 
     n = len(layers)
-    stamps = _Stamps(device)
+    stamps = _Stamps(device, clock)
     ins, outs = [], []
     with hold():
         h = x[:batch]
@@ -393,6 +445,82 @@ def split_saved_bytes(layer: torch.nn.Module, x: torch.Tensor, *, first: bool = 
     size = lambda keys: float(sum(tensor_bytes(saved[k]) for k in keys))  # noqa: E731
     return {"forward": size(saved), "read_by_w": size(read["W"]), "kept_gradients": float(kept),
             "read_by_i_only": size(read["I"] - read["W"]), "mode": work.mode}
+
+
+def average_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One table from profiles of the same model taken at once on several devices (`profile_on_rank`
+    on every rank): the first table with each measured time (every timing's seconds, the split's
+    seconds per sample, `update_s`) replaced by its mean over the tables. Each device's profile
+    carries its own noise; their mean is steadier, and the pipeline's stages run on all of them."""
+    import copy
+
+    out = copy.deepcopy(tables[0])
+    timed = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
+    per_sample = ("backward_input_s_per_sample", "backward_weight_s_per_sample", "update_s")
+    for i, row in enumerate(out["layers"]):
+        rows = [t["layers"][i] for t in tables]
+        for key in per_sample:
+            if row.get(key) is not None:
+                row[key] = statistics.fmean(r[key] for r in rows)
+        for j, timing in enumerate(row.get("timings", [])):
+            for key in timed:
+                if timing.get(key) is not None:
+                    timing[key] = statistics.fmean(r["timings"][j][key] for r in rows)
+    return out
+
+
+def saves_input_output(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
+                       last: bool) -> tuple[bool, bool]:
+    """Whether the layer's forward saves (for backward) its input, and its output, themselves."""
+    packed: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "meta":
+            packed.add(t.data_ptr())
+        return t
+
+    x = x.detach()
+    if not first and x.is_floating_point():
+        x.requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, _ = _pass(layer, x, last, first, target, x.shape[0], None)
+    return x.data_ptr() in packed, out.data_ptr() in packed
+
+
+def transient_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
+                    last: bool, batch: int) -> float:
+    """The most bytes one pass of the layer at `batch` samples allocates beyond what it holds at its
+    end (LayerSpec.transient_bytes_per_sample x batch): of its forward, the peak minus the bytes live
+    after it (what it saves and its output, and the loss on the model's last layer, stay); of its
+    backward, the peak minus the bytes live at its start (the saved bytes it frees as it goes are
+    not subtracted, as gpipe_sim frees them at the pass's end). Counted by a StorageTracker
+    (every storage an operator makes), with the parameters' gradients already there, as they are
+    for a stage's micro-batches after its first (gpipe_sim counts gradients as static). 0 on meta."""
+    from gpipe_exec.measure.memory import StorageTracker
+
+    if x.device.type == "meta":
+        return 0.0
+    params = [p for p in layer.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    x, target = x[:batch].detach(), target[:batch]
+    grad = None
+    try:
+        tracker = StorageTracker()
+        with tracker:
+            tracker.mark()
+            out, end = _pass(layer, x, last, first, target, batch, None)
+            forward = tracker.interval_peak - tracker.total
+            grad = None if last else _grad_like(out, 0)
+            del out
+            tracker.mark()
+            at_start = tracker.total
+            _backward(end, last, grad)
+            backward = tracker.interval_peak - at_start
+            del end
+    finally:
+        layer.zero_grad(set_to_none=True)
+    return float(max(forward, backward, 0))
 
 
 def write_table(table: dict[str, Any], path: str | Path) -> None:

@@ -29,7 +29,8 @@ def run_engine(plan: Plan, engine: Engine = "simpy") -> tuple[np.ndarray, np.nda
 def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Sequence[float],
                    chunk_peak_activation_bytes: Sequence[float], param_bytes: Sequence[float],
                    state_bytes: Sequence[float], device_peak_memory_bytes: dict[int, float],
-                   source: str) -> Result:
+                   source: str, peak_memory_bytes: Sequence[float] | None = None,
+                   memory_breakdown: Sequence[dict[str, float]] | None = None) -> Result:
     """`summarize` with everything the plan fixes (batch, micro-batches, layout, capacity, the
     schedule's analytic bubble) taken from it: the one call the simulator and the executor both
     make. `peak_activation_bytes` is per rank; the other sequences are per chunk."""
@@ -46,6 +47,8 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
         memory_capacity_bytes=plan.memory_capacity_bytes,
         device_peak_memory_bytes=device_peak_memory_bytes,
         source=source,
+        peak_memory_bytes=peak_memory_bytes,
+        memory_breakdown=memory_breakdown,
     )
 
 
@@ -62,6 +65,8 @@ def result_from_times(plan: Plan, start: np.ndarray, end: np.ndarray, source: st
         state_bytes=[c.state_bytes for c in plan.chunks],
         device_peak_memory_bytes=memory.device_peak_bytes,
         source=source,
+        peak_memory_bytes=memory.peak_memory_bytes.tolist(),
+        memory_breakdown=memory.breakdown,
     )
     result.memory_timeline = list(zip(memory.times, memory.activation_bytes))
     return result

@@ -73,7 +73,23 @@ def test_peak_activation_memory_matches_the_simulator_definition(runs) -> None:
             assert (q.rank, q.layers, q.param_bytes, q.state_bytes) == (p.rank, p.layers, p.param_bytes, p.state_bytes)
         errors = relative_errors(predicted, m.result)
         assert set(errors) >= {"step_time_s", "throughput_samples_per_s", "bubble_fraction",
-                               "stage0.peak_activation_bytes", "stage1.peak_activation_bytes"}
+                               "stage0.peak_memory_bytes", "stage1.peak_memory_bytes",
+                               "stage0.accounting.peak_activation_bytes", "stage1.accounting.peak_activation_bytes"}
+
+
+def test_peak_memory_is_measured_not_the_accounting(runs) -> None:
+    """Each stage's peak memory is the rank's real tensor bytes (measure.memory), broken down by
+    category, with its parameters, gradients and optimizer states exactly; the prediction (with the
+    profiled transients, what a split backward's I keeps for W, and the executor's step buffers) is
+    within 10% of it, as torch's own allocator tests accept (measured here: 0.1-2% without a split
+    backward, up to 10% with one)."""
+    for plan, predicted, m, _ in runs:
+        for p, q, accounting in zip(predicted.stages, m.result.stages, m.accounting_peak_bytes):
+            b = q.memory_breakdown
+            assert b["parameters"] == q.param_bytes and b["gradients"] == q.param_bytes, plan.schedule.name
+            assert q.peak_memory_bytes == pytest.approx(sum(b.values()))
+            assert q.peak_memory_bytes != pytest.approx(accounting, rel=1e-6)
+            assert p.peak_memory_bytes == pytest.approx(q.peak_memory_bytes, rel=0.10), plan.schedule.name
 
 
 def test_remat_lowers_the_measured_peak(runs) -> None:
@@ -274,8 +290,9 @@ def test_cli_validate_json(tmp_path: Path) -> None:
     out = json.loads(proc.stdout)
     assert out["predicted"]["source"] == "simulated" and out["measured"]["source"] == "measured"
     assert set(out["relative_error"]) >= {"step_time_s", "throughput_samples_per_s", "bubble_fraction"}
-    assert out["relative_error"]["stage1.peak_activation_bytes"] < 1e-9
-    assert all(out["relative_error"][f"chunk{c}.peak_activation_bytes"] < 1e-9 for c in range(4))
+    assert out["relative_error"]["stage1.accounting.peak_activation_bytes"] < 1e-9
+    assert all(out["relative_error"][f"chunk{c}.accounting.peak_activation_bytes"] < 1e-9 for c in range(4))
+    assert out["relative_error"]["stage1.peak_memory_bytes"] < 0.10  # measured apart (measure.memory)
     assert [len(s["chunks"]) for s in out["measured"]["stages"]] == [2, 2]
 
 
@@ -313,7 +330,7 @@ def test_cli_validate_data_parallel(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["predicted"]["data_parallel"] == out["measured"]["data_parallel"] == 2
-    assert out["relative_error"]["stage1.peak_activation_bytes"] < 1e-9
+    assert out["relative_error"]["stage1.accounting.peak_activation_bytes"] < 1e-9
 
 
 def test_accuracy_grid_covers_interleaved_where_it_runs() -> None:

@@ -56,9 +56,12 @@ def _figures_table(v: Validation) -> pd.DataFrame:
         rows.append({"figure": label, "predicted": fmt(pred), "measured": fmt(meas),
                      "relative error": _pct(err)})
     for p, m in zip(v.predicted.stages, v.measured.stages):
-        for field, label in (("busy_s", "busy"), ("peak_activation_bytes", "peak activations")):
+        for field, key, label in (("busy_s", "busy_s", "busy"),
+                                  ("peak_memory_bytes", "peak_memory_bytes", "peak memory (measured by the tracker)"),
+                                  ("peak_activation_bytes", "accounting.peak_activation_bytes",
+                                   "saved-tensor accounting (a check, not a measurement)")):
             pred, meas = getattr(p, field), getattr(m, field)
-            err = v.relative_error.get(f"stage{p.index}.{field}", _relative(pred, meas))
+            err = v.relative_error.get(f"stage{p.index}.{key}", _relative(pred, meas))
             fmt = format_seconds if field == "busy_s" else format_bytes
             rows.append({"figure": f"rank {p.index} {label}", "predicted": fmt(pred),
                          "measured": fmt(meas), "relative error": _pct(err)})
@@ -144,7 +147,7 @@ else:
 pair = [("predicted", v.predicted), ("measured", v.measured)]
 right.plotly_chart(plots.stage_comparison_figure(pair, "busy_s"), key="validate.busy")
 left, right = st.columns(2)
-left.plotly_chart(plots.stage_comparison_figure(pair, "peak_activation_bytes"), key="validate.memory")
+left.plotly_chart(plots.stage_comparison_figure(pair, "peak_memory_bytes"), key="validate.memory")
 steps = v.extra.get("measured_step_times_s")
 if isinstance(steps, list) and steps and all(isinstance(t, (int, float)) for t in steps):
     right.plotly_chart(plots.step_times_figure(v.predicted.step_time_s, steps), key="validate.steps")

@@ -21,7 +21,11 @@ class SavedBytesMeter:
     """Counts the bytes that autograd saves for backward, per micro-batch, as the simulator defines them.
 
     Inside `track(m)`, every tensor packed by `saved_tensors_hooks` adds its bytes to micro-batch
-    `m`, except tensors that share storage with a parameter or buffer (static memory). `retain`
+    `m` once per `track` (a tensor two operators save -- a softmax's result kept by it and by the
+    loss, a layer's output kept by it and by the next layer as its input -- is one allocation),
+    except tensors that share storage with a parameter or buffer (static memory). The profiler
+    tracks one layer at a time and records what a layer saves in common with the previous one
+    (LayerSpec.saved_with_previous_bytes_per_sample), which gpipe_sim takes off inside a chunk. `retain`
     adds bytes kept by hand (the chunk input under re-materialization); `release(m)` frees all of
     `m`'s bytes (its last backward pass ended). `peak` is the largest total held at any time. So a
     kept forward holds its saved bytes, a re-materialized one its input, and the re-computation
@@ -45,6 +49,7 @@ class SavedBytesMeter:
         self.peak = 0
         self.last_packed = 0  # bytes packed during the latest `track`
         self._current: int | None = None
+        self._packed: set[tuple[int, int]] = set()  # (address, bytes) packed in the current `track`
 
     def _is_static(self, t: torch.Tensor) -> bool:
         if id(t) in self.static_ids or (t._base is not None and id(t._base) in self.static_ids):
@@ -54,6 +59,10 @@ class SavedBytesMeter:
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if self._current is not None and not self._is_static(t):
             nbytes = tensor_bytes(t)
+            key = (t.data_ptr(), nbytes) if t.device.type != "meta" else (id(t), -1)
+            if key in self._packed:
+                return t
+            self._packed.add(key)
             self.last_packed += nbytes
             self._add(self._current, nbytes)
         return t
@@ -76,6 +85,7 @@ class SavedBytesMeter:
         only max(saved - retained, 0), as gpipe_sim.results.memory counts it."""
         self._current = m
         self.last_packed = 0
+        self._packed = set()
         self._add(m, -retained)
         before = self.held[m]
         try:
@@ -83,6 +93,7 @@ class SavedBytesMeter:
                 yield
         finally:
             self._current = None
+            self._packed = set()
             shortfall = retained - (self.held[m] - before)
             if shortfall > 0:
                 self._add(m, shortfall)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -29,6 +30,8 @@ import torch
 import torch.distributed as dist
 
 from gpipe_exec.errors import ExecutionError, PeerError
+from gpipe_exec.measure.memory import (INPUTS, RECEIVE_BUFFERS, AllocatorPeak, StorageTracker,
+                                       gradients_as_gradients, module_state)
 from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_bytes, tensor_bytes
 from gpipe_exec.runtime.chunk import Chunk, make_optimizer
 from gpipe_exec.runtime.device_lock import device_lock, holding
@@ -66,6 +69,10 @@ class Job:
     split_directions: bool | None = None
     weight_pass: WeightPass = "reuse"  # how a backward_weight pass works (runtime.split_backward)
     fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill, "step", "action"} (tests)
+    # One more step after the warm-up and timed ones, measuring each rank's real tensor memory
+    # (`RankRunner.step(memory=True)`); the timed steps carry no tracker. Returned parameters are
+    # those before it.
+    memory_step: bool = False
     tag: str = ""
 
 
@@ -85,6 +92,13 @@ class StepRecord:
     peak_activation_bytes: float = 0.0  # the rank's, over all its chunks
     chunk_peak_activation_bytes: dict[int, float] = field(default_factory=dict)  # each chunk on its own
     cuda_peak_bytes: float | None = None
+    # The memory step only (`step(memory=True)`): the rank's real tensor bytes (measure.memory),
+    # their peak over the step, the total per category at that peak, and per action the peak
+    # while it ran and the bytes live after it.
+    memory_peak_bytes: float | None = None
+    memory_breakdown: dict[str, float] = field(default_factory=dict)
+    memory_action_peaks: list[float] = field(default_factory=list)
+    memory_levels: list[float] = field(default_factory=list)
     loss: float = 0.0  # the sum of the micro-batches' losses (on the rank holding the last chunk)
 
     def __len__(self) -> int:
@@ -464,18 +478,58 @@ class RankRunner:
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected fault at action {index} ({self.actions[index]})")
 
-    def step(self, step: int) -> StepRecord:
-        """Run one training step (the whole program, ending with the optimizer update)."""
-        acts, clock = self.actions, self.clock
-        self.optimizer.zero_grad(set_to_none=True)
+    def _memory_meter(self) -> StorageTracker | AllocatorPeak:
+        """The memory step's meter, with the state that outlives a step registered (CPU)."""
+        if self.device.type == "cuda":
+            return AllocatorPeak(self.device)
+        tracker = StorageTracker()
+        optimizers = [self.optimizer]
+        module_state(tracker, [ch.module for ch in self.chunks.values()], optimizers)
+        if self.zero is not None:
+            tracker.track([self.zero.master], "optimizer_states")  # the shard's master copy
+        tracker.track([*self.inputs, *self.targets], INPUTS)
+        tracker.track(self._buffers.values(), RECEIVE_BUFFERS)
+        return tracker
+
+    def step(self, step: int, memory: bool = False) -> StepRecord:
+        """Run one training step (the whole program, ending with the optimizer update).
+
+        With `memory`, measure the rank's real tensor memory over the step (measure.memory: on CPU a
+        StorageTracker counting every live storage -- parameters, gradients, optimizer states, data,
+        receive buffers, and whatever each action allocates, temporaries included; on CUDA the
+        caching allocator's active bytes). Run it after a warm-up step: the optimizer's states and
+        the receive buffers are allocated during the first step. The step's timings carry the
+        tracker's overhead: they are for this record's memory only."""
+        # The gradients stay allocated from step to step, zeroed in place (as gpipe_sim counts them:
+        # static, like a framework's persistent gradient buffers); ZeRO-1's shard gradient is new each step.
+        self.optimizer.zero_grad(set_to_none=self.zero is not None)
         for ch in self.chunks.values():
-            ch.module.zero_grad(set_to_none=True)
+            ch.module.zero_grad(set_to_none=False)
             ch.reset()
         self.meter.reset()
         # Dropout draws from a per-(job seed, step, rank) stream: runs are reproducible.
         torch.manual_seed(1_000_003 * self.job.seed + 1009 * step + self.rank)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        with ExitStack() as stack:
+            meter = self._memory_meter() if memory else None
+            if isinstance(meter, StorageTracker):
+                stack.enter_context(meter)
+                params = [q for ch in self.chunks.values() for q in ch.module.parameters()]
+                stack.enter_context(gradients_as_gradients(meter, params))
+            if meter is not None:
+                meter.reset_peak()
+            rec = self._run_program(step, meter)
+        if meter is not None:
+            rec.memory_peak_bytes = float(max(rec.memory_action_peaks, default=meter.total))
+            if isinstance(meter, StorageTracker):
+                rec.memory_breakdown = {k: float(v) for k, v in meter.peak_breakdown.items()}
+        return rec
+
+    def _run_program(self, step: int, meter: StorageTracker | AllocatorPeak | None) -> StepRecord:
+        """The step's actions, in program order, each recorded as it ran (with `meter`, its memory)."""
+        acts, clock = self.actions, self.clock
+        tracker = meter if isinstance(meter, StorageTracker) else None
         rec = self._record = StepRecord()
         st = self._state = _StepState()
         recv_at = [i for i, a in enumerate(acts) if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
@@ -498,13 +552,19 @@ class RankRunner:
             self._fault(step, i)
             # Ranks sharing a device compute one at a time; the action starts once it has the device.
             with holding(self.lock if a.kind in COMPUTE_KINDS else None):
+                if meter is not None:
+                    meter.mark()
                 start = clock()
-                kind, chunk, micro_batch = self.handlers[a.kind](i, a)
+                with tracker.during(a.kind.name.lower()) if tracker is not None else nullcontext():
+                    kind, chunk, micro_batch = self.handlers[a.kind](i, a)
                 now = clock()
             if self.zero is not None and a.kind == Kind.UPDATE:
                 self.comm._guarded("ZeRO-1 all-gather of the updated parameters with the replicas",
                                    self.zero.gather)
                 now = clock()
+            if meter is not None:
+                rec.memory_action_peaks.append(float(meter.interval_peak))
+                rec.memory_levels.append(float(meter.total))
             rec.kind.append(int(kind))
             rec.chunk.append(chunk)
             rec.micro_batch.append(micro_batch)
@@ -546,9 +606,13 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
     """Run a job's warm-up and measured steps on this rank; rank 0 returns everyone's records."""
     runner = RankRunner(job, rank, device, clock)
     records = [runner.step(s) for s in range(job.warmup + job.steps)]
+    params = runner.params() if job.return_params else None
+    # after the timed steps, so that steady state (gradients, optimizer states, buffers) is measured
+    memory = runner.step(job.warmup + job.steps, memory=True) if job.memory_step else None
     mine = {
         "records": records[job.warmup:],
-        "params": runner.params() if job.return_params else None,
+        "memory": memory,
+        "params": params,
         "chunks": {c: {"param_count": sum(q.numel() for q in ch.module.parameters()),
                        "param_bytes": sum(tensor_bytes(q) for q in ch.module.parameters())}
                    for c, ch in runner.chunks.items()},

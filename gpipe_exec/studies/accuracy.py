@@ -1,5 +1,6 @@
 """Accuracy study: predicted versus measured over a grid of scenarios on this machine (`python -m
-gpipe_exec.studies.accuracy`); prints the README's table with the median and worst errors."""
+gpipe_exec.studies.accuracy`), or over cases drawn at random (`--random N --seed S`); prints the
+table with the median and worst errors."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from rich.progress import Progress
 from gpipe_exec.studies.calibrate import calibrate_runtime
 from gpipe_exec.studies.calibrate_shared import calibrate_shared
 from gpipe_exec.launch.spawn import LaunchOptions, launch
-from gpipe_exec.profile import ProfileOptions
+from gpipe_exec.profile import CLOCKS, ProfileOptions
+from gpipe_exec.studies.random_cases import DEVICE_MAPS, case_text, draw_cases
 from gpipe_exec.studies.rounds import Round, compare_rounds
 from gpipe_exec.studies.validate import calibration_text, combine_rounds, relative_errors
 from gpipe_sim.schedule import schedule_family
@@ -29,7 +31,6 @@ MODELS: dict[str, dict[str, Any]] = {
                     "seq_len": 64, "vocab": 512},
     "convnet": {"preset": "convnet", "layers": 6, "channels": 16, "image_size": 32, "num_classes": 10},
 }
-DEVICE_MAPS = {2: [0, 1], 4: [0, 0, 1, 1]}  # K=4 shares the two cores, and the hardware says so
 # The schedules the study runs by default (--schedules picks others, any registered family):
 # zb_h1 runs one chunk per rank, zbv two in a V; each only the (M, v) its family accepts.
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
@@ -52,8 +53,10 @@ def _row(sc: Scenario, done: list[Round]) -> dict[str, Any]:
     predicted = [r.predicted for r in done]
     measured = [r.measured.result for r in done]
     per_round = [m.step_time_s for m in measured]
+    predicted_round = [p.step_time_s for p in predicted]
+    # per stage: predicted peak memory against the tracker's measurement (not the accounting check)
     memory = [err for r in done for name, err in relative_errors(r.predicted, r.measured.result).items()
-              if name.endswith("peak_activation_bytes")]
+              if name.startswith("stage") and name.endswith(".peak_memory_bytes")]
     return {
         "model": sc.model.preset, "K": sc.pipeline.stages, "M": sc.pipeline.micro_batches,
         "schedule": sc.pipeline.schedule_name, "v": sc.pipeline.chunks, "remat": sc.pipeline.remat,
@@ -62,6 +65,9 @@ def _row(sc: Scenario, done: list[Round]) -> dict[str, Any]:
         "predicted_round_s": [p.step_time_s for p in predicted], "measured_round_s": per_round,
         # How far the case's own measurements disagree: the noise floor of its error.
         "measured_spread": (max(per_round) - min(per_round)) / v.measured.result.step_time_s,
+        # How far the case's own predictions disagree (each round's profile): the profile's noise.
+        "predicted_spread": (max(predicted_round) - min(predicted_round)) / v.predicted.step_time_s,
+        "case": case_text(done[0].scenario), "batch": sc.pipeline.batch_size,
         "bubble_predicted": v.predicted.bubble_fraction, "bubble_measured": v.measured.result.bubble_fraction,
         "memory_error": max(memory), "load_average": os.getloadavg()[0],
     }
@@ -82,20 +88,50 @@ def grid(base: Scenario, Ms: Sequence[int], schedules: Sequence[str], chunks: Se
 
 def run_group(model: str, K: int, Ms: Sequence[int], schedules: Sequence[str], remats: Sequence[str],
               batch: int, steps: int, warmup: int, options: LaunchOptions, calibration: Any,
-              repeats: int = 5, concurrent: bool = True, rounds: int = 3,
-              chunks: Sequence[int] = (1,)) -> list[dict[str, Any]]:
+              repeats: int = ProfileOptions.repeats, concurrent: bool = True, rounds: int = 3,
+              chunks: Sequence[int] = (1,), clock: str = ProfileOptions.clock) -> list[dict[str, Any]]:
     """Every (M, schedule, chunks, remat) for this model and K, in one process group (`compare_rounds`)."""
     cases = grid(base_scenario(model, K, batch), Ms, schedules, chunks, remats)
-    payload = {"cases": cases, "calibration": calibration, "steps": steps, "warmup": warmup, "rounds": rounds,
-               "profile": ProfileOptions(warmup=1, repeats=repeats), "alone": not concurrent}
-    done = launch(payload, DEVICE_MAPS[K], options, task=compare_rounds)
+    return run_cases(cases, steps, warmup, options, calibration, ProfileOptions(repeats=repeats, clock=clock),
+                     concurrent=concurrent, rounds=rounds)
+
+
+def run_cases(cases: Sequence[Scenario], steps: int, warmup: int, options: LaunchOptions, calibration: Any,
+              profile: ProfileOptions = ProfileOptions(), concurrent: bool = True,
+              rounds: int = 3) -> list[dict[str, Any]]:
+    """Rows of `cases` (all on one device map), compared in one process group (`compare_rounds`)."""
+    payload = {"cases": list(cases), "calibration": calibration, "steps": steps, "warmup": warmup,
+               "rounds": rounds, "profile": profile, "alone": not concurrent}
+    done = launch(payload, cases[0].device_map, options, task=compare_rounds)
     return [_row(sc, rounds_of_case) for sc, rounds_of_case in zip(cases, done)]
+
+
+def random_markdown(rows: list[dict[str, Any]]) -> str:
+    """One line per drawn case (predicted and measured step, error, both spreads over the rounds),
+    then the median and worst error and how many cases fall within their measured spread."""
+    lines = ["| # | case | predicted | measured | error | measured spread | predicted spread | error within spread |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(rows):
+        signed = (r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"]
+        lines.append(f"| {i} | {r['case']} | {1e3 * r['predicted_step_s']:.1f} ms | {1e3 * r['measured_step_s']:.1f} ms "
+                     f"| {100 * signed:+.1f}% | {100 * r['measured_spread']:.1f}% | {100 * r['predicted_spread']:.1f}% "
+                     f"| {'yes' if r['step_time_error'] <= r['measured_spread'] else 'no'} |")
+    step = [r["step_time_error"] for r in rows]
+    within = sum(r["step_time_error"] <= r["measured_spread"] for r in rows)
+    steadier = sum(r["predicted_spread"] <= r["measured_spread"] for r in rows)
+    lines.append("")
+    lines.append(f"{len(rows)} cases. Step time: median error {100 * statistics.median(step):.1f}%, worst "
+                 f"{100 * max(step):.1f}%; {within}/{len(rows)} within their measured spread. Spread over the "
+                 f"rounds, (max-min)/median: measured median {100 * statistics.median(r['measured_spread'] for r in rows):.1f}%, "
+                 f"predicted median {100 * statistics.median(r['predicted_spread'] for r in rows):.1f}%; "
+                 f"{steadier}/{len(rows)} cases predicted no more spread than measured.")
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table: one line per (model, K, schedule, remat) with the errors over M, then a summary."""
     lines = ["| model | K | schedule | v | remat | step-time error per M (M) "
-             "| measured spread over rounds per M | peak activation error (max) |",
+             "| measured spread over rounds per M | peak memory error (worst stage) |",
              "|---|---|---|---|---|---|---|---|"]
     key = lambda r: (r["model"], r["K"], r["schedule"], r.get("v", 1), r["remat"])  # noqa: E731
     for group, items in itertools.groupby(sorted(rows, key=key), key=key):
@@ -104,7 +140,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         spreads = " / ".join(f"{100 * r['measured_spread']:.1f}%" for r in items)
         mem = max(r["memory_error"] for r in items)
         lines.append(f"| {group[0]} | {group[1]} | {group[2]} | {group[3]} | {group[4]} | {errs} | {spreads} "
-                     f"| {100 * mem:.3f}% |")
+                     f"| {100 * mem:.2f}% |")
     step = [r["step_time_error"] for r in rows]
     mem = [r["memory_error"] for r in rows]
     spread = [r["measured_spread"] for r in rows]
@@ -113,8 +149,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines.append("")
     lines.append(f"{len(rows)} runs. Step time: median error {100 * statistics.median(step):.1f}%, "
                  f"worst {100 * max(step):.1f}%, {within}/{len(rows)} within 5%, signed median "
-                 f"{100 * signed:+.1f}% (+: predicted longer). Peak activation memory: "
-                 f"median {100 * statistics.median(mem):.3f}%, worst {100 * max(mem):.3f}%. "
+                 f"{100 * signed:+.1f}% (+: predicted longer). Peak memory per stage (worst stage of each case, "
+                 f"measured by the tracker): median {100 * statistics.median(mem):.2f}%, worst "
+                 f"{100 * max(mem):.2f}%. "
                  f"Measured step of a case, spread over its rounds (max-min)/median: median "
                  f"{100 * statistics.median(spread):.1f}%, worst {100 * max(spread):.1f}%.")
     return "\n".join(lines)
@@ -122,6 +159,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpipe_exec.studies.accuracy", description=__doc__)
+    parser.add_argument("--random", type=int, metavar="N",
+                        help="draw N cases at random (model family, sizes, batch, M, schedule, chunks, "
+                             "remat; random_cases.py) instead of the fixed grid; needs --seed")
+    parser.add_argument("--seed", type=int, help="with --random: the seed the cases are drawn from")
+    parser.add_argument("--k", type=int, default=2, choices=sorted(DEVICE_MAPS),
+                        help="with --random: stages (4 shares the two cores; default 2)")
     parser.add_argument("--models", default="transformer,convnet")
     parser.add_argument("--stages", default="2,4")
     parser.add_argument("--micro-batches", default="1,2,4,8,16")
@@ -137,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="passes over the grid; each case is profiled, predicted and run once per pass")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", metavar="FILE", help="also write every row as JSON")
+    parser.add_argument("--profile-clock", choices=CLOCKS, default=ProfileOptions.clock,
+                        help="what the profile times on CPU: the thread's CPU time (default; the work, "
+                             "steady on a shared machine) or wall time (the core's share included)")
     parser.add_argument("--profile-alone", action="store_true",
                         help="profile on rank 0 while the other devices idle (default: every device "
                              "profiles at once, as in the pipeline's steady state)")
@@ -146,7 +192,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             schedule_family(name)
         except ValueError as exc:  # ScheduleError names the choices
             parser.error(f"--schedules: {exc}")
+    if args.random is not None and (args.random < 1 or args.random > 1000):
+        parser.error(f"--random: draw between 1 and 1000 cases, got {args.random}")
+    if args.random is not None and args.seed is None:
+        parser.error("--seed: --random needs a seed (choose it after the code is frozen)")
+    if args.rounds < 1 or args.steps < 1:
+        parser.error("--rounds and --steps: at least 1")
     options = LaunchOptions(comm_timeout_s=120, run_timeout_s=3600)
+    if args.random is not None:
+        return random_study(args, options)
     Ms = [int(v) for v in args.micro_batches.split(",")]
     groups = [(m, int(k)) for m in args.models.split(",") for k in args.stages.split(",")]
     rows: list[dict[str, Any]] = []
@@ -164,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += run_group(model, K, Ms, args.schedules.split(","), args.remat.split(","),
                               args.batch_size, args.steps, args.warmup, options, shared.get(K, calibration),
                               concurrent=not args.profile_alone, rounds=args.rounds,
-                              chunks=[int(v) for v in args.chunks.split(",")])
+                              chunks=[int(v) for v in args.chunks.split(",")], clock=args.profile_clock)
             bar.advance(task)
     if args.json:
         with open(args.json, "w") as f:
@@ -177,6 +231,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     for K, fit in sorted(shared.items()):
         sys.stdout.write(f"(K={K}, shared devices: host times x{fit.shared_scale:.2f})\n")
     sys.stdout.write(f"({calibration_text(calibration)}; {time.monotonic() - t0:.0f} s)\n")
+    return 0
+
+
+def random_study(args: argparse.Namespace, options: LaunchOptions) -> int:
+    """`--random N --seed S`: draw the cases, calibrate (and for shared cores the shared scale),
+    run them all in one process group, print the per-case table and write the JSON."""
+    cases = draw_cases(args.random, args.seed, args.k)
+    t0, load0 = time.monotonic(), os.getloadavg()
+    calibration = calibrate_runtime((0, 1), options=options)
+    fit = calibration
+    if len(set(DEVICE_MAPS[args.k])) < args.k:
+        fit = calibrate_shared(calibration, DEVICE_MAPS[args.k], options=options)
+    rows = run_cases(cases, args.steps, args.warmup, options, fit, ProfileOptions(clock=args.profile_clock),
+                     concurrent=not args.profile_alone, rounds=args.rounds)
+    load1 = os.getloadavg()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"seed": args.seed, "k": args.k, "rounds": args.rounds, "steps": args.steps,
+                       "profile_clock": args.profile_clock,
+                       "load_average_start": load0, "load_average_end": load1,
+                       "calibration": fit.to_dict(), "rows": rows}, f, indent=1)
+    sys.stdout.write(random_markdown(rows) + "\n")
+    sys.stdout.write(f"(seed {args.seed}, K={args.k}, profile clock {args.profile_clock}; load average (1, 5, 15 min) {load0[0]:.1f}/{load0[1]:.1f}/"
+                     f"{load0[2]:.1f} at the start, {load1[0]:.1f}/{load1[1]:.1f}/{load1[2]:.1f} at the end, on "
+                     f"{os.cpu_count()} cores; {calibration_text(fit)}; {time.monotonic() - t0:.0f} s)\n")
     return 0
 
 

@@ -7,7 +7,8 @@ from typing import Any, Callable, NamedTuple, Union
 
 from gpipe_exec.execute import Measurement, job_for, measured_result
 from gpipe_exec.programs import with_schedule
-from gpipe_exec.profile import ProfileOptions, default_sizes, profile_model, profile_on_rank, table_scenario
+from gpipe_exec.profile import (ProfileOptions, average_tables, default_sizes, profile_model, profile_on_rank,
+                                table_scenario)
 from gpipe_exec.studies.calibrate import LinkFit, RuntimeFit
 from gpipe_sim.api import result_from_times, run_engine
 from gpipe_sim.plan.compile import compile_plan, scenario_schedule
@@ -26,6 +27,7 @@ def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration:
     updates: dict[str, Any] = {}
     if calibration is not None:
         updates.update(calibration.hardware_updates())
+    updates["hardware.host.step_buffers"] = True  # the executor's receive buffers and data (RankRunner)
     predicted_scenario = table_scenario(scenario, table, updates)
     plan = compile_plan(predicted_scenario)
     if programs is not None:
@@ -52,8 +54,9 @@ class Round(NamedTuple):
 
 def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> list[list[Round]] | None:
     """A launch task, on every rank: `rounds` passes over `cases`; in each pass every case is
-    profiled (by every rank at once, as `profile_on_devices` does, or with `alone` by rank 0
-    while the others wait), simulated by rank 0 with that profile and `calibration`, and run by
+    profiled (by every rank at once, as `profile_on_devices` does, their tables averaged
+    (`average_tables`), or with `alone` by rank 0 while the others wait), simulated by rank 0
+    with that profile and `calibration`, and run by
     all ranks seconds later. Spread over the passes, a case's profiles and steps see the same mix
     of machine states. Rank 0 returns each case's rounds."""
     import torch.distributed as dist
@@ -69,7 +72,11 @@ def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) 
             if splits_backward(sc):
                 options = dataclasses.replace(options, split_backward=True)
             if not payload["alone"]:
-                table = profile_on_rank(sc, options, rank)  # rank 0's is used
+                mine = profile_on_rank(sc, options, rank)
+                tables: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
+                dist.gather_object(mine, tables if rank == 0 else None, dst=0)
+                if rank == 0:
+                    table = average_tables(tables)
             elif rank == 0:
                 table = profile_model(sc, options)
             box: list[Any] = [None]

@@ -67,18 +67,38 @@ def relative_error(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / abs(measured)
 
 
+ACCOUNTING = "accounting"  # the saved-tensor accounting check's figures are named under it
+
+
+MEMORY_NOTE = ("peak_memory_bytes: measured, each rank's real tensor bytes at their peak over one step run "
+               "after the timed ones; predicted, static + held activations + the running pass's transient + "
+               "the executor's buffers. accounting.*: bytes saved for backward as both count them "
+               "(equal by construction: a check of the schedule, not a measurement).")
+
+
 def compared_fields(predicted: Result, measured: Result) -> list[tuple[str, float, float]]:
-    """(field, predicted, measured) for every compared figure."""
+    """(field, predicted, measured) for every compared figure.
+
+    `stageK.peak_memory_bytes`: the rank's memory in all, predicted (static + held activations +
+    the running pass's transient) against measured (its real tensor bytes at their peak over a
+    dedicated step: gpipe_exec.measure.memory). `stageK.accounting.peak_activation_bytes` (and per
+    chunk): the schedule's accounting of the bytes saved for backward, which the executor counts
+    with saved-tensor hooks exactly as the simulator counts them -- a check of when each
+    micro-batch's activations are held, equal by construction, not a measurement of memory."""
     rows = [
         ("step_time_s", predicted.step_time_s, measured.step_time_s),
         ("throughput_samples_per_s", predicted.throughput_samples_per_s, measured.throughput_samples_per_s),
         ("bubble_fraction", predicted.bubble_fraction, measured.bubble_fraction),
     ]
     for p, m in zip(predicted.stages, measured.stages):
-        rows.append((f"stage{p.index}.peak_activation_bytes", p.peak_activation_bytes, m.peak_activation_bytes))
+        rows.append((f"stage{p.index}.peak_memory_bytes", p.peak_memory_bytes, m.peak_memory_bytes))
+    for p, m in zip(predicted.stages, measured.stages):
+        rows.append((f"stage{p.index}.{ACCOUNTING}.peak_activation_bytes", p.peak_activation_bytes,
+                     m.peak_activation_bytes))
     if len(predicted.chunks) > len(predicted.stages):  # several chunks per rank: each one's own peak too
         for p, m in zip(predicted.chunks, measured.chunks):
-            rows.append((f"chunk{p.index}.peak_activation_bytes", p.peak_activation_bytes, m.peak_activation_bytes))
+            rows.append((f"chunk{p.index}.{ACCOUNTING}.peak_activation_bytes", p.peak_activation_bytes,
+                         m.peak_activation_bytes))
     return rows
 
 
@@ -176,6 +196,7 @@ def validation_text(v: Validation) -> str:
     console.print(table)
     steps = ", ".join(format_seconds(t) for t in v.measured.step_times_s)
     console.print(f"measured step times: {steps}")
+    console.print(MEMORY_NOTE)
     if v.rounds:
         each = ", ".join(f"{format_seconds(p)}/{format_seconds(m)}" for p, m in v.rounds)
         console.print(f"rounds, predicted/measured step: {each} (the median round of each is shown)")

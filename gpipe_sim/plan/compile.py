@@ -48,6 +48,17 @@ class ChunkPlan:
     input_bytes: np.ndarray  # the chunk input, kept under re-materialization
     output_bytes: np.ndarray  # sent to the next chunk (and its gradient sent back)
     update_s: float
+    # Bytes a compute pass of this chunk allocates beyond the chunk's saved bytes, freed by its
+    # end (`chunk_transient_per_sample` x the micro-batch's samples). Zero unless the table says.
+    transient_bytes: np.ndarray | None = None
+    # Bytes its input-gradient pass keeps for its weight-gradient pass (from I's end to W's end)
+    # when the backward is split: the layers' kept_for_weight_bytes_per_sample x samples; none on
+    # the model's first chunk, whose input (the data) takes no gradient: its I has nothing to do
+    # and its W is the whole backward.
+    kept_for_weight_bytes: np.ndarray | None = None
+    # Of the chunk's output, the bytes its last layer saves as well (known where the next layer
+    # saves that tensor too: its saved_with_previous_bytes_per_sample) x samples.
+    output_saved_bytes: np.ndarray | None = None
 
     @property
     def layer_count(self) -> int:
@@ -216,7 +227,10 @@ def compile_plan(scenario: Scenario) -> Plan:
         ])[size_index]  # [micro-batch, (forward, backward, backward input, backward weight)]
         params = sum(layer.params for layer in own)
         input_per_sample = model_input if c == 0 else layers[first - 1].output_bytes_per_sample
-        act_per_sample = sum(layer.activation_bytes_per_sample for layer in own)
+        # a tensor two adjacent layers of the chunk both save is one allocation
+        act_per_sample = sum(layer.activation_bytes_per_sample for layer in own) - sum(
+            layer.saved_with_previous_bytes_per_sample for layer in own[1:])
+        transient_per_sample = chunk_transient_per_sample(own)
         backward = per_size[:, 1]
         chunks.append(
             ChunkPlan(
@@ -235,6 +249,11 @@ def compile_plan(scenario: Scenario) -> Plan:
                 input_bytes=input_per_sample * samples,
                 output_bytes=own[-1].output_bytes_per_sample * samples,
                 update_s=update_seconds(own, accel, dtype_bytes, bpp) / (p.data_parallel if training.zero else 1),
+                transient_bytes=transient_per_sample * samples,
+                kept_for_weight_bytes=(0.0 if c == 0 else math.fsum(
+                    layer.kept_for_weight_bytes_per_sample for layer in own)) * samples,
+                output_saved_bytes=(layers[first + count].saved_with_previous_bytes_per_sample
+                                    if first + count < len(layers) else 0.0) * samples,
             )
         )
         first += count
@@ -249,6 +268,19 @@ def compile_plan(scenario: Scenario) -> Plan:
             update_s=math.fsum(chunks[c].update_s for c in mine),
         ))
     return Plan(scenario, schedule, tuple(layers), tuple(chunks), tuple(ranks), tuple(sizes), device_map)
+
+
+def chunk_transient_per_sample(layers: list[LayerSpec]) -> float:
+    """A chunk's transient bytes per sample beyond all its layers' saved bytes: layers run one at a
+    time, so their transients never add up, and while layer j runs (its forward, before the later
+    layers save anything; its backward, after they have freed what they saved) the layers after j
+    hold nothing: max over j of (transient_j - saved bytes of the layers after j), at least 0 (what
+    a layer saves in common with its previous one counted once)."""
+    best, after = 0.0, 0.0
+    for layer in reversed(layers):
+        best = max(best, layer.transient_bytes_per_sample - after)
+        after += layer.activation_bytes_per_sample - layer.saved_with_previous_bytes_per_sample
+    return best
 
 
 def _layer_times(layer: LayerSpec, micro_batch: int, accel, dtype: str, dtype_bytes: int) -> tuple[float, ...]:

@@ -6,6 +6,16 @@ allocates the rest of the saved bytes (the chunk's first layer saves that very i
 not counted twice: max(saved - input, 0)). The micro-batch's bytes are freed at the end of its
 last backward pass: the full backward, or the weight-gradient pass when the backward is split
 (the input-gradient pass frees nothing). Parameters, gradients and optimizer states are static.
+
+Memory in all (`peak_memory_bytes`, the device peaks) adds two things to those held activations:
+the rank's static bytes (parameters, plus gradients, optimizer states and master weights:
+`RankPlan.state_bytes`), what a split backward's input-gradient pass keeps for its weight-gradient
+pass (`ChunkPlan.kept_for_weight_bytes`, from I's end to W's end), and the transient bytes of the compute pass running at the time
+(`ChunkPlan.transient_bytes`: allocated at the pass's start on top of the held level, freed at its
+end; forward, re-computation and every backward pass of a chunk alike). With
+`hardware.host.step_buffers` it also counts the runtime's buffers held all step (`step_buffer_bytes`)
+and every sent tensor from its send to the step's end (`sent_bytes`).
+With neither, the memory in all is the static bytes plus the held activations exactly.
 """
 
 from __future__ import annotations
@@ -15,7 +25,10 @@ from typing import Sequence
 
 import numpy as np
 
-from gpipe_sim.plan.compile import BACKWARD, BACKWARD_WEIGHT, FORWARD, RECOMPUTE, Plan
+from gpipe_sim.plan.compile import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECOMPUTE, RECV, SEND, Plan
+from gpipe_sim.schedule import Tensor
+
+PASSES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE)  # a chunk's compute passes
 
 
 @dataclass(frozen=True)
@@ -26,7 +39,11 @@ class MemoryProfile:
     activation_bytes: tuple[np.ndarray, ...]  # per pipeline rank: bytes held from that time on
     peak_activation_bytes: np.ndarray  # per pipeline rank
     chunk_peak_activation_bytes: np.ndarray  # per chunk, on its own
-    device_peak_bytes: dict[int, float]  # per device (all replicas): static bytes of its ranks + activation peak
+    device_peak_bytes: dict[int, float]  # per device (all replicas): static + peak of activations and transients
+    # per pipeline rank: static + the peak of held activations plus the running pass's transient
+    peak_memory_bytes: np.ndarray | None = None
+    # per pipeline rank, what `peak_memory_bytes` is made of at its (first) peak moment
+    breakdown: tuple[dict[str, float], ...] = ()
 
 
 def activation_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -51,12 +68,122 @@ def activation_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     return alloc, free
 
 
+def transient_bytes(plan: Plan) -> np.ndarray:
+    """Per action, in program order: the bytes its compute pass holds only while it runs (0 for
+    transfers and the update)."""
+    prog = plan.program
+    out = np.zeros(len(prog.kind))
+    if all(c.transient_bytes is None for c in plan.chunks):
+        return out
+    M = len(plan.micro_batch_sizes)
+    tr = np.array([np.zeros(M) if c.transient_bytes is None else c.transient_bytes for c in plan.chunks])
+    running = np.isin(prog.kind, PASSES) & (prog.chunk >= 0) & (prog.micro_batch >= 0)
+    out[running] = tr[prog.chunk[running], prog.micro_batch[running]]
+    return out
+
+
+def _message_bytes(plan: Plan, kind: int, receiving: bool) -> np.ndarray:
+    """Per action: the bytes of the tensor a send (or receive) of `kind` carries, 0 elsewhere. An
+    activation is the sending chunk's output (the receiving chunk's input); a gradient the sending
+    chunk's input gradient (the receiving chunk's output's)."""
+    prog = plan.program
+    inp = np.array([c.input_bytes for c in plan.chunks])  # [chunk, micro_batch]
+    outp = np.array([c.output_bytes for c in plan.chunks])
+    ch, mb = prog.chunk, prog.micro_batch
+    out = np.zeros(len(prog.kind))
+    for tensor, table in ((Tensor.ACTIVATION, inp if receiving else outp), (Tensor.GRADIENT, outp if receiving else inp)):
+        at = (prog.kind == kind) & (prog.tensor == int(tensor)) & (ch >= 0) & (mb >= 0)
+        out[at] = table[ch[at], mb[at]]
+    return out
+
+
+def sent_bytes(plan: Plan) -> np.ndarray:
+    """Per action: under `hardware.host.step_buffers`, the bytes a send keeps from its start to the
+    step's end (the runtime holds every sent tensor until it waits for the sends, at the step's
+    end); zeros without."""
+    if not plan.scenario.hardware.host.step_buffers:
+        return np.zeros(len(plan.program.kind))
+    return _message_bytes(plan, SEND, receiving=False)
+
+
+def shared_with_buffers(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """Under `hardware.host.step_buffers`, per action, (counted twice from its start, once again
+    from its end): bytes that both the held activations and the runtime's buffers count.
+    - The input of a chunk that arrives by a receive, or the model's first chunk's (the data), from
+      the chunk's forward to its last backward pass: the held activations count it (the chunk's
+      first layer saves its input, or re-materialization keeps it), and so does the receive or data
+      buffer (`step_buffer_bytes`).
+    - A sent output that the chunk's last layer saves too (`ChunkPlan.output_saved_bytes`), from
+      its send to the chunk's last backward pass: the sent tensors count it (`sent_bytes`).
+    Zeros without `step_buffers`."""
+    prog = plan.program
+    alloc, free = np.zeros(len(prog.kind)), np.zeros(len(prog.kind))
+    if not plan.scenario.hardware.host.step_buffers:
+        return alloc, free
+    place = plan.schedule.placement
+    C = len(plan.chunks)
+    buffered = np.array([c == 0 or place[c] != place[c - 1] for c in range(C)])
+    sent = np.array([c + 1 < C and place[c + 1] != place[c] for c in range(C)])
+    inp = np.array([c.input_bytes for c in plan.chunks])
+    M = len(plan.micro_batch_sizes)
+    out = np.array([np.zeros(M) if c.output_saved_bytes is None else c.output_saved_bytes for c in plan.chunks])
+    ch, mb, kind = prog.chunk, prog.micro_batch, prog.kind
+    ok = (ch >= 0) & (mb >= 0)
+    chk = np.where(ok, ch, 0)
+    mbk = np.where(ok, mb, 0)
+    fwd = ok & (kind == FORWARD) & buffered[chk]
+    alloc[fwd] += inp[ch[fwd], mb[fwd]]
+    send = ok & (kind == SEND) & (prog.tensor == int(Tensor.ACTIVATION)) & sent[chk]
+    alloc[send] += out[ch[send], mb[send]]
+    last = ok & ((kind == BACKWARD) | (kind == BACKWARD_WEIGHT))
+    free[last] = np.where(buffered[chk[last]], inp[chk[last], mbk[last]], 0.0) + np.where(
+        sent[chk[last]], out[chk[last], mbk[last]], 0.0)
+    return alloc, free
+
+
+def step_buffer_bytes(plan: Plan) -> np.ndarray:
+    """Per global rank, the bytes a runtime with `hardware.host.step_buffers` holds all step: a
+    buffer per receive of its program (an activation: the receiving chunk's input; a gradient: its
+    output's), and on the rank of the model's first chunk the model input of its micro-batches
+    (the targets are left out). Zeros without `step_buffers`."""
+    prog = plan.program
+    out = np.zeros(plan.num_ranks)
+    if not plan.scenario.hardware.host.step_buffers:
+        return out
+    out += np.bincount(prog.rank, weights=_message_bytes(plan, RECV, receiving=True), minlength=plan.num_ranks)
+    inp = np.array([c.input_bytes for c in plan.chunks])
+    K = len(plan.ranks)
+    for g in range(plan.num_ranks):
+        if 0 in plan.ranks[g % K].chunks:
+            out[g] += float(inp[0].sum())
+    return out
+
+
+def kept_for_weight_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(allocated at end, freed at end) per action: what an input-gradient pass keeps for its
+    micro-batch's weight-gradient pass (`ChunkPlan.kept_for_weight_bytes`), from I's end to W's."""
+    prog = plan.program
+    alloc, free = np.zeros(len(prog.kind)), np.zeros(len(prog.kind))
+    M = len(plan.micro_batch_sizes)
+    kept = np.array([np.zeros(M) if c.kept_for_weight_bytes is None else c.kept_for_weight_bytes
+                     for c in plan.chunks])
+    ok = (prog.chunk >= 0) & (prog.micro_batch >= 0)
+    for kind, out in ((BACKWARD_INPUT, alloc), (BACKWARD_WEIGHT, free)):
+        at = ok & (prog.kind == kind)
+        out[at] = kept[prog.chunk[at], prog.micro_batch[at]]
+    return alloc, free
+
+
 def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProfile:
-    """Activation memory over time from the engine's action times."""
+    """Activation memory over time from the engine's action times; memory in all with transients."""
     alloc, free = activation_deltas(plan)
+    transient = transient_bytes(plan)
+    sent = sent_bytes(plan)
+    in_buffers = shared_with_buffers(plan)
+    for_weight = kept_for_weight_deltas(plan)
     prog = plan.program
     offsets = prog.offsets
-    times, held, peaks = [], [], []
+    times, held, peaks, in_all, breakdown = [], [], [], [], []
     chunk_peaks = np.zeros(len(plan.chunks))
     K = len(plan.ranks)
     for g in range(plan.num_ranks):  # every replica's ranks: devices may hold several
@@ -69,13 +196,37 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
         times.append(t)
         held.append(level)
         peaks.append(float(level.max(initial=0.0)))
+        running = np.zeros_like(t)
+        running[0::2] = transient[lo:hi]  # on top of the level from the pass's start to its end
+        kept = np.zeros_like(t)
+        kept[0::2] = sent[lo:hi]
+        kept = np.cumsum(kept)  # sent tensors, from their send's start to the step's end
+        shared = np.empty_like(t)
+        shared[0::2], shared[1::2] = in_buffers[0][lo:hi], -in_buffers[1][lo:hi]
+        level = level - np.cumsum(shared)  # counted in the buffers or sent tensors already
+        between = np.zeros_like(t)
+        between[1::2] = for_weight[0][lo:hi] - for_weight[1][lo:hi]  # both at the passes' ends
+        level = level + np.cumsum(between)
+        total = level + running + kept
+        in_all.append(total)
+        at = int(np.argmax(total)) if len(total) else 0
+        breakdown.append({"activations": float(level[at]) if len(level) else 0.0,
+                          "transient": float(running[at]) if len(running) else 0.0,
+                          **({"sent": float(kept[at])} if len(kept) and kept[-1] else {})})
         if g < K:
             chunk = np.repeat(prog.chunk[lo:hi], 2)
             for c in plan.ranks[g].chunks:
                 chunk_peaks[c] = float(np.cumsum(delta[chunk == c]).max(initial=0.0))
-    static = [plan.ranks[g % K].param_bytes + plan.ranks[g % K].state_bytes for g in range(plan.num_ranks)]
-    device_peak = device_peaks(plan.device_map, static, times, held)
-    return MemoryProfile(tuple(times[:K]), tuple(held[:K]), np.asarray(peaks[:K]), chunk_peaks, device_peak)
+    buffers = step_buffer_bytes(plan)
+    static = [plan.ranks[g % K].param_bytes + plan.ranks[g % K].state_bytes + buffers[g] for g in range(plan.num_ranks)]
+    device_peak = device_peaks(plan.device_map, static, times, in_all)
+    peak_memory = np.array([static[k] + float(in_all[k].max(initial=0.0)) for k in range(K)])
+    for k in range(K):
+        breakdown[k] = {"parameters": plan.ranks[k].param_bytes,
+                        "gradients_and_optimizer_states": plan.ranks[k].state_bytes,
+                        **({"step_buffers": float(buffers[k])} if buffers[k] else {}), **breakdown[k]}
+    return MemoryProfile(tuple(times[:K]), tuple(held[:K]), np.asarray(peaks[:K]), chunk_peaks, device_peak,
+                         peak_memory, tuple(breakdown[:K]))
 
 
 def levels_from_totals(start: np.ndarray, end: np.ndarray, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

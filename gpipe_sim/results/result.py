@@ -98,8 +98,15 @@ class ChunkResult:
 
 @dataclass
 class StageResult:
-    """One pipeline rank's figures, over all its chunks. Bytes are per rank;
-    `peak_memory_bytes` = static + peak activations (all chunks at the worst moment)."""
+    """One pipeline rank's figures, over all its chunks. Bytes are per rank.
+
+    `peak_memory_bytes`: predicted, static (parameters, gradients, optimizer states, master weights)
+    + the peak of held activations plus the running pass's transient bytes (gpipe_sim.results.memory);
+    measured, the rank's real tensor bytes at their peak over a dedicated step (gpipe_exec.measure.memory).
+    `peak_activation_bytes`: the bytes saved for backward by the schedule's accounting (measured: by
+    the saved-tensor hooks, which count as the simulator counts). `memory_breakdown`: what
+    `peak_memory_bytes` is made of at its peak, by category (empty when unknown).
+    """
 
     index: int
     chunks: tuple[int, ...]
@@ -111,6 +118,7 @@ class StageResult:
     param_bytes: float
     state_bytes: float = 0.0
     exposed_allreduce_s: float = 0.0  # waiting for the data-parallel reductions before the update
+    memory_breakdown: dict[str, float] = field(default_factory=dict)
 
     @property
     def layers_text(self) -> str:
@@ -123,6 +131,7 @@ class StageResult:
             "device": self.device, "busy_s": self.busy_s, "peak_activation_bytes": self.peak_activation_bytes,
             "peak_memory_bytes": self.peak_memory_bytes, "param_bytes": self.param_bytes,
             "state_bytes": self.state_bytes, "exposed_allreduce_s": self.exposed_allreduce_s,
+            **({"memory_breakdown": dict(self.memory_breakdown)} if self.memory_breakdown else {}),
         }
 
     @classmethod
@@ -139,6 +148,7 @@ class StageResult:
             peak_memory_bytes=float(d["peak_memory_bytes"]), param_bytes=float(d["param_bytes"]),
             state_bytes=float(d.get("state_bytes", 0.0)),
             exposed_allreduce_s=float(d.get("exposed_allreduce_s", 0.0)),
+            memory_breakdown={str(k): float(v) for k, v in (d.get("memory_breakdown") or {}).items()},
         )
 
 
@@ -279,11 +289,15 @@ def summarize(
     memory_capacity_bytes: float,
     device_peak_memory_bytes: dict[int, float] | None = None,
     source: str = "simulated",
+    peak_memory_bytes: Sequence[float] | None = None,
+    memory_breakdown: Sequence[dict[str, float]] | None = None,
 ) -> Result:
     """Compute a Result from a timeline: the one definition of step time, throughput and bubble.
 
     `peak_activation_bytes` is per rank; `chunk_peak_activation_bytes`, `param_bytes` and
     `state_bytes` are per chunk. Step time is the last action's end (the timeline starts at 0).
+    `peak_memory_bytes` and `memory_breakdown` (per rank) replace static + peak activations where
+    given (transients, or a measurement of memory in all).
     The bubble fraction is the share of device time idle within the step:
     1 - (compute seconds of all ranks) / (devices x step).
     """
@@ -315,8 +329,10 @@ def summarize(
                 index=k, chunks=tuple(mine), layers=tuple(tuple(layout.chunk_layers[c]) for c in mine),
                 device=int(layout.device_map[k]), busy_s=float(busy[k]),
                 peak_activation_bytes=float(peak_activation_bytes[k]),
-                peak_memory_bytes=params + states + float(peak_activation_bytes[k]),
+                peak_memory_bytes=(params + states + float(peak_activation_bytes[k]) if peak_memory_bytes is None
+                                   else float(peak_memory_bytes[k])),
                 param_bytes=params, state_bytes=states, exposed_allreduce_s=float(exposed[k]),
+                memory_breakdown=dict(memory_breakdown[k]) if memory_breakdown is not None else {},
             )
         )
     if device_peak_memory_bytes is None:

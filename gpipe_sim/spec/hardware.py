@@ -61,6 +61,10 @@ class Host(_Strict):
     # The host time runs on the device's own cores (a CPU "device"): a device shared by several
     # stages serves it as it serves compute, one stage at a time.
     on_device: bool = False
+    # The runtime holds, all step, a buffer for every receive of the step (allocated once, reused
+    # step after step) and its share of the batch on the first chunk's rank, as gpipe-exec and
+    # torch.distributed.pipelining do: counted in each rank's memory (gpipe_sim.results.memory).
+    step_buffers: bool = False
 
 
 class Hardware(_Strict):

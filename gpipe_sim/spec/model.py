@@ -43,6 +43,13 @@ class LayerSpec(_Strict):
     # kept, workspace, gradient buffers), freed by the end of that pass: the largest over its forward,
     # re-computation and backward passes. Counted on top of the held activations while it runs.
     transient_bytes_per_sample: Amount = 0.0
+    # Bytes the input-gradient pass I keeps for the weight-gradient pass W when the backward is split
+    # (the gradients where a parameter's branch meets the input's path), held from I to W's end.
+    kept_for_weight_bytes_per_sample: Amount = 0.0
+    # Of activation_bytes_per_sample, the bytes the previous layer saves too (the tensor between
+    # them, kept by that layer as its output and by this one as its input): one allocation, which
+    # gpipe_sim counts once where both layers are in one chunk.
+    saved_with_previous_bytes_per_sample: Amount = 0.0
     forward_flops_per_sample: Amount | None = None
     backward_flops_per_sample: Amount | None = None
     forward_s_per_sample: Duration | None = None

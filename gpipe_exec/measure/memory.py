@@ -1,0 +1,180 @@
+"""Real tensor memory of a rank: live storages counted by category (CPU) or the caching allocator's peak (CUDA).
+
+Independent of the saved-tensor hooks (`SavedBytesMeter`): `StorageTracker` is a TorchDispatchMode
+that sees every tensor an operator returns and counts its storage's bytes (once per storage, views
+and aliases included) from the moment it appears until it is freed (a weak reference's callback).
+Storages made outside the mode count only when registered with `track` (parameters, buffers,
+gradients, optimizer states, data, receive buffers). What it does not see: memory outside torch's
+tensors (gloo's own transport buffers, the Python objects, the interpreter), and tensors made
+outside the mode and never registered. On CUDA `AllocatorPeak` reads the caching allocator's
+`active_bytes.all.peak` instead (every live block, rounded as the allocator rounds it).
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+# Categories a storage is counted under (`breakdown`): static state, then what the step's actions made.
+PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER = "parameters", "buffers", "gradients", "optimizer_states"
+INPUTS, RECEIVE_BUFFERS = "inputs", "receive_buffers"  # the data and targets; buffers receives land in
+CATEGORIES = (PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER, INPUTS, RECEIVE_BUFFERS, "forward", "recompute", "backward",
+              "backward_input", "backward_weight", "update", "send", "recv", "allreduce")
+
+
+class StorageTracker(TorchDispatchMode):
+    """Bytes of live tensor storages: `total` now, `peak` since `reset_peak`, and the total per
+    category at the peak (`peak_breakdown`).
+
+    A storage is counted under the category current when it first appears (`phase`), or the one
+    `track` gives it; `track` moves an already counted storage to its new category (a gradient
+    made by a backward pass becomes `gradients` once accumulated). `mark()` starts an interval:
+    `interval_peak` is the largest total since then (an action's peak, its transients included).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, tuple[weakref.ref, int, str]] = {}  # id(storage) -> (ref, bytes, category)
+        self.by_category: dict[str, int] = {}
+        self.total = 0
+        self.peak = 0
+        self.peak_breakdown: dict[str, int] = {}
+        self.interval_peak = 0
+        self.phase = "other"
+
+    # -- counting ------------------------------------------------------------------------------
+
+    def _freed(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            _, nbytes, category = entry
+            self.total -= nbytes
+            self.by_category[category] -= nbytes
+
+    def _count(self, t: torch.Tensor, category: str, move: bool) -> None:
+        if t.device.type == "meta" or t.is_sparse:
+            return
+        storage = t.untyped_storage()
+        key = id(storage)
+        entry = self._live.get(key)
+        if entry is not None:
+            ref, nbytes, old = entry
+            if ref() is storage:
+                if move and old != category:
+                    self.by_category[old] -= nbytes
+                    self.by_category[category] = self.by_category.get(category, 0) + nbytes
+                    self._live[key] = (ref, nbytes, category)
+                return
+            self._freed(key)  # an id reused after its storage died before its callback ran
+        nbytes = int(storage.nbytes())
+        ref = weakref.ref(storage, lambda _r, key=key: self._freed(key))
+        self._live[key] = (ref, nbytes, category)
+        self.total += nbytes
+        self.by_category[category] = self.by_category.get(category, 0) + nbytes
+        self._seen()
+
+    def _seen(self) -> None:
+        if self.total > self.interval_peak:
+            self.interval_peak = self.total
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_breakdown = {k: v for k, v in self.by_category.items() if v}
+
+    def track(self, tensors: Iterable[Any], category: str) -> None:
+        """Count (or move to `category`) the storages of these tensors (nested containers allowed;
+        None and non-tensors are skipped)."""
+        leaves, _ = tree_flatten(list(tensors))
+        for t in leaves:
+            if isinstance(t, torch.Tensor):
+                self._count(t, category, move=True)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        leaves, _ = tree_flatten(out)
+        for t in leaves:
+            if isinstance(t, torch.Tensor):
+                self._count(t, self.phase, move=False)
+        return out
+
+    # -- intervals -----------------------------------------------------------------------------
+
+    def reset_peak(self) -> None:
+        """Start a new peak from the bytes live now."""
+        self.peak = self.interval_peak = self.total
+        self.peak_breakdown = {k: v for k, v in self.by_category.items() if v}
+
+    def mark(self) -> None:
+        """Start an interval: `interval_peak` restarts from the bytes live now."""
+        self.interval_peak = self.total
+
+    @contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        """New storages made inside count under `phase` (an action kind's name)."""
+        before, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = before
+
+
+def module_state(tracker: StorageTracker, modules: Iterable[torch.nn.Module],
+                 optimizers: Iterable[torch.optim.Optimizer]) -> None:
+    """Register the modules' parameters, buffers and gradients and the optimizers' states."""
+    modules, optimizers = list(modules), list(optimizers)
+    for module in modules:
+        tracker.track(module.parameters(), PARAMETERS)
+        tracker.track(module.buffers(), BUFFERS)
+        tracker.track([p.grad for p in module.parameters()], GRADIENTS)
+    for opt in optimizers:
+        tracker.track([opt.state[p] for group in opt.param_groups for p in group["params"] if p in opt.state],
+                      OPTIMIZER)
+
+
+@contextmanager
+def gradients_as_gradients(tracker: StorageTracker, params: Iterable[torch.nn.Parameter]) -> Iterator[None]:
+    """While inside, each parameter's gradient is moved to `gradients` as soon as it is accumulated."""
+    handles = [p.register_post_accumulate_grad_hook(lambda q: tracker.track([q.grad], GRADIENTS))
+               for p in params if p.requires_grad]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class AllocatorPeak:
+    """CUDA: the caching allocator's bytes of live blocks (`active_bytes.all.current`) and their
+    peak since `reset_peak` (`active_bytes.all.peak`); `mark`/`interval_peak` as StorageTracker's."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._mark_peak = 0
+
+    def _stats(self) -> dict[str, Any]:
+        return torch.cuda.memory_stats(self.device)
+
+    @property
+    def total(self) -> int:
+        return int(self._stats().get("active_bytes.all.current", 0))
+
+    @property
+    def peak(self) -> int:
+        return int(self._stats().get("active_bytes.all.peak", 0))
+
+    def reset_peak(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def mark(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    @property
+    def interval_peak(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return self.peak

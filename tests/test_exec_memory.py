@@ -1,0 +1,248 @@
+"""Memory measured independently of the prediction: the storage tracker, transients, predicted vs measured."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gpipe_exec.measure.memory import (GRADIENTS, OPTIMIZER, PARAMETERS, StorageTracker, gradients_as_gradients,
+                                       module_state)
+from gpipe_exec.measure.meters import SavedBytesMeter
+from gpipe_sim.api import simulate
+from gpipe_sim.plan.compile import chunk_transient_per_sample, compile_plan
+from gpipe_sim.spec.model import LayerSpec
+from gpipe_sim.spec.scenario import parse_scenario
+
+
+class BigTemporary(torch.nn.Module):
+    """y = x * 2 + (x repeated `copies` times, summed back): the repeat is a temporary of the forward
+    that nothing saves (sum saves no tensor; mul by a constant none either)."""
+
+    def __init__(self, copies: int) -> None:
+        super().__init__()
+        self.copies = copies
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        big = x.repeat(self.copies, 1)
+        return x * 2 + big.sum(0, keepdim=True)
+
+
+def test_tracker_counts_a_known_allocation_exactly() -> None:
+    tracker = StorageTracker()
+    with tracker:
+        with tracker.during("forward"):
+            a = torch.empty(1000, dtype=torch.float32)
+            view = a[10:20]  # a view adds nothing
+            b = torch.zeros(250, dtype=torch.float64)
+        assert tracker.total == 4000 + 2000 and tracker.by_category["forward"] == 6000
+        del a
+        assert tracker.total == 6000  # the view keeps the storage
+        del view
+        assert tracker.total == 2000
+        del b
+    assert tracker.total == 0 and tracker.peak == 6000
+
+
+def test_tracker_breaks_a_training_step_down_by_category() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    params = (8 * 16 + 16 + 16 * 4 + 4) * 4
+    x = torch.randn(5, 8)
+    for _ in range(2):  # the second step has the momentum buffers and gradients already
+        tracker = StorageTracker()
+        module_state(tracker, [model], [opt])
+        tracker.reset_peak()
+        with tracker, gradients_as_gradients(tracker, model.parameters()):
+            with tracker.during("forward"):
+                loss = model(x).sum()
+            # the first Linear's output (5 x 16) is saved by the second; the loss; the output 5 x 4 is freed
+            assert tracker.by_category["forward"] == 5 * 16 * 4 + 4
+            with tracker.during("backward"):
+                loss.backward()
+            del loss
+            with tracker.during("update"):
+                opt.step()
+        assert tracker.by_category[PARAMETERS] == params
+        assert tracker.by_category[GRADIENTS] == params
+    assert tracker.by_category[OPTIMIZER] == params  # registered from the first step's update
+
+
+def test_measured_peak_sees_a_temporary_the_saved_tensor_count_does_not() -> None:
+    layer = BigTemporary(copies=50)
+    x = torch.randn(4, 100, requires_grad=True)
+    meter = SavedBytesMeter([layer])
+    tracker = StorageTracker()
+    with tracker:
+        tracker.mark()
+        with meter.track(0):
+            y = layer(x)
+    assert meter.peak == 0  # nothing saved for backward
+    # the repeat (50 x 4 x 100 floats) was live at once with the output's intermediates
+    assert tracker.interval_peak >= 50 * 4 * 100 * 4
+    assert tracker.total == y.numel() * 4
+
+
+def test_profiled_transient_is_the_temporary() -> None:
+    from gpipe_exec.profile import transient_bytes
+
+    layer = BigTemporary(copies=50)
+    x = torch.randn(4, 100)
+    forward = transient_bytes(layer, x, torch.zeros(4), first=False, last=False, batch=4)
+    # the repeat (80,000 bytes), its sum (1 x 100) and x * 2 (4 x 100) are live together at the add
+    assert forward == 50 * 4 * 100 * 4 + 100 * 4 + 4 * 100 * 4
+
+
+def _layer(name: str, act: float, transient: float) -> dict:
+    return {"name": name, "params": 10, "activation_bytes_per_sample": act, "output_bytes_per_sample": 8.0,
+            "transient_bytes_per_sample": transient, "forward_s_per_sample": 1e-3, "backward_s_per_sample": 2e-3}
+
+
+def test_chunk_transient_is_the_largest_beyond_what_later_layers_hold() -> None:
+    layers = [LayerSpec(**_layer("a", 100, 500)), LayerSpec(**_layer("b", 100, 50)),
+              LayerSpec(**_layer("c", 30, 20))]
+    # layer a runs while b and c hold nothing: 500 - (100 + 30); b: 50 - 30; c: 20
+    assert chunk_transient_per_sample(layers) == 370
+    assert chunk_transient_per_sample([LayerSpec(**_layer("a", 10, 0))]) == 0
+
+
+def test_predicted_peak_memory_adds_the_running_pass_transient() -> None:
+    """One stage, GPipe, M = 2: both micro-batches' activations are held when the first backward
+    starts; the peak is static + 2 x activations + the chunk's transient at 2 samples."""
+    table = {"preset": "table", "input_bytes_per_sample": 8.0,
+             "layers": [_layer("a", 100, 500), _layer("b", 100, 50)]}
+    sc = parse_scenario({"model": table, "hardware": {"preset": "ideal"},
+                         "pipeline": {"stages": 1, "micro_batches": 2, "batch_size": 4, "schedule": "gpipe",
+                                      "remat": "none", "partition": [2]},
+                         "training": {"optimizer": "momentum"}})
+    result = simulate(sc)
+    stage = result.stages[0]
+    static = 20 * 4 + 20 * (4 + 4)  # 20 parameters: the weight; its gradient and momentum buffer
+    assert stage.param_bytes + stage.state_bytes == static
+    assert stage.peak_activation_bytes == 2 * 200 * 2  # unchanged by transients
+    assert stage.peak_memory_bytes == static + 2 * 200 * 2 + (500 - 100) * 2
+    assert stage.memory_breakdown["transient"] == 800
+    no_transient = parse_scenario({**sc.to_dict(), "model": {**table, "layers": [_layer("a", 100, 0),
+                                                                                 _layer("b", 100, 0)]}})
+    plain = simulate(no_transient).stages[0]
+    assert plain.peak_memory_bytes == plain.param_bytes + plain.state_bytes + plain.peak_activation_bytes
+
+
+def test_step_buffers_count_receives_sends_and_data() -> None:
+    """K = 2, GPipe, M = 2 with `hardware.host.step_buffers`: rank 1 holds both activation receive
+    buffers all step and its input gradients from each send on; rank 0 its gradient receive buffers,
+    the model input and its sent outputs. A chunk input that its first layer saves is one buffer."""
+    table = {"preset": "table", "input_bytes_per_sample": 8.0,
+             "layers": [_layer("a", 100, 0), _layer("b", 100, 0)]}
+    base = {"model": table, "hardware": {"preset": "ideal"},
+            "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 4, "schedule": "gpipe",
+                         "remat": "none", "partition": [1, 1]}}
+    plain = simulate(parse_scenario(base))
+    held = simulate(parse_scenario({**base, "hardware": {"preset": "ideal", "host": {"step_buffers": True}}}))
+    from gpipe_sim.results.memory import step_buffer_bytes
+
+    plan = compile_plan(parse_scenario({**base, "hardware": {"preset": "ideal", "host": {"step_buffers": True}}}))
+    # rank 0: 2 gradient buffers (8 B x 2 samples) + the model input (8 B x 4 samples); rank 1: 2 activation buffers
+    assert step_buffer_bytes(plan).tolist() == [2 * 16 + 32, 2 * 16]
+    for p, q in zip(plain.stages, held.stages):
+        assert q.peak_activation_bytes == p.peak_activation_bytes  # the accounting is untouched
+    # rank 0 peaks when its second forward ends its send: both outputs sent (2 x 16) on top; the
+    # inputs its two held micro-batches save are the data buffer's (2 x 16, counted once)
+    assert held.stages[0].peak_memory_bytes == plain.stages[0].peak_memory_bytes + 64 + 32 - 32
+    # rank 1: its received inputs live in the buffers (subtracted from its activations once)
+    assert held.stages[1].peak_memory_bytes == plain.stages[1].peak_memory_bytes
+
+
+def test_validate_shows_measured_memory_and_the_accounting_apart() -> None:
+    from gpipe_exec.execute import Measurement
+    from gpipe_exec.studies.validate import Validation, validation_text
+
+    sc = parse_scenario({"model": {"preset": "uniform", "layers": 4}, "hardware": {"preset": "ideal"},
+                         "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 4}})
+    predicted = simulate(sc)
+    measured = simulate(sc)
+    measured.stages[0].peak_memory_bytes *= 1.1
+    v = Validation(sc, predicted, Measurement(measured, [measured.step_time_s], 0.0), None)
+    text = validation_text(v)
+    assert "stage0.peak_memory_bytes" in text and "stage0.accounting.peak_activation_bytes" in text
+    errors = v.relative_error
+    assert errors["stage0.peak_memory_bytes"] == pytest.approx(1 - 1 / 1.1)
+    assert errors["stage0.accounting.peak_activation_bytes"] == 0.0
+
+
+@pytest.mark.slow  # a launch (~10-30 s here); tests/test_exec_measure.py checks the same on its runs
+def test_a_run_measures_its_memory_apart_from_the_accounting() -> None:
+    """A real run (2 ranks): each stage's peak memory is the tracker's, with its parameters,
+    gradients and momentum buffers exactly, and not the accounting's static + saved bytes."""
+    from gpipe_exec.execute import execute
+
+    sc = parse_scenario({
+        "model": {"preset": "transformer", "layers": 2, "d_model": 16, "d_ff": 32, "heads": 2, "seq_len": 8,
+                  "vocab": 31},
+        "hardware": {"preset": "cpu"},
+        "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 4, "schedule": "1f1b", "remat": "none"},
+        "training": {"optimizer": "momentum"},
+    })
+    m = execute(sc, steps=1, warmup=1)
+    for stage, accounting in zip(m.result.stages, m.accounting_peak_bytes):
+        b = stage.memory_breakdown
+        assert b["parameters"] == stage.param_bytes
+        assert b["gradients"] == stage.param_bytes and b["optimizer_states"] == stage.param_bytes
+        assert stage.peak_memory_bytes == pytest.approx(sum(b.values()))
+        assert stage.peak_memory_bytes != accounting
+        assert accounting == stage.param_bytes + stage.state_bytes + stage.peak_activation_bytes
+    assert set(m.result.device_peak_memory_bytes) == {0, 1}
+    assert np.all(np.array(list(m.result.device_peak_memory_bytes.values())) >=
+                  np.array([s.peak_memory_bytes for s in m.result.stages]) - 1e-6)
+
+
+def test_a_tensor_two_adjacent_layers_save_counts_once_in_a_chunk() -> None:
+    table = {"preset": "table", "input_bytes_per_sample": 8.0,
+             "layers": [_layer("a", 100, 0), {**_layer("b", 100, 0), "saved_with_previous_bytes_per_sample": 30.0}]}
+    base = {"model": table, "hardware": {"preset": "ideal"},
+            "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": 2, "schedule": "gpipe", "remat": "none"}}
+    together = compile_plan(parse_scenario({**base, "pipeline": {**base["pipeline"], "partition": [2]}}))
+    assert together.chunks[0].activation_bytes.tolist() == [(100 + 100 - 30) * 2]
+    apart = compile_plan(parse_scenario({**base, "pipeline": {**base["pipeline"], "stages": 2, "partition": [1, 1]}}))
+    assert [c.activation_bytes.tolist() for c in apart.chunks] == [[200], [200]]  # each chunk holds its own
+    assert apart.chunks[0].output_saved_bytes.tolist() == [60]  # the first layer saves its output too
+
+
+def test_profile_records_what_adjacent_layers_save_in_common() -> None:
+    from gpipe_exec.profile import ProfileOptions, profile_model, saves_input_output
+
+    x = torch.randn(3, 5)
+    assert saves_input_output(torch.nn.Linear(5, 5), x, x, first=False, last=False) == (True, False)
+    assert saves_input_output(torch.nn.ReLU(), x, x, first=False, last=False) == (False, True)
+    sc = parse_scenario({"model": {"preset": "mlp", "layers": 3, "width": 16, "input_dim": 8, "num_classes": 4},
+                         "hardware": {"preset": "cpu"},
+                         "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": 4}})
+    rows = profile_model(sc, ProfileOptions(warmup=0, repeats=1, min_time_s=0.0))["layers"]
+    # every Linear + ReLU block saves its input and its output: the next one's input is that output
+    assert [r.get("saved_with_previous_bytes_per_sample", 0.0) for r in rows][1:] == [16 * 4] * (len(rows) - 1)
+
+
+# a profile and a launch: 4 s on a quiet machine, 30 s at load 9
+def test_convnet_accounting_stays_exact_and_memory_is_predicted() -> None:
+    """The convnet's blocks save their output and the next block its input: one allocation, counted
+    once by the executor's accounting and by the simulator (saved_with_previous)."""
+    from gpipe_exec.execute import check_runnable, job_for, measured_result
+    from gpipe_exec.launch.spawn import LaunchOptions, launch
+    from gpipe_exec.profile import ProfileOptions, profile_model
+    from gpipe_exec.studies.rounds import predict_with_profile
+
+    sc = parse_scenario({"model": {"preset": "convnet", "layers": 4, "channels": 8, "image_size": 16,
+                                   "num_classes": 3},
+                         "hardware": {"preset": "cpu"},
+                         "pipeline": {"stages": 2, "micro_batches": 4, "batch_size": 8, "schedule": "1f1b",
+                                      "remat": "none"},
+                         "training": {"optimizer": "momentum"}})
+    table = profile_model(sc, ProfileOptions(warmup=0, repeats=1, min_time_s=0.0))
+    run_sc, predicted = predict_with_profile(sc, table, None)
+    plan = check_runnable(run_sc)
+    out = launch([job_for(run_sc, plan, steps=1, warmup=1)], plan.device_map, LaunchOptions(comm_timeout_s=60))[0]
+    m = measured_result(plan, out)
+    for p, q in zip(predicted.stages, m.result.stages):
+        assert q.peak_activation_bytes == pytest.approx(p.peak_activation_bytes, rel=1e-9)
+        assert p.peak_memory_bytes == pytest.approx(q.peak_memory_bytes, rel=0.10)
