@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import typing
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -110,6 +111,8 @@ def _model_fields(box: Any, preset: str, base: dict[str, Any]) -> dict[str, Any]
             value = float(default) or 1.0
             step = 10.0 ** math.floor(math.log10(abs(value)))
             model[name] = box.number_input(_label(name), step=step, format="%g", key=key)
+        elif typing.get_origin(field.annotation) is typing.Literal:  # a choice, e.g. attention
+            model[name] = box.selectbox(_label(name), typing.get_args(field.annotation), key=key)
     caption = layer_count_caption(model)
     if caption:
         box.caption(caption)

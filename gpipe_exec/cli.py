@@ -74,9 +74,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if meta and not args.meta:
         sys.stderr.write("gpipe-exec: the model does not fit in memory here; profiling FLOPs and bytes "
                          "on the meta device (no timings)\n")
+    given = {k: v for k, v in (("repeats", args.repeats), ("clock", args.clock)) if v is not None}
     options = ProfileOptions(micro_batches=_sizes(args.micro_batches), warmup=args.warmup,
-                             repeats=args.repeats, threads=args.threads, meta=meta,
-                             split_backward=args.split_backward and not meta)
+                             threads=args.threads, meta=meta, split_backward=args.split_backward and not meta,
+                             **given)
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=None)
 
@@ -226,7 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="table file (.yaml or .json)")
     p.add_argument("--micro-batches", help="sizes to time, e.g. 1,2,4 (default: the scenario's)")
     p.add_argument("--warmup", type=int, default=2, help="untimed repeats first (default 2)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per size (default 5; more on noisy machines)")
+    p.add_argument("--repeats", type=int,
+                   help="timed repeats per size, at least (default: ProfileOptions', 7; the middle half is kept)")
+    p.add_argument("--clock", choices=("thread", "wall"),
+                   help="what is timed on CPU: the thread's CPU time (default; steady on a shared machine) "
+                        "or wall time (the core's share included)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a rank runs)")
     p.add_argument("--meta", action="store_true", help="FLOPs and bytes only, on the meta device")
     p.add_argument("--split-backward", action="store_true",

@@ -140,7 +140,7 @@ def _typical_time(fn: Callable[[], float], warmup: int, repeats: int) -> float:
     return typical([fn() for _ in range(max(1, repeats))])
 
 
-def _measure_static(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
+def measure_layer_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
                     last: bool, batch: int) -> tuple[dict[str, Any], torch.Tensor]:
     """Parameters, FLOPs, output and saved bytes per sample of one layer at `batch` samples."""
     meter = SavedBytesMeter([layer])
@@ -197,11 +197,15 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         layer.to(device)
         h_in = h
         if not options.meta:  # before the static pass, which leaves gradients behind
-            transient = transient_bytes(layer, h, y, first=i == 0, last=i == n - 1, batch=big)
-        row, h = _measure_static(layer, h, y, first=i == 0, last=i == n - 1, batch=big)
+            small = min(sizes) if len(sizes) > 1 else max(1, big // 2)
+            fixed, per_sample = transient_fit(
+                small, transient_parts(layer, h, y, first=i == 0, last=i == n - 1, batch=small),
+                big, transient_parts(layer, h, y, first=i == 0, last=i == n - 1, batch=big))
+        row, h = measure_layer_bytes(layer, h, y, first=i == 0, last=i == n - 1, batch=big)
         rows.append({"name": names[i], **row})
         if not options.meta:
-            rows[-1]["transient_bytes_per_sample"] = transient / big
+            rows[-1]["transient_bytes_per_sample"] = per_sample
+            rows[-1]["transient_bytes"] = fixed
         if not options.meta:
             saves_input, saves_output = saves_input_output(layer, h_in[:big], y[:big], first=i == 0, last=i == n - 1)
             if saves_input and previous_saves_output:
@@ -437,8 +441,9 @@ def split_saved_bytes(layer: torch.nn.Module, x: torch.Tensor, *, first: bool = 
     params = [p for p in layer.parameters() if p.requires_grad]
     phase[0] = "I"
     _, work = backward_input(out, grad, x, params)
-    kept = sum(tensor_bytes(g) for group in work.groups for saved_grads in group.grads
-               for g in (saved_grads or ()) if g is not None)
+    kept_storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for group in work.groups
+                     for saved_grads in group.grads for g in (saved_grads or ()) if g is not None}
+    kept = sum(kept_storages.values())  # a gradient two meeting nodes keep (or views of one) counted once
     phase[0] = "W"
     backward_weight(work, params)
     layer.zero_grad(set_to_none=True)
@@ -487,19 +492,19 @@ def saves_input_output(layer: torch.nn.Module, x: torch.Tensor, target: torch.Te
     return x.data_ptr() in packed, out.data_ptr() in packed
 
 
-def transient_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
-                    last: bool, batch: int) -> float:
-    """The most bytes one pass of the layer at `batch` samples allocates beyond what it holds at its
-    end (LayerSpec.transient_bytes_per_sample x batch): of its forward, the peak minus the bytes live
-    after it (what it saves and its output, and the loss on the model's last layer, stay); of its
-    backward, the peak minus the bytes live at its start (the saved bytes it frees as it goes are
-    not subtracted, as gpipe_sim frees them at the pass's end). Counted by a StorageTracker
-    (every storage an operator makes), with the parameters' gradients already there, as they are
-    for a stage's micro-batches after its first (gpipe_sim counts gradients as static). 0 on meta."""
-    from gpipe_exec.measure.memory import StorageTracker
+def transient_parts(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
+                    last: bool, batch: int) -> tuple[float, float]:
+    """The most bytes the layer's forward, and its backward, at `batch` samples allocate beyond
+    what they hold at their end: of the forward, the peak minus the bytes live after it (what it
+    saves and its output, and the loss on the model's last layer, stay); of the backward, the peak
+    minus the bytes live at its start (the saved bytes it frees as it goes are not subtracted, as
+    gpipe_sim frees them at the pass's end). Counted by a StorageTracker (every storage an
+    operator makes), with the parameters' gradients already there, as they are for a stage's
+    micro-batches after its first (gpipe_sim counts gradients as static). (0, 0) on meta."""
+    from gpipe_exec.measure.memory import INPUTS, StorageTracker, module_state
 
     if x.device.type == "meta":
-        return 0.0
+        return 0.0, 0.0
     params = [p for p in layer.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -507,6 +512,8 @@ def transient_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tenso
     grad = None
     try:
         tracker = StorageTracker()
+        module_state(tracker, [layer], [])  # made before: not the pass's (an in-place add returns a gradient)
+        tracker.track([x, target], INPUTS)
         with tracker:
             tracker.mark()
             out, end = _pass(layer, x, last, first, target, batch, None)
@@ -520,7 +527,34 @@ def transient_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tenso
             del end
     finally:
         layer.zero_grad(set_to_none=True)
-    return float(max(forward, backward, 0))
+    return float(max(forward, 0)), float(max(backward, 0))
+
+
+def transient_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
+                    last: bool, batch: int) -> float:
+    """The larger of the layer's forward and backward transients at `batch` samples (`transient_parts`)."""
+    return max(transient_parts(layer, x, target, first=first, last=last, batch=batch))
+
+
+def transient_fit(small: int, at_small: tuple[float, float], big: int,
+                  at_big: tuple[float, float]) -> tuple[float, float]:
+    """(fixed bytes, bytes per sample) of a layer's transient (LayerSpec's `transient_bytes`,
+    `transient_bytes_per_sample`) from its (forward, backward) transients measured at `small` and
+    `big` samples. The backward's line through both sizes gives the fixed part (its value at 0
+    samples, the weight gradients' share; at least 0) and a slope; the part per sample is the
+    largest of that slope and the forward's bytes per sample at either size. So a forward is
+    predicted at or above its measurement at both sizes, and a backward at both ends of the line
+    (above it where the slope was raised). One size (`big <= small`): all of it per sample."""
+    (f_small, b_small), (f_big, b_big) = at_small, at_big
+    if big <= small:
+        return 0.0, max(f_big, b_big) / big
+    slope = (b_big - b_small) / (big - small)
+    fixed = b_big - slope * big
+    if slope < 0:  # a backward that shrinks as the batch grows: its largest, fixed
+        fixed, slope = max(b_small, b_big), 0.0
+    elif fixed < 0:
+        fixed, slope = 0.0, b_big / big
+    return fixed, max(slope, f_small / small, f_big / big)
 
 
 def write_table(table: dict[str, Any], path: str | Path) -> None:

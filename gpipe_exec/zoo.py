@@ -32,11 +32,17 @@ class Embedding(nn.Module):
 
 
 class Block(nn.Module):
-    """A pre-LayerNorm GPT block: causal self-attention and a GELU MLP, each with a residual."""
+    """A pre-LayerNorm GPT block: causal self-attention and a GELU MLP, each with a residual.
 
-    def __init__(self, d_model: int, d_ff: int, heads: int, seq_len: int, dropout: float) -> None:
+    `attention` "standard" computes softmax(QK^T)V step by step (autograd keeps the scores);
+    "flash" calls torch's fused `scaled_dot_product_attention` without attention dropout (the
+    residual branches keep theirs), which keeps only its output and log-sum-exp for backward."""
+
+    def __init__(self, d_model: int, d_ff: int, heads: int, seq_len: int, dropout: float,
+                 attention: str = "standard") -> None:
         super().__init__()
         self.heads = heads
+        self.flash = attention == "flash"
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -53,12 +59,18 @@ class Block(nn.Module):
         b, s, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
-        mask = self.causal[:s, :s]
-        attn = self.attn_drop(scores.masked_fill(mask, float("-inf")).softmax(-1))
-        context = (attn @ v).transpose(1, 2).reshape(b, s, d)
+        if self.flash:
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d)
+        else:
+            context = self._attention(q, k, v, s).transpose(1, 2).reshape(b, s, d)
         x = x + self.drop(self.proj(context))
         return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int) -> torch.Tensor:
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        mask = self.causal[:s, :s]
+        attn = self.attn_drop(scores.masked_fill(mask, float("-inf")).softmax(-1))
+        return attn @ v
 
 
 class Head(nn.Module):
@@ -113,7 +125,7 @@ def _transformer_layer(m: TransformerModel, i: int, dropout: float) -> nn.Module
         return Embedding(m.vocab, m.seq_len, m.d_model, dropout)
     if i == m.layers + 1:
         return Head(m.d_model, m.vocab)
-    return Block(m.d_model, m.d_ff, m.heads, m.seq_len, dropout)
+    return Block(m.d_model, m.d_ff, m.heads, m.seq_len, dropout, m.attention)
 
 
 def _mlp_layer(m: MlpModel, i: int, dropout: float) -> nn.Module:
@@ -161,9 +173,10 @@ def check_buildable(model: ModelSpec) -> None:
 
 def build_layer(model: ModelSpec, index: int, *, seed: int = 0, dropout: float | None = None,
                 dtype: str = "fp32") -> nn.Module:
-    """Layer `index` of the model, initialised from `seed + index` (the same in every process)."""
+    """Layer `index` of the model, initialised from `seed + index` (the same in every process).
+    `dropout` overrides the model's own rate (`model.dropout`, where it has one)."""
     check_buildable(model)
-    p = DEFAULT_DROPOUT if dropout is None else dropout
+    p = getattr(model, "dropout", DEFAULT_DROPOUT) if dropout is None else dropout
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed * 100_003 + index)
         layer = _LAYER_BUILDERS[model.preset](model, index, p)

@@ -10,7 +10,7 @@ from gpipe_exec.measure.memory import (GRADIENTS, OPTIMIZER, PARAMETERS, Storage
                                        module_state)
 from gpipe_exec.measure.meters import SavedBytesMeter
 from gpipe_sim.api import simulate
-from gpipe_sim.plan.compile import chunk_transient_per_sample, compile_plan
+from gpipe_sim.plan.compile import chunk_transient_bytes, compile_plan
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.scenario import parse_scenario
 
@@ -102,9 +102,18 @@ def _layer(name: str, act: float, transient: float) -> dict:
 def test_chunk_transient_is_the_largest_beyond_what_later_layers_hold() -> None:
     layers = [LayerSpec(**_layer("a", 100, 500)), LayerSpec(**_layer("b", 100, 50)),
               LayerSpec(**_layer("c", 30, 20))]
-    # layer a runs while b and c hold nothing: 500 - (100 + 30); b: 50 - 30; c: 20
-    assert chunk_transient_per_sample(layers) == 370
-    assert chunk_transient_per_sample([LayerSpec(**_layer("a", 10, 0))]) == 0
+    # layer a runs while b and c hold nothing: 500 - (100 + 30); b: 50 - 30; c: 20 (per sample)
+    assert chunk_transient_bytes(layers, [1, 3]).tolist() == [370, 1110]
+    assert chunk_transient_bytes([LayerSpec(**_layer("a", 10, 0))], [2]).tolist() == [0]
+
+
+def test_chunk_transient_fixed_part_does_not_grow_with_the_micro_batch() -> None:
+    """A fixed part (a weight gradient before accumulation) wins on small micro-batches, the
+    per-sample part on large ones: the chunk's transient is the upper envelope of both lines."""
+    layers = [LayerSpec(**{**_layer("a", 100, 0), "transient_bytes": 1000}),
+              LayerSpec(**_layer("b", 10, 300))]
+    # a: 1000 - n x 10 (b's saved bytes), b: 300 n
+    assert chunk_transient_bytes(layers, [1, 2, 4, 8]).tolist() == [990, 980, 1200, 2400]
 
 
 def test_predicted_peak_memory_adds_the_running_pass_transient() -> None:
@@ -246,3 +255,18 @@ def test_convnet_accounting_stays_exact_and_memory_is_predicted() -> None:
     for p, q in zip(predicted.stages, m.result.stages):
         assert q.peak_activation_bytes == pytest.approx(p.peak_activation_bytes, rel=1e-9)
         assert p.peak_memory_bytes == pytest.approx(q.peak_memory_bytes, rel=0.10)
+
+
+def test_transient_fit_splits_a_fixed_part_from_a_part_per_sample() -> None:
+    from gpipe_exec.profile import transient_fit
+
+    # backward 1000 + 50 n (a weight gradient and a gradient per sample), forward 20 n
+    assert transient_fit(2, (40, 1100), 8, (160, 1400)) == (1000, 50)
+    # a forward larger per sample than the backward's slope raises the part per sample
+    assert transient_fit(2, (400, 1100), 8, (1600, 1400)) == (1000, 200)
+    # a backward that shrinks as the batch grows: its largest, fixed
+    assert transient_fit(2, (0, 500), 8, (0, 300)) == (500, 0)
+    # a line that would cross below 0 at 0 samples: through 0 and the larger size
+    assert transient_fit(2, (0, 100), 8, (0, 800)) == (0, 100)
+    # one size: all of it per sample
+    assert transient_fit(4, (10, 80), 4, (10, 80)) == (0, 20)

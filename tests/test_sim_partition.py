@@ -11,11 +11,11 @@ import pytest
 
 from gpipe_sim.api import simulate
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.plan.compile import compile_plan, partition_memory_table
 from gpipe_sim.plan.partition import (
     MemoryTable, _bounds, _Layout, balance_by_memory, fastest_fitting, held_activations,
 )
-from gpipe_sim.schedule import SCHEDULES, build_schedule
+from gpipe_sim.schedule import SCHEDULES, Kind, build_schedule
 from gpipe_sim.spec.layers import input_bytes_per_sample
 from gpipe_sim.spec.scenario import parse_scenario
 
@@ -40,7 +40,7 @@ def largest_peak(result) -> float:
 
 @pytest.fixture(scope="module")
 def gpt_results():
-    # [4, 3, ..., 3, 4]: what the schedule-blind `memory` partition chose before (14.0 GiB)
+    # [4, 3, ..., 3, 4]: what the schedule-blind `memory` partition chose before (14.3 GiB)
     names = ("time", "memory", "fit", "uniform")
     out = {name: simulate(gpt(name)) for name in names}
     out["old memory"] = simulate(gpt([4, 3, 3, 3, 3, 3, 3, 4]))
@@ -49,7 +49,7 @@ def gpt_results():
 
 def test_memory_partition_beats_time_and_the_schedule_blind_one_on_the_gpt_example(gpt_results):
     mem, time, old = (largest_peak(gpt_results[k]) for k in ("memory", "time", "old memory"))
-    assert old == pytest.approx(13.98 * GIB, rel=1e-3) and time == pytest.approx(13.69 * GIB, rel=1e-3)
+    assert old == pytest.approx(14.29 * GIB, rel=1e-3) and time == pytest.approx(13.97 * GIB, rel=1e-3)
     assert mem <= time and mem <= old
     assert mem < 0.7 * time  # the ranks that hold fewer micro-batches take more layers
     assert mem <= min(largest_peak(r) for r in gpt_results.values())
@@ -62,7 +62,7 @@ def test_fit_is_as_fast_as_time_where_time_fits(gpt_results):
 
 
 def test_fit_near_the_memory_limit_fits_and_is_faster_than_memory():
-    """With 12 GiB usable, `time` (13.7 GiB) does not fit; `fit` does, faster than `memory`."""
+    """With 12 GiB usable, `time` (14.0 GiB) does not fit; `fit` does, faster than `memory`."""
     cap = {"hardware.accelerator.memory_bytes": 12 * GIB, "hardware.accelerator.usable_memory_fraction": 1.0}
     time, mem, fit = (simulate(gpt(p).with_updates(cap)) for p in ("time", "memory", "fit"))
     assert not time.fits_in_memory and mem.fits_in_memory and fit.fits_in_memory
@@ -81,21 +81,40 @@ def test_fit_names_the_field_and_how_far_over_in_one_line_when_nothing_fits():
 
 def _table(scenario):
     plan = compile_plan(scenario)
-    layers, training = plan.layers, scenario.training
-    first = input_bytes_per_sample(scenario.model, training.dtype_bytes)
-    table = MemoryTable([layer.params * training.bytes_per_param for layer in layers],
-                        [layer.activation_bytes_per_sample for layer in layers],
-                        [first] + [layer.output_bytes_per_sample for layer in layers[:-1]],
-                        held_activations(plan.schedule, plan.micro_batch_sizes), scenario.device_map)
-    return plan, table
+    return plan, partition_memory_table(scenario, list(plan.layers), plan.schedule, plan.micro_batch_sizes)
 
 
 @pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1),
                                               ("interleaved_1f1b", 2), ("zbv", 2)])
 @pytest.mark.parametrize("remat", ["none", "except_last", "always"])
 def test_partition_peaks_equal_simulated_device_peaks(schedule, chunks, remat):
-    """What the partition optimises is exactly what simulate() reports, for any schedule."""
-    sc = parse_scenario({
+    """What the partition optimises is exactly what simulate() reports, for any schedule, where
+    memory is what the schedule holds (no transients, nothing kept between a split backward's
+    passes); with them, an upper bound that exceeds the simulated peak by at most the largest
+    transient plus, for split schedules, what their input passes keep for the weight passes."""
+    sc = _transformer(schedule, chunks, remat)
+    plan = compile_plan(sc)
+    held_only = [{**layer.model_dump(exclude_none=True), "transient_bytes_per_sample": 0.0, "transient_bytes": 0.0,
+                  "kept_for_weight_bytes_per_sample": 0.0} for layer in plan.layers]
+    for scenario in (sc.with_updates({"model": {"preset": "table", "layers": held_only,
+                                                "input_bytes_per_sample": input_bytes_per_sample(sc.model, 2)}}), sc):
+        plan, table = _table(scenario)
+        mem, _ = _Layout([1.0] * len(plan.layers), table).figures(_bounds(plan.layer_counts))
+        result = simulate(scenario)
+        simulated = np.array([result.device_peak_memory_bytes[d] for d in sorted(result.device_peak_memory_bytes)])
+        if scenario is not sc:
+            assert mem == pytest.approx(simulated, rel=1e-9)
+            continue
+        assert np.all(mem >= simulated * (1 - 1e-9))
+        samples = max(plan.micro_batch_sizes)
+        slack = max(layer.transient_bytes + samples * layer.transient_bytes_per_sample for layer in plan.layers)
+        if plan.schedule.count(Kind.BACKWARD_INPUT):
+            slack += sum(layer.kept_for_weight_bytes_per_sample for layer in plan.layers) * samples * 4
+        assert np.all(mem <= simulated + slack)
+
+
+def _transformer(schedule, chunks, remat):
+    return parse_scenario({
         "model": {"preset": "transformer", "layers": 6, "d_model": 256, "d_ff": 1024, "heads": 4,
                   "seq_len": 128, "vocab": 1000},
         "hardware": {"preset": "a100-80gb"},
@@ -103,11 +122,6 @@ def test_partition_peaks_equal_simulated_device_peaks(schedule, chunks, remat):
                      "remat": remat, "partition": "uniform"},
         "training": {"optimizer": "adam", "dtype": "bf16"},
     })
-    plan, table = _table(sc)
-    mem, _ = _Layout([1.0] * len(plan.layers), table).figures(_bounds(plan.layer_counts))
-    result = simulate(sc)
-    simulated = [result.device_peak_memory_bytes[d] for d in sorted(result.device_peak_memory_bytes)]
-    assert mem == pytest.approx(simulated, rel=1e-9)
 
 
 @pytest.mark.parametrize("zero", [0, 1])
@@ -121,9 +135,11 @@ def test_partition_peaks_with_data_parallel_replicas_equal_simulated(zero):
         result = simulate(sc)
         static = [(c.param_bytes + c.state_bytes) / c.params for c in plan.chunks if c.params]
         table = MemoryTable([layer.params * static[0] for layer in plan.layers], table.activation_bytes,
-                            table.input_bytes, table.held, table.device_map)
+                            table.input_bytes, table.held, table.device_map, transient_bytes=table.transient_bytes)
         mem, _ = _Layout([1.0] * len(plan.layers), table).figures(_bounds(plan.layer_counts))
         simulated = [result.device_peak_memory_bytes[d] for d in sorted(result.device_peak_memory_bytes)]
+        # exact but for the transient: the largest (a block's, at the backward's start, 1F1B) is charged
+        # on top of the most activations held, which is where the simulated peak falls too
         assert len(simulated) == 8 and mem == pytest.approx(simulated, rel=1e-9)
         results[part] = result
     assert largest_peak(results["memory"]) <= largest_peak(results["time"])

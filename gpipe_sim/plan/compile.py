@@ -49,8 +49,12 @@ class ChunkPlan:
     output_bytes: np.ndarray  # sent to the next chunk (and its gradient sent back)
     update_s: float
     # Bytes a compute pass of this chunk allocates beyond the chunk's saved bytes, freed by its
-    # end (`chunk_transient_per_sample` x the micro-batch's samples). Zero unless the table says.
+    # end (`chunk_transient_bytes` at the micro-batch's samples): a forward, re-computation or
+    # input pass (the layers' part per sample), a full backward (both parts) and a weight pass
+    # (the fixed part: weight gradients). Zero unless the table says.
     transient_bytes: np.ndarray | None = None
+    backward_transient_bytes: np.ndarray | None = None
+    weight_pass_transient_bytes: np.ndarray | None = None
     # Bytes its input-gradient pass keeps for its weight-gradient pass (from I's end to W's end)
     # when the backward is split: the layers' kept_for_weight_bytes_per_sample x samples; none on
     # the model's first chunk, whose input (the data) takes no gradient: its I has nothing to do
@@ -190,7 +194,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     """Build the layer table, partition it into K*v chunks, place and cost them, build the programs."""
     p, training, accel = scenario.pipeline, scenario.training, scenario.hardware.accelerator
     dtype, dtype_bytes = training.dtype, training.dtype_bytes
-    layers = build_layers(scenario.model, dtype_bytes)
+    layers = build_layers(scenario.model, dtype_bytes, accel.dropout_mask_bytes(dtype_bytes))
     M = p.micro_batches
     sizes = micro_batch_sizes(p.batch_size // p.data_parallel, M)  # one replica's share
     largest = max(sizes)
@@ -205,14 +209,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     model_input = input_bytes_per_sample(scenario.model, dtype_bytes)
     memory = None
     if p.partition in ("memory", "fit"):  # what each rank holds under this schedule, and what a device has
-        memory = MemoryTable(
-            static_bytes=[float(layer.params * (dtype_bytes + state_per_param)) for layer in layers],
-            activation_bytes=[float(layer.activation_bytes_per_sample) for layer in layers],
-            input_bytes=[float(model_input)] + [float(layer.output_bytes_per_sample) for layer in layers[:-1]],
-            held=held_activations(schedule, sizes),
-            device_map=scenario.device_map,
-            capacity_bytes=accel.usable_memory_bytes,
-        )
+        memory = partition_memory_table(scenario, layers, schedule, sizes)
     counts = resolve_partition(p.partition, schedule.num_chunks, time_weights, memory)
     distinct, size_index = np.unique(sizes, return_inverse=True)
     distinct = distinct.tolist()
@@ -230,7 +227,6 @@ def compile_plan(scenario: Scenario) -> Plan:
         # a tensor two adjacent layers of the chunk both save is one allocation
         act_per_sample = sum(layer.activation_bytes_per_sample for layer in own) - sum(
             layer.saved_with_previous_bytes_per_sample for layer in own[1:])
-        transient_per_sample = chunk_transient_per_sample(own)
         backward = per_size[:, 1]
         chunks.append(
             ChunkPlan(
@@ -249,7 +245,11 @@ def compile_plan(scenario: Scenario) -> Plan:
                 input_bytes=input_per_sample * samples,
                 output_bytes=own[-1].output_bytes_per_sample * samples,
                 update_s=update_seconds(own, accel, dtype_bytes, bpp) / (p.data_parallel if training.zero else 1),
-                transient_bytes=transient_per_sample * samples,
+                transient_bytes=chunk_transient_bytes(own, samples, fixed=False),
+                backward_transient_bytes=chunk_transient_bytes(own, samples),
+                # the model's first chunk has nothing to do in its input pass: its weight pass is a
+                # full backward
+                weight_pass_transient_bytes=chunk_transient_bytes(own, samples, per_sample=c == 0),
                 kept_for_weight_bytes=(0.0 if c == 0 else math.fsum(
                     layer.kept_for_weight_bytes_per_sample for layer in own)) * samples,
                 output_saved_bytes=(layers[first + count].saved_with_previous_bytes_per_sample
@@ -270,17 +270,55 @@ def compile_plan(scenario: Scenario) -> Plan:
     return Plan(scenario, schedule, tuple(layers), tuple(chunks), tuple(ranks), tuple(sizes), device_map)
 
 
-def chunk_transient_per_sample(layers: list[LayerSpec]) -> float:
-    """A chunk's transient bytes per sample beyond all its layers' saved bytes: layers run one at a
-    time, so their transients never add up, and while layer j runs (its forward, before the later
-    layers save anything; its backward, after they have freed what they saved) the layers after j
-    hold nothing: max over j of (transient_j - saved bytes of the layers after j), at least 0 (what
-    a layer saves in common with its previous one counted once)."""
-    best, after = 0.0, 0.0
+def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule: Schedule,
+                           sizes: tuple[int, ...]) -> MemoryTable:
+    """What the `memory` and `fit` partitions see of the scenario's memory (MemoryTable): static
+    bytes, saved and input bytes per layer, the schedule's held micro-batches, and each layer's
+    largest transient on the largest micro-batch. Where the schedule splits backward passes, a
+    layer's saved bytes count what its input pass keeps for its weight pass too (held from the
+    input pass to the weight pass, inside the window the saved bytes are held: an upper bound)."""
+    training, D = scenario.training, scenario.pipeline.data_parallel
+    dtype_bytes = training.dtype_bytes
+    # gradients, plus the optimizer states and master weights (ZeRO-1 shards those over D replicas)
+    state_per_param = dtype_bytes + (training.state_bytes_per_param - dtype_bytes) / (D if training.zero else 1)
+    largest = max(sizes)
+    split = schedule.count(Kind.BACKWARD_INPUT) > 0
+    return MemoryTable(
+        static_bytes=[float(layer.params * (dtype_bytes + state_per_param)) for layer in layers],
+        activation_bytes=[float(layer.activation_bytes_per_sample
+                                + (layer.kept_for_weight_bytes_per_sample if split else 0.0)) for layer in layers],
+        input_bytes=[float(input_bytes_per_sample(scenario.model, dtype_bytes))]
+        + [float(layer.output_bytes_per_sample) for layer in layers[:-1]],
+        held=held_activations(schedule, sizes),
+        device_map=scenario.device_map,
+        capacity_bytes=scenario.hardware.accelerator.usable_memory_bytes,
+        transient_bytes=[layer.transient_bytes + largest * layer.transient_bytes_per_sample for layer in layers],
+    )
+
+
+def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed: bool = True,
+                          per_sample: bool = True) -> np.ndarray:
+    """A chunk's transient bytes on micro-batches of `samples` each, beyond all its layers' saved
+    bytes, counting the layers' fixed part (`fixed`: weight gradients, in a full backward and a
+    weight pass) and their part per sample (`per_sample`: activations and their gradients, in a
+    forward, re-computation, full backward and input pass). Layers run one at a time, so their
+    transients never add up, and while layer j runs (its forward, before the later layers save
+    anything; its backward, after they have freed what they saved) the layers after j hold
+    nothing: max over j of (transient_j - saved bytes of the layers after j), at least 0 (what a
+    layer saves in common with its previous one counted once)."""
+    samples = np.asarray(samples, dtype=float)
+    offsets, slopes, after = [], [], 0.0
     for layer in reversed(layers):
-        best = max(best, layer.transient_bytes_per_sample - after)
+        own_fixed = layer.transient_bytes if fixed else 0.0
+        own_slope = layer.transient_bytes_per_sample if per_sample else 0.0
+        if own_fixed or own_slope:
+            offsets.append(own_fixed)
+            slopes.append(own_slope - after)
         after += layer.activation_bytes_per_sample - layer.saved_with_previous_bytes_per_sample
-    return best
+    if not offsets:
+        return np.zeros_like(samples)
+    lines = np.asarray(offsets)[:, None] + np.asarray(slopes)[:, None] * samples[None, :]
+    return np.maximum(lines.max(axis=0), 0.0)
 
 
 def _layer_times(layer: LayerSpec, micro_batch: int, accel, dtype: str, dtype_bytes: int) -> tuple[float, ...]:

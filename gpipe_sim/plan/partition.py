@@ -240,7 +240,11 @@ class MemoryTable:
     """What the partition needs to know about memory: per layer, its static bytes (parameters,
     gradients, optimizer states), the activation bytes it saves per sample and the bytes per sample
     a chunk starting at it keeps as its input; the schedule's held samples; ranks' devices; and
-    the usable memory of one device."""
+    the usable memory of one device. Optionally per layer the most transient bytes one of its
+    passes allocates on the largest micro-batch: a rank is then charged, on top of its held
+    activations, the largest of its layers' (an upper bound of the simulator's peak, which adds
+    the running pass's transient to the activations held at that moment; equal when the peak
+    falls in the pass with the largest transient, as at a backward's start)."""
 
     static_bytes: Sequence[float]
     activation_bytes: Sequence[float]
@@ -248,6 +252,33 @@ class MemoryTable:
     held: HeldActivations
     device_map: Sequence[int]
     capacity_bytes: float = float("inf")
+    transient_bytes: Sequence[float] = ()
+
+
+class _RangeMax:
+    """The largest of values[a:b] for many segments at once (a sparse table: O(1) per query)."""
+
+    def __init__(self, values: Sequence[float], n: int) -> None:
+        level = np.zeros(n) if len(values) == 0 else np.asarray(values, dtype=float)
+        self.any = bool(np.any(level > 0))
+        self.levels = [level]
+        width = 1
+        while self.any and 2 * width <= n:
+            level = np.maximum(level[:-width], level[width:])
+            self.levels.append(level)
+            width *= 2
+
+    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        if not self.any:
+            return np.zeros(np.broadcast(a, b).shape)
+        k = np.floor(np.log2(np.maximum(b - a, 1))).astype(np.int64)
+        out = np.zeros(np.broadcast(a, b).shape)
+        for level in np.unique(k):
+            at = k == level
+            table = self.levels[int(level)]
+            out[at] = np.maximum(table[a[at]], table[b[at] - (1 << int(level))])
+        return np.where(b > a, out, 0.0)
 
 
 class _Layout:
@@ -259,6 +290,7 @@ class _Layout:
         self.S = _prefix(memory.static_bytes)
         self.P = _prefix(memory.activation_bytes)
         self.inp = np.asarray(memory.input_bytes, dtype=float)
+        self.transient = _RangeMax(memory.transient_bytes, self.L)
         h = memory.held
         self.placement = np.asarray(h.placement, dtype=np.int64)
         self.C = len(h.placement)
@@ -287,14 +319,15 @@ class _Layout:
         A = self.P[b] - self.P[a]
         inp = self.inp[a]
         feats = np.stack([A, inp, np.maximum(A - inp, 0.0)])  # [3, n]
-        return self.S[b] - self.S[a] + (self.rows[j] @ feats).max(axis=0)
+        return self.S[b] - self.S[a] + (self.rows[j] @ feats).max(axis=0) + self.transient(a, b)
 
     def chunk_time(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return self.T[b] - self.T[a]
 
     # ---- exact figures for a whole partition
     def rank_figures(self, r: int, bounds: np.ndarray) -> tuple[float, float]:
-        """(rank r's static bytes plus activation peak, its time), remembered per its chunks' bounds."""
+        """(rank r's static bytes plus activation peak plus its largest transient, its time),
+        remembered per its chunks' bounds."""
         chunks = self.rank_chunks[r]
         key = (r, *(int(bounds[c]) for c in chunks), *(int(bounds[c + 1]) for c in chunks))
         hit = self._cache.get(key)
@@ -311,7 +344,8 @@ class _Layout:
         else:
             col, val = self.events[r]
             peak = float(np.cumsum(val * feat[col]).max(initial=0.0))
-        hit = (static + max(peak, 0.0), float(np.sum(self.T[last] - self.T[first])))
+        transient = float(self.transient(first, last).max(initial=0.0))
+        hit = (static + max(peak, 0.0) + transient, float(np.sum(self.T[last] - self.T[first])))
         if len(self._cache) > 200_000:
             self._cache.clear()
         self._cache[key] = hit

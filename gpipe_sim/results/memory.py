@@ -10,9 +10,10 @@ last backward pass: the full backward, or the weight-gradient pass when the back
 Memory in all (`peak_memory_bytes`, the device peaks) adds two things to those held activations:
 the rank's static bytes (parameters, plus gradients, optimizer states and master weights:
 `RankPlan.state_bytes`), what a split backward's input-gradient pass keeps for its weight-gradient
-pass (`ChunkPlan.kept_for_weight_bytes`, from I's end to W's end), and the transient bytes of the compute pass running at the time
-(`ChunkPlan.transient_bytes`: allocated at the pass's start on top of the held level, freed at its
-end; forward, re-computation and every backward pass of a chunk alike). With
+pass (`ChunkPlan.kept_for_weight_bytes`, from I's end to W's end), and the transient bytes of the
+compute pass running at the time (allocated at the pass's start on top of the held level, freed at
+its end: `ChunkPlan.transient_bytes` for a forward, re-computation or input pass,
+`backward_transient_bytes` for a full backward, `weight_pass_transient_bytes` for a weight pass). With
 `hardware.host.step_buffers` it also counts the runtime's buffers held all step (`step_buffer_bytes`)
 and every sent tensor from its send to the step's end (`sent_bytes`).
 With neither, the memory in all is the static bytes plus the held activations exactly.
@@ -70,15 +71,22 @@ def activation_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
 
 def transient_bytes(plan: Plan) -> np.ndarray:
     """Per action, in program order: the bytes its compute pass holds only while it runs (0 for
-    transfers and the update)."""
+    transfers and the update): the chunk's figure for its kind of pass (ChunkPlan)."""
     prog = plan.program
     out = np.zeros(len(prog.kind))
     if all(c.transient_bytes is None for c in plan.chunks):
         return out
     M = len(plan.micro_batch_sizes)
     tr = np.array([np.zeros(M) if c.transient_bytes is None else c.transient_bytes for c in plan.chunks])
-    running = np.isin(prog.kind, PASSES) & (prog.chunk >= 0) & (prog.micro_batch >= 0)
-    out[running] = tr[prog.chunk[running], prog.micro_batch[running]]
+    backward = np.array([tr[c.index] if c.backward_transient_bytes is None else c.backward_transient_bytes
+                         for c in plan.chunks])
+    weight = np.array([np.zeros(M) if c.weight_pass_transient_bytes is None else c.weight_pass_transient_bytes
+                       for c in plan.chunks])
+    ok = (prog.chunk >= 0) & (prog.micro_batch >= 0)
+    for table, kinds in ((tr, (FORWARD, RECOMPUTE, BACKWARD_INPUT)), (backward, (BACKWARD,)),
+                         (weight, (BACKWARD_WEIGHT,))):
+        running = np.isin(prog.kind, kinds) & ok
+        out[running] = table[prog.chunk[running], prog.micro_batch[running]]
     return out
 
 

@@ -112,6 +112,7 @@ Bandwidth = Annotated[float, _quantity("bandwidth", low=limits.MIN_RATE, allow_i
 Flops = Annotated[float, _quantity("flops", low=limits.MIN_RATE)]
 Seconds = Annotated[float, _quantity("seconds", high=limits.MAX_SECONDS)]
 Fraction = Annotated[float, _real(low=limits.MIN_FRACTION, high=1.0)]
+DropoutRate = Annotated[float, _real(high=limits.MAX_DROPOUT)]  # 0 (none) up to just below 1
 
 # Model figures: plain non-negative numbers.
 Duration = Annotated[float, _real(high=limits.MAX_SECONDS, unit=" s", min_positive=limits.MIN_SECONDS)]

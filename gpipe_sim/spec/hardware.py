@@ -25,6 +25,9 @@ class Accelerator(_Strict):
     usable_memory_fraction: Fraction = 1.0  # the rest: runtime, fragmentation
     memory_bandwidth: Bandwidth = math.inf
     kernel_overhead_s: Seconds = 0.0
+    # How the framework keeps a dropout mask for backward: "bool", one byte an element (CUDA's
+    # fused dropout); "dtype", the scaled noise in the activations' own type (torch on CPU).
+    dropout_masks: Literal["bool", "dtype"] = "bool"
 
     @field_validator("peak_flops")
     @classmethod
@@ -32,6 +35,10 @@ class Accelerator(_Strict):
         if not value:
             raise ValueError("give the peak rate of at least one of fp32, bf16, fp16")
         return value
+
+    def dropout_mask_bytes(self, dtype_bytes: int) -> int:
+        """Bytes a dropout mask keeps per element, for activations of `dtype_bytes` bytes."""
+        return 1 if self.dropout_masks == "bool" else dtype_bytes
 
     @property
     def usable_memory_bytes(self) -> float:

@@ -35,9 +35,10 @@ def _builder(preset: str) -> Callable[[ModelBuilder], ModelBuilder]:
     return register
 
 
-def build_layers(model: ModelSpec, dtype_bytes: int = 4) -> list[LayerSpec]:
-    """The model's ordered layer list; sizes in bytes use `dtype_bytes` per element."""
-    return _BUILDERS[model.preset](model, dtype_bytes)
+def build_layers(model: ModelSpec, dtype_bytes: int = 4, mask_bytes: int = 1) -> list[LayerSpec]:
+    """The model's ordered layer list; sizes in bytes use `dtype_bytes` per element of an
+    activation and `mask_bytes` per element of a dropout mask (`Accelerator.dropout_mask_bytes`)."""
+    return _BUILDERS[model.preset](model, dtype_bytes, mask_bytes)
 
 
 def layer_count(model: ModelSpec) -> int:
@@ -95,7 +96,7 @@ def total_params(layers: list[LayerSpec]) -> int:
 
 
 @_builder("uniform")
-def _uniform(model: UniformModel, dtype_bytes: int) -> list[LayerSpec]:
+def _uniform(model: UniformModel, dtype_bytes: int, mask_bytes: int) -> list[LayerSpec]:
     return [
         _layer(
             name=f"layer{i}",
@@ -113,19 +114,30 @@ def _uniform(model: UniformModel, dtype_bytes: int) -> list[LayerSpec]:
 
 
 @_builder("table")
-def _table(model: TableModel, dtype_bytes: int) -> list[LayerSpec]:
+def _table(model: TableModel, dtype_bytes: int, mask_bytes: int) -> list[LayerSpec]:
     return list(model.layers)
 
 
+# Bytes per token of a LayerNorm's statistics (mean and 1/std, fp32 whatever the activations' type).
+_NORM_STATS = 8
+
+
 @_builder("transformer")
-def _transformer(model: TransformerModel, p: int) -> list[LayerSpec]:
+def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
+    """Saved bytes as torch's autograd keeps them for the zoo's modules (pre-LayerNorm GPT block;
+    Korthikanti et al. 2022's 34sbh + 5as^2b with 1-byte masks at p = 2, plus LayerNorm statistics),
+    with masks of `m` bytes an element where the model has dropout."""
     d, f, s, a, v = model.d_model, model.d_ff, model.seq_len, model.heads, model.vocab
-    # Embedding: token and learned position tables; saves the token ids; emits s x d.
+    mask = m if model.dropout > 0 else 0
+    # Embedding: token and learned position tables; saves the token ids and its dropout's mask.
     embed = _layer(
         name="embedding",
         params=v * d + s * d,
-        activation_bytes_per_sample=8.0 * s,
+        activation_bytes_per_sample=8.0 * s + s * d * mask,
         output_bytes_per_sample=float(s * d * p),
+        # the token lookup before the position add; the token table's gradient before accumulation
+        transient_bytes_per_sample=float(s * d * p),
+        transient_bytes=float(v * d * p),
         forward_flops_per_sample=float(s * d),
         backward_flops_per_sample=float(2 * s * d),
         backward_input_flops_per_sample=0.0,  # token ids have no gradient: all of it is the tables'
@@ -134,14 +146,30 @@ def _transformer(model: TransformerModel, p: int) -> list[LayerSpec]:
     # Block: attention (QKV, scores, context, projection) and MLP, pre-LayerNorm.
     block_params = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
     matmul_flops = 2.0 * s * (4 * d * d + 2 * d * f) + 4.0 * s * s * d
-    # Bytes saved for backward (Korthikanti et al. 2022, generalised to element size p; masks 1 B):
-    # attention 5 s*d tensors + dropout mask + scores/softmax/dropout a*s*s; MLP input, fc1 out,
-    # GeLU out, mask; two LayerNorm inputs.
-    block_act = s * (d * (5 * p + 1) + a * s * (2 * p + 1) + (d + 2 * f) * p + d + 2 * d * p)
+    # Saved for backward, every block: both LayerNorms' inputs, outputs and statistics; the MLP's
+    # fc1 output and GeLU output; the masks of the two residual branches' dropouts; Q, K, V and the
+    # attention's output (the projection's input). Standard attention also keeps the softmax
+    # output (a*s*s) and, with dropout, its mask and the dropped-out probabilities; flash keeps the
+    # log-sum-exp (fp32, a*s) instead.
+    per_token = 8 * d * p + 2 * _NORM_STATS + 2 * f * p + 2 * d * mask
+    if model.attention == "flash":
+        per_token += 4 * a
+    else:
+        per_token += a * s * (p + (p + mask if mask else 0))
+    # Transient: standard attention's scores before the softmax (the product and its masked copy),
+    # and in backward the gradients of the probabilities and the scores; flash's fused kernels
+    # need about the gradient of Q, K and V beside the gradient flowing in. Fixed: the largest
+    # weight's gradient before it is added to the accumulated one.
+    transient = (2.0 * a * s * s * p if model.attention == "standard" else 4.0 * s * d * p)
+    # Gradients the input pass keeps for the weight pass: at the outputs of QKV, the projection,
+    # fc1 and fc2 and of both LayerNorms.
     block = dict(
+        transient_bytes_per_sample=transient,
+        transient_bytes=float(max(3 * d * d, d * f) * p),
         params=block_params,
-        activation_bytes_per_sample=float(block_act),
+        activation_bytes_per_sample=float(s * per_token),
         output_bytes_per_sample=float(s * d * p),
+        kept_for_weight_bytes_per_sample=float(s * p * (7 * d + f)),
         forward_flops_per_sample=matmul_flops,
         backward_flops_per_sample=2.0 * matmul_flops,
         # a weight matmul's input and weight gradients each cost its forward; the attention
@@ -150,11 +178,17 @@ def _transformer(model: TransformerModel, p: int) -> list[LayerSpec]:
         kernels=14,
     )
     blocks = [_layer(name=f"block{i}", **block) for i in range(model.layers)]
+    # Head: LayerNorm (input, statistics, output) and the loss's fp32 log-softmax and target ids.
     head = _layer(
         name="head",
         params=d * v + 2 * d,
-        activation_bytes_per_sample=float(s * d * p + s * v * p),
+        activation_bytes_per_sample=float(s * (2 * d * p + _NORM_STATS + 4 * v + 8)),
         output_bytes_per_sample=4.0,
+        kept_for_weight_bytes_per_sample=float(s * p * (v + d)),
+        # the logits (and their fp32 copy for the loss when narrower), in backward the gradients
+        # of the log-softmax's input and of the logits; the projection's weight gradient
+        transient_bytes_per_sample=float(s * v * (4 + p)),
+        transient_bytes=float(d * v * p),
         forward_flops_per_sample=2.0 * s * d * v,
         backward_flops_per_sample=4.0 * s * d * v,
         kernels=5,
@@ -162,28 +196,43 @@ def _transformer(model: TransformerModel, p: int) -> list[LayerSpec]:
     return [embed, *blocks, head]
 
 
+def _loss_bytes(classes: int) -> float:
+    """What the loss saves per sample (or token): its fp32 log-softmax and the int64 target."""
+    return 4.0 * classes + 8.0
+
+
 @_builder("mlp")
-def _mlp(model: MlpModel, p: int) -> list[LayerSpec]:
-    def linear(name: str, n_in: int, n_out: int, relu: bool) -> LayerSpec:
+def _mlp(model: MlpModel, p: int, m: int) -> list[LayerSpec]:
+    def linear(name: str, n_in: int, n_out: int, relu: bool, first: bool) -> LayerSpec:
         flops = 2.0 * n_in * n_out
+        # a Linear saves its input, a ReLU its output; the head's loss its log-softmax and target
+        saved = (n_in + (n_out if relu else 0)) * p + (0.0 if relu else _loss_bytes(n_out))
         return _layer(
             name=name,
             params=n_in * n_out + n_out,
-            activation_bytes_per_sample=float((n_in + (n_out if relu else 0)) * p),
+            activation_bytes_per_sample=float(saved),
             output_bytes_per_sample=float(n_out * p),
+            saved_with_previous_bytes_per_sample=0.0 if first else float(n_in * p),
+            kept_for_weight_bytes_per_sample=0.0 if first else float(n_out * p),
+            # forward: the Linear's output before the ReLU; backward: the gradients of the output
+            # and of the input (the loss's in fp32 on the head); the weight's gradient
+            transient_bytes_per_sample=float((n_out if relu else 0) * p + (0 if first else n_in * p)
+                                             + (0 if relu else 8 * n_out)),
+            transient_bytes=float(n_in * n_out * p),
             forward_flops_per_sample=flops,
             backward_flops_per_sample=2.0 * flops,
             kernels=2 if relu else 1,
         )
 
     w = model.width
-    layers = [linear("input", model.input_dim, w, True)]
-    layers += [linear(f"block{i}", w, w, True) for i in range(model.layers)]
-    layers.append(linear("head", w, model.num_classes, False))
+    layers = [linear("input", model.input_dim, w, True, True)]
+    layers += [linear(f"block{i}", w, w, True, False) for i in range(model.layers)]
+    layers.append(linear("head", w, model.num_classes, False, False))
     return layers
 
 
-def _conv_layer(name: str, params: int, flops: float, act: float, out: float, kernels: int) -> LayerSpec:
+def _conv_layer(name: str, params: int, flops: float, act: float, out: float, kernels: int,
+                **extra: float) -> LayerSpec:
     return _layer(
         name=name,
         params=params,
@@ -192,33 +241,70 @@ def _conv_layer(name: str, params: int, flops: float, act: float, out: float, ke
         forward_flops_per_sample=flops,
         backward_flops_per_sample=2.0 * flops,
         kernels=kernels,
+        **extra,
     )
 
 
+def _group_norm_stats(channels: int) -> float:
+    """Bytes per sample of a GroupNorm's statistics (fp32 mean and 1/std per group; the zoo's
+    groups: gcd(channels, 8))."""
+    return 8.0 * math.gcd(channels, 8)
+
+
+def _halved(size: int, times: int) -> int:
+    """A feature map's side after `times` stride-2 3x3 convolutions padded by 1: ceil(size / 2) each."""
+    for _ in range(times):
+        size = (size + 1) // 2
+    return size
+
+
 @_builder("convnet")
-def _convnet(model: ConvNetModel, p: int) -> list[LayerSpec]:
+def _convnet(model: ConvNetModel, p: int, m: int) -> list[LayerSpec]:
+    """Saved bytes as autograd keeps them for the zoo's modules: a convolution saves its input, a
+    GroupNorm its input and statistics, a ReLU its output; the residual sum saves nothing."""
     c, size, n = model.channels, model.image_size, model.layers
     layers = [
         _conv_layer("stem", 27 * c + 2 * c, 2.0 * 27 * c * size * size,
-                    float((3 + 3 * c) * size * size * p), float(c * size * size * p), 3)
+                    float((3 + 2 * c) * size * size * p) + _group_norm_stats(c), float(c * size * size * p), 3,
+                    transient_bytes_per_sample=float(2 * c * size * size * p), transient_bytes=float(27 * c * p))
     ]
+    s_in = size
     for i in range(n):
         group = min(2, 3 * i // n)
-        c_out, s_out = c * 2**group, max(1, size // 2**group)
+        c_out, s_out = c * 2**group, _halved(size, group)
         c_in = c_out if (i == 0 or 3 * (i - 1) // n == group) else c_out // 2
         down = c_in != c_out
         params = 9 * c_in * c_out + 9 * c_out * c_out + 4 * c_out + (c_in * c_out if down else 0)
         flops = 2.0 * (params - 4 * c_out) * s_out * s_out
-        act = float((c_in + 6 * c_out) * s_out * s_out * p)
+        block_in = float(c_in * s_in * s_in * p)  # the previous layer's ReLU output: saved by both
+        # conv1's input (and the projection's, the same tensor); n1's input, the ReLU's output
+        # (conv2's input), n2's input and the final ReLU's output; both GroupNorms' statistics
+        act = block_in + 4.0 * c_out * s_out * s_out * p + 2 * _group_norm_stats(c_out)
+        # gradients kept for the weight pass: at both convolutions' and both norms' outputs (the
+        # projection's output takes the second norm's: the residual sum's one gradient)
+        kept = 4 * c_out * s_out * s_out * p
+        # transient: about two feature maps of the larger side (a convolution's output before
+        # its norm; in backward the gradient flowing in and the one flowing out); the largest
+        # kernel's gradient
         layers.append(
-            _conv_layer(f"block{i}", params, flops, act, float(c_out * s_out * s_out * p), 7)
+            _conv_layer(f"block{i}", params, flops, act, float(c_out * s_out * s_out * p), 7,
+                        saved_with_previous_bytes_per_sample=block_in,
+                        kept_for_weight_bytes_per_sample=float(kept),
+                        transient_bytes_per_sample=2.0 * max(block_in, c_out * s_out * s_out * p),
+                        transient_bytes=float(9 * c_out * c_out * p))
         )
+        s_in = s_out
     c_last = c * 2 ** min(2, 3 * (n - 1) // n)
-    s_last = max(1, size // 2 ** min(2, 3 * (n - 1) // n))
+    s_last = _halved(size, min(2, 3 * (n - 1) // n))
+    # Head: the mean over the image saves nothing; the classifier its pooled input; the loss.
     layers.append(
         _conv_layer("head", c_last * model.num_classes + model.num_classes,
                     2.0 * c_last * model.num_classes + c_last * s_last * s_last,
-                    float(c_last * s_last * s_last * p + c_last * p), 4.0, 3)
+                    float(c_last * p) + _loss_bytes(model.num_classes), 4.0, 3,
+                    kept_for_weight_bytes_per_sample=float(model.num_classes * p),
+                    # backward: the gradient of the pooling's input, spread over the image
+                    transient_bytes_per_sample=float(c_last * s_last * s_last * p),
+                    transient_bytes=float(c_last * model.num_classes * p))
     )
     return layers
 
@@ -236,7 +322,7 @@ _CELL_KERNELS = 40
 
 
 @_builder("amoebanet")
-def _amoebanet(model: AmoebaNetModel, p: int) -> list[LayerSpec]:
+def _amoebanet(model: AmoebaNetModel, p: int, m: int) -> list[LayerSpec]:
     n_per_group = model.layers // 3
     d, size = model.filters, model.image_size
     # Stem: conv 3x3 stride 2 then two stride-2 reduction cells: spatial size / 8, d // 4 filters.

@@ -34,6 +34,7 @@ MIN_SECONDS = 1.0e-15  # a model time (per sample, measured) is zero or at least
 MAX_QUANTITY = 1.0e30  # memory, bandwidth, peak FLOP/s, bytes or FLOPs per sample
 MIN_RATE = 1.0  # bandwidths (bytes/s) and peak FLOP/s
 MIN_FRACTION = 1.0e-6  # efficiency, usable memory fraction
+MAX_DROPOUT = 0.99  # a dropout rate of 1 would scale the kept elements by 1/0
 
 # Sweeps.
 MAX_SWEEP_POINTS = 100_000

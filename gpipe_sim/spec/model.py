@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.fields import Amount, BatchSize, Dimension, Duration, Kernels, LayerCount, Params, _Strict
+from gpipe_sim.spec.fields import Amount, BatchSize, Dimension, DropoutRate, Duration, Kernels, LayerCount, Params, _Strict
 from gpipe_sim.spec.limits import MAX_LAYERS
 from gpipe_sim.spec.files import read_data_file
 
@@ -41,8 +41,13 @@ class LayerSpec(_Strict):
     output_bytes_per_sample: Amount = 0.0
     # Bytes a pass of this layer allocates beyond what it saves and its output (attention scores not
     # kept, workspace, gradient buffers), freed by the end of that pass: the largest over its forward,
-    # re-computation and backward passes. Counted on top of the held activations while it runs.
+    # re-computation and backward passes: `samples x transient_bytes_per_sample` where activations
+    # or their gradients are computed (forward, re-computation, full backward, input pass) plus the
+    # fixed `transient_bytes` where weight gradients are (full backward, weight pass): what does not
+    # grow with the micro-batch, a weight's gradient before it is added to the accumulated one.
+    # Counted on top of the held activations while the pass runs.
     transient_bytes_per_sample: Amount = 0.0
+    transient_bytes: Amount = 0.0
     # Bytes the input-gradient pass I keeps for the weight-gradient pass W when the backward is split
     # (the gradients where a parameter's branch meets the input's path), held from I to W's end.
     kept_for_weight_bytes_per_sample: Amount = 0.0
@@ -105,6 +110,11 @@ class TransformerModel(_Strict):
     heads: Dimension = 16
     seq_len: Dimension = 512
     vocab: Dimension = 32000
+    # standard: softmax(QK^T)V with the scores kept for backward; flash: a fused kernel
+    # (torch's scaled_dot_product_attention) that keeps only its output and the log-sum-exp.
+    # The zoo's flash blocks run attention without dropout (on CPU torch's fused kernel has none).
+    attention: Literal["standard", "flash"] = "standard"
+    dropout: DropoutRate = 0.1  # after the embedding, the attention probabilities and each residual branch
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "TransformerModel":

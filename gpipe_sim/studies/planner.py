@@ -291,7 +291,7 @@ class CostTable:
         t = base.training
         self.accel = base.hardware.accelerator
         self.dtype, self.dtype_bytes = t.dtype, t.dtype_bytes
-        self.layers = build_layers(base.model, self.dtype_bytes)
+        self.layers = build_layers(base.model, self.dtype_bytes, self.accel.dropout_mask_bytes(self.dtype_bytes))
         self.L = len(self.layers)
         self.params = np.array([float(layer.params) for layer in self.layers])
         self.act = np.array([float(layer.activation_bytes_per_sample) for layer in self.layers])
