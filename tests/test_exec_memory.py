@@ -270,3 +270,17 @@ def test_transient_fit_splits_a_fixed_part_from_a_part_per_sample() -> None:
     assert transient_fit(2, (0, 100), 8, (0, 800)) == (0, 100)
     # one size: all of it per sample
     assert transient_fit(4, (10, 80), 4, (10, 80)) == (0, 20)
+
+
+def test_memory_grid_covers_the_documented_cases_and_summarises() -> None:
+    from gpipe_exec.studies.memory_grid import StageFigure, grid_cases, main, summary
+
+    cases = grid_cases()
+    assert len(cases) == 2 * (3 * 2 * 2 + 2)  # two models x (3 schedules x 2 remat x 2 M + 2 chunked)
+    labels = [label for label, _ in cases]
+    assert len(set(labels)) == len(labels)
+    zbv = dict(cases)["convnet zbv v=2"]
+    assert zbv.pipeline.chunks == 2 and zbv.pipeline.stages == 2
+    figures = [StageFigure("a", 0, 100.0, 101.0), StageFigure("b", 1, 200.0, 190.0), StageFigure("c", 0, 50.0, 50.0)]
+    assert summary(figures) == "3 stage figures: median error 1.00%, worst 5.00% (b, stage 1)"
+    assert main(["--models", "resnet"]) == 2

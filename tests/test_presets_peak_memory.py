@@ -46,5 +46,7 @@ def test_preset_peak_memory_within_10_percent_of_the_measured(runs):
     for name, predicted, measured in runs:
         for k, (p, m) in enumerate(zip(predicted.stages, measured.stages)):
             errors[f"{name} stage {k}"] = p.peak_memory_bytes / m.peak_memory_bytes - 1
+            print(f"{name} stage {k}: measured {m.peak_memory_bytes / 2**20:.2f} MiB, predicted "
+                  f"{p.peak_memory_bytes / 2**20:.2f} MiB ({errors[f'{name} stage {k}']:+.1%})")  # with -s
     worst = max(errors, key=lambda key: abs(errors[key]))
     assert abs(errors[worst]) <= TOLERANCE, f"{worst}: {errors[worst]:+.1%}"
