@@ -127,9 +127,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from gpipe_sim.spec.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.set)
+    options = _options(args)
+    profile = None
+    if args.profile_clock is not None:
+        from gpipe_exec.profile import ProfileOptions
+
+        profile = ProfileOptions(threads=options.threads, clock=args.profile_clock)
     console = Console(stderr=True)
     with console.status("validating") as status:
-        v = validate(scenario, steps=args.steps, warmup=args.warmup, options=_options(args),
+        v = validate(scenario, steps=args.steps, warmup=args.warmup, options=options, profile=profile,
                      rounds=args.rounds, progress=lambda msg: status.update(msg))
     if args.json:
         sys.stdout.write(json.dumps(v.to_dict(timeline=not args.no_timeline)) + "\n")
@@ -228,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batches", help="sizes to time, e.g. 1,2,4 (default: the scenario's)")
     p.add_argument("--warmup", type=int, default=2, help="untimed repeats first (default 2)")
     p.add_argument("--repeats", type=int,
-                   help="timed repeats per size, at least (default: ProfileOptions', 7; the middle half is kept)")
+                   help="timed repeats per size, at least (default 7; the middle half is kept)")
     p.add_argument("--clock", choices=("thread", "wall"),
                    help="what is timed on CPU: the thread's CPU time (default; steady on a shared machine) "
                         "or wall time (the core's share included)")
@@ -256,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print {predicted, measured, relative_error} as JSON")
     p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timelines")
+    p.add_argument("--profile-clock", choices=("thread", "wall"),
+                   help="what the profile times on CPU: the thread's CPU time (default) or wall time")
     launch_flags(p)
     p.set_defaults(func=_cmd_validate)
 

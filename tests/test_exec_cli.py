@@ -38,3 +38,17 @@ def test_noisy_measurements_are_flagged_with_advice():
     warning = spread_warning([0.099, 0.101, 0.140])
     assert warning.startswith("warning: the measured steps spread 41%") and "--rounds 3" in warning
     assert "\n" not in warning
+
+
+def test_profile_options_say_the_profilers_defaults():
+    """The profile command's help names the profiler's own defaults; its clocks are the profiler's."""
+    from gpipe_exec.profile import CLOCKS, ProfileOptions
+
+    parser = build_parser()
+    profile = parser._subparsers._group_actions[0].choices["profile"]  # type: ignore[union-attr]
+    actions = {a.dest: a for a in profile._actions}
+    assert f"default {ProfileOptions.repeats};" in actions["repeats"].help
+    assert tuple(actions["clock"].choices) == CLOCKS
+    assert "(default;" in actions["clock"].help and ProfileOptions.clock == "thread"
+    validate = parser._subparsers._group_actions[0].choices["validate"]  # type: ignore[union-attr]
+    assert tuple({a.dest: a for a in validate._actions}["profile_clock"].choices) == CLOCKS

@@ -175,7 +175,8 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
         # a weight matmul's input and weight gradients each cost its forward; the attention
         # scores and context (4 s^2 d) have no weights: both their gradients are the input's
         backward_input_flops_per_sample=2.0 * s * (4 * d * d + 2 * d * f) + 8.0 * s * s * d,
-        kernels=14,
+        # flash fuses the scores, scaling, mask, softmax, dropout and context product into one
+        kernels=14 if model.attention == "standard" else 9,
     )
     blocks = [_layer(name=f"block{i}", **block) for i in range(model.layers)]
     # Head: LayerNorm (input, statistics, output) and the loss's fp32 log-softmax and target ids.
