@@ -152,6 +152,7 @@ def measure_layer_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.T
     layer.zero_grad(set_to_none=True)
     row = {
         "params": int(sum(p.numel() for p in layer.parameters())),
+        "largest_tensor_params": int(max((p.numel() for p in layer.parameters()), default=0)),
         "activation_bytes_per_sample": meter.peak / batch,
         "output_bytes_per_sample": tensor_bytes(out) / batch,
         "forward_flops_per_sample": forward_flops / batch,

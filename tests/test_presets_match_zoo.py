@@ -156,3 +156,12 @@ def test_flash_block_computes_what_the_standard_block_computes():
         results.append((out.detach(), xi.grad, block.qkv.weight.grad))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_largest_tensor_is_the_modules(name):
+    """An optimizer's temporaries are the size of the tensor it steps: the presets name each
+    layer's largest parameter tensor as the module has it."""
+    model, device = MODELS[name]
+    for preset, module, _, _ in _layers(model, device):
+        assert preset.largest_tensor_params == max(p.numel() for p in module.parameters()), preset.name

@@ -22,7 +22,7 @@ MODELS = {
     "convnet": {"preset": "convnet", "layers": 4, "channels": 16, "image_size": 32, "num_classes": 10},
 }
 RUNS = (("gpipe", "none"), ("1f1b", "always"), ("zb_h1", "none"))
-TOLERANCE = 0.10  # torch's own memory-tracker tests accept 10% against the allocator
+TOLERANCE = 0.05  # the accuracy target; torch's own memory-tracker tests accept 10% against the allocator
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def runs():
     return [(name, simulate(sc), measured_result(plan, out).result) for (name, sc, plan), out in zip(cases, outs)]
 
 
-def test_preset_peak_memory_within_10_percent_of_the_measured(runs):
+def test_preset_peak_memory_within_5_percent_of_the_measured(runs):
     errors = {}
     for name, predicted, measured in runs:
         for k, (p, m) in enumerate(zip(predicted.stages, measured.stages)):

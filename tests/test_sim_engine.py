@@ -174,7 +174,8 @@ def test_per_pair_links_override_the_default_link(uniform):
 
 def test_memory_curves_rebuilt_from_totals_match_the_simulators():
     """The executor rebuilds each stage's curve from the bytes held after every action; on the
-    simulator's own times and bytes that must give the simulator's curves and device peaks."""
+    simulator's own times and bytes that must give the simulator's curves and device peaks (no
+    transients here: uniform layers and an optimizer that steps in place)."""
     from gpipe_sim.results.memory import activation_deltas, device_peaks, levels_from_totals, memory_profile
 
     scenario = parse_scenario({
@@ -182,6 +183,7 @@ def test_memory_curves_rebuilt_from_totals_match_the_simulators():
         "hardware": {"preset": "v100", "stage_to_device": [0, 0, 1, 1]},
         "pipeline": {"stages": 4, "micro_batches": 6, "batch_size": 12, "schedule": "1f1b",
                      "remat": "except_last"},
+        "training": {"optimizer": "momentum"},
     })
     plan = compile_plan(scenario)
     start, end = run_simpy(plan)

@@ -315,7 +315,9 @@ class RankRunner:
         share = p.batch_size // self.D
         self.sizes = micro_batch_sizes(share, self.M)
         x, y = make_batch(sc.model, p.batch_size, seed=job.seed, dtype=dtype)
-        x, y = x[self.replica * share:(self.replica + 1) * share], y[self.replica * share:(self.replica + 1) * share]
+        # a copy of the share: a view would keep the whole global batch alive on every replica
+        # (a data-parallel loader gives each replica only its own samples)
+        x, y = (t[self.replica * share:(self.replica + 1) * share].clone() if self.D > 1 else t for t in (x, y))
         self.inputs = [t.to(device) for t in torch.tensor_split(x, self.M)] if 0 in self.chunks else []
         self.targets = [t.to(device) for t in torch.tensor_split(y, self.M)] if self.C - 1 in self.chunks else []
         self.float_dtype = TORCH_DTYPES[dtype]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Sequence
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_s
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.files import shown_path
-from gpipe_sim.spec.scenario import Scenario, read_schedule_csv
+from gpipe_sim.spec.scenario import OPTIMIZER_SCRATCH, Scenario, read_schedule_csv
 
 FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = (int(k) for k in (
     Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
@@ -79,6 +80,7 @@ class RankPlan:
     param_bytes: float
     state_bytes: float
     update_s: float
+    update_scratch_bytes: float = 0.0  # what its update allocates and frees (`update_scratch_bytes`)
 
 
 @dataclass(frozen=True)
@@ -202,9 +204,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     remat_factor = 0.0 if p.remat == "none" else 1.0
     time_weights = [f * (1 + remat_factor) + b for f, b in times]
     bpp = training.bytes_per_param
-    # ZeRO-1 shards the optimizer states and master weights over the D replicas (not the gradients)
-    sharded = (training.state_bytes_per_param - dtype_bytes) / (p.data_parallel if training.zero else 1)
-    state_per_param = dtype_bytes + sharded
+    state_per_param = local_state_bytes_per_param(scenario)
     schedule = scenario_schedule(scenario)
     model_input = input_bytes_per_sample(scenario.model, dtype_bytes)
     memory = None
@@ -266,8 +266,36 @@ def compile_plan(scenario: Scenario) -> Plan:
             param_bytes=math.fsum(chunks[c].param_bytes for c in mine),
             state_bytes=math.fsum(chunks[c].state_bytes for c in mine),
             update_s=math.fsum(chunks[c].update_s for c in mine),
+            update_scratch_bytes=update_scratch_bytes(
+                scenario, [layer for c in mine for layer in layers[chunks[c].first_layer:chunks[c].last_layer + 1]]),
         ))
     return Plan(scenario, schedule, tuple(layers), tuple(chunks), tuple(ranks), tuple(sizes), device_map)
+
+
+def local_state_bytes_per_param(scenario: Scenario) -> float:
+    """Bytes a rank holds per parameter beside the weight itself: the gradient, plus the optimizer
+    states and fp32 master weights, which ZeRO-1 shards over the D replicas."""
+    training, D = scenario.training, scenario.pipeline.data_parallel
+    dtype_bytes = training.dtype_bytes
+    return dtype_bytes + (training.state_bytes_per_param - dtype_bytes) / (D if training.zero else 1)
+
+
+def update_scratch_bytes(scenario: Scenario, layers: Sequence[LayerSpec]) -> float:
+    """What a rank's optimizer step allocates and frees again, for these layers' parameters:
+    torch's per-tensor (for-loop) optimizers make OPTIMIZER_SCRATCH temporaries the size of the
+    tensor they step (Adam 2: the square root and its scaling; RMSprop and Adagrad 1; SGD and
+    momentum none), one tensor at a time, in fp32 (the previous tensor's last temporary, alive
+    until the next one's are made, is left out: usually a bias's). Under ZeRO-1 the one tensor is the rank's flat
+    shard; with `hardware.host.step_buffers` the runtime's all-gather buffers, larger and later in
+    the update, are counted instead (gpipe_sim.results.memory's data-parallel bytes)."""
+    training, D = scenario.training, scenario.pipeline.data_parallel
+    factor = OPTIMIZER_SCRATCH[training.optimizer]
+    if training.zero and D > 1:
+        if scenario.hardware.host.step_buffers:
+            return 0.0
+        return factor * 4.0 * -(-sum(layer.params for layer in layers) // D)
+    largest = max((layer.largest_tensor_params or layer.params for layer in layers), default=0)
+    return factor * 4.0 * largest
 
 
 def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule: Schedule,
@@ -277,10 +305,8 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
     largest transient on the largest micro-batch. Where the schedule splits backward passes, a
     layer's saved bytes count what its input pass keeps for its weight pass too (held from the
     input pass to the weight pass, inside the window the saved bytes are held: an upper bound)."""
-    training, D = scenario.training, scenario.pipeline.data_parallel
-    dtype_bytes = training.dtype_bytes
-    # gradients, plus the optimizer states and master weights (ZeRO-1 shards those over D replicas)
-    state_per_param = dtype_bytes + (training.state_bytes_per_param - dtype_bytes) / (D if training.zero else 1)
+    dtype_bytes = scenario.training.dtype_bytes
+    state_per_param = local_state_bytes_per_param(scenario)
     largest = max(sizes)
     split = schedule.count(Kind.BACKWARD_INPUT) > 0
     return MemoryTable(

@@ -7,16 +7,31 @@ not counted twice: max(saved - input, 0)). The micro-batch's bytes are freed at 
 last backward pass: the full backward, or the weight-gradient pass when the backward is split
 (the input-gradient pass frees nothing). Parameters, gradients and optimizer states are static.
 
-Memory in all (`peak_memory_bytes`, the device peaks) adds two things to those held activations:
+Memory in all (`peak_memory_bytes`, the device peaks) adds to those held activations:
 the rank's static bytes (parameters, plus gradients, optimizer states and master weights:
 `RankPlan.state_bytes`), what a split backward's input-gradient pass keeps for its weight-gradient
 pass (`ChunkPlan.kept_for_weight_bytes`, from I's end to W's end), and the transient bytes of the
 compute pass running at the time (allocated at the pass's start on top of the held level, freed at
 its end: `ChunkPlan.transient_bytes` for a forward, re-computation or input pass,
-`backward_transient_bytes` for a full backward, `weight_pass_transient_bytes` for a weight pass). With
+`backward_transient_bytes` for a full backward, `weight_pass_transient_bytes` for a weight pass;
+for an update, the optimizer's temporaries: `RankPlan.update_scratch_bytes`). With
 `hardware.host.step_buffers` it also counts the runtime's buffers held all step (`step_buffer_bytes`)
 and every sent tensor from its send to the step's end (`sent_bytes`).
 With neither, the memory in all is the static bytes plus the held activations exactly.
+
+Data parallelism (D > 1) under `hardware.host.step_buffers` adds what a runtime like gpipe-exec
+holds for it (`data_parallel_bytes`): chunk c's all-reduce bucket, one flat copy of its gradients
+(`ChunkPlan.param_bytes`), from its `allreduce` action's start to the end of the `recv` of the
+reduced tensor that copies it back. With `training.zero: 1`, ZeRO-1 works on the rank's parameters
+flattened and padded to D shards of s = ceil(params / D) elements: the replica's master shard
+(its own slice, at most s elements) is static where the state bytes count no master copy (fp32
+training; for bf16/fp16 the sharded master weights are in the state bytes already); the update
+allocates the shard's gradient (the same slice, held to the step's end) and, while it runs, the
+all-gather's buffers (its own shard, D received shards and their concatenation: (2D + 1) s
+elements), which exceed the flattening of the gradients (params + (D + 1) s) and an optimizer's
+temporaries on one flat shard (so `RankPlan.update_scratch_bytes` is 0 there). The shard's
+gradient and the all-gather's buffers are in the breakdown (`zero_shard_gradient`,
+`zero_gather`), as are the buckets (`allreduce_buckets`) and the master shard (`zero_master_shard`).
 """
 
 from __future__ import annotations
@@ -26,7 +41,8 @@ from typing import Sequence
 
 import numpy as np
 
-from gpipe_sim.plan.compile import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECOMPUTE, RECV, SEND, Plan
+from gpipe_sim.plan.compile import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECOMPUTE, RECV,
+                                    SEND, UPDATE, Plan)
 from gpipe_sim.schedule import Tensor
 
 PASSES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE)  # a chunk's compute passes
@@ -70,11 +86,12 @@ def activation_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
 
 
 def transient_bytes(plan: Plan) -> np.ndarray:
-    """Per action, in program order: the bytes its compute pass holds only while it runs (0 for
-    transfers and the update): the chunk's figure for its kind of pass (ChunkPlan)."""
+    """Per action, in program order: the bytes its compute pass holds only while it runs, the
+    chunk's figure for its kind of pass (ChunkPlan); for an update, the optimizer's temporaries
+    (`RankPlan.update_scratch_bytes`); 0 for transfers."""
     prog = plan.program
     out = np.zeros(len(prog.kind))
-    if all(c.transient_bytes is None for c in plan.chunks):
+    if all(c.transient_bytes is None for c in plan.chunks) and not any(r.update_scratch_bytes for r in plan.ranks):
         return out
     M = len(plan.micro_batch_sizes)
     tr = np.array([np.zeros(M) if c.transient_bytes is None else c.transient_bytes for c in plan.chunks])
@@ -87,6 +104,10 @@ def transient_bytes(plan: Plan) -> np.ndarray:
                          (weight, (BACKWARD_WEIGHT,))):
         running = np.isin(prog.kind, kinds) & ok
         out[running] = table[prog.chunk[running], prog.micro_batch[running]]
+    K = len(plan.ranks)
+    for g in range(plan.num_ranks):  # the optimizer's temporaries while a rank's update runs
+        lo, hi = int(prog.offsets[g]), int(prog.offsets[g + 1])
+        out[np.flatnonzero(prog.kind[lo:hi] == UPDATE) + lo] = plan.ranks[g % K].update_scratch_bytes
     return out
 
 
@@ -182,6 +203,54 @@ def kept_for_weight_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     return alloc, free
 
 
+@dataclass(frozen=True)
+class DataParallelBytes:
+    """What a runtime with `hardware.host.step_buffers` holds for data parallelism (module
+    docstring), per action in program order unless said; zeros with D = 1 or without step_buffers."""
+
+    bucket_alloc: np.ndarray  # an allreduce: its chunk's flat gradient copy, from its start
+    bucket_free: np.ndarray  # the recv of a REDUCED tensor: its chunk's bucket, at its end
+    shard_gradient: np.ndarray  # ZeRO-1's update: the shard's gradient, from its start to the step's end
+    gather: np.ndarray  # ZeRO-1's update: the all-gather's buffers while it runs
+    master_shard: np.ndarray  # per global rank, static: ZeRO-1's master shard where state bytes have none
+
+
+def zero_shard_elements(plan: Plan) -> np.ndarray:
+    """Per pipeline rank: s = ceil(params / D), the elements of one ZeRO-1 shard (the rank's
+    parameters flattened and padded to a multiple of D)."""
+    D = plan.replicas
+    return np.array([-(-sum(plan.chunks[c].params for c in r.chunks) // D) for r in plan.ranks], dtype=float)
+
+
+def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
+    """The all-reduce buckets and ZeRO-1's flat copies (module docstring) of every global rank."""
+    prog = plan.program
+    n, G, K, D = len(prog.kind), plan.num_ranks, len(plan.ranks), plan.replicas
+    out = DataParallelBytes(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(G))
+    if D == 1 or not plan.scenario.hardware.host.step_buffers:
+        return out
+    grads = np.array([c.param_bytes for c in plan.chunks])
+    at = prog.kind == ALLREDUCE
+    out.bucket_alloc[at] = grads[prog.chunk[at]]
+    at = (prog.kind == RECV) & (prog.tensor == int(Tensor.REDUCED))
+    out.bucket_free[at] = grads[prog.chunk[at]]
+    training = plan.scenario.training
+    if not training.zero:
+        return out
+    element = training.dtype_bytes
+    s = zero_shard_elements(plan)
+    total = np.array([sum(plan.chunks[c].params for c in r.chunks) for r in plan.ranks], dtype=float)
+    g = np.arange(G)
+    replica, rank = g // K, g % K
+    mine = np.minimum((replica + 1) * s[rank], total[rank]) - np.minimum(replica * s[rank], total[rank])
+    if training.dtype == "fp32":  # Training.state_bytes_per_param counts a master copy otherwise
+        out.master_shard[:] = mine * element
+    at = prog.kind == UPDATE
+    out.shard_gradient[at] = mine[prog.rank[at]] * element
+    out.gather[at] = (2 * D + 1) * s[prog.rank[at] % K] * element
+    return out
+
+
 def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProfile:
     """Activation memory over time from the engine's action times; memory in all with transients."""
     alloc, free = activation_deltas(plan)
@@ -189,6 +258,7 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
     sent = sent_bytes(plan)
     in_buffers = shared_with_buffers(plan)
     for_weight = kept_for_weight_deltas(plan)
+    dp = data_parallel_bytes(plan)
     prog = plan.program
     offsets = prog.offsets
     times, held, peaks, in_all, breakdown = [], [], [], [], []
@@ -215,23 +285,34 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
         between = np.zeros_like(t)
         between[1::2] = for_weight[0][lo:hi] - for_weight[1][lo:hi]  # both at the passes' ends
         level = level + np.cumsum(between)
-        total = level + running + kept
+        bucket = np.empty_like(t)
+        bucket[0::2], bucket[1::2] = dp.bucket_alloc[lo:hi], -dp.bucket_free[lo:hi]
+        bucket = np.cumsum(bucket)  # all-reduce buckets, from the allreduce's start to the wait's end
+        shard_grad = np.zeros_like(t)
+        shard_grad[0::2] = dp.shard_gradient[lo:hi]
+        shard_grad = np.cumsum(shard_grad)  # from the update's start to the step's end
+        gather = np.zeros_like(t)
+        gather[0::2] = dp.gather[lo:hi]  # while the update runs
+        total = level + running + kept + bucket + shard_grad + gather
         in_all.append(total)
         at = int(np.argmax(total)) if len(total) else 0
+        extra = {"sent": kept, "allreduce_buckets": bucket, "zero_shard_gradient": shard_grad, "zero_gather": gather}
         breakdown.append({"activations": float(level[at]) if len(level) else 0.0,
                           "transient": float(running[at]) if len(running) else 0.0,
-                          **({"sent": float(kept[at])} if len(kept) and kept[-1] else {})})
+                          **{name: float(v[at]) for name, v in extra.items() if len(v) and v.any()}})
         if g < K:
             chunk = np.repeat(prog.chunk[lo:hi], 2)
             for c in plan.ranks[g].chunks:
                 chunk_peaks[c] = float(np.cumsum(delta[chunk == c]).max(initial=0.0))
     buffers = step_buffer_bytes(plan)
-    static = [plan.ranks[g % K].param_bytes + plan.ranks[g % K].state_bytes + buffers[g] for g in range(plan.num_ranks)]
+    static = [plan.ranks[g % K].param_bytes + plan.ranks[g % K].state_bytes + buffers[g] + dp.master_shard[g]
+              for g in range(plan.num_ranks)]
     device_peak = device_peaks(plan.device_map, static, times, in_all)
     peak_memory = np.array([static[k] + float(in_all[k].max(initial=0.0)) for k in range(K)])
     for k in range(K):
         breakdown[k] = {"parameters": plan.ranks[k].param_bytes,
                         "gradients_and_optimizer_states": plan.ranks[k].state_bytes,
+                        **({"zero_master_shard": float(dp.master_shard[k])} if dp.master_shard[k] else {}),
                         **({"step_buffers": float(buffers[k])} if buffers[k] else {}), **breakdown[k]}
     return MemoryProfile(tuple(times[:K]), tuple(held[:K]), np.asarray(peaks[:K]), chunk_peaks, device_peak,
                          peak_memory, tuple(breakdown[:K]))

@@ -71,6 +71,8 @@ def read_data_file(path: str | Path, what: str, error: type[GpipeError] = Scenar
         where = f" at line {mark.line + 1}" if mark is not None else ""
         lines = str(exc).strip().splitlines()
         problem = getattr(exc, "problem", None) or (lines[0] if lines else "invalid YAML")
+        if "nesting depth" in problem:  # libyaml >= 0.2.6 stops deep flow collections itself
+            raise error(f"{what} {name}: {_too_deep()}") from None
         raise error(f"malformed {_kind(path)} in {name}{where}: {_one_line(problem)}") from None
     except RecursionError:
         raise error(

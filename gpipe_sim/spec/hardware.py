@@ -70,7 +70,9 @@ class Host(_Strict):
     on_device: bool = False
     # The runtime holds, all step, a buffer for every receive of the step (allocated once, reused
     # step after step) and its share of the batch on the first chunk's rank, as gpipe-exec and
-    # torch.distributed.pipelining do: counted in each rank's memory (gpipe_sim.results.memory).
+    # torch.distributed.pipelining do; with data parallelism, gpipe-exec's flat all-reduce bucket
+    # per chunk and ZeRO-1's master shard, shard gradient and all-gather buffers: counted in each
+    # rank's memory (gpipe_sim.results.memory).
     step_buffers: bool = False
 
 

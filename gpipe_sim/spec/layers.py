@@ -133,6 +133,7 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
     embed = _layer(
         name="embedding",
         params=v * d + s * d,
+        largest_tensor_params=max(v, s) * d,  # the token table or the positions
         activation_bytes_per_sample=8.0 * s + s * d * mask,
         output_bytes_per_sample=float(s * d * p),
         # the token lookup before the position add; the token table's gradient before accumulation
@@ -167,6 +168,7 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
         transient_bytes_per_sample=transient,
         transient_bytes=float(max(3 * d * d, d * f) * p),
         params=block_params,
+        largest_tensor_params=max(3 * d * d, d * f),
         activation_bytes_per_sample=float(s * per_token),
         output_bytes_per_sample=float(s * d * p),
         kept_for_weight_bytes_per_sample=float(s * p * (7 * d + f)),
@@ -183,6 +185,7 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
     head = _layer(
         name="head",
         params=d * v + 2 * d,
+        largest_tensor_params=d * v,
         activation_bytes_per_sample=float(s * (2 * d * p + _NORM_STATS + 4 * v + 8)),
         output_bytes_per_sample=4.0,
         kept_for_weight_bytes_per_sample=float(s * p * (v + d)),
@@ -211,6 +214,7 @@ def _mlp(model: MlpModel, p: int, m: int) -> list[LayerSpec]:
         return _layer(
             name=name,
             params=n_in * n_out + n_out,
+            largest_tensor_params=n_in * n_out,
             activation_bytes_per_sample=float(saved),
             output_bytes_per_sample=float(n_out * p),
             saved_with_previous_bytes_per_sample=0.0 if first else float(n_in * p),
@@ -267,7 +271,8 @@ def _convnet(model: ConvNetModel, p: int, m: int) -> list[LayerSpec]:
     layers = [
         _conv_layer("stem", 27 * c + 2 * c, 2.0 * 27 * c * size * size,
                     float((3 + 2 * c) * size * size * p) + _group_norm_stats(c), float(c * size * size * p), 3,
-                    transient_bytes_per_sample=float(2 * c * size * size * p), transient_bytes=float(27 * c * p))
+                    transient_bytes_per_sample=float(2 * c * size * size * p), transient_bytes=float(27 * c * p),
+                    largest_tensor_params=27 * c)
     ]
     s_in = size
     for i in range(n):
@@ -292,7 +297,7 @@ def _convnet(model: ConvNetModel, p: int, m: int) -> list[LayerSpec]:
                         saved_with_previous_bytes_per_sample=block_in,
                         kept_for_weight_bytes_per_sample=float(kept),
                         transient_bytes_per_sample=2.0 * max(block_in, c_out * s_out * s_out * p),
-                        transient_bytes=float(9 * c_out * c_out * p))
+                        transient_bytes=float(9 * c_out * c_out * p), largest_tensor_params=9 * c_out * c_out)
         )
         s_in = s_out
     c_last = c * 2 ** min(2, 3 * (n - 1) // n)
@@ -305,7 +310,8 @@ def _convnet(model: ConvNetModel, p: int, m: int) -> list[LayerSpec]:
                     kept_for_weight_bytes_per_sample=float(model.num_classes * p),
                     # backward: the gradient of the pooling's input, spread over the image
                     transient_bytes_per_sample=float(c_last * s_last * s_last * p),
-                    transient_bytes=float(c_last * model.num_classes * p))
+                    transient_bytes=float(c_last * model.num_classes * p),
+                    largest_tensor_params=c_last * model.num_classes)
     )
     return layers
 

@@ -37,6 +37,9 @@ class LayerSpec(_Strict):
 
     name: Annotated[str, Field(max_length=1000)]
     params: Params = 0
+    # Parameters of its largest single tensor (an optimizer steps one tensor at a time: its
+    # temporaries are that tensor's size); None: all of `params` in one tensor.
+    largest_tensor_params: Params | None = None
     activation_bytes_per_sample: Amount = 0.0
     output_bytes_per_sample: Amount = 0.0
     # Bytes a pass of this layer allocates beyond what it saves and its output (attention scores not

@@ -28,6 +28,10 @@ from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"  # package data
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2}
+# Temporaries the size of the stepped tensor that torch's per-tensor optimizer step makes (measured
+# with gpipe_exec's tensor tracker on torch 2.13: Adam's square root and its scaling; RMSprop's and
+# Adagrad's square root; SGD with or without momentum steps in place).
+OPTIMIZER_SCRATCH: dict[str, int] = {"sgd": 0, "momentum": 0, "rmsprop": 1, "adagrad": 1, "adam": 2}
 REMAT_MODES = ("none", "except_last", "always")
 PARTITION_METHODS = ("uniform", "time", "memory", "fit")
 
