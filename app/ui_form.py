@@ -18,7 +18,7 @@ from gpipe_sim.spec.layers import describe_layer_count
 from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
 from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, PARTITION_METHODS, REMAT_MODES, Scenario, load_scenario
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES
+from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS
 from ui_data import read_layer_table
 
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages
@@ -270,6 +270,12 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     t1, t2 = train_box.columns(2)
     optimizer = t1.selectbox("optimizer", list(OPTIMIZER_STATES), key=_init(PREFIX + "training.optimizer", bt["optimizer"]))
     dtype = t2.selectbox("dtype", list(DTYPE_BYTES), key=_init(PREFIX + "training.dtype", bt["dtype"]))
+    step = train_box.selectbox(
+        "optimizer step", ("default", *OPTIMIZER_STEPS),
+        key=_init(PREFIX + "training.optimizer_step", bt.get("optimizer_step", "default")),
+        help="How the update runs, which sets its temporary memory: for_loop (one tensor at a time, "
+             "torch's default on CPU), foreach (lists of all tensors, torch's default on CUDA: Adam "
+             "makes an fp32 copy of every parameter), fused (none); default: the hardware's.")
     zero = train_box.checkbox("ZeRO-1 (shard optimizer states over the D replicas)",
                               key=_init(PREFIX + "training.zero", bool(bt.get("zero", 0))))
 
@@ -294,7 +300,7 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
         "hardware": hardware,
         "pipeline": {"stages": stages, "chunks": chunks, "data_parallel": replicas, "micro_batches": micro,
                      "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition},
-        "training": {"optimizer": optimizer, "dtype": dtype, "zero": int(zero)},
+        "training": {"optimizer": optimizer, "dtype": dtype, "zero": int(zero), "optimizer_step": step},
     }, None
 
 

@@ -265,7 +265,7 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
             rows[i]["backward_weight_s_per_sample"] = at_big["backward_weight_s"] / at_big["micro_batch"]
         params = list(layer.parameters())
         if params:
-            opt = make_optimizer(params, scenario.training.optimizer)
+            opt = make_optimizer(params, scenario)
             stamps = _Stamps(device, clock)
 
             def step() -> float:

@@ -15,7 +15,7 @@ def reference_step(scenario: Scenario, *, seed: int = 0, dropout: float | None =
                    steps: int = 1) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """Parameters and gradients after `steps` plain steps, keyed like `RankRunner.params`."""
     model = build_model(scenario.model, seed=seed, dropout=dropout, dtype=scenario.training.dtype)
-    optimizer = make_optimizer(list(model.parameters()), scenario.training.optimizer)
+    optimizer = make_optimizer(list(model.parameters()), scenario)
     x, y = make_batch(scenario.model, scenario.pipeline.batch_size, seed=seed,
                       dtype=scenario.training.dtype)
     for _ in range(steps):

@@ -276,28 +276,38 @@ def test_memory_grid_covers_the_documented_cases_and_summarises() -> None:
     from gpipe_exec.studies.memory_grid import StageFigure, grid_cases, main, summary
 
     cases = grid_cases()
-    assert len(cases) == 2 * (3 * 2 * 2 + 2)  # two models x (3 schedules x 2 remat x 2 M + 2 chunked)
+    # two models x (3 schedules x 2 remat x 2 M + 2 chunked + Adam for-loop and foreach, D=2, D=2 ZeRO-1)
+    assert len(cases) == 2 * (3 * 2 * 2 + 2 + 4)
     labels = [label for label, _ in cases]
     assert len(set(labels)) == len(labels)
     zbv = dict(cases)["convnet zbv v=2"]
     assert zbv.pipeline.chunks == 2 and zbv.pipeline.stages == 2
+    zero = dict(cases)["transformer 1f1b adam D=2 ZeRO-1"]
+    assert (zero.pipeline.data_parallel, zero.training.zero, zero.training.optimizer) == (2, 1, "adam")
     figures = [StageFigure("a", 0, 100.0, 101.0), StageFigure("b", 1, 200.0, 190.0), StageFigure("c", 0, 50.0, 50.0)]
     assert summary(figures) == "3 stage figures: median error 1.00%, worst 5.00% (b, stage 1)"
     assert main(["--models", "resnet"]) == 2
 
 
+@pytest.mark.parametrize("step", ["for_loop", "foreach", "fused"])
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "rmsprop", "adagrad", "adam"])
-def test_optimizer_scratch_is_what_torch_allocates(optimizer: str) -> None:
-    """The update's temporaries the simulator charges (OPTIMIZER_SCRATCH x the largest tensor, fp32)
-    against the tracker over a steady-state step of the executor's own optimizer; what the
-    simulator leaves out is the previous tensor's last temporary, alive until the next is made
-    (here a bias: RMSprop's and Adagrad's peak is 1% above)."""
+def test_optimizer_scratch_is_what_torch_allocates(optimizer: str, step: str) -> None:
+    """The update's temporaries the simulator charges (OPTIMIZER_SCRATCH x the largest tensor, or
+    x every parameter for a foreach step, fp32) against the tracker over a steady-state step of the
+    executor's own optimizer; what the simulator leaves out is a for-loop step's previous tensor's
+    last temporary, alive until the next is made (here a bias: RMSprop's and Adagrad's peak is 1%
+    above)."""
     from gpipe_exec.measure.memory import module_state
     from gpipe_exec.runtime.chunk import make_optimizer
     from gpipe_sim.plan.compile import update_scratch_bytes
 
+    if step == "fused" and optimizer == "rmsprop":
+        with pytest.raises(ValueError, match="training.optimizer_step: torch has no fused rmsprop"):
+            parse_scenario({"training": {"optimizer": optimizer, "optimizer_step": step}})
+        return
+    scenario = parse_scenario({"training": {"optimizer": optimizer, "optimizer_step": step}, "pipeline": {"stages": 1}})
     model = torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.Linear(64, 32))
-    opt = make_optimizer(list(model.parameters()), optimizer)
+    opt = make_optimizer(list(model.parameters()), scenario)
     for _ in range(2):  # the first step makes the states
         for p in model.parameters():
             p.grad = torch.randn_like(p)
@@ -309,5 +319,14 @@ def test_optimizer_scratch_is_what_torch_allocates(optimizer: str) -> None:
             opt.step()
     layers = [LayerSpec(**{**_layer("a", 0, 0), "params": 96 * 64 + 64, "largest_tensor_params": 96 * 64}),
               LayerSpec(**{**_layer("b", 0, 0), "params": 64 * 32 + 32, "largest_tensor_params": 64 * 32})]
-    scenario = parse_scenario({"training": {"optimizer": optimizer}, "pipeline": {"stages": 1}})
     assert tracker.interval_peak - before == pytest.approx(update_scratch_bytes(scenario, layers), rel=0.015)
+
+
+def test_optimizer_step_follows_the_accelerator_unless_given() -> None:
+    def step(hardware: str, optimizer: str = "adam", given: str = "default") -> str:
+        return parse_scenario({"hardware": {"preset": hardware},
+                               "training": {"optimizer": optimizer, "optimizer_step": given}}).optimizer_step
+
+    assert (step("cpu"), step("v100"), step("tpuv3")) == ("for_loop", "foreach", "fused")
+    assert step("tpuv3", "rmsprop") == "for_loop"  # no fused RMSprop step: the default falls back
+    assert step("v100", given="fused") == "fused"

@@ -239,3 +239,33 @@ def test_cli_summary_shows_imbalance_and_fill_drain_beside_the_bubble(gpt_result
     # the issue's case: a 0.26 bubble against an analytic 0.099 is mostly imbalance (the output
     # head, one layer, is the slowest rank whatever the partition)
     assert result.imbalance_fraction > 0.15 and result.bubble_fraction > 2 * result.analytic_bubble_fraction
+
+
+@pytest.mark.parametrize("step", ["for_loop", "foreach", "fused"])
+def test_partition_charges_the_update_where_it_is_the_peak(step):
+    """Layers with large weights and small activations: a rank's peak is its update's temporaries
+    (Adam: two copies of its largest tensor one at a time, one copy of every parameter on lists),
+    and the partition's figure equals the simulated device peak exactly."""
+    layers = [{"name": f"l{i}", "params": p, "largest_tensor_params": p - 100, "activation_bytes_per_sample": 64.0,
+               "output_bytes_per_sample": 16.0, "forward_s_per_sample": 1e-3, "backward_s_per_sample": 2e-3}
+              for i, p in enumerate([40_000, 10_000, 30_000, 20_000, 50_000, 10_000])]
+    sc = parse_scenario({
+        "model": {"preset": "table", "input_bytes_per_sample": 16.0, "layers": layers},
+        "hardware": {"preset": "v100"},
+        "pipeline": {"stages": 3, "micro_batches": 4, "batch_size": 8, "schedule": "1f1b", "remat": "none",
+                     "partition": "memory"},
+        "training": {"optimizer": "adam", "optimizer_step": step}})
+    plan, table = _table(sc)
+    mem, _ = _Layout([1.0] * len(plan.layers), table).figures(_bounds(plan.layer_counts))
+    result = simulate(sc)
+    simulated = np.array([result.device_peak_memory_bytes[d] for d in sorted(result.device_peak_memory_bytes)])
+    assert mem == pytest.approx(simulated, rel=1e-12)
+    counts = np.cumsum([0, *plan.layer_counts])
+    for k, stage in enumerate(result.stages):
+        mine = [layers[i]["params"] for i in range(counts[k], counts[k + 1])]
+        update = {"for_loop": 2 * 4 * (max(mine) - 100), "foreach": 4 * sum(mine), "fused": 0}[step]
+        static = 16 * sum(mine)  # fp32 weight, gradient and two Adam states
+        if step == "fused":  # no temporaries: the held activations' peak
+            assert stage.peak_memory_bytes == static + stage.peak_activation_bytes
+        else:  # the update is the peak
+            assert stage.peak_memory_bytes == static + update > static + stage.peak_activation_bytes

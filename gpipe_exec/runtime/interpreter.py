@@ -170,7 +170,7 @@ class _ZeroShard:
     replica's 1/D of them as the one tensor its optimizer steps (states for the shard only); after
     the step the replicas all-gather the updated shards into every parameter."""
 
-    def __init__(self, params: list[torch.nn.Parameter], optimizer_name: str, replica: int, D: int,
+    def __init__(self, params: list[torch.nn.Parameter], scenario: Scenario, replica: int, D: int,
                  group: Any) -> None:
         self.params, self.D, self.group = params, D, group
         total = sum(q.numel() for q in params)
@@ -178,7 +178,7 @@ class _ZeroShard:
         self.lo, self.hi = min(replica * self.size, total), min((replica + 1) * self.size, total)
         flat = self._flat([q.detach() for q in params])
         self.master = torch.nn.Parameter(flat[self.lo:self.hi].clone())
-        self.optimizer = make_optimizer([self.master], optimizer_name)
+        self.optimizer = make_optimizer([self.master], scenario)
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
@@ -306,10 +306,10 @@ class RankRunner:
         self.dp_group = data_parallel_groups(self.K, self.D)[self.pipeline_rank] if self.D > 1 else None
         self.zero: _ZeroShard | None = None
         if self.D > 1 and sc.training.zero:
-            self.zero = _ZeroShard(params, sc.training.optimizer, self.replica, self.D, self.dp_group)
+            self.zero = _ZeroShard(params, sc, self.replica, self.D, self.dp_group)
             self.optimizer = self.zero.optimizer
         else:
-            self.optimizer = make_optimizer(params, sc.training.optimizer)
+            self.optimizer = make_optimizer(params, sc)
         # This replica's share of the global batch (each loss still divides by the global batch
         # size, so the replicas' summed gradients are those of the global batch's mean loss).
         share = p.batch_size // self.D

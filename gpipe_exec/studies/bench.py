@@ -68,7 +68,7 @@ def _torch_pipelining(rank: int, device: torch.device, clock: AlignedClock, sc: 
         module = torch.nn.Sequential(*build_layers_range(sc.model, first, last, dropout=0.0)).to(device)
         modules.append(module)
         stages.append(PipelineStage(module, c, C, device))
-    optimizer = make_optimizer([p for m in modules for p in m.parameters()], sc.training.optimizer)
+    optimizer = make_optimizer([p for m in modules for p in m.parameters()], sc)
     # Loss per micro-batch as a share of the mini-batch mean; scale_grads off so shares add up.
     loss = lambda out, y: loss_sum(out, y, B)  # noqa: E731
     cls = _torch_schedule(schedule)
@@ -117,7 +117,7 @@ def _bench_task(rank: int, device: torch.device, clock: AlignedClock, payload: d
 def _single_process(sc: Scenario, steps: int, warmup: int, threads: int) -> list[float]:
     torch.set_num_threads(threads)
     model = build_model(sc.model, dropout=0.0)
-    optimizer = make_optimizer(list(model.parameters()), sc.training.optimizer)
+    optimizer = make_optimizer(list(model.parameters()), sc)
     x, y = make_batch(sc.model, sc.pipeline.batch_size)
     times = []
     for s in range(warmup + steps):
@@ -139,7 +139,7 @@ def _torchgpipe(sc: Scenario, partition: list[int], steps: int, warmup: int, thr
     K, M, B = sc.pipeline.stages, sc.pipeline.micro_batches, sc.pipeline.batch_size
     model = GPipe(build_model(sc.model, dropout=0.0), balance=partition, devices=["cpu"] * K, chunks=M,
                   checkpoint="never")
-    optimizer = make_optimizer(list(model.parameters()), sc.training.optimizer)
+    optimizer = make_optimizer(list(model.parameters()), sc)
     x, y = make_batch(sc.model, B)
     times = []
     for s in range(warmup + steps):

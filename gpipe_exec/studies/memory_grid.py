@@ -15,6 +15,15 @@ from gpipe_sim.spec.scenario import Scenario, load_scenario
 MODELS = ("transformer", "convnet")
 SPLIT_SCHEDULES = ("gpipe", "1f1b", "zb_h1")  # x remat none/always x M 2/8
 CHUNKED_SCHEDULES = ("interleaved_1f1b", "zbv")  # two chunks a rank, the file's M
+# Adam (the update's temporaries: stepping one tensor at a time, the CPU default, and on lists, the
+# CUDA default) on one replica, then D = 2 replicas (the all-reduce buckets) without and with ZeRO-1
+# (its flat copies), 1F1B at the file's M; both replicas share the two cores
+ADAM = ["pipeline.schedule=1f1b", "training.optimizer=adam"]
+DATA_PARALLEL = [*ADAM, "pipeline.data_parallel=2", "hardware.stage_to_device=null",
+                 "hardware.placement=[[0,1],[0,1]]"]
+OPTIMIZER_CASES = {"1f1b adam": ADAM, "1f1b adam foreach": [*ADAM, "training.optimizer_step=foreach"],
+                   "1f1b adam D=2": [*DATA_PARALLEL, "training.zero=0"],
+                   "1f1b adam D=2 ZeRO-1": [*DATA_PARALLEL, "training.zero=1"]}
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,8 @@ def grid_cases(models: Sequence[str] = MODELS) -> list[tuple[str, Scenario]]:
         for schedule in CHUNKED_SCHEDULES:
             sets = [f"pipeline.schedule={schedule}", "pipeline.chunks=2"]
             cases.append((f"{model} {schedule} v=2", load_scenario(str(path), sets)))
+        for label, sets in OPTIMIZER_CASES.items():
+            cases.append((f"{model} {label}", load_scenario(str(path), sets)))
     return cases
 
 

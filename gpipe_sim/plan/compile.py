@@ -280,22 +280,33 @@ def local_state_bytes_per_param(scenario: Scenario) -> float:
     return dtype_bytes + (training.state_bytes_per_param - dtype_bytes) / (D if training.zero else 1)
 
 
-def update_scratch_bytes(scenario: Scenario, layers: Sequence[LayerSpec]) -> float:
-    """What a rank's optimizer step allocates and frees again, for these layers' parameters:
-    torch's per-tensor (for-loop) optimizers make OPTIMIZER_SCRATCH temporaries the size of the
-    tensor they step (Adam 2: the square root and its scaling; RMSprop and Adagrad 1; SGD and
-    momentum none), one tensor at a time, in fp32 (the previous tensor's last temporary, alive
-    until the next one's are made, is left out: usually a bias's). Under ZeRO-1 the one tensor is the rank's flat
-    shard; with `hardware.host.step_buffers` the runtime's all-gather buffers, larger and later in
-    the update, are counted instead (gpipe_sim.results.memory's data-parallel bytes)."""
+def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) -> tuple[list[float], bool]:
+    """What the optimizer's step allocates and frees again, for these layers' parameters under one
+    optimizer (as gpipe-exec has one a rank), layer by layer: (bytes per layer, summed). The step's
+    temporaries are OPTIMIZER_SCRATCH fp32 copies of what it works on at once
+    (`Scenario.optimizer_step`): the largest tensor, one tensor at a time ("for_loop": the rank's
+    figure is the largest layer's, summed False; the previous tensor's last temporary, alive until
+    the next one's are made, is left out: usually a bias's); every parameter ("foreach": the sum,
+    summed True); nothing ("fused"). Under ZeRO-1 the one tensor is the rank's flat shard (1/D of
+    every parameter, summed; the shard's padding left out); with `hardware.host.step_buffers` the
+    runtime's all-gather buffers, larger and later in the update, are counted instead
+    (gpipe_sim.results.memory's data-parallel bytes), so nothing here."""
     training, D = scenario.training, scenario.pipeline.data_parallel
-    factor = OPTIMIZER_SCRATCH[training.optimizer]
+    step = scenario.optimizer_step
+    factor = 4.0 * OPTIMIZER_SCRATCH[step][training.optimizer]  # fp32 copies
     if training.zero and D > 1:
-        if scenario.hardware.host.step_buffers:
-            return 0.0
-        return factor * 4.0 * -(-sum(layer.params for layer in layers) // D)
-    largest = max((layer.largest_tensor_params or layer.params for layer in layers), default=0)
-    return factor * 4.0 * largest
+        share = 0.0 if scenario.hardware.host.step_buffers else factor / D
+        return [share * layer.params for layer in layers], True
+    if step == "foreach":
+        return [factor * layer.params for layer in layers], True
+    return [factor * (layer.params if layer.largest_tensor_params is None else layer.largest_tensor_params)
+            for layer in layers], False
+
+
+def update_scratch_bytes(scenario: Scenario, layers: Sequence[LayerSpec]) -> float:
+    """The optimizer step's temporaries for a rank holding these layers (update_scratch_per_layer)."""
+    values, summed = update_scratch_per_layer(scenario, layers)
+    return math.fsum(values) if summed else max(values, default=0.0)
 
 
 def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule: Schedule,
@@ -304,11 +315,13 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
     bytes, saved and input bytes per layer, the schedule's held micro-batches, and each layer's
     largest transient on the largest micro-batch. Where the schedule splits backward passes, a
     layer's saved bytes count what its input pass keeps for its weight pass too (held from the
-    input pass to the weight pass, inside the window the saved bytes are held: an upper bound)."""
+    input pass to the weight pass, inside the window the saved bytes are held: an upper bound), and
+    the optimizer step's temporaries per layer (update_scratch_per_layer)."""
     dtype_bytes = scenario.training.dtype_bytes
     state_per_param = local_state_bytes_per_param(scenario)
     largest = max(sizes)
     split = schedule.count(Kind.BACKWARD_INPUT) > 0
+    update = update_scratch_per_layer(scenario, layers)
     return MemoryTable(
         static_bytes=[float(layer.params * (dtype_bytes + state_per_param)) for layer in layers],
         activation_bytes=[float(layer.activation_bytes_per_sample
@@ -319,6 +332,8 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
         device_map=scenario.device_map,
         capacity_bytes=scenario.hardware.accelerator.usable_memory_bytes,
         transient_bytes=[layer.transient_bytes + largest * layer.transient_bytes_per_sample for layer in layers],
+        update_bytes=update[0],
+        update_summed=update[1],
     )
 
 

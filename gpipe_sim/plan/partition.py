@@ -244,7 +244,9 @@ class MemoryTable:
     passes allocates on the largest micro-batch: a rank is then charged, on top of its held
     activations, the largest of its layers' (an upper bound of the simulator's peak, which adds
     the running pass's transient to the activations held at that moment; equal when the peak
-    falls in the pass with the largest transient, as at a backward's start)."""
+    falls in the pass with the largest transient, as at a backward's start). Optionally per layer
+    the optimizer step's temporaries (`update_bytes`): a rank's is their sum (`update_summed`) or
+    the largest, charged on its static bytes alone (the update runs when no activation is held)."""
 
     static_bytes: Sequence[float]
     activation_bytes: Sequence[float]
@@ -253,6 +255,8 @@ class MemoryTable:
     device_map: Sequence[int]
     capacity_bytes: float = float("inf")
     transient_bytes: Sequence[float] = ()
+    update_bytes: Sequence[float] = ()
+    update_summed: bool = False
 
 
 class _RangeMax:
@@ -291,6 +295,9 @@ class _Layout:
         self.P = _prefix(memory.activation_bytes)
         self.inp = np.asarray(memory.input_bytes, dtype=float)
         self.transient = _RangeMax(memory.transient_bytes, self.L)
+        self.update_summed = memory.update_summed
+        self.U = _prefix(memory.update_bytes if len(memory.update_bytes) else np.zeros(self.L))
+        self.update_max = _RangeMax(memory.update_bytes, self.L)
         h = memory.held
         self.placement = np.asarray(h.placement, dtype=np.int64)
         self.C = len(h.placement)
@@ -319,15 +326,20 @@ class _Layout:
         A = self.P[b] - self.P[a]
         inp = self.inp[a]
         feats = np.stack([A, inp, np.maximum(A - inp, 0.0)])  # [3, n]
-        return self.S[b] - self.S[a] + (self.rows[j] @ feats).max(axis=0) + self.transient(a, b)
+        held = (self.rows[j] @ feats).max(axis=0) + self.transient(a, b)
+        return self.S[b] - self.S[a] + np.maximum(held, self.update(a, b))
+
+    def update(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The optimizer step's temporaries of segments [a, b): summed or the largest layer's."""
+        return self.U[b] - self.U[a] if self.update_summed else self.update_max(a, b)
 
     def chunk_time(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return self.T[b] - self.T[a]
 
     # ---- exact figures for a whole partition
     def rank_figures(self, r: int, bounds: np.ndarray) -> tuple[float, float]:
-        """(rank r's static bytes plus activation peak plus its largest transient, its time),
-        remembered per its chunks' bounds."""
+        """(rank r's static bytes plus the larger of its activation peak plus its largest transient
+        and its update's temporaries, its time), remembered per its chunks' bounds."""
         chunks = self.rank_chunks[r]
         key = (r, *(int(bounds[c]) for c in chunks), *(int(bounds[c + 1]) for c in chunks))
         hit = self._cache.get(key)
@@ -345,7 +357,10 @@ class _Layout:
             col, val = self.events[r]
             peak = float(np.cumsum(val * feat[col]).max(initial=0.0))
         transient = float(self.transient(first, last).max(initial=0.0))
-        hit = (static + max(peak, 0.0) + transient, float(np.sum(self.T[last] - self.T[first])))
+        updates = self.update(first, last)
+        update = float(np.sum(updates) if self.update_summed else updates.max(initial=0.0))
+        memory = static + max(max(peak, 0.0) + transient, update)
+        hit = (memory, float(np.sum(self.T[last] - self.T[first])))
         if len(self._cache) > 200_000:
             self._cache.clear()
         self._cache[key] = hit

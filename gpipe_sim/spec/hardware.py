@@ -28,6 +28,9 @@ class Accelerator(_Strict):
     # How the framework keeps a dropout mask for backward: "bool", one byte an element (CUDA's
     # fused dropout); "dtype", the scaled noise in the activations' own type (torch on CPU).
     dropout_masks: Literal["bool", "dtype"] = "bool"
+    # How the framework's optimizer steps by default (gpipe_sim.spec.scenario.OPTIMIZER_STEPS):
+    # torch's "foreach" on CUDA, "for_loop" on CPU; "fused" where a compiler fuses the update (XLA).
+    optimizer_step: Literal["for_loop", "foreach", "fused"] = "foreach"
 
     @field_validator("peak_flops")
     @classmethod

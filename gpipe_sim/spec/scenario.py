@@ -28,10 +28,22 @@ from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"  # package data
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2}
-# Temporaries the size of the stepped tensor that torch's per-tensor optimizer step makes (measured
-# with gpipe_exec's tensor tracker on torch 2.13: Adam's square root and its scaling; RMSprop's and
-# Adagrad's square root; SGD with or without momentum steps in place).
-OPTIMIZER_SCRATCH: dict[str, int] = {"sgd": 0, "momentum": 0, "rmsprop": 1, "adagrad": 1, "adam": 2}
+# How an optimizer's step runs (torch.optim's implementations): one tensor at a time ("for_loop",
+# torch's default on CPU), on lists of all its tensors at once ("foreach", torch's default on CUDA),
+# or one fused kernel ("fused"). torch has no fused RMSprop.
+OPTIMIZER_STEPS = ("for_loop", "foreach", "fused")
+FUSED_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
+# The fp32 temporaries a step makes and frees, in multiples of what it steps at once: the largest
+# tensor for "for_loop" (Adam: the square root and its scaling; RMSprop and Adagrad: the square
+# root), all of the optimizer's parameters for "foreach" (Adam and RMSprop: the list of square roots;
+# Adagrad: those and the scaled gradients); SGD with or without momentum steps in place, and a fused
+# step makes none. Measured with gpipe_exec's tensor tracker on torch 2.13
+# (tests/test_exec_memory.py checks every entry against torch).
+OPTIMIZER_SCRATCH: dict[str, dict[str, int]] = {
+    "for_loop": {"sgd": 0, "momentum": 0, "rmsprop": 1, "adagrad": 1, "adam": 2},
+    "foreach": {"sgd": 0, "momentum": 0, "rmsprop": 1, "adagrad": 2, "adam": 1},
+    "fused": {"sgd": 0, "momentum": 0, "rmsprop": 0, "adagrad": 0, "adam": 0},
+}
 REMAT_MODES = ("none", "except_last", "always")
 PARTITION_METHODS = ("uniform", "time", "memory", "fit")
 
@@ -132,6 +144,16 @@ class Training(_Strict):
     optimizer: Literal["sgd", "momentum", "rmsprop", "adagrad", "adam"] = "adam"
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     zero: Literal[0, 1] = 0  # 1: ZeRO-1, optimizer states sharded over the D replicas
+    # How the optimizer's step runs (OPTIMIZER_STEPS); "default": the accelerator's framework default
+    # (`hardware.accelerator.optimizer_step`). It sets the update's temporary memory.
+    optimizer_step: Literal["default", "for_loop", "foreach", "fused"] = "default"
+
+    @model_validator(mode="after")
+    def _step_exists(self) -> "Training":
+        if self.optimizer_step == "fused" and self.optimizer not in FUSED_OPTIMIZERS:
+            raise ValueError(f"training.optimizer_step: torch has no fused {self.optimizer} step "
+                             f"(fused: {', '.join(FUSED_OPTIMIZERS)}); use for_loop or foreach")
+        return self
 
     @property
     def dtype_bytes(self) -> int:
@@ -160,6 +182,17 @@ class Scenario(_Strict):
     hardware: Hardware = Field(default_factory=_default_hardware)
     pipeline: Pipeline = Field(default_factory=Pipeline)
     training: Training = Field(default_factory=Training)
+
+    @property
+    def optimizer_step(self) -> str:
+        """How the optimizer's step runs (OPTIMIZER_STEPS): the training section's choice, else the
+        accelerator's default (for_loop where that has no fused step for this optimizer)."""
+        step = self.training.optimizer_step
+        if step == "default":
+            step = self.hardware.accelerator.optimizer_step
+            if step == "fused" and self.training.optimizer not in FUSED_OPTIMIZERS:
+                step = "for_loop"
+        return step
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
