@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gpipe_exec.measure.allocator import cache_host_memory
 from gpipe_exec.measure.meters import SavedBytesMeter, tensor_bytes
-from gpipe_exec.runtime.chunk import make_optimizer
+from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import build_layer, check_buildable, loss_sum, make_batch
 from gpipe_sim.spec.layers import layer_count
 from gpipe_sim.spec.model import LayerSpec
@@ -265,7 +265,7 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
             rows[i]["backward_weight_s_per_sample"] = at_big["backward_weight_s"] / at_big["micro_batch"]
         params = list(layer.parameters())
         if params:
-            opt = make_optimizer(params, scenario)
+            opt = Update(params, scenario)
             stamps = _Stamps(device, clock)
 
             def step() -> float:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from gpipe_exec.runtime.chunk import make_optimizer
+from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import build_model, loss_sum, make_batch
 from gpipe_sim.spec.scenario import Scenario
 
@@ -15,13 +15,13 @@ def reference_step(scenario: Scenario, *, seed: int = 0, dropout: float | None =
                    steps: int = 1) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """Parameters and gradients after `steps` plain steps, keyed like `RankRunner.params`."""
     model = build_model(scenario.model, seed=seed, dropout=dropout, dtype=scenario.training.dtype)
-    optimizer = make_optimizer(list(model.parameters()), scenario)
+    update = Update(list(model.parameters()), scenario)
     x, y = make_batch(scenario.model, scenario.pipeline.batch_size, seed=seed,
                       dtype=scenario.training.dtype)
     for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
+        update.zero_grad(set_to_none=True)
         loss_sum(model(x), y, scenario.pipeline.batch_size).backward()
-        optimizer.step()
+        update.step()
     out: dict[str, Any] = {}
     for name, p in model.named_parameters():
         out[name] = (p.detach().clone(), None if p.grad is None else p.grad.detach().clone())

@@ -98,12 +98,13 @@ def test_zero1_master_shard_shard_gradient_and_gather() -> None:
 
 
 def test_zero1_in_mixed_precision_counts_no_second_master() -> None:
-    """bf16: the state bytes hold the sharded fp32 master already; the flat copies are bf16 (2 B)."""
+    """bf16: the state bytes hold the sharded fp32 master already; the flat copies are bf16 (2 B)
+    but the master shard's gradient, fp32 (4 B)."""
     plan = compile_plan(_scenario(zero=1, dtype="bf16"))
     dp = data_parallel_bytes(plan)
     assert not dp.master_shard.any()
     update = _at(plan, 0, Kind.UPDATE)[0]
-    assert dp.gather[update] == 5 * 6 * 2 and dp.shard_gradient[update] == 6 * 2
+    assert dp.gather[update] == 5 * 6 * 2 and dp.shard_gradient[update] == 6 * 4
     assert not data_parallel_bytes(compile_plan(_scenario(zero=1, D=1))).gather.any()
 
 

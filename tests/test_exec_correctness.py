@@ -1,6 +1,7 @@
 """The pipelined step equals plain single-process training (gradients and parameters, fp32, 1e-5),
 for every schedule, chunks per rank, re-materialization mode and split (I/W) backward, and with
-data parallelism (D replicas of the pipeline on the global batch, with and without ZeRO-1)."""
+data parallelism (D replicas of the pipeline on the global batch, with and without ZeRO-1); in
+bf16 with fp32 master weights, within bf16's rounding."""
 
 from __future__ import annotations
 
@@ -43,12 +44,13 @@ class Case(NamedTuple):
     weight_pass: str = "reuse"
     D: int = 1  # data-parallel replicas
     zero: int = 0  # ZeRO-1 (with D > 1)
+    dtype: str = "fp32"
 
     def __str__(self) -> str:
         split = f" split {self.split} ({self.weight_pass})" if self.split else ""
         dp = f" D={self.D}{' zero1' if self.zero else ''}" if self.D > 1 else ""
         return (f"{self.model} K={self.K} v={self.v} M={self.M} {self.schedule}{split} remat={self.remat} "
-                f"{self.optimizer}{dp}")
+                f"{self.optimizer}{dp} {self.dtype}")
 
     @property
     def world(self) -> int:
@@ -61,7 +63,7 @@ def scenario(case: Case) -> Scenario:
         "pipeline": {"stages": case.K, "chunks": case.v, "micro_batches": case.M,
                      "batch_size": 8 if case.M > 1 or case.D > 1 else 5, "schedule": case.schedule,
                      "remat": case.remat, "data_parallel": case.D},
-        "training": {"optimizer": case.optimizer, "zero": case.zero},
+        "training": {"optimizer": case.optimizer, "zero": case.zero, "dtype": case.dtype},
     })
 
 
@@ -112,13 +114,14 @@ def reference(case: Case, steps: int = 1) -> dict[str, Any]:
                           steps=steps)
 
 
-def assert_equal_to_reference(results: list[tuple[Case, dict]], steps: int = 1) -> None:
+def assert_equal_to_reference(results: list[tuple[Case, dict]], steps: int = 1, tolerance: float = 1e-5) -> None:
     for case, got in results:
         ref = reference(case, steps)
         assert got.keys() == ref.keys(), case
         for name, (param, grad) in ref.items():
-            torch.testing.assert_close(got[name][1], grad, rtol=1e-5, atol=1e-5, msg=f"grad {name}: {case}")
-            torch.testing.assert_close(got[name][0], param, rtol=1e-5, atol=1e-5, msg=f"param {name}: {case}")
+            assert got[name][0].dtype == param.dtype, f"{name}: {case}"
+            torch.testing.assert_close(got[name][1], grad, rtol=tolerance, atol=tolerance, msg=f"grad {name}: {case}")
+            torch.testing.assert_close(got[name][0], param, rtol=tolerance, atol=tolerance, msg=f"param {name}: {case}")
 
 
 REMATS = ("none", "except_last", "always")
@@ -149,6 +152,14 @@ DP_FOUR = [Case("transformer", 2, 2, "gpipe", "always", D=2), Case("mlp", 2, 4, 
            Case("transformer", 2, 4, "interleaved_1f1b", "always", "momentum", v=2, D=2, zero=1),
            Case("convnet", 2, 2, "interleaved_1f1b", "none", v=2, D=2),
            Case("mlp", 2, 4, "interleaved_1f1b", "except_last", "adam", v=2, split="deferred", D=2, zero=1)]
+
+
+# bf16 parameters and gradients, fp32 master weights and optimizer states (runtime.update.Update;
+# ZeRO-1: an fp32 master shard)
+BF16 = [Case("mlp", 2, 4, "1f1b", "none", "adam", dtype="bf16"),
+        Case("transformer", 2, 3, "gpipe", "always", "momentum", dtype="bf16"),
+        Case("mlp", 1, 2, "gpipe", "none", "adam", D=2, zero=1, dtype="bf16"),
+        Case("mlp", 1, 4, "1f1b", "none", "momentum", D=2, dtype="bf16")]
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +196,7 @@ def two_ranks() -> dict[str, list[tuple[Case, dict]]]:
         groups[name] = (steps, {"steps": 3, "recv_window": window})
     # data parallelism: two replicas of a one-rank pipeline (the same launch of two processes)
     groups["data_parallel"] = (DP_TWO, {"steps": 2})
+    groups["bf16"] = (BF16, {"steps": 2})
     with pytest.MonkeyPatch.context() as patch:  # registered in this process only, while jobs are made
         patch.setitem(SCHEDULES, "backward-in-order", ScheduleFamily("backward-in-order", backward_in_order))
         groups["registered"] = ([Case("mlp", 2, 3, "backward-in-order", "always"),
@@ -257,6 +269,12 @@ def test_data_parallel_equals_training_on_the_global_batch(two_ranks, four_ranks
     steps on the whole batch, and both replicas hold the same parameters."""
     assert_equal_to_reference(two_ranks["data_parallel"], steps=2)
     assert_equal_to_reference(four_ranks["data_parallel"], steps=2)
+
+
+def test_mixed_precision_equals_plain_mixed_precision_training(two_ranks) -> None:
+    """bf16 with fp32 master weights: two pipelined (and data-parallel) steps equal two plain ones
+    within bf16's rounding (the micro-batches' gradients are summed in bf16 in another order)."""
+    assert_equal_to_reference(two_ranks["bf16"], steps=2, tolerance=2e-2)
 
 
 def test_one_rank() -> None:

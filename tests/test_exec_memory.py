@@ -276,8 +276,8 @@ def test_memory_grid_covers_the_documented_cases_and_summarises() -> None:
     from gpipe_exec.studies.memory_grid import StageFigure, grid_cases, main, summary
 
     cases = grid_cases()
-    # two models x (3 schedules x 2 remat x 2 M + 2 chunked + Adam for-loop and foreach, D=2, D=2 ZeRO-1)
-    assert len(cases) == 2 * (3 * 2 * 2 + 2 + 4)
+    # two models x (3 schedules x 2 remat x 2 M + 2 chunked + Adam for-loop, foreach, bf16, D=2, D=2 ZeRO-1)
+    assert len(cases) == 2 * (3 * 2 * 2 + 2 + 5)
     labels = [label for label, _ in cases]
     assert len(set(labels)) == len(labels)
     zbv = dict(cases)["convnet zbv v=2"]
@@ -289,37 +289,47 @@ def test_memory_grid_covers_the_documented_cases_and_summarises() -> None:
     assert main(["--models", "resnet"]) == 2
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("step", ["for_loop", "foreach", "fused"])
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "rmsprop", "adagrad", "adam"])
-def test_optimizer_scratch_is_what_torch_allocates(optimizer: str, step: str) -> None:
+def test_update_scratch_is_what_torch_allocates(optimizer: str, step: str, dtype: str) -> None:
     """The update's temporaries the simulator charges (OPTIMIZER_SCRATCH x the largest tensor, or
-    x every parameter for a foreach step, fp32) against the tracker over a steady-state step of the
-    executor's own optimizer; what the simulator leaves out is a for-loop step's previous tensor's
-    last temporary, alive until the next is made (here a bias: RMSprop's and Adagrad's peak is 1%
-    above)."""
+    x every parameter for a foreach step, fp32; in bf16 also an fp32 copy of every gradient for the
+    master weights) against the tracker over a steady-state step of the executor's own update;
+    what the simulator leaves out is a for-loop step's previous tensor's last temporary, alive
+    until the next is made (here a bias: RMSprop's and Adagrad's peak is 1% above)."""
     from gpipe_exec.measure.memory import module_state
-    from gpipe_exec.runtime.chunk import make_optimizer
+    from gpipe_exec.runtime.update import Update
     from gpipe_sim.plan.compile import update_scratch_bytes
 
+    training = {"optimizer": optimizer, "optimizer_step": step, "dtype": dtype}
     if step == "fused" and optimizer == "rmsprop":
         with pytest.raises(ValueError, match="training.optimizer_step: torch has no fused rmsprop"):
-            parse_scenario({"training": {"optimizer": optimizer, "optimizer_step": step}})
+            parse_scenario({"training": training})
         return
-    scenario = parse_scenario({"training": {"optimizer": optimizer, "optimizer_step": step}, "pipeline": {"stages": 1}})
-    model = torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.Linear(64, 32))
-    opt = make_optimizer(list(model.parameters()), scenario)
+    scenario = parse_scenario({"training": training, "pipeline": {"stages": 1}})
+    model = torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.Linear(64, 32)).to(torch.bfloat16 if dtype == "bf16"
+                                                                                      else torch.float32)
+    update = Update(list(model.parameters()), scenario)
     for _ in range(2):  # the first step makes the states
         for p in model.parameters():
             p.grad = torch.randn_like(p)
         tracker = StorageTracker()
-        module_state(tracker, [model], [opt])
+        module_state(tracker, [model], [update.optimizer])
+        tracker.track(update.masters, "optimizer_states")
         with tracker:
             tracker.mark()
             before = tracker.total
-            opt.step()
+            update.step()
     layers = [LayerSpec(**{**_layer("a", 0, 0), "params": 96 * 64 + 64, "largest_tensor_params": 96 * 64}),
               LayerSpec(**{**_layer("b", 0, 0), "params": 64 * 32 + 32, "largest_tensor_params": 64 * 32})]
     assert tracker.interval_peak - before == pytest.approx(update_scratch_bytes(scenario, layers), rel=0.015)
+    static = tracker.total - before  # nothing left behind
+    assert static == 0
+    if dtype == "bf16":  # the parameters are the updated masters, rounded
+        for master, p in zip(update.masters, model.parameters()):
+            assert master.dtype == torch.float32 and p.dtype == torch.bfloat16
+            assert torch.equal(master.detach().to(torch.bfloat16), p.detach())
 
 
 def test_optimizer_step_follows_the_accelerator_unless_given() -> None:

@@ -10,29 +10,6 @@ from torch import nn
 
 from gpipe_exec.measure.meters import SavedBytesMeter, tensor_bytes
 from gpipe_exec.runtime.split_backward import WeightPass, WeightWork, backward_input, backward_weight
-from gpipe_sim.spec.scenario import Scenario
-
-LEARNING_RATES = {"sgd": 0.05, "momentum": 0.05, "rmsprop": 1e-3, "adagrad": 0.01, "adam": 1e-3}
-
-
-def make_optimizer(params: list[nn.Parameter], scenario: Scenario) -> torch.optim.Optimizer:
-    """The scenario's optimizer (`training.optimizer`) with a fixed learning rate, stepping as
-    `Scenario.optimizer_step` says: one tensor at a time ("for_loop"), on lists ("foreach") or
-    fused."""
-    name = scenario.training.optimizer
-    lr = LEARNING_RATES[name]
-    how = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[
-        scenario.optimizer_step]
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, **how)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, **how)
-    if name == "rmsprop":
-        return torch.optim.RMSprop(params, lr=lr, **how)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr, **how)
-    return torch.optim.Adam(params, lr=lr, **how)
-
 
 def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None

@@ -33,9 +33,10 @@ from gpipe_exec.errors import ExecutionError, PeerError
 from gpipe_exec.measure.memory import (INPUTS, RECEIVE_BUFFERS, AllocatorPeak, StorageTracker,
                                        gradients_as_gradients, module_state)
 from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_bytes, tensor_bytes
-from gpipe_exec.runtime.chunk import Chunk, make_optimizer
+from gpipe_exec.runtime.chunk import Chunk
 from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.runtime.split_backward import WeightPass
+from gpipe_exec.runtime.update import Update, make_optimizer
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.plan.partition import micro_batch_sizes
 from gpipe_sim.plan.replicas import replicate, with_collectives
@@ -177,7 +178,8 @@ class _ZeroShard:
         self.size = -(-total // D) if total else 0
         self.lo, self.hi = min(replica * self.size, total), min((replica + 1) * self.size, total)
         flat = self._flat([q.detach() for q in params])
-        self.master = torch.nn.Parameter(flat[self.lo:self.hi].clone())
+        # fp32 like every master copy (in fp32 training the shard's own copy)
+        self.master = torch.nn.Parameter(flat[self.lo:self.hi].to(torch.float32, copy=True))
         self.optimizer = make_optimizer([self.master], scenario)
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -187,13 +189,13 @@ class _ZeroShard:
     def step(self) -> None:
         """This replica's shard: its optimizer step (compute: under the device lock)."""
         grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params]
-        self.master.grad = self._flat(grads)[self.lo:self.hi].clone()
+        self.master.grad = self._flat(grads)[self.lo:self.hi].to(torch.float32, copy=True)
         self.optimizer.step()
 
     def gather(self) -> None:
         """Every replica's updated shard into the parameters (a collective: outside the device lock,
         which a replica sharing this device may need to reach it)."""
-        mine = torch.zeros(self.size, dtype=self.master.dtype, device=self.master.device)
+        mine = torch.zeros(self.size, dtype=self.params[0].dtype, device=self.master.device)
         mine[:self.hi - self.lo] = self.master.detach()
         parts = [torch.empty_like(mine) for _ in range(self.D)]
         dist.all_gather(parts, mine, group=self.group)
@@ -305,11 +307,13 @@ class RankRunner:
         params = [q for ch in self.chunks.values() for q in ch.module.parameters()]
         self.dp_group = data_parallel_groups(self.K, self.D)[self.pipeline_rank] if self.D > 1 else None
         self.zero: _ZeroShard | None = None
+        self.update: Update | None = None
         if self.D > 1 and sc.training.zero:
             self.zero = _ZeroShard(params, sc, self.replica, self.D, self.dp_group)
             self.optimizer = self.zero.optimizer
         else:
-            self.optimizer = make_optimizer(params, sc)
+            self.update = Update(params, sc)
+            self.optimizer = self.update.optimizer
         # This replica's share of the global batch (each loss still divides by the global batch
         # size, so the replicas' summed gradients are those of the global batch's mean loss).
         share = p.batch_size // self.D
@@ -467,8 +471,8 @@ class RankRunner:
     def _update(self, i: int, a: Action) -> tuple[Kind, int, int]:
         if self.zero is not None:
             self.zero.step()  # the all-gather follows, out of the device lock (`step`)
-        else:
-            self.optimizer.step()
+        elif self.update is not None:
+            self.update.step()
         return Kind.UPDATE, -1, -1
 
     # -- the step ------------------------------------------------------------------------------
@@ -489,6 +493,8 @@ class RankRunner:
         module_state(tracker, [ch.module for ch in self.chunks.values()], optimizers)
         if self.zero is not None:
             tracker.track([self.zero.master], "optimizer_states")  # the shard's master copy
+        if self.update is not None:
+            tracker.track(self.update.masters, "optimizer_states")  # mixed precision's fp32 masters
         tracker.track([*self.inputs, *self.targets], INPUTS)
         tracker.track(self._buffers.values(), RECEIVE_BUFFERS)
         return tracker

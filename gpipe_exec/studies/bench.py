@@ -20,7 +20,7 @@ from gpipe_exec.execute import check_runnable, job_for, measured_result
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.measure.meters import AlignedClock
 from gpipe_exec.runtime.interpreter import chunk_bounds, run_job
-from gpipe_exec.runtime.chunk import make_optimizer
+from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import build_layers_range, build_model, loss_sum, make_batch
 from gpipe_sim.schedule import schedule_family
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
@@ -68,7 +68,7 @@ def _torch_pipelining(rank: int, device: torch.device, clock: AlignedClock, sc: 
         module = torch.nn.Sequential(*build_layers_range(sc.model, first, last, dropout=0.0)).to(device)
         modules.append(module)
         stages.append(PipelineStage(module, c, C, device))
-    optimizer = make_optimizer([p for m in modules for p in m.parameters()], sc)
+    update = Update([p for m in modules for p in m.parameters()], sc)
     # Loss per micro-batch as a share of the mini-batch mean; scale_grads off so shares add up.
     loss = lambda out, y: loss_sum(out, y, B)  # noqa: E731
     cls = _torch_schedule(schedule)
@@ -81,9 +81,9 @@ def _torch_pipelining(rank: int, device: torch.device, clock: AlignedClock, sc: 
     kwargs: dict[str, Any] = {"target": y, "losses": []} if C - 1 in mine else {}
 
     def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
+        update.zero_grad(set_to_none=True)
         pipe.step(*args, **kwargs)
-        optimizer.step()
+        update.step()
 
     return _timed_steps(step, steps, warmup, clock)
 
@@ -117,14 +117,14 @@ def _bench_task(rank: int, device: torch.device, clock: AlignedClock, payload: d
 def _single_process(sc: Scenario, steps: int, warmup: int, threads: int) -> list[float]:
     torch.set_num_threads(threads)
     model = build_model(sc.model, dropout=0.0)
-    optimizer = make_optimizer(list(model.parameters()), sc)
+    update = Update(list(model.parameters()), sc)
     x, y = make_batch(sc.model, sc.pipeline.batch_size)
     times = []
     for s in range(warmup + steps):
         t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
+        update.zero_grad(set_to_none=True)
         loss_sum(model(x), y, sc.pipeline.batch_size).backward()
-        optimizer.step()
+        update.step()
         if s >= warmup:
             times.append(time.perf_counter() - t0)
     return times
@@ -139,14 +139,14 @@ def _torchgpipe(sc: Scenario, partition: list[int], steps: int, warmup: int, thr
     K, M, B = sc.pipeline.stages, sc.pipeline.micro_batches, sc.pipeline.batch_size
     model = GPipe(build_model(sc.model, dropout=0.0), balance=partition, devices=["cpu"] * K, chunks=M,
                   checkpoint="never")
-    optimizer = make_optimizer(list(model.parameters()), sc)
+    update = Update(list(model.parameters()), sc)
     x, y = make_batch(sc.model, B)
     times = []
     for s in range(warmup + steps):
         t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
+        update.zero_grad(set_to_none=True)
         loss_sum(model(x), y, B).backward()
-        optimizer.step()
+        update.step()
         if s >= warmup:
             times.append(time.perf_counter() - t0)
     return times

@@ -280,33 +280,39 @@ def local_state_bytes_per_param(scenario: Scenario) -> float:
     return dtype_bytes + (training.state_bytes_per_param - dtype_bytes) / (D if training.zero else 1)
 
 
-def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) -> tuple[list[float], bool]:
-    """What the optimizer's step allocates and frees again, for these layers' parameters under one
-    optimizer (as gpipe-exec has one a rank), layer by layer: (bytes per layer, summed). The step's
-    temporaries are OPTIMIZER_SCRATCH fp32 copies of what it works on at once
-    (`Scenario.optimizer_step`): the largest tensor, one tensor at a time ("for_loop": the rank's
-    figure is the largest layer's, summed False; the previous tensor's last temporary, alive until
-    the next one's are made, is left out: usually a bias's); every parameter ("foreach": the sum,
-    summed True); nothing ("fused"). Under ZeRO-1 the one tensor is the rank's flat shard (1/D of
-    every parameter, summed; the shard's padding left out); with `hardware.host.step_buffers` the
-    runtime's all-gather buffers, larger and later in the update, are counted instead
+def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) -> tuple[list[float], list[float]]:
+    """What the optimizer update allocates and frees again, for these layers' parameters under one
+    optimizer (as gpipe-exec has one a rank), layer by layer as (summed, largest): a rank's figure
+    is the sum of the first over its layers plus the largest of the second.
+
+    The step's temporaries are OPTIMIZER_SCRATCH fp32 copies of what it works on at once
+    (`Scenario.optimizer_step`): the largest tensor, one tensor at a time ("for_loop": largest; the
+    previous tensor's last temporary, alive until the next one's are made, is left out: usually a
+    bias's); every parameter ("foreach": summed); nothing ("fused"). In mixed precision (bf16,
+    fp16) the fp32 master weights are stepped from an fp32 copy of every gradient (4 B a parameter,
+    summed). Under ZeRO-1 the one tensor stepped is the rank's flat shard, 1/D of every parameter
+    (summed; the shard's padding left out); with `hardware.host.step_buffers` the runtime's shard
+    gradient and all-gather buffers, larger and later in the update, are counted instead
     (gpipe_sim.results.memory's data-parallel bytes), so nothing here."""
     training, D = scenario.training, scenario.pipeline.data_parallel
     step = scenario.optimizer_step
     factor = 4.0 * OPTIMIZER_SCRATCH[step][training.optimizer]  # fp32 copies
+    upcast = 0.0 if training.dtype == "fp32" else 4.0  # the gradients' fp32 copies
+    none = [0.0] * len(layers)
     if training.zero and D > 1:
-        share = 0.0 if scenario.hardware.host.step_buffers else factor / D
-        return [share * layer.params for layer in layers], True
+        share = 0.0 if scenario.hardware.host.step_buffers else (factor + upcast) / D
+        return [share * layer.params for layer in layers], none
     if step == "foreach":
-        return [factor * layer.params for layer in layers], True
-    return [factor * (layer.params if layer.largest_tensor_params is None else layer.largest_tensor_params)
-            for layer in layers], False
+        return [(factor + upcast) * layer.params for layer in layers], none
+    largest = [factor * (layer.params if layer.largest_tensor_params is None else layer.largest_tensor_params)
+               for layer in layers]
+    return [upcast * layer.params for layer in layers], largest
 
 
 def update_scratch_bytes(scenario: Scenario, layers: Sequence[LayerSpec]) -> float:
-    """The optimizer step's temporaries for a rank holding these layers (update_scratch_per_layer)."""
-    values, summed = update_scratch_per_layer(scenario, layers)
-    return math.fsum(values) if summed else max(values, default=0.0)
+    """The optimizer update's temporaries for a rank holding these layers (update_scratch_per_layer)."""
+    summed, largest = update_scratch_per_layer(scenario, layers)
+    return math.fsum(summed) + max(largest, default=0.0)
 
 
 def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule: Schedule,
@@ -333,7 +339,7 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
         capacity_bytes=scenario.hardware.accelerator.usable_memory_bytes,
         transient_bytes=[layer.transient_bytes + largest * layer.transient_bytes_per_sample for layer in layers],
         update_bytes=update[0],
-        update_summed=update[1],
+        update_largest_bytes=update[1],
     )
 
 

@@ -245,8 +245,9 @@ class MemoryTable:
     activations, the largest of its layers' (an upper bound of the simulator's peak, which adds
     the running pass's transient to the activations held at that moment; equal when the peak
     falls in the pass with the largest transient, as at a backward's start). Optionally per layer
-    the optimizer step's temporaries (`update_bytes`): a rank's is their sum (`update_summed`) or
-    the largest, charged on its static bytes alone (the update runs when no activation is held)."""
+    the optimizer update's temporaries: a rank's is the sum of its layers' `update_bytes` plus the
+    largest of their `update_largest_bytes`, charged on its static bytes alone (the update runs
+    when no activation is held)."""
 
     static_bytes: Sequence[float]
     activation_bytes: Sequence[float]
@@ -256,7 +257,7 @@ class MemoryTable:
     capacity_bytes: float = float("inf")
     transient_bytes: Sequence[float] = ()
     update_bytes: Sequence[float] = ()
-    update_summed: bool = False
+    update_largest_bytes: Sequence[float] = ()
 
 
 class _RangeMax:
@@ -295,9 +296,8 @@ class _Layout:
         self.P = _prefix(memory.activation_bytes)
         self.inp = np.asarray(memory.input_bytes, dtype=float)
         self.transient = _RangeMax(memory.transient_bytes, self.L)
-        self.update_summed = memory.update_summed
         self.U = _prefix(memory.update_bytes if len(memory.update_bytes) else np.zeros(self.L))
-        self.update_max = _RangeMax(memory.update_bytes, self.L)
+        self.update_largest = _RangeMax(memory.update_largest_bytes, self.L)
         h = memory.held
         self.placement = np.asarray(h.placement, dtype=np.int64)
         self.C = len(h.placement)
@@ -330,8 +330,8 @@ class _Layout:
         return self.S[b] - self.S[a] + np.maximum(held, self.update(a, b))
 
     def update(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """The optimizer step's temporaries of segments [a, b): summed or the largest layer's."""
-        return self.U[b] - self.U[a] if self.update_summed else self.update_max(a, b)
+        """The optimizer update's temporaries of segments [a, b) alone (MemoryTable)."""
+        return self.U[b] - self.U[a] + self.update_largest(a, b)
 
     def chunk_time(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return self.T[b] - self.T[a]
@@ -357,8 +357,7 @@ class _Layout:
             col, val = self.events[r]
             peak = float(np.cumsum(val * feat[col]).max(initial=0.0))
         transient = float(self.transient(first, last).max(initial=0.0))
-        updates = self.update(first, last)
-        update = float(np.sum(updates) if self.update_summed else updates.max(initial=0.0))
+        update = float(np.sum(self.U[last] - self.U[first]) + self.update_largest(first, last).max(initial=0.0))
         memory = static + max(max(peak, 0.0) + transient, update)
         hit = (memory, float(np.sum(self.T[last] - self.T[first])))
         if len(self._cache) > 200_000:

@@ -26,9 +26,9 @@ reduced tensor that copies it back. With `training.zero: 1`, ZeRO-1 works on the
 flattened and padded to D shards of s = ceil(params / D) elements: the replica's master shard
 (its own slice, at most s elements) is static where the state bytes count no master copy (fp32
 training; for bf16/fp16 the sharded master weights are in the state bytes already); the update
-allocates the shard's gradient (the same slice, held to the step's end) and, while it runs, the
-all-gather's buffers (its own shard, D received shards and their concatenation: (2D + 1) s
-elements), which exceed the flattening of the gradients (params + (D + 1) s) and an optimizer's
+allocates the shard's gradient (the same slice, in fp32 as the master shard, held to the step's
+end) and, while it runs, the all-gather's buffers (its own shard, D received shards and their
+concatenation: (2D + 1) s elements of the training dtype), which exceed the flattening of the gradients (params + (D + 1) s) and an optimizer's
 temporaries on one flat shard (so `RankPlan.update_scratch_bytes` is 0 there). The shard's
 gradient and the all-gather's buffers are in the breakdown (`zero_shard_gradient`,
 `zero_gather`), as are the buckets (`allreduce_buckets`) and the master shard (`zero_master_shard`).
@@ -246,7 +246,7 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     if training.dtype == "fp32":  # Training.state_bytes_per_param counts a master copy otherwise
         out.master_shard[:] = mine * element
     at = prog.kind == UPDATE
-    out.shard_gradient[at] = mine[prog.rank[at]] * element
+    out.shard_gradient[at] = mine[prog.rank[at]] * 4.0  # the fp32 master shard's gradient
     out.gather[at] = (2 * D + 1) * s[prog.rank[at] % K] * element
     return out
 
