@@ -1,6 +1,7 @@
 """The analytic presets' predicted peak memory per stage (no profile: saved bytes, transients, what a
 split backward keeps, all from the preset's formulas) against the executor's measured peak (the
-tensor tracker over a real step) on the zoo's modules, over schedules and re-computation."""
+tensor tracker over a real step) on the zoo's modules, over schedules and re-computation, in fp32 and
+in bf16 with fp32 master weights."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ MODELS = {
                           "seq_len": 96, "vocab": 300, "attention": "flash"},
     "convnet": {"preset": "convnet", "layers": 4, "channels": 16, "image_size": 32, "num_classes": 10},
 }
-RUNS = (("gpipe", "none"), ("1f1b", "always"), ("zb_h1", "none"))
+ADAM_BF16 = {"optimizer": "adam", "dtype": "bf16"}  # fp32 masters: the peak is often the update's
+RUNS = (("gpipe", "none", {}), ("1f1b", "always", {}), ("zb_h1", "none", {}),
+        ("1f1b", "none", {**ADAM_BF16, "optimizer_step": "foreach"}),
+        ("gpipe", "always", {**ADAM_BF16, "optimizer_step": "for_loop"}))
 TOLERANCE = 0.05  # the accuracy target; torch's own memory-tracker tests accept 10% against the allocator
 
 
@@ -30,13 +34,13 @@ def runs():
     """Every model x schedule, K=2, M=4, run for real in one launch: (name, predicted, measured)."""
     cases, jobs = [], []
     for name, model in MODELS.items():
-        for schedule, remat in RUNS:
+        for schedule, remat, training in RUNS:
             sc = parse_scenario({"model": model, "hardware": {"preset": "cpu", "host": {"step_buffers": True}},
                                  "pipeline": {"stages": 2, "micro_batches": 4, "batch_size": 8,
-                                              "schedule": schedule, "remat": remat}})
+                                              "schedule": schedule, "remat": remat}, "training": training})
             plan = check_runnable(sc)
             jobs.append(job_for(sc, plan, steps=1, warmup=1))
-            cases.append((f"{name} {schedule} {remat}", sc, plan))
+            cases.append((" ".join([name, schedule, remat, *map(str, training.values())]), sc, plan))
     outs = launch(jobs, [0, 1], LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
     return [(name, simulate(sc), measured_result(plan, out).result) for (name, sc, plan), out in zip(cases, outs)]
 
