@@ -245,6 +245,24 @@ def test_stage_memory_marks_stages_over_capacity():
     assert fig.layout.shapes[0].y0 == pytest.approx(1e9 / plots.GIB)
 
 
+def test_stage_memory_bars_add_up_to_the_peak_when_the_update_is_the_peak():
+    """Large weights, small activations, Adam on lists in bf16: each rank's peak is its update
+    (no activation held then); the bars show that moment, not the activations of another one."""
+    layers = [{"name": f"l{i}", "params": 50_000, "activation_bytes_per_sample": 64.0, "output_bytes_per_sample": 16.0,
+               "forward_s_per_sample": 1e-3, "backward_s_per_sample": 2e-3} for i in range(4)]
+    result = simulate(parse_scenario({
+        "model": {"preset": "table", "input_bytes_per_sample": 16.0, "layers": layers},
+        "hardware": {"preset": "v100"},
+        "pipeline": {"stages": 2, "micro_batches": 4, "batch_size": 8, "schedule": "1f1b", "remat": "none"},
+        "training": {"optimizer": "adam", "dtype": "bf16", "optimizer_step": "foreach"}}))
+    fig = plots.stage_memory_figure(result)
+    bars = {t.name: np.asarray(t.y) * plots.GIB for t in fig.data if t.type == "bar"}
+    assert sum(bars.values()) == pytest.approx([s.peak_memory_bytes for s in result.stages])
+    # the fp32 gradient copies and Adam's square roots: 8 B a parameter, 2 layers a rank
+    assert bars["temporaries (running pass or update)"] == pytest.approx([8 * 100_000] * 2)
+    assert "activations held" not in bars and all(s.peak_activation_bytes > 0 for s in result.stages)
+
+
 def test_bubble_vs_m_curves_are_the_analytic_formula():
     fig = plots.bubble_vs_m_figure([2, 8], current_k=4, current_m=16, current_bubble=0.3, m_max=64)
     curves = {t.name: t for t in fig.data}

@@ -469,19 +469,29 @@ def _capacity_line(fig: go.Figure, capacity: float) -> None:
 
 
 def stage_memory_figure(result: Result) -> go.Figure:
-    """Each rank's peak memory (all its chunks), split into parameters, gradients/optimizer states
-    and activations."""
+    """Each rank's peak memory (all its chunks), split into what it holds at that moment:
+    parameters, gradients/optimizer states, the activations held, the temporaries of the pass or
+    update running, and the runtime's buffers (from `memory_breakdown`; without one, the peak
+    activations and the rest). The bar's height is the rank's `peak_memory_bytes`."""
     stages = result.stages
     x = [f"rank {s.index}" for s in stages]
     over = [
         result.device_peak_memory_bytes.get(s.device, s.peak_memory_bytes) > result.memory_capacity_bytes
         for s in stages
     ]
+    held = [s.memory_breakdown.get("activations", s.peak_activation_bytes) for s in stages]
+    temporaries = [s.memory_breakdown.get("transient", 0.0) for s in stages]
+    rest = [max(s.peak_memory_bytes - s.param_bytes - s.state_bytes - h - t, 0.0)
+            for s, h, t in zip(stages, held, temporaries)]
     fig = go.Figure()
     parts = (("parameters", [s.param_bytes for s in stages], "#72B7B2"),
              ("gradients + optimizer states", [s.state_bytes for s in stages], "#EECA3B"),
-             ("peak activations", [s.peak_activation_bytes for s in stages], "#E45756"))
+             ("activations held", held, "#E45756"),
+             ("temporaries (running pass or update)", temporaries, "#B279A2"),
+             ("runtime buffers", rest, "#9D755D"))
     for name, values, color in parts:
+        if name != "parameters" and not any(values):
+            continue
         fig.add_trace(go.Bar(x=x, y=np.asarray(values) / GIB, name=name, marker_color=color,
                              hovertemplate="%{x}<br>" + name + ": %{y:.3f} GiB<extra></extra>"))
     # Ranks whose device is over capacity: a marker on the bar (named once, in the legend), never
@@ -494,7 +504,7 @@ def stage_memory_figure(result: Result) -> go.Figure:
         hovertemplate="%{x} does not fit: %{y:.3f} GiB<extra></extra>",
     ))
     _capacity_line(fig, result.memory_capacity_bytes)
-    title = "Peak memory per rank against device capacity"
+    title = "Peak memory per rank (what it holds at its peak) against device capacity"
     if any(over):
         title += f"<br><sup>{sum(over)} of {len(over)} ranks do not fit (marked x)</sup>"
     fig.update_layout(barmode="stack", title=title, yaxis_title="GiB", height=360,
