@@ -215,6 +215,10 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         if not options.meta and any(p.requires_grad for p in layer.parameters()):  # for split backwards
             kept = split_saved_bytes(layer, h_in[:big], first=i == 0)["kept_gradients"]
             rows[-1]["kept_for_weight_bytes_per_sample"] = kept / big
+            if i > 0:  # the model's first layer takes no input gradient: its input pass does nothing
+                small = min(sizes) if len(sizes) > 1 else max(1, big // 2)
+                rows[-1]["input_pass_bytes_per_sample"] = max(
+                    input_pass_bytes(layer, h_in, y, last=i == n - 1, batch=b) / b for b in {small, big})
         if not options.meta:
             layers.append(layer)
     table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
@@ -529,6 +533,36 @@ def transient_parts(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tenso
     finally:
         layer.zero_grad(set_to_none=True)
     return float(max(forward, 0)), float(max(backward, 0))
+
+
+def input_pass_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, last: bool,
+                     batch: int) -> float:
+    """The most bytes the layer's input-gradient pass (runtime.split_backward.backward_input, as
+    the executor runs it) holds above what was live at its start, at `batch` samples: the gradients
+    it keeps for the weight pass, its input's gradient and its temporaries, counted by a
+    StorageTracker (LayerSpec's `input_pass_bytes_per_sample` x batch)."""
+    from gpipe_exec.measure.memory import INPUTS, StorageTracker, module_state
+    from gpipe_exec.runtime.split_backward import backward_input
+
+    params = [p for p in layer.parameters() if p.requires_grad]
+    x, target = x[:batch].detach(), target[:batch]
+    try:
+        tracker = StorageTracker()
+        module_state(tracker, [layer], [])
+        tracker.track([x, target], INPUTS)
+        with tracker:
+            x = x.requires_grad_(True)
+            out = layer(x)
+            end = loss_sum(out, target, batch) if last else out
+            grad = None if last else _grad_like(out, 0)
+            tracker.mark()
+            at_start = tracker.total
+            result = backward_input(end, grad, x, params)
+            peak = tracker.interval_peak - at_start
+            del result, end, out
+    finally:
+        layer.zero_grad(set_to_none=True)
+    return float(max(peak, 0))
 
 
 def transient_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,

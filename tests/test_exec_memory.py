@@ -340,3 +340,68 @@ def test_optimizer_step_follows_the_accelerator_unless_given() -> None:
     assert (step("cpu"), step("v100"), step("tpuv3")) == ("for_loop", "foreach", "fused")
     assert step("tpuv3", "rmsprop") == "for_loop"  # no fused RMSprop step: the default falls back
     assert step("v100", given="fused") == "fused"
+
+
+@pytest.mark.parametrize("model", [
+    {"preset": "convnet", "layers": 4, "channels": 8, "image_size": 16, "num_classes": 5},
+    {"preset": "transformer", "layers": 3, "d_model": 32, "d_ff": 64, "heads": 2, "seq_len": 8, "vocab": 50},
+])
+def test_input_pass_of_a_chunk_from_its_layers_is_exact(model: dict) -> None:
+    """A chunk's input-gradient pass holds, above its start, max over its layers j of (j's own pass
+    + what the layers after j keep for the weight pass): against the tracker on the zoo's chunks,
+    from the profiler's per-layer figures (`input_pass_bytes`, `split_saved_bytes`)."""
+    from gpipe_exec.profile import input_pass_bytes, split_saved_bytes
+    from gpipe_exec.zoo import build_layer, make_batch
+    from gpipe_sim.plan.compile import input_pass_bytes as chunk_input_pass
+    from gpipe_sim.spec.layers import layer_count
+
+    spec = parse_scenario({"model": model, "hardware": {"preset": "cpu"},
+                           "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": 4}}).model
+    b = 4
+    x, y = make_batch(spec, b)
+    n = layer_count(spec)
+    modules = [build_layer(spec, i) for i in range(n)]
+    inputs = [x]
+    with torch.no_grad():
+        for m in modules[:-1]:
+            inputs.append(m(inputs[-1]))
+    rows = [LayerSpec(name=f"l{i}", forward_s_per_sample=1e-3, backward_s_per_sample=1e-3,
+                      input_pass_bytes_per_sample=input_pass_bytes(modules[i], inputs[i], y, last=i == n - 1, batch=b) / b,
+                      kept_for_weight_bytes_per_sample=split_saved_bytes(modules[i], inputs[i])["kept_gradients"] / b)
+            if i else None for i in range(n)]  # the model's first layer takes no input gradient
+    checked = 0
+    for first in range(1, n):
+        for last in range(first + 1, n + 1):
+            chunk = torch.nn.Sequential(*modules[first:last])
+            measured = input_pass_bytes(chunk, inputs[first], y, last=last == n, batch=b)
+            assert chunk_input_pass(rows[first:last]) * b == pytest.approx(measured, abs=16), (first, last)  # the loss: 4 B
+            checked += 1
+    assert checked >= 3
+
+
+def test_recomputed_output_is_held_from_the_recompute_to_its_backward() -> None:
+    """Under step buffers, a re-computation's output (a new tensor, the backward's root) is held to
+    the end of its backward: all of it where the chunk sends its output (the forward's sent tensor
+    stands for what the last layer saves), none on the model's last chunk."""
+    from gpipe_sim.results.memory import recomputed_output_deltas
+    from gpipe_sim.schedule import Kind
+
+    def scenario(step_buffers: bool, remat: str = "always"):
+        return parse_scenario({
+            "model": {"preset": "table", "input_bytes_per_sample": 8.0,
+                      "layers": [_layer("a", 100, 0), _layer("b", 100, 0), _layer("c", 100, 0)]},
+            "hardware": {"preset": "ideal", "host": {"step_buffers": step_buffers}},
+            "pipeline": {"stages": 3, "micro_batches": 2, "batch_size": 4, "schedule": "gpipe", "remat": remat}})
+
+    plan = compile_plan(scenario(True))
+    alloc, free = recomputed_output_deltas(plan)
+    prog = plan.program
+    for i in range(len(prog.kind)):
+        c = int(prog.chunk[i])
+        if prog.kind[i] in (int(Kind.RECOMPUTE), int(Kind.BACKWARD)) and c < 2:
+            held = 8.0 * 2  # output bytes per sample x 2 samples a micro-batch
+            assert (alloc[i] if prog.kind[i] == int(Kind.RECOMPUTE) else free[i]) == held
+        else:
+            assert alloc[i] == 0 and free[i] == 0, (i, prog.kind[i], c)
+    for sc in (scenario(False), scenario(True, remat="none")):
+        assert not any(d.any() for d in recomputed_output_deltas(compile_plan(sc)))

@@ -69,7 +69,9 @@ def run_grid(cases: list[tuple[str, Scenario]], *, say: Callable[[str], None] = 
             figure = StageFigure(label, k, m.peak_memory_bytes, p.peak_memory_bytes)
             figures.append(figure)
             row.append(f"stage {k} {figure.measured_bytes / 2**20:7.2f} MiB {figure.error:+6.2%}")
-        say(f"{label:36s} " + "  ".join(row))
+        partition = v.scenario.pipeline.partition  # as run: the layers per chunk
+        counts = "/".join(map(str, partition)) if isinstance(partition, tuple) else str(partition)
+        say(f"{label:36s} " + "  ".join(row) + f"  layers {counts}")
     return figures
 
 

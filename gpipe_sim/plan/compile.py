@@ -64,6 +64,9 @@ class ChunkPlan:
     # Of the chunk's output, the bytes its last layer saves as well (known where the next layer
     # saves that tensor too: its saved_with_previous_bytes_per_sample) x samples.
     output_saved_bytes: np.ndarray | None = None
+    # What its input-gradient pass holds above its start while it runs (`input_pass_bytes`; none
+    # on the model's first chunk, whose input pass has nothing to do); None: `transient_bytes`.
+    input_pass_transient_bytes: np.ndarray | None = None
 
     @property
     def layer_count(self) -> int:
@@ -254,6 +257,7 @@ def compile_plan(scenario: Scenario) -> Plan:
                     layer.kept_for_weight_bytes_per_sample for layer in own)) * samples,
                 output_saved_bytes=(layers[first + count].saved_with_previous_bytes_per_sample
                                     if first + count < len(layers) else 0.0) * samples,
+                input_pass_transient_bytes=(0.0 if c == 0 else input_pass_bytes(own)) * samples,
             )
         )
         first += count
@@ -366,6 +370,22 @@ def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed
         return np.zeros_like(samples)
     lines = np.asarray(offsets)[:, None] + np.asarray(slopes)[:, None] * samples[None, :]
     return np.maximum(lines.max(axis=0), 0.0)
+
+
+def input_pass_bytes(layers: Sequence[LayerSpec]) -> float:
+    """Per sample, the most a chunk's input-gradient pass holds above what was live at its start:
+    while layer j runs its pass (its own `input_pass_bytes_per_sample`), the layers after j have
+    made the gradients they keep for the weight pass and free nothing (their saved bytes stay for
+    the weight pass): max over j of (layer j's bytes + the kept bytes of the layers after j).
+    (Exact against the tracker on the zoo's chunks where the layers' figures are measured.)"""
+    best, after = 0.0, 0.0
+    for layer in reversed(layers):
+        own = layer.input_pass_bytes_per_sample
+        if own is None:
+            own = layer.transient_bytes_per_sample + layer.kept_for_weight_bytes_per_sample
+        best = max(best, own + after)
+        after += layer.kept_for_weight_bytes_per_sample
+    return best
 
 
 def _layer_times(layer: LayerSpec, micro_batch: int, accel, dtype: str, dtype_bytes: int) -> tuple[float, ...]:

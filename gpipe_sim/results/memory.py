@@ -12,11 +12,13 @@ the rank's static bytes (parameters, plus gradients, optimizer states and master
 `RankPlan.state_bytes`), what a split backward's input-gradient pass keeps for its weight-gradient
 pass (`ChunkPlan.kept_for_weight_bytes`, from I's end to W's end), and the transient bytes of the
 compute pass running at the time (allocated at the pass's start on top of the held level, freed at
-its end: `ChunkPlan.transient_bytes` for a forward, re-computation or input pass,
+its end: `ChunkPlan.transient_bytes` for a forward or re-computation, `input_pass_transient_bytes`
+for an input pass (the gradients it keeps for the weight pass build up while it runs),
 `backward_transient_bytes` for a full backward, `weight_pass_transient_bytes` for a weight pass;
 for an update, the optimizer's temporaries: `RankPlan.update_scratch_bytes`). With
-`hardware.host.step_buffers` it also counts the runtime's buffers held all step (`step_buffer_bytes`)
-and every sent tensor from its send to the step's end (`sent_bytes`).
+`hardware.host.step_buffers` it also counts the runtime's buffers held all step (`step_buffer_bytes`),
+every sent tensor from its send to the step's end (`sent_bytes`) and every re-computation's output
+to its backward's end (`recomputed_output_deltas`).
 With neither, the memory in all is the static bytes plus the held activations exactly.
 
 Data parallelism (D > 1) under `hardware.host.step_buffers` adds what a runtime like gpipe-exec
@@ -100,7 +102,9 @@ def transient_bytes(plan: Plan) -> np.ndarray:
     weight = np.array([np.zeros(M) if c.weight_pass_transient_bytes is None else c.weight_pass_transient_bytes
                        for c in plan.chunks])
     ok = (prog.chunk >= 0) & (prog.micro_batch >= 0)
-    for table, kinds in ((tr, (FORWARD, RECOMPUTE, BACKWARD_INPUT)), (backward, (BACKWARD,)),
+    inputs = np.array([tr[c.index] if c.input_pass_transient_bytes is None else c.input_pass_transient_bytes
+                       for c in plan.chunks])
+    for table, kinds in ((tr, (FORWARD, RECOMPUTE)), (inputs, (BACKWARD_INPUT,)), (backward, (BACKWARD,)),
                          (weight, (BACKWARD_WEIGHT,))):
         running = np.isin(prog.kind, kinds) & ok
         out[running] = table[prog.chunk[running], prog.micro_batch[running]]
@@ -188,6 +192,33 @@ def step_buffer_bytes(plan: Plan) -> np.ndarray:
     return out
 
 
+def recomputed_output_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """Under `hardware.host.step_buffers`, per action, (allocated at its start, freed at its end):
+    a re-computation's output, a new tensor the runtime holds as the root of the backward graph,
+    from the re-computation's start to the end of the micro-batch's backward (or input) pass. What
+    the chunk's last layer saves of it (`ChunkPlan.output_saved_bytes`) is in the saved bytes
+    already, unless the chunk sends its output: the forward's sent tensor stands for that part
+    then (`shared_with_buffers`), and the re-computed one is another. None on the model's last
+    chunk (its output is the loss). Zeros without `step_buffers`."""
+    prog = plan.program
+    alloc, free = np.zeros(len(prog.kind)), np.zeros(len(prog.kind))
+    if not plan.scenario.hardware.host.step_buffers or not np.any(prog.kind == RECOMPUTE):
+        return alloc, free
+    C, M = len(plan.chunks), len(plan.micro_batch_sizes)
+    place = plan.schedule.placement
+    sent = [c + 1 < C and place[c + 1] != place[c] for c in range(C)]
+    extra = np.array([np.zeros(M) if c.index == C - 1 else np.maximum(c.output_bytes - (
+        0.0 if c.output_saved_bytes is None or sent[c.index] else c.output_saved_bytes), 0.0) for c in plan.chunks])
+    ch, mb = prog.chunk, prog.micro_batch
+    rec = prog.kind == RECOMPUTE
+    alloc[rec] = extra[ch[rec], mb[rec]]
+    recomputed = set(zip(ch[rec].tolist(), mb[rec].tolist()))
+    for i in np.flatnonzero((prog.kind == BACKWARD) | (prog.kind == BACKWARD_INPUT)):
+        if (int(ch[i]), int(mb[i])) in recomputed:
+            free[i] = extra[ch[i], mb[i]]
+    return alloc, free
+
+
 def kept_for_weight_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     """(allocated at end, freed at end) per action: what an input-gradient pass keeps for its
     micro-batch's weight-gradient pass (`ChunkPlan.kept_for_weight_bytes`), from I's end to W's."""
@@ -258,6 +289,7 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
     sent = sent_bytes(plan)
     in_buffers = shared_with_buffers(plan)
     for_weight = kept_for_weight_deltas(plan)
+    recomputed = recomputed_output_deltas(plan)
     dp = data_parallel_bytes(plan)
     prog = plan.program
     offsets = prog.offsets
@@ -293,10 +325,14 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
         shard_grad = np.cumsum(shard_grad)  # from the update's start to the step's end
         gather = np.zeros_like(t)
         gather[0::2] = dp.gather[lo:hi]  # while the update runs
-        total = level + running + kept + bucket + shard_grad + gather
+        roots = np.empty_like(t)
+        roots[0::2], roots[1::2] = recomputed[0][lo:hi], -recomputed[1][lo:hi]
+        roots = np.cumsum(roots)  # re-computed outputs, to their backward's end
+        total = level + running + kept + bucket + shard_grad + gather + roots
         in_all.append(total)
         at = int(np.argmax(total)) if len(total) else 0
-        extra = {"sent": kept, "allreduce_buckets": bucket, "zero_shard_gradient": shard_grad, "zero_gather": gather}
+        extra = {"sent": kept, "recomputed_outputs": roots, "allreduce_buckets": bucket,
+                 "zero_shard_gradient": shard_grad, "zero_gather": gather}
         breakdown.append({"activations": float(level[at]) if len(level) else 0.0,
                           "transient": float(running[at]) if len(running) else 0.0,
                           **{name: float(v[at]) for name, v in extra.items() if len(v) and v.any()}})

@@ -54,6 +54,10 @@ class LayerSpec(_Strict):
     # Bytes the input-gradient pass I keeps for the weight-gradient pass W when the backward is split
     # (the gradients where a parameter's branch meets the input's path), held from I to W's end.
     kept_for_weight_bytes_per_sample: Amount = 0.0
+    # The most bytes the layer's input-gradient pass holds above what was live at its start, per
+    # sample: its kept gradients, its input's gradient and its temporaries together (measured by
+    # gpipe-exec profile); None: transient_bytes_per_sample + kept_for_weight_bytes_per_sample.
+    input_pass_bytes_per_sample: Amount | None = None
     # Of activation_bytes_per_sample, the bytes the previous layer saves too (the tensor between
     # them, kept by that layer as its output and by this one as its input): one allocation, which
     # gpipe_sim counts once where both layers are in one chunk.
