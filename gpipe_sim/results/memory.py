@@ -296,6 +296,21 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
     times, held, peaks, in_all, breakdown = [], [], [], [], []
     chunk_peaks = np.zeros(len(plan.chunks))
     K = len(plan.ranks)
+    # Beside the held activations, per series: (bytes at each action's start, at its end, summed
+    # over time); a series that is zero everywhere is left out.
+    level_terms = {  # changes of the held level
+        "shared": (-in_buffers[0], in_buffers[1], True),  # counted in the buffers or sent tensors already
+        "kept_for_weight": (None, for_weight[0] - for_weight[1], True),  # both at the passes' ends
+    }
+    extras = {  # named in the breakdown
+        "sent": (sent, None, True),  # sent tensors, from their send's start to the step's end
+        "recomputed_outputs": (recomputed[0], -recomputed[1], True),  # to their backward's end
+        "allreduce_buckets": (dp.bucket_alloc, -dp.bucket_free, True),  # allreduce's start to the wait's end
+        "zero_shard_gradient": (dp.shard_gradient, None, True),  # from the update's start to the step's end
+        "zero_gather": (dp.gather, None, False),  # while the update runs
+    }
+    level_terms = {k: v for k, v in level_terms.items() if any(a is not None and a.any() for a in v[:2])}
+    extras = {k: v for k, v in extras.items() if any(a is not None and a.any() for a in v[:2])}
     for g in range(plan.num_ranks):  # every replica's ranks: devices may hold several
         lo, hi = int(offsets[g]), int(offsets[g + 1])
         t = np.empty(2 * (hi - lo))
@@ -306,36 +321,17 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
         times.append(t)
         held.append(level)
         peaks.append(float(level.max(initial=0.0)))
-        running = np.zeros_like(t)
-        running[0::2] = transient[lo:hi]  # on top of the level from the pass's start to its end
-        kept = np.zeros_like(t)
-        kept[0::2] = sent[lo:hi]
-        kept = np.cumsum(kept)  # sent tensors, from their send's start to the step's end
-        shared = np.empty_like(t)
-        shared[0::2], shared[1::2] = in_buffers[0][lo:hi], -in_buffers[1][lo:hi]
-        level = level - np.cumsum(shared)  # counted in the buffers or sent tensors already
-        between = np.zeros_like(t)
-        between[1::2] = for_weight[0][lo:hi] - for_weight[1][lo:hi]  # both at the passes' ends
-        level = level + np.cumsum(between)
-        bucket = np.empty_like(t)
-        bucket[0::2], bucket[1::2] = dp.bucket_alloc[lo:hi], -dp.bucket_free[lo:hi]
-        bucket = np.cumsum(bucket)  # all-reduce buckets, from the allreduce's start to the wait's end
-        shard_grad = np.zeros_like(t)
-        shard_grad[0::2] = dp.shard_gradient[lo:hi]
-        shard_grad = np.cumsum(shard_grad)  # from the update's start to the step's end
-        gather = np.zeros_like(t)
-        gather[0::2] = dp.gather[lo:hi]  # while the update runs
-        roots = np.empty_like(t)
-        roots[0::2], roots[1::2] = recomputed[0][lo:hi], -recomputed[1][lo:hi]
-        roots = np.cumsum(roots)  # re-computed outputs, to their backward's end
-        total = level + running + kept + bucket + shard_grad + gather + roots
+        running = _events(t, transient[lo:hi], None, False)  # on top of the level from a pass's start to its end
+        for at_start, at_end, summed in level_terms.values():
+            level = level + _events(t, _part(at_start, lo, hi), _part(at_end, lo, hi), summed)
+        series = {name: _events(t, _part(at_start, lo, hi), _part(at_end, lo, hi), summed)
+                  for name, (at_start, at_end, summed) in extras.items()}
+        total = level + running + sum(series.values(), np.zeros_like(t))
         in_all.append(total)
         at = int(np.argmax(total)) if len(total) else 0
-        extra = {"sent": kept, "recomputed_outputs": roots, "allreduce_buckets": bucket,
-                 "zero_shard_gradient": shard_grad, "zero_gather": gather}
         breakdown.append({"activations": float(level[at]) if len(level) else 0.0,
                           "transient": float(running[at]) if len(running) else 0.0,
-                          **{name: float(v[at]) for name, v in extra.items() if len(v) and v.any()}})
+                          **{name: float(v[at]) for name, v in series.items() if len(v) and v.any()}})
         if g < K:
             chunk = np.repeat(prog.chunk[lo:hi], 2)
             for c in plan.ranks[g].chunks:
@@ -352,6 +348,21 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
                         **({"step_buffers": float(buffers[k])} if buffers[k] else {}), **breakdown[k]}
     return MemoryProfile(tuple(times[:K]), tuple(held[:K]), np.asarray(peaks[:K]), chunk_peaks, device_peak,
                          peak_memory, tuple(breakdown[:K]))
+
+
+def _part(values: np.ndarray | None, lo: int, hi: int) -> np.ndarray | None:
+    return None if values is None else values[lo:hi]
+
+
+def _events(t: np.ndarray, at_start: np.ndarray | None, at_end: np.ndarray | None, summed: bool) -> np.ndarray:
+    """One rank's series over its event times `t` (each action's start, then its end): the bytes
+    at starts and at ends, summed over time (held until released) or not (only at that event)."""
+    out = np.zeros_like(t)
+    if at_start is not None:
+        out[0::2] = at_start
+    if at_end is not None:
+        out[1::2] = at_end
+    return np.cumsum(out) if summed else out
 
 
 def levels_from_totals(start: np.ndarray, end: np.ndarray, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
