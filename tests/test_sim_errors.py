@@ -46,6 +46,13 @@ CASES = [
     (_with("model.layers", -2), "model.layers"),
     (_with("hardware.stage_to_device", [0, 1]), "hardware.stage_to_device: 2 entries for 4 stages"),
     (_with("training.optimizer", "lion"), "training.optimizer"),
+    (_with("training.optimizer_step", "vectorised"), "training.optimizer_step: Input should be"),
+    ({**BASE, "training": {"optimizer": "rmsprop", "optimizer_step": "fused"}},
+     "training.optimizer_step: torch has no fused rmsprop step"),
+    ({**BASE, "model": {"preset": "table", "layers": [
+        {"name": "a", "params": 10, "largest_tensor_params": 11, "forward_s_per_sample": 1.0,
+         "backward_s_per_sample": 1.0}]}, "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": 1}},
+     "layer 'a': largest_tensor_params (11) exceeds its params (10)"),
     # presets that add layers around their blocks say so: the count is not a mystery
     ({**BASE, "model": {"preset": "transformer", "layers": 8, "d_model": 64, "d_ff": 128, "heads": 4,
                         "seq_len": 16, "vocab": 100}, "pipeline": {**BASE["pipeline"], "stages": 12}},

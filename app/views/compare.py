@@ -16,7 +16,7 @@ import streamlit as st
 from gpipe_sim.results.result import Result
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.presets import hardware_presets
-from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, PARTITION_METHODS, REMAT_MODES
+from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS, PARTITION_METHODS, REMAT_MODES
 from gpipe_sim.spec.units import format_bytes
 from gpipe_sim.studies import plots
 from ui_form import MODEL_CLASSES, scenario_form
@@ -41,6 +41,7 @@ PIPELINE_FIELDS: tuple[tuple[str, str, Any], ...] = (
     ("pipeline.remat", "select", lambda: list(REMAT_MODES)),
     ("pipeline.partition", "select", lambda: list(PARTITION_METHODS)),
     ("training.optimizer", "select", lambda: list(OPTIMIZER_STATES)),
+    ("training.optimizer_step", "select", lambda: ["default", *OPTIMIZER_STEPS]),
     ("training.dtype", "select", lambda: list(DTYPE_BYTES)),
     ("hardware.preset", "select", lambda: list(hardware_presets())),
 )

@@ -90,6 +90,9 @@ class LayerSpec(_Strict):
         sizes = [t.micro_batch for t in self.timings]
         if len(set(sizes)) != len(sizes):
             raise ValueError(f"layer {self.name!r} has two timings for one micro-batch size")
+        if self.largest_tensor_params is not None and self.largest_tensor_params > self.params:
+            raise ValueError(f"layer {self.name!r}: largest_tensor_params ({self.largest_tensor_params:,}) exceeds "
+                             f"its params ({self.params:,})")
         return self
 
 
