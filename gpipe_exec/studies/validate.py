@@ -71,8 +71,8 @@ ACCOUNTING = "accounting"  # the saved-tensor accounting check's figures are nam
 
 
 MEMORY_NOTE = ("peak_memory_bytes: measured, each rank's real tensor bytes at their peak over one step run "
-               "after the timed ones; predicted, static + held activations + the running pass's transient + "
-               "the executor's buffers. accounting.*: bytes saved for backward as both count them "
+               "after the timed ones; predicted, static + held activations + the running pass's or the "
+               "update's temporaries + the executor's buffers. accounting.*: bytes saved for backward as both count them "
                "(equal by construction: a check of the schedule, not a measurement).")
 
 
