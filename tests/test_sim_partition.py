@@ -269,3 +269,21 @@ def test_partition_charges_the_update_where_it_is_the_peak(step):
             assert stage.peak_memory_bytes == static + stage.peak_activation_bytes
         else:  # the update is the peak
             assert stage.peak_memory_bytes == static + update > static + stage.peak_activation_bytes
+
+
+@pytest.mark.parametrize("schedule, chunks", [("zb_h1", 1), ("zbv", 2)])
+def test_partition_stays_an_upper_bound_with_measured_input_passes(schedule, chunks):
+    """Rows with the profiler's input-pass bytes (here 20x the layer's transient plus its kept
+    gradients): the input pass can set the peak, and the partition's figure still bounds it."""
+    sc = _transformer(schedule, chunks, "none")
+    plan = compile_plan(sc)
+    rows = [{**layer.model_dump(exclude_none=True), "input_pass_bytes_per_sample":
+             20 * layer.transient_bytes_per_sample + layer.kept_for_weight_bytes_per_sample} for layer in plan.layers]
+    scenario = sc.with_updates({"model": {"preset": "table", "layers": rows,
+                                          "input_bytes_per_sample": input_bytes_per_sample(sc.model, 2)}})
+    plan, table = _table(scenario)
+    mem, _ = _Layout([1.0] * len(plan.layers), table).figures(_bounds(plan.layer_counts))
+    result = simulate(scenario)
+    simulated = np.array([result.device_peak_memory_bytes[d] for d in sorted(result.device_peak_memory_bytes)])
+    assert np.all(mem >= simulated * (1 - 1e-9))
+    assert result.stages[-1].peak_memory_bytes > simulate(sc).stages[-1].peak_memory_bytes  # the I pass counts

@@ -325,8 +325,9 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
     bytes, saved and input bytes per layer, the schedule's held micro-batches, and each layer's
     largest transient on the largest micro-batch. Where the schedule splits backward passes, a
     layer's saved bytes count what its input pass keeps for its weight pass too (held from the
-    input pass to the weight pass, inside the window the saved bytes are held: an upper bound), and
-    the optimizer step's temporaries per layer (update_scratch_per_layer)."""
+    input pass to the weight pass, inside the window the saved bytes are held: an upper bound), a
+    layer's transient is at least its input pass's bytes (which count its kept gradients again: an
+    upper bound), and the optimizer step's temporaries per layer (update_scratch_per_layer)."""
     dtype_bytes = scenario.training.dtype_bytes
     state_per_param = local_state_bytes_per_param(scenario)
     largest = max(sizes)
@@ -341,7 +342,8 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
         held=held_activations(schedule, sizes),
         device_map=scenario.device_map,
         capacity_bytes=scenario.hardware.accelerator.usable_memory_bytes,
-        transient_bytes=[layer.transient_bytes + largest * layer.transient_bytes_per_sample for layer in layers],
+        transient_bytes=[max(layer.transient_bytes + largest * layer.transient_bytes_per_sample,
+                             largest * input_pass_bytes([layer]) if split else 0.0) for layer in layers],
         update_bytes=update[0],
         update_largest_bytes=update[1],
     )
