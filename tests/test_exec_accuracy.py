@@ -100,12 +100,14 @@ def test_study_refuses_bad_options_with_status_2(argv: list[str], field: str,
 
 
 def test_random_table_counts_cases_within_their_spread() -> None:
-    def row(p: float, m: float, spread: float, pspread: float) -> dict:
+    def row(p: float, m: float, spread: float, pspread: float, memory: float = 0.01) -> dict:
         return {"case": "x", "predicted_step_s": p, "measured_step_s": m, "step_time_error": abs(p - m) / m,
-                "measured_spread": spread, "predicted_spread": pspread}
+                "measured_spread": spread, "predicted_spread": pspread, "memory_error": memory}
 
-    text = accuracy.random_markdown([row(1.02, 1.0, 0.05, 0.01), row(0.9, 1.0, 0.05, 0.10), row(1.0, 1.0, 0.0, 0.0)])
-    assert "| +2.0% | 5.0% | 1.0% | yes |" in text and "| -10.0% | 5.0% | 10.0% | no |" in text
+    text = accuracy.random_markdown([row(1.02, 1.0, 0.05, 0.01), row(0.9, 1.0, 0.05, 0.10, 0.03),
+                                     row(1.0, 1.0, 0.0, 0.0, 0.0)])
+    assert "| +2.0% | 5.0% | 1.0% | yes | 1.00% |" in text and "| -10.0% | 5.0% | 10.0% | no | 3.00% |" in text
+    assert "(worst stage of each case): median 1.00%, worst 3.00%" in text
     assert "median error 2.0%, worst 10.0%; 2/3 within their measured spread" in text
     assert "2/3 cases predicted no more spread than measured" in text
 

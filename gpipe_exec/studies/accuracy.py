@@ -107,15 +107,18 @@ def run_cases(cases: Sequence[Scenario], steps: int, warmup: int, options: Launc
 
 
 def random_markdown(rows: list[dict[str, Any]]) -> str:
-    """One line per drawn case (predicted and measured step, error, both spreads over the rounds),
-    then the median and worst error and how many cases fall within their measured spread."""
-    lines = ["| # | case | predicted | measured | error | measured spread | predicted spread | error within spread |",
-             "|---|---|---|---|---|---|---|---|"]
+    """One line per drawn case (predicted and measured step, error, both spreads over the rounds,
+    the worst stage's peak-memory error), then the median and worst errors and how many cases fall
+    within their measured spread."""
+    lines = ["| # | case | predicted | measured | error | measured spread | predicted spread | error within spread "
+             "| peak memory error (worst stage) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows):
         signed = (r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"]
         lines.append(f"| {i} | {r['case']} | {1e3 * r['predicted_step_s']:.1f} ms | {1e3 * r['measured_step_s']:.1f} ms "
                      f"| {100 * signed:+.1f}% | {100 * r['measured_spread']:.1f}% | {100 * r['predicted_spread']:.1f}% "
-                     f"| {'yes' if r['step_time_error'] <= r['measured_spread'] else 'no'} |")
+                     f"| {'yes' if r['step_time_error'] <= r['measured_spread'] else 'no'} "
+                     f"| {100 * r['memory_error']:.2f}% |")
     step = [r["step_time_error"] for r in rows]
     within = sum(r["step_time_error"] <= r["measured_spread"] for r in rows)
     steadier = sum(r["predicted_spread"] <= r["measured_spread"] for r in rows)
@@ -124,7 +127,10 @@ def random_markdown(rows: list[dict[str, Any]]) -> str:
                  f"{100 * max(step):.1f}%; {within}/{len(rows)} within their measured spread. Spread over the "
                  f"rounds, (max-min)/median: measured median {100 * statistics.median(r['measured_spread'] for r in rows):.1f}%, "
                  f"predicted median {100 * statistics.median(r['predicted_spread'] for r in rows):.1f}%; "
-                 f"{steadier}/{len(rows)} cases predicted no more spread than measured.")
+                 f"{steadier}/{len(rows)} cases predicted no more spread than measured. Peak memory per "
+                 f"stage, measured by the tracker (worst stage of each case): median "
+                 f"{100 * statistics.median(r['memory_error'] for r in rows):.2f}%, worst "
+                 f"{100 * max(r['memory_error'] for r in rows):.2f}%.")
     return "\n".join(lines)
 
 
