@@ -219,6 +219,9 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
                 small = min(sizes) if len(sizes) > 1 else max(1, big // 2)
                 rows[-1]["input_pass_bytes_per_sample"] = max(
                     input_pass_bytes(layer, h_in, y, last=i == n - 1, batch=b) / b for b in {small, big})
+                rows[-1]["freed_after_input_pass_bytes_per_sample"] = min(
+                    freed_after_input_pass(layer, h_in, y, last=i == n - 1, batch=big) / big,
+                    rows[-1]["activation_bytes_per_sample"])
         if not options.meta:
             layers.append(layer)
     table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
@@ -563,6 +566,39 @@ def input_pass_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tens
     finally:
         layer.zero_grad(set_to_none=True)
     return float(max(peak, 0))
+
+
+def freed_after_input_pass(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, last: bool,
+                           batch: int) -> float:
+    """Bytes of what the layer's forward saved that go when its input-gradient pass has run and the
+    runtime lets the graph go (the executor drops the micro-batch's output; the weight pass keeps
+    what it needs): counted by a StorageTracker, with the layer's input and output still held, as
+    the previous chunk or layer and the sent tensor hold them (LayerSpec's
+    `freed_after_input_pass_bytes_per_sample` x batch)."""
+    from gpipe_exec.measure.memory import INPUTS, StorageTracker, module_state
+    from gpipe_exec.runtime.split_backward import backward_input
+
+    params = [p for p in layer.parameters() if p.requires_grad]
+    x, target = x[:batch].detach(), target[:batch]
+    try:
+        tracker = StorageTracker()
+        module_state(tracker, [layer], [])
+        tracker.track([x, target], INPUTS)
+        with tracker:
+            x = x.requires_grad_(True)
+            out = layer(x)
+            held = None if last else out.detach()  # the output itself stays (sent, or the next layer's input)
+            end = loss_sum(out, target, batch) if last else out
+            grad = None if last else _grad_like(out, 0)
+            del out
+            _, work = backward_input(end, grad, x, params)
+            before = tracker.total
+            del end  # the graph goes; `work` keeps what the weight pass needs
+            freed = before - tracker.total
+            del work, held
+    finally:
+        layer.zero_grad(set_to_none=True)
+    return float(max(freed, 0))
 
 
 def transient_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,

@@ -405,3 +405,42 @@ def test_recomputed_output_is_held_from_the_recompute_to_its_backward() -> None:
             assert alloc[i] == 0 and free[i] == 0, (i, prog.kind[i], c)
     for sc in (scenario(False), scenario(True, remat="none")):
         assert not any(d.any() for d in recomputed_output_deltas(compile_plan(sc)))
+
+
+def test_what_only_the_input_pass_reads_goes_when_it_ends() -> None:
+    """zb_h1: in the memory in all, a micro-batch's saved bytes leave in two parts, what only its
+    input pass reads at that pass's end, the rest at its weight pass's end; nothing early on the
+    model's first chunk, whose input pass does nothing. The held activations (the accounting)
+    keep all of them to the weight pass's end."""
+    from gpipe_sim.results.memory import activation_deltas, freed_after_input_deltas
+    from gpipe_sim.schedule import Kind
+
+    def layer(name: str, freed: float) -> dict:
+        return {**_layer(name, 100, 0), "freed_after_input_pass_bytes_per_sample": freed}
+
+    def scenario(freed: tuple[float, float, float]):
+        return parse_scenario({
+            "model": {"preset": "table", "input_bytes_per_sample": 8.0,
+                      "layers": [layer(n, f) for n, f in zip("abc", freed)]},
+            "hardware": {"preset": "ideal"},
+            "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 4, "schedule": "zb_h1", "remat": "none",
+                         "partition": [1, 2]}})
+
+    plan = compile_plan(scenario((30, 40, 60)))
+    early = freed_after_input_deltas(plan)
+    _, free = activation_deltas(plan)
+    prog = plan.program
+    for i, (kind, c) in enumerate(zip(prog.kind.tolist(), prog.chunk.tolist())):
+        if kind == int(Kind.BACKWARD_INPUT):
+            assert (free[i], early[i]) == (0, 0 if c == 0 else -(40 + 60) * 2), (i, c)
+        elif kind == int(Kind.BACKWARD_WEIGHT):
+            assert (free[i], early[i]) == ((100 * 2, 0) if c == 0 else (200 * 2, (40 + 60) * 2)), (i, c)
+        else:
+            assert early[i] == 0
+    # rank 1 (static 320 B) runs F0 I0 F1 I1 W0 W1: it holds both micro-batches' 400 B each,
+    # unless I0 has let 200 B of the first go: 600 B at F1's start; the accounting holds 800 B
+    early_result, held_result = simulate(scenario((30, 40, 60))), simulate(scenario((0, 0, 0)))
+    assert early_result.stages[1].peak_activation_bytes == held_result.stages[1].peak_activation_bytes == 800
+    assert (early_result.stages[1].peak_memory_bytes, held_result.stages[1].peak_memory_bytes) == (320 + 600, 320 + 800)
+    with pytest.raises(ValueError, match="freed_after_input_pass_bytes_per_sample exceeds"):
+        LayerSpec(**layer("d", 101))

@@ -165,3 +165,25 @@ def test_largest_tensor_is_the_modules(name):
     model, device = MODELS[name]
     for preset, module, _, _ in _layers(model, device):
         assert preset.largest_tensor_params == max(p.numel() for p in module.parameters()), preset.name
+
+
+@pytest.mark.parametrize("name", [n for n, (_, device) in MODELS.items() if device == "cpu"])
+def test_head_frees_its_log_softmax_when_the_input_pass_ends(name):
+    """What the head's forward saved that goes with the graph after its input pass (the loss's
+    log-softmax: the weight pass needs only the kept logits' gradient and the projection's input),
+    as the preset says, against the tracker (the target's 8 B per token aside)."""
+    from gpipe_exec.profile import freed_after_input_pass
+
+    model, device = MODELS[name]
+    spec = parse_scenario({"model": model, "hardware": {"preset": "cpu"},
+                           "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": SAMPLES}}).model
+    head = build_layers(spec, 4, mask_bytes=4)[-1]
+    x, y = make_batch(spec, SAMPLES)
+    n = len(build_layers(spec, 4, mask_bytes=4))
+    with torch.no_grad():
+        for i in range(n - 1):
+            x = build_layer(spec, i)(x)
+    measured = freed_after_input_pass(build_layer(spec, n - 1), x, y, last=True, batch=SAMPLES) / SAMPLES
+    tokens = model.get("seq_len", 1)
+    assert head.freed_after_input_pass_bytes_per_sample > 0
+    assert measured == pytest.approx(head.freed_after_input_pass_bytes_per_sample, abs=8 * tokens)

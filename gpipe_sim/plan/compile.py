@@ -67,6 +67,9 @@ class ChunkPlan:
     # What its input-gradient pass holds above its start while it runs (`input_pass_bytes`; none
     # on the model's first chunk, whose input pass has nothing to do); None: `transient_bytes`.
     input_pass_transient_bytes: np.ndarray | None = None
+    # Of its saved bytes, those freed when its input-gradient pass ends (what only that pass reads:
+    # the layers' freed_after_input_pass_bytes_per_sample x samples; none on the model's first chunk).
+    freed_after_input_bytes: np.ndarray | None = None
 
     @property
     def layer_count(self) -> int:
@@ -258,6 +261,8 @@ def compile_plan(scenario: Scenario) -> Plan:
                 output_saved_bytes=(layers[first + count].saved_with_previous_bytes_per_sample
                                     if first + count < len(layers) else 0.0) * samples,
                 input_pass_transient_bytes=(0.0 if c == 0 else input_pass_bytes(own)) * samples,
+                freed_after_input_bytes=(0.0 if c == 0 else math.fsum(
+                    layer.freed_after_input_pass_bytes_per_sample for layer in own)) * samples,
             )
         )
         first += count

@@ -5,7 +5,8 @@ its start; under re-materialization it keeps only the chunk input, and the re-co
 allocates the rest of the saved bytes (the chunk's first layer saves that very input, so it is
 not counted twice: max(saved - input, 0)). The micro-batch's bytes are freed at the end of its
 last backward pass: the full backward, or the weight-gradient pass when the backward is split
-(the input-gradient pass frees nothing). Parameters, gradients and optimizer states are static.
+(the input-gradient pass frees nothing here; in the memory in all it frees what it alone reads,
+`freed_after_input_deltas`: the runtime lets the graph go and keeps what the weight pass needs). Parameters, gradients and optimizer states are static.
 
 Memory in all (`peak_memory_bytes`, the device peaks) adds to those held activations:
 the rank's static bytes (parameters, plus gradients, optimizer states and master weights:
@@ -85,6 +86,29 @@ def activation_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         kept, act[ch[last], mb[last]], inp[ch[last], mb[last]] + beyond_input[ch[last], mb[last]]
     )
     return alloc, free
+
+
+def freed_after_input_deltas(plan: Plan) -> np.ndarray:
+    """Per action, at its end: of the saved bytes `activation_deltas` holds to the weight pass's
+    end, those only the input pass reads (`ChunkPlan.freed_after_input_bytes`) go at the input
+    pass's end instead (negative there, positive again at the weight pass's end, where
+    `activation_deltas` frees them). The memory in all counts this; the held activations (the
+    schedule's accounting, which the executor checks by its saved-tensor hooks) do not."""
+    prog = plan.program
+    out = np.zeros(len(prog.kind))
+    M = len(plan.micro_batch_sizes)
+    early = np.array([np.zeros(M) if c.freed_after_input_bytes is None else c.freed_after_input_bytes
+                      for c in plan.chunks])
+    if not early.any():
+        return out
+    act = np.array([c.activation_bytes for c in plan.chunks])
+    inp = np.array([c.input_bytes for c in plan.chunks])
+    early = np.minimum(early, np.maximum(act - inp, 0.0))  # never the chunk's input, which stays
+    ch, mb = prog.chunk, prog.micro_batch
+    for kind, sign in ((BACKWARD_INPUT, -1.0), (BACKWARD_WEIGHT, 1.0)):
+        at = prog.kind == kind
+        out[at] = sign * early[ch[at], mb[at]]
+    return out
 
 
 def transient_bytes(plan: Plan) -> np.ndarray:
@@ -289,6 +313,7 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
     sent = sent_bytes(plan)
     in_buffers = shared_with_buffers(plan)
     for_weight = kept_for_weight_deltas(plan)
+    freed_early = freed_after_input_deltas(plan)
     recomputed = recomputed_output_deltas(plan)
     dp = data_parallel_bytes(plan)
     prog = plan.program
@@ -301,6 +326,7 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
     level_terms = {  # changes of the held level
         "shared": (-in_buffers[0], in_buffers[1], True),  # counted in the buffers or sent tensors already
         "kept_for_weight": (None, for_weight[0] - for_weight[1], True),  # both at the passes' ends
+        "freed_after_input": (None, freed_early, True),  # at the input and weight passes' ends
     }
     extras = {  # named in the breakdown
         "sent": (sent, None, True),  # sent tensors, from their send's start to the step's end

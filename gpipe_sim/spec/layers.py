@@ -189,6 +189,7 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
         activation_bytes_per_sample=float(s * (2 * d * p + _NORM_STATS + 4 * v + 8)),
         output_bytes_per_sample=4.0,
         kept_for_weight_bytes_per_sample=float(s * p * (v + d)),
+        freed_after_input_pass_bytes_per_sample=4.0 * s * v,  # the log-softmax: the input pass's alone
         # the logits (and their fp32 copy for the loss when narrower), in backward the gradients
         # of the log-softmax's input and of the logits; the projection's weight gradient
         transient_bytes_per_sample=float(s * v * (4 + p)),
@@ -219,6 +220,8 @@ def _mlp(model: MlpModel, p: int, m: int) -> list[LayerSpec]:
             output_bytes_per_sample=float(n_out * p),
             saved_with_previous_bytes_per_sample=0.0 if first else float(n_in * p),
             kept_for_weight_bytes_per_sample=0.0 if first else float(n_out * p),
+            # the head's log-softmax is read by the input pass alone
+            freed_after_input_pass_bytes_per_sample=0.0 if relu else 4.0 * n_out,
             # forward: the Linear's output before the ReLU; backward: the gradients of the output
             # and of the input (the loss's in fp32 on the head); the weight's gradient
             transient_bytes_per_sample=float((n_out if relu else 0) * p + (0 if first else n_in * p)
@@ -308,6 +311,7 @@ def _convnet(model: ConvNetModel, p: int, m: int) -> list[LayerSpec]:
                     2.0 * c_last * model.num_classes + c_last * s_last * s_last,
                     float(c_last * p) + _loss_bytes(model.num_classes), 4.0, 3,
                     kept_for_weight_bytes_per_sample=float(model.num_classes * p),
+                    freed_after_input_pass_bytes_per_sample=4.0 * model.num_classes,  # the log-softmax
                     # backward: the gradient of the pooling's input, spread over the image
                     transient_bytes_per_sample=float(c_last * s_last * s_last * p),
                     transient_bytes=float(c_last * model.num_classes * p),

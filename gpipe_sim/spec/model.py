@@ -58,6 +58,10 @@ class LayerSpec(_Strict):
     # sample: its kept gradients, its input's gradient and its temporaries together (measured by
     # gpipe-exec profile); None: transient_bytes_per_sample + kept_for_weight_bytes_per_sample.
     input_pass_bytes_per_sample: Amount | None = None
+    # Of its saved bytes, those only the input-gradient pass reads: freed when that pass ends, where
+    # the runtime lets the graph go and keeps only what the weight pass needs (gpipe-exec does);
+    # measured by gpipe-exec profile. 0: all are held to the weight pass's end.
+    freed_after_input_pass_bytes_per_sample: Amount = 0.0
     # Of activation_bytes_per_sample, the bytes the previous layer saves too (the tensor between
     # them, kept by that layer as its output and by this one as its input): one allocation, which
     # gpipe_sim counts once where both layers are in one chunk.
@@ -90,6 +94,9 @@ class LayerSpec(_Strict):
         sizes = [t.micro_batch for t in self.timings]
         if len(set(sizes)) != len(sizes):
             raise ValueError(f"layer {self.name!r} has two timings for one micro-batch size")
+        if self.freed_after_input_pass_bytes_per_sample > self.activation_bytes_per_sample:
+            raise ValueError(f"layer {self.name!r}: freed_after_input_pass_bytes_per_sample exceeds its "
+                             f"activation_bytes_per_sample")
         if self.largest_tensor_params is not None and self.largest_tensor_params > self.params:
             raise ValueError(f"layer {self.name!r}: largest_tensor_params ({self.largest_tensor_params:,}) exceeds "
                              f"its params ({self.params:,})")
