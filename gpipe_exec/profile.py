@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, NamedTuple, Sequence
 
 import torch
 import yaml
@@ -217,11 +217,10 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
             rows[-1]["kept_for_weight_bytes_per_sample"] = kept / big
             if i > 0:  # the model's first layer takes no input gradient: its input pass does nothing
                 small = min(sizes) if len(sizes) > 1 else max(1, big // 2)
-                rows[-1]["input_pass_bytes_per_sample"] = max(
-                    input_pass_bytes(layer, h_in, y, last=i == n - 1, batch=b) / b for b in {small, big})
+                at = {b: input_pass_memory(layer, h_in, y, last=i == n - 1, batch=b) for b in {small, big}}
+                rows[-1]["input_pass_bytes_per_sample"] = max(m.peak / b for b, m in at.items())
                 rows[-1]["freed_after_input_pass_bytes_per_sample"] = min(
-                    freed_after_input_pass(layer, h_in, y, last=i == n - 1, batch=big) / big,
-                    rows[-1]["activation_bytes_per_sample"])
+                    at[big].freed / big, rows[-1]["activation_bytes_per_sample"])
         if not options.meta:
             layers.append(layer)
     table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
@@ -538,43 +537,22 @@ def transient_parts(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tenso
     return float(max(forward, 0)), float(max(backward, 0))
 
 
-def input_pass_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, last: bool,
-                     batch: int) -> float:
-    """The most bytes the layer's input-gradient pass (runtime.split_backward.backward_input, as
-    the executor runs it) holds above what was live at its start, at `batch` samples: the gradients
-    it keeps for the weight pass, its input's gradient and its temporaries, counted by a
-    StorageTracker (LayerSpec's `input_pass_bytes_per_sample` x batch)."""
-    from gpipe_exec.measure.memory import INPUTS, StorageTracker, module_state
-    from gpipe_exec.runtime.split_backward import backward_input
+class InputPassMemory(NamedTuple):
+    """A layer's input-gradient pass in bytes at one micro-batch size (`input_pass_memory`)."""
 
-    params = [p for p in layer.parameters() if p.requires_grad]
-    x, target = x[:batch].detach(), target[:batch]
-    try:
-        tracker = StorageTracker()
-        module_state(tracker, [layer], [])
-        tracker.track([x, target], INPUTS)
-        with tracker:
-            x = x.requires_grad_(True)
-            out = layer(x)
-            end = loss_sum(out, target, batch) if last else out
-            grad = None if last else _grad_like(out, 0)
-            tracker.mark()
-            at_start = tracker.total
-            result = backward_input(end, grad, x, params)
-            peak = tracker.interval_peak - at_start
-            del result, end, out
-    finally:
-        layer.zero_grad(set_to_none=True)
-    return float(max(peak, 0))
+    peak: float  # the most it holds above what was live at its start
+    freed: float  # of what the forward saved, what goes when it has run and the graph is let go
 
 
-def freed_after_input_pass(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, last: bool,
-                           batch: int) -> float:
-    """Bytes of what the layer's forward saved that go when its input-gradient pass has run and the
-    runtime lets the graph go (the executor drops the micro-batch's output; the weight pass keeps
-    what it needs): counted by a StorageTracker, with the layer's input and output still held, as
-    the previous chunk or layer and the sent tensor hold them (LayerSpec's
-    `freed_after_input_pass_bytes_per_sample` x batch)."""
+def input_pass_memory(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, last: bool,
+                      batch: int) -> InputPassMemory:
+    """The layer's input-gradient pass (runtime.split_backward.backward_input, as the executor runs
+    it) at `batch` samples, counted by a StorageTracker: the most it holds above what was live at
+    its start (the gradients it keeps for the weight pass, its input's gradient, its temporaries:
+    LayerSpec's `input_pass_bytes_per_sample` x batch), and what the forward saved that goes when
+    the runtime then lets the graph go, keeping what the weight pass needs (the executor drops the
+    micro-batch's output: `freed_after_input_pass_bytes_per_sample` x batch). The layer's input and
+    output stay held, as the previous layer or chunk and the sent tensor hold them."""
     from gpipe_exec.measure.memory import INPUTS, StorageTracker, module_state
     from gpipe_exec.runtime.split_backward import backward_input
 
@@ -591,14 +569,17 @@ def freed_after_input_pass(layer: torch.nn.Module, x: torch.Tensor, target: torc
             end = loss_sum(out, target, batch) if last else out
             grad = None if last else _grad_like(out, 0)
             del out
+            tracker.mark()
+            at_start = tracker.total
             _, work = backward_input(end, grad, x, params)
+            peak = tracker.interval_peak - at_start
             before = tracker.total
             del end  # the graph goes; `work` keeps what the weight pass needs
             freed = before - tracker.total
             del work, held
     finally:
         layer.zero_grad(set_to_none=True)
-    return float(max(freed, 0))
+    return InputPassMemory(float(max(peak, 0)), float(max(freed, 0)))
 
 
 def transient_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,

@@ -350,7 +350,7 @@ def test_input_pass_of_a_chunk_from_its_layers_is_exact(model: dict) -> None:
     """A chunk's input-gradient pass holds, above its start, max over its layers j of (j's own pass
     + what the layers after j keep for the weight pass): against the tracker on the zoo's chunks,
     from the profiler's per-layer figures (`input_pass_bytes`, `split_saved_bytes`)."""
-    from gpipe_exec.profile import input_pass_bytes, split_saved_bytes
+    from gpipe_exec.profile import input_pass_memory, split_saved_bytes
     from gpipe_exec.zoo import build_layer, make_batch
     from gpipe_sim.plan.compile import input_pass_bytes as chunk_input_pass
     from gpipe_sim.spec.layers import layer_count
@@ -366,14 +366,14 @@ def test_input_pass_of_a_chunk_from_its_layers_is_exact(model: dict) -> None:
         for m in modules[:-1]:
             inputs.append(m(inputs[-1]))
     rows = [LayerSpec(name=f"l{i}", forward_s_per_sample=1e-3, backward_s_per_sample=1e-3,
-                      input_pass_bytes_per_sample=input_pass_bytes(modules[i], inputs[i], y, last=i == n - 1, batch=b) / b,
+                      input_pass_bytes_per_sample=input_pass_memory(modules[i], inputs[i], y, last=i == n - 1, batch=b).peak / b,
                       kept_for_weight_bytes_per_sample=split_saved_bytes(modules[i], inputs[i])["kept_gradients"] / b)
             if i else None for i in range(n)]  # the model's first layer takes no input gradient
     checked = 0
     for first in range(1, n):
         for last in range(first + 1, n + 1):
             chunk = torch.nn.Sequential(*modules[first:last])
-            measured = input_pass_bytes(chunk, inputs[first], y, last=last == n, batch=b)
+            measured = input_pass_memory(chunk, inputs[first], y, last=last == n, batch=b).peak
             assert chunk_input_pass(rows[first:last]) * b == pytest.approx(measured, abs=16), (first, last)  # the loss: 4 B
             checked += 1
     assert checked >= 3

@@ -172,7 +172,7 @@ def test_head_frees_its_log_softmax_when_the_input_pass_ends(name):
     """What the head's forward saved that goes with the graph after its input pass (the loss's
     log-softmax: the weight pass needs only the kept logits' gradient and the projection's input),
     as the preset says, against the tracker (the target's 8 B per token aside)."""
-    from gpipe_exec.profile import freed_after_input_pass
+    from gpipe_exec.profile import input_pass_memory
 
     model, device = MODELS[name]
     spec = parse_scenario({"model": model, "hardware": {"preset": "cpu"},
@@ -183,7 +183,7 @@ def test_head_frees_its_log_softmax_when_the_input_pass_ends(name):
     with torch.no_grad():
         for i in range(n - 1):
             x = build_layer(spec, i)(x)
-    measured = freed_after_input_pass(build_layer(spec, n - 1), x, y, last=True, batch=SAMPLES) / SAMPLES
+    measured = input_pass_memory(build_layer(spec, n - 1), x, y, last=True, batch=SAMPLES).freed / SAMPLES
     tokens = model.get("seq_len", 1)
     assert head.freed_after_input_pass_bytes_per_sample > 0
     assert measured == pytest.approx(head.freed_after_input_pass_bytes_per_sample, abs=8 * tokens)
