@@ -15,7 +15,7 @@ from gpipe_exec.runtime.interpreter import Job, boundary_shape, record_columns
 from gpipe_exec.zoo import check_buildable
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.results.memory import device_peaks, levels_from_totals
-from gpipe_sim.plan.compile import Plan, compile_plan
+from gpipe_sim.plan.compile import Plan, compile_plan, local_state_bytes_per_param
 from gpipe_sim.results.result import Result, Timeline
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.api import result_from_times, run_engine, summarize_plan
@@ -213,10 +213,7 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
     order = np.argsort(times)
     median = int(order[(len(times) - 1) // 2])
     recs = [ranks[g]["records"][median] for g in range(G)]
-    training = plan.scenario.training
-    # ZeRO-1: each replica holds the optimizer states of 1/D of the parameters (as the plan counts)
-    state_per_param = training.dtype_bytes + (training.state_bytes_per_param - training.dtype_bytes) / (
-        plan.replicas if training.zero else 1)
+    state_per_param = local_state_bytes_per_param(plan.scenario)  # ZeRO-1 shards, as the plan counts
     owned = {c: info for rank in ranks for c, info in rank["chunks"].items()}
     chunks = range(len(plan.chunks))
     param_bytes = [float(owned[c]["param_bytes"]) for c in chunks]

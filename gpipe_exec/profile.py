@@ -181,6 +181,7 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     dtype = scenario.training.dtype
     sizes = tuple(sorted(set(options.micro_batches or default_sizes(scenario))))
     big = max(sizes)
+    small = min(sizes) if len(sizes) > 1 else max(1, big // 2)  # memory is measured at both
     device = torch.device("meta" if options.meta else options.device)
     names = layer_names(scenario.model)
     x, y = make_batch(scenario.model, big, seed=seed, dtype=dtype)
@@ -198,7 +199,6 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         layer.to(device)
         h_in = h
         if not options.meta:  # before the static pass, which leaves gradients behind
-            small = min(sizes) if len(sizes) > 1 else max(1, big // 2)
             fixed, per_sample = transient_fit(
                 small, transient_parts(layer, h, y, first=i == 0, last=i == n - 1, batch=small),
                 big, transient_parts(layer, h, y, first=i == 0, last=i == n - 1, batch=big))
@@ -216,7 +216,6 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
             kept = split_saved_bytes(layer, h_in[:big], first=i == 0)["kept_gradients"]
             rows[-1]["kept_for_weight_bytes_per_sample"] = kept / big
             if i > 0:  # the model's first layer takes no input gradient: its input pass does nothing
-                small = min(sizes) if len(sizes) > 1 else max(1, big // 2)
                 at = {b: input_pass_memory(layer, h_in, y, last=i == n - 1, batch=b) for b in {small, big}}
                 rows[-1]["input_pass_bytes_per_sample"] = max(m.peak / b for b, m in at.items())
                 rows[-1]["freed_after_input_pass_bytes_per_sample"] = min(

@@ -366,7 +366,8 @@ def test_input_pass_of_a_chunk_from_its_layers_is_exact(model: dict) -> None:
         for m in modules[:-1]:
             inputs.append(m(inputs[-1]))
     rows = [LayerSpec(name=f"l{i}", forward_s_per_sample=1e-3, backward_s_per_sample=1e-3,
-                      input_pass_bytes_per_sample=input_pass_memory(modules[i], inputs[i], y, last=i == n - 1, batch=b).peak / b,
+                      input_pass_bytes_per_sample=input_pass_memory(
+                          modules[i], inputs[i], y, last=i == n - 1, batch=b).peak / b,
                       kept_for_weight_bytes_per_sample=split_saved_bytes(modules[i], inputs[i])["kept_gradients"] / b)
             if i else None for i in range(n)]  # the model's first layer takes no input gradient
     checked = 0
@@ -374,7 +375,8 @@ def test_input_pass_of_a_chunk_from_its_layers_is_exact(model: dict) -> None:
         for last in range(first + 1, n + 1):
             chunk = torch.nn.Sequential(*modules[first:last])
             measured = input_pass_memory(chunk, inputs[first], y, last=last == n, batch=b).peak
-            assert chunk_input_pass(rows[first:last]) * b == pytest.approx(measured, abs=16), (first, last)  # the loss: 4 B
+            # to the loss's 4 B
+            assert chunk_input_pass(rows[first:last]) * b == pytest.approx(measured, abs=16), (first, last)
             checked += 1
     assert checked >= 3
 

@@ -90,8 +90,9 @@ def _table(scenario):
 def test_partition_peaks_equal_simulated_device_peaks(schedule, chunks, remat):
     """What the partition optimises is exactly what simulate() reports, for any schedule, where
     memory is what the schedule holds (no transients, nothing kept between a split backward's
-    passes, nothing freed when an input pass ends); with them, an upper bound that exceeds the simulated peak by at most the largest
-    transient plus, for split schedules, what their input passes keep for the weight passes."""
+    passes, nothing freed when an input pass ends); with them, an upper bound that exceeds the
+    simulated peak by at most the largest transient plus, for split schedules, what their input
+    passes keep for the weight passes."""
     sc = _transformer(schedule, chunks, remat)
     plan = compile_plan(sc)
     held_only = [{**layer.model_dump(exclude_none=True), "transient_bytes_per_sample": 0.0, "transient_bytes": 0.0,

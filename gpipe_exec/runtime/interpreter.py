@@ -36,7 +36,7 @@ from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_b
 from gpipe_exec.runtime.chunk import Chunk
 from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.runtime.split_backward import WeightPass
-from gpipe_exec.runtime.update import Update, make_optimizer
+from gpipe_exec.runtime.update import Update, ZeroShardUpdate
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.plan.partition import micro_batch_sizes
 from gpipe_sim.plan.replicas import replicate, with_collectives
@@ -166,50 +166,6 @@ def data_parallel_groups(K: int, D: int) -> list[Any]:
     return _DP_GROUPS[3]
 
 
-class _ZeroShard:
-    """ZeRO-1 on one global rank: the rank's parameters flattened (padded to a multiple of D), this
-    replica's 1/D of them as the one tensor its optimizer steps (states for the shard only); after
-    the step the replicas all-gather the updated shards into every parameter."""
-
-    def __init__(self, params: list[torch.nn.Parameter], scenario: Scenario, replica: int, D: int,
-                 group: Any) -> None:
-        self.params, self.D, self.group = params, D, group
-        total = sum(q.numel() for q in params)
-        self.size = -(-total // D) if total else 0
-        self.lo, self.hi = min(replica * self.size, total), min((replica + 1) * self.size, total)
-        flat = self._flat([q.detach() for q in params])
-        # fp32 like every master copy (in fp32 training the shard's own copy)
-        self.master = torch.nn.Parameter(flat[self.lo:self.hi].to(torch.float32, copy=True))
-        self.optimizer = make_optimizer([self.master], scenario)
-
-    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
-        return torch.nn.functional.pad(flat, (0, self.size * self.D - flat.numel()))
-
-    def step(self) -> None:
-        """This replica's shard: its optimizer step (compute: under the device lock)."""
-        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params]
-        self.master.grad = self._flat(grads)[self.lo:self.hi].to(torch.float32, copy=True)
-        self.optimizer.step()
-
-    def gather(self) -> None:
-        """Every replica's updated shard into the parameters (a collective: outside the device lock,
-        which a replica sharing this device may need to reach it)."""
-        mine = torch.zeros(self.size, dtype=self.params[0].dtype, device=self.master.device)
-        mine[:self.hi - self.lo] = self.master.detach()
-        parts = [torch.empty_like(mine) for _ in range(self.D)]
-        dist.all_gather(parts, mine, group=self.group)
-        flat = torch.cat(parts)
-        at = 0
-        with torch.no_grad():
-            for q in self.params:
-                q.copy_(flat[at:at + q.numel()].view_as(q))
-                at += q.numel()
-
-    def zero_grad(self) -> None:
-        self.master.grad = None
-
-
 class _Comm:
     """Point-to-point transfers tagged by message key, with clear errors on peer failure.
 
@@ -306,14 +262,12 @@ class RankRunner:
                                        weight_pass=job.weight_pass)
         params = [q for ch in self.chunks.values() for q in ch.module.parameters()]
         self.dp_group = data_parallel_groups(self.K, self.D)[self.pipeline_rank] if self.D > 1 else None
-        self.zero: _ZeroShard | None = None
-        self.update: Update | None = None
+        self.zero: ZeroShardUpdate | None = None
+        self.update: Update | ZeroShardUpdate
         if self.D > 1 and sc.training.zero:
-            self.zero = _ZeroShard(params, sc, self.replica, self.D, self.dp_group)
-            self.optimizer = self.zero.optimizer
+            self.update = self.zero = ZeroShardUpdate(params, sc, self.replica, self.D, self.dp_group)
         else:
             self.update = Update(params, sc)
-            self.optimizer = self.update.optimizer
         # This replica's share of the global batch (each loss still divides by the global batch
         # size, so the replicas' summed gradients are those of the global batch's mean loss).
         share = p.batch_size // self.D
@@ -469,10 +423,7 @@ class RankRunner:
         return Kind.RECV, a.chunk, a.micro_batch
 
     def _update(self, i: int, a: Action) -> tuple[Kind, int, int]:
-        if self.zero is not None:
-            self.zero.step()  # the all-gather follows, out of the device lock (`step`)
-        elif self.update is not None:
-            self.update.step()
+        self.update.step()  # ZeRO-1's all-gather follows, out of the device lock (`step`)
         return Kind.UPDATE, -1, -1
 
     # -- the step ------------------------------------------------------------------------------
@@ -489,12 +440,8 @@ class RankRunner:
         if self.device.type == "cuda":
             return AllocatorPeak(self.device)
         tracker = StorageTracker()
-        optimizers = [self.optimizer]
-        module_state(tracker, [ch.module for ch in self.chunks.values()], optimizers)
-        if self.zero is not None:
-            tracker.track([self.zero.master], "optimizer_states")  # the shard's master copy
-        if self.update is not None:
-            tracker.track(self.update.masters, "optimizer_states")  # mixed precision's fp32 masters
+        module_state(tracker, [ch.module for ch in self.chunks.values()], [self.update.optimizer])
+        tracker.track(self.update.masters, "optimizer_states")  # fp32 master copies (or ZeRO-1's shard)
         tracker.track([*self.inputs, *self.targets], INPUTS)
         tracker.track(self._buffers.values(), RECEIVE_BUFFERS)
         return tracker
@@ -510,7 +457,7 @@ class RankRunner:
         tracker's overhead: they are for this record's memory only."""
         # The gradients stay allocated from step to step, zeroed in place (as gpipe_sim counts them:
         # static, like a framework's persistent gradient buffers); ZeRO-1's shard gradient is new each step.
-        self.optimizer.zero_grad(set_to_none=self.zero is not None)
+        self.update.optimizer.zero_grad(set_to_none=self.zero is not None)
         for ch in self.chunks.values():
             ch.module.zero_grad(set_to_none=False)
             ch.reset()

@@ -16,8 +16,9 @@ MODELS = ("transformer", "convnet")
 SPLIT_SCHEDULES = ("gpipe", "1f1b", "zb_h1")  # x remat none/always x M 2/8
 CHUNKED_SCHEDULES = ("interleaved_1f1b", "zbv")  # two chunks a rank, the file's M
 # Adam (the update's temporaries: stepping one tensor at a time, the CPU default, and on lists, the
-# CUDA default; in bf16 with fp32 master weights) on one replica, then D = 2 replicas (the all-reduce buckets) without and with ZeRO-1
-# (its flat copies), 1F1B at the file's M; both replicas share the two cores
+# CUDA default; in bf16 with fp32 master weights) on one replica, then D = 2 replicas (the
+# all-reduce buckets) without and with ZeRO-1 (its flat copies), 1F1B at the file's M; both
+# replicas share the two cores
 ADAM = ["pipeline.schedule=1f1b", "training.optimizer=adam"]
 DATA_PARALLEL = [*ADAM, "pipeline.data_parallel=2", "hardware.stage_to_device=null",
                  "hardware.placement=[[0,1],[0,1]]"]

@@ -72,19 +72,20 @@ ACCOUNTING = "accounting"  # the saved-tensor accounting check's figures are nam
 
 MEMORY_NOTE = ("peak_memory_bytes: measured, each rank's real tensor bytes at their peak over one step run "
                "after the timed ones; predicted, static + held activations + the running pass's or the "
-               "update's temporaries + the executor's buffers. accounting.*: bytes saved for backward as both count them "
-               "(equal by construction: a check of the schedule, not a measurement).")
+               "update's temporaries + the executor's buffers. accounting.*: bytes saved for backward as "
+               "both count them (equal by construction: a check of the schedule, not a measurement).")
 
 
 def compared_fields(predicted: Result, measured: Result) -> list[tuple[str, float, float]]:
     """(field, predicted, measured) for every compared figure.
 
     `stageK.peak_memory_bytes`: the rank's memory in all, predicted (static + held activations +
-    the running pass's transient) against measured (its real tensor bytes at their peak over a
-    dedicated step: gpipe_exec.measure.memory). `stageK.accounting.peak_activation_bytes` (and per
-    chunk): the schedule's accounting of the bytes saved for backward, which the executor counts
-    with saved-tensor hooks exactly as the simulator counts them -- a check of when each
-    micro-batch's activations are held, equal by construction, not a measurement of memory."""
+    the running pass's or the update's temporaries + the runtime's buffers) against measured (its
+    real tensor bytes at their peak over a dedicated step: gpipe_exec.measure.memory).
+    `stageK.accounting.peak_activation_bytes` (and per chunk): the schedule's accounting of the
+    bytes saved for backward, which the executor counts with saved-tensor hooks exactly as the
+    simulator counts them -- a check of when each micro-batch's activations are held, equal by
+    construction, not a measurement of memory."""
     rows = [
         ("step_time_s", predicted.step_time_s, measured.step_time_s),
         ("throughput_samples_per_s", predicted.throughput_samples_per_s, measured.throughput_samples_per_s),

@@ -6,7 +6,8 @@ allocates the rest of the saved bytes (the chunk's first layer saves that very i
 not counted twice: max(saved - input, 0)). The micro-batch's bytes are freed at the end of its
 last backward pass: the full backward, or the weight-gradient pass when the backward is split
 (the input-gradient pass frees nothing here; in the memory in all it frees what it alone reads,
-`freed_after_input_deltas`: the runtime lets the graph go and keeps what the weight pass needs). Parameters, gradients and optimizer states are static.
+`freed_after_input_deltas`: the runtime lets the graph go and keeps what the weight pass needs).
+Parameters, gradients and optimizer states are static.
 
 Memory in all (`peak_memory_bytes`, the device peaks) adds to those held activations:
 the rank's static bytes (parameters, plus gradients, optimizer states and master weights:
@@ -31,10 +32,11 @@ flattened and padded to D shards of s = ceil(params / D) elements: the replica's
 training; for bf16/fp16 the sharded master weights are in the state bytes already); the update
 allocates the shard's gradient (the same slice, in fp32 as the master shard, held to the step's
 end) and, while it runs, the all-gather's buffers (its own shard, D received shards and their
-concatenation: (2D + 1) s elements of the training dtype), which exceed the flattening of the gradients (params + (D + 1) s) and an optimizer's
-temporaries on one flat shard (so `RankPlan.update_scratch_bytes` is 0 there). The shard's
-gradient and the all-gather's buffers are in the breakdown (`zero_shard_gradient`,
-`zero_gather`), as are the buckets (`allreduce_buckets`) and the master shard (`zero_master_shard`).
+concatenation: (2D + 1) s elements of the training dtype), which exceed the flattening of the
+gradients (params + (D + 1) s) and an optimizer's temporaries on one flat shard (so
+`RankPlan.update_scratch_bytes` is 0 there). The shard's gradient and the all-gather's buffers are
+in the breakdown (`zero_shard_gradient`, `zero_gather`), as are the buckets (`allreduce_buckets`)
+and the master shard (`zero_master_shard`).
 """
 
 from __future__ import annotations
@@ -117,8 +119,6 @@ def transient_bytes(plan: Plan) -> np.ndarray:
     (`RankPlan.update_scratch_bytes`); 0 for transfers."""
     prog = plan.program
     out = np.zeros(len(prog.kind))
-    if all(c.transient_bytes is None for c in plan.chunks) and not any(r.update_scratch_bytes for r in plan.ranks):
-        return out
     M = len(plan.micro_batch_sizes)
     tr = np.array([np.zeros(M) if c.transient_bytes is None else c.transient_bytes for c in plan.chunks])
     backward = np.array([tr[c.index] if c.backward_transient_bytes is None else c.backward_transient_bytes
@@ -132,10 +132,9 @@ def transient_bytes(plan: Plan) -> np.ndarray:
                          (weight, (BACKWARD_WEIGHT,))):
         running = np.isin(prog.kind, kinds) & ok
         out[running] = table[prog.chunk[running], prog.micro_batch[running]]
-    K = len(plan.ranks)
-    for g in range(plan.num_ranks):  # the optimizer's temporaries while a rank's update runs
-        lo, hi = int(prog.offsets[g]), int(prog.offsets[g + 1])
-        out[np.flatnonzero(prog.kind[lo:hi] == UPDATE) + lo] = plan.ranks[g % K].update_scratch_bytes
+    at = prog.kind == UPDATE  # the optimizer's temporaries while a rank's update runs
+    scratch = np.array([r.update_scratch_bytes for r in plan.ranks])
+    out[at] = scratch[prog.rank[at] % len(plan.ranks)]
     return out
 
 
@@ -180,7 +179,7 @@ def shared_with_buffers(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     place = plan.schedule.placement
     C = len(plan.chunks)
     buffered = np.array([c == 0 or place[c] != place[c - 1] for c in range(C)])
-    sent = np.array([c + 1 < C and place[c + 1] != place[c] for c in range(C)])
+    sent = _sends_output(plan)
     inp = np.array([c.input_bytes for c in plan.chunks])
     M = len(plan.micro_batch_sizes)
     out = np.array([np.zeros(M) if c.output_saved_bytes is None else c.output_saved_bytes for c in plan.chunks])
@@ -229,18 +228,22 @@ def recomputed_output_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     if not plan.scenario.hardware.host.step_buffers or not np.any(prog.kind == RECOMPUTE):
         return alloc, free
     C, M = len(plan.chunks), len(plan.micro_batch_sizes)
-    place = plan.schedule.placement
-    sent = [c + 1 < C and place[c + 1] != place[c] for c in range(C)]
+    sent = _sends_output(plan)
     extra = np.array([np.zeros(M) if c.index == C - 1 else np.maximum(c.output_bytes - (
         0.0 if c.output_saved_bytes is None or sent[c.index] else c.output_saved_bytes), 0.0) for c in plan.chunks])
     ch, mb = prog.chunk, prog.micro_batch
-    rec = prog.kind == RECOMPUTE
-    alloc[rec] = extra[ch[rec], mb[rec]]
-    recomputed = set(zip(ch[rec].tolist(), mb[rec].tolist()))
-    for i in np.flatnonzero((prog.kind == BACKWARD) | (prog.kind == BACKWARD_INPUT)):
-        if (int(ch[i]), int(mb[i])) in recomputed:
-            free[i] = extra[ch[i], mb[i]]
+    at = prog.kind == RECOMPUTE
+    alloc[at] = extra[ch[at], mb[at]]
+    # the micro-batch's first backward pass; `save` is False there where it was re-computed
+    at = ((prog.kind == BACKWARD) | (prog.kind == BACKWARD_INPUT)) & ~prog.save
+    free[at] = extra[ch[at], mb[at]]
     return alloc, free
+
+
+def _sends_output(plan: Plan) -> np.ndarray:
+    """Per chunk: whether it sends its output to another rank (not the last, not a local hand-over)."""
+    place, C = plan.schedule.placement, len(plan.chunks)
+    return np.array([c + 1 < C and place[c + 1] != place[c] for c in range(C)], dtype=bool)
 
 
 def kept_for_weight_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -270,13 +273,6 @@ class DataParallelBytes:
     master_shard: np.ndarray  # per global rank, static: ZeRO-1's master shard where state bytes have none
 
 
-def zero_shard_elements(plan: Plan) -> np.ndarray:
-    """Per pipeline rank: s = ceil(params / D), the elements of one ZeRO-1 shard (the rank's
-    parameters flattened and padded to a multiple of D)."""
-    D = plan.replicas
-    return np.array([-(-sum(plan.chunks[c].params for c in r.chunks) // D) for r in plan.ranks], dtype=float)
-
-
 def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     """The all-reduce buckets and ZeRO-1's flat copies (module docstring) of every global rank."""
     prog = plan.program
@@ -293,8 +289,9 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     if not training.zero:
         return out
     element = training.dtype_bytes
-    s = zero_shard_elements(plan)
+    # per pipeline rank: its parameters, flattened and padded to D shards of s = ceil(params / D)
     total = np.array([sum(plan.chunks[c].params for c in r.chunks) for r in plan.ranks], dtype=float)
+    s = np.ceil(total / D)
     g = np.arange(G)
     replica, rank = g // K, g % K
     mine = np.minimum((replica + 1) * s[rank], total[rank]) - np.minimum(replica * s[rank], total[rank])

@@ -472,23 +472,26 @@ def stage_memory_figure(result: Result) -> go.Figure:
     """Each rank's peak memory (all its chunks), split into what it holds at that moment:
     parameters, gradients/optimizer states, the activations held, the temporaries of the pass or
     update running, and the runtime's buffers (from `memory_breakdown`; without one, the peak
-    activations and the rest). The bar's height is the rank's `peak_memory_bytes`."""
+    activations and the rest, unsplit). The bar's height is the rank's `peak_memory_bytes`."""
     stages = result.stages
     x = [f"rank {s.index}" for s in stages]
     over = [
         result.device_peak_memory_bytes.get(s.device, s.peak_memory_bytes) > result.memory_capacity_bytes
         for s in stages
     ]
-    held = [s.memory_breakdown.get("activations", s.peak_activation_bytes) for s in stages]
-    temporaries = [s.memory_breakdown.get("transient", 0.0) for s in stages]
+    # the simulator's breakdown names the moment of the peak; without one (a measurement, an older
+    # result) only the activation peak is known, and the rest is not split
+    at_peak = all("activations" in s.memory_breakdown for s in stages)
+    held = [s.memory_breakdown["activations"] if at_peak else s.peak_activation_bytes for s in stages]
+    temporaries = [s.memory_breakdown.get("transient", 0.0) if at_peak else 0.0 for s in stages]
     rest = [max(s.peak_memory_bytes - s.param_bytes - s.state_bytes - h - t, 0.0)
             for s, h, t in zip(stages, held, temporaries)]
     fig = go.Figure()
     parts = (("parameters", [s.param_bytes for s in stages], "#72B7B2"),
              ("gradients + optimizer states", [s.state_bytes for s in stages], "#EECA3B"),
-             ("activations held", held, "#E45756"),
+             ("activations held" if at_peak else "peak activations", held, "#E45756"),
              ("temporaries (running pass or update)", temporaries, "#B279A2"),
-             ("runtime buffers", rest, "#9D755D"))
+             ("runtime buffers" if at_peak else "temporaries and buffers", rest, "#9D755D"))
     for name, values, color in parts:
         if name != "parameters" and not any(values):
             continue
