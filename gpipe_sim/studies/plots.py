@@ -507,7 +507,7 @@ def stage_memory_figure(result: Result) -> go.Figure:
         hovertemplate="%{x} does not fit: %{y:.3f} GiB<extra></extra>",
     ))
     _capacity_line(fig, result.memory_capacity_bytes)
-    title = "Peak memory per rank (what it holds at its peak) against device capacity"
+    title = "What each rank holds at its peak"
     if any(over):
         title += f"<br><sup>{sum(over)} of {len(over)} ranks do not fit (marked x)</sup>"
     fig.update_layout(barmode="stack", title=title, yaxis_title="GiB", height=360,
