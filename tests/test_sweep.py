@@ -124,7 +124,7 @@ def test_failing_scenarios_are_recorded_and_the_sweep_goes_on(tmp_path):
 
 
 def test_a_failing_simulation_is_recorded(tmp_path, monkeypatch):
-    import gpipe_sim.studies.sweep as sweep
+    import gpipe_sim.studies.sweep_runner as sweep
 
     spec, base = _spec(axes={"pipeline.stages": [1, 2]})
     real = sweep.result_columns

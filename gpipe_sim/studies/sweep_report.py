@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gpipe_sim.results.result import analytic_bubble
-from gpipe_sim.studies.plots import _DASHES, _SYMBOLS, rank_colors
+from gpipe_sim.studies.plot_style import _DASHES, _SYMBOLS, rank_colors
 
 K, M = "pipeline.stages", "pipeline.micro_batches"
 GIB = 2.0**30

@@ -1,0 +1,89 @@
+"""The best configurations of a sweep's table, as a terminal table (or one line when none fits)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from gpipe_sim.errors import one_line
+from gpipe_sim.studies.sweep_spec import SCENARIO_SECTIONS
+
+BEST_SHOWN = 5
+
+
+def varying_inputs(table: Any, axes: Sequence[str] = ()) -> list[str]:
+    """The input columns that tell the rows apart: the sweep's own axis and point fields that are
+    columns (a mapping value is several: `pipeline.schedule.csv`), else every input column whose
+    value differs between rows."""
+    inputs = [c for c in table.columns if c.split(".", 1)[0] in SCENARIO_SECTIONS]
+    named = [c for c in inputs if any(c == a or c.startswith(a + ".") for a in axes)]
+    varying = [c for c in inputs if table[c].astype(str).nunique(dropna=False) > 1]
+    named = [c for c in named if c in varying] or named
+    return named or varying
+
+
+def best_configurations(table: Any, top: int = BEST_SHOWN) -> Any:
+    """The `top` rows that ran and fit in memory, fastest (highest throughput) first (a DataFrame)."""
+    if not len(table):
+        return table
+    ok = table[(table["status"] == "ok") & table["fits_in_memory"].fillna(False).astype(bool)]
+    return ok.sort_values(["throughput_samples_per_s", "sweep.index"], ascending=[False, True],
+                          kind="stable").head(top)
+
+
+def best_text(table: Any, axes: Sequence[str] = (), top: int = BEST_SHOWN) -> str:
+    """The best configurations that fit, as a table: their varying inputs, step time, throughput,
+    bubble and largest device peak; or one line saying that none fits (and the nearest miss)."""
+    from rich.table import Table
+
+    from gpipe_sim.studies.report import _render
+    from gpipe_sim.spec.units import format_bytes, format_seconds
+
+    ran = table[table["status"] == "ok"] if len(table) else table
+    if not len(ran):
+        return "no configuration ran: nothing to rank"
+    best = best_configurations(table, top)
+    if not len(best):
+        near = ran.sort_values(["max_device_peak_memory_bytes", "sweep.index"], kind="stable").iloc[0]
+        cap = near["memory_capacity_bytes"]
+        capacity = format_bytes(float(cap)) if cap is not None and cap == cap else "inf"
+        return (f"none of the {len(ran)} configurations that ran fits in memory; the nearest, sweep.index "
+                f"{int(near['sweep.index'])}, needs {format_bytes(float(near['max_device_peak_memory_bytes']))} "
+                f"on its fullest device (capacity {capacity})")
+    fits = int(ran["fits_in_memory"].fillna(False).astype(bool).sum())
+    columns = varying_inputs(table, axes)
+    short = _short_names(columns)
+    out = Table(title=f"best {len(best)} of the {fits} configurations that fit in memory (by throughput)")
+    out.add_column("#", justify="right")
+    for name in columns:
+        out.add_column(short[name])
+    for name in ("step time", "samples/s", "bubble", "largest device peak"):
+        out.add_column(name, justify="right")
+    for rank, (_, row) in enumerate(best.iterrows(), start=1):
+        cap = row["memory_capacity_bytes"]
+        peak = format_bytes(float(row["max_device_peak_memory_bytes"]))
+        if cap is not None and cap == cap:
+            peak += f" of {format_bytes(float(cap))}"
+        out.add_row(
+            str(rank), *(_cell(row[name]) for name in columns),
+            format_seconds(float(row["step_time_s"])),
+            f"{float(row['throughput_samples_per_s']):,.1f}",
+            f"{float(row['bubble_fraction']):.3f}",
+            peak,
+        )
+    return _render(out)
+
+
+def _short_names(columns: Sequence[str]) -> dict[str, str]:
+    """"pipeline.stages" -> "stages" where the last part names one column only."""
+    last = [c.rsplit(".", 1)[-1] for c in columns]
+    return {c: (tail if last.count(tail) == 1 else c) for c, tail in zip(columns, last)}
+
+
+def _cell(value: Any) -> str:
+    """A table cell: "-" for a missing value, whole floats as integers, at most 60 characters."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return one_line(str(value), 60)
