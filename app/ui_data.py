@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from gpipe_sim.errors import first_line
 from gpipe_sim.results.result import Result
 from gpipe_sim.spec.model import load_layer_table_file
 from gpipe_sim.spec.scenario import Scenario, set_dotted
@@ -62,7 +63,7 @@ def read_sweep_bytes(name: str, data: bytes) -> pd.DataFrame:
         if name.endswith(".csv"):
             return pd.read_csv(io.BytesIO(data))
     except Exception as exc:  # pandas/pyarrow raise many types for malformed files
-        raise ValueError(f"cannot read {name!r}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+        raise ValueError(f"cannot read {name!r}: {first_line(exc)}") from None
     raise ValueError(f"{name!r}: expected results.parquet or results.csv")
 
 

@@ -11,14 +11,16 @@ import torch
 
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.errors import ExecutionError
-from gpipe_exec.runtime.interpreter import Job, boundary_shape, record_columns
+from gpipe_exec.runtime.interpreter import Job, boundary_shapes, record_columns
 from gpipe_exec.zoo import check_buildable
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.results.memory import device_peaks, levels_from_totals
 from gpipe_sim.plan.compile import Plan, compile_plan, local_state_bytes_per_param
 from gpipe_sim.results.result import Result, Timeline
 from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.api import result_from_times, run_engine, summarize_plan
+from gpipe_sim.api import simulate_plan, summarize_plan
+from gpipe_sim.errors import first_line
+from gpipe_sim.spec.model import ModelSpec
 from gpipe_sim.schedule import ACTION_KINDS, Kind
 
 
@@ -55,16 +57,21 @@ class Measurement:
 RANK_OVERHEAD_BYTES = 0.5 * 2**30  # a rank's interpreter, torch and gloo, before the model
 
 
-def check_runnable(scenario: Scenario) -> Plan:
-    """Compile the plan, build the model on the meta device and, on CPU, check that all ranks fit
-    in this machine's free memory; one clear line if it cannot run."""
+def check_model(scenario: Scenario) -> None:
+    """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
+    whose layers build on the meta device."""
     check_buildable(scenario.model)
-    plan = compile_plan(scenario)
     try:
-        boundary_shape(scenario, len(plan.layers) - 1, 0, 0.0)
+        boundary_shapes(scenario.model, scenario.training.dtype, 0, 0.0)
     except (RuntimeError, ValueError) as exc:
-        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ScenarioError(f"model: the {scenario.model.preset} model cannot be built ({line})") from None
+        raise ScenarioError(f"model: the {scenario.model.preset} model cannot be built ({first_line(exc)})") from None
+
+
+def check_runnable(scenario: Scenario) -> Plan:
+    """Check the model builds, compile the plan and, on CPU, check that all ranks fit in this
+    machine's free memory; one clear line if it cannot run."""
+    check_model(scenario)
+    plan = compile_plan(scenario)
     if not torch.cuda.is_available():
         check_host_memory(plan)
     return plan
@@ -82,15 +89,14 @@ def host_available_bytes() -> float | None:
     return None
 
 
-def check_host_memory(plan: Plan, available: float | None = None) -> None:
+def check_host_memory(plan: Plan, available: float | None = None, predicted: Result | None = None) -> None:
     """Refuse a CPU run whose ranks (all on this machine) would need more memory than is free:
-    the simulator's per-rank peak (weights, gradients, optimizer states, activations) plus a
-    fixed allowance per process."""
+    the simulator's per-rank peak (weights, gradients, optimizer states, activations; from
+    `predicted` where the caller has simulated the plan already) plus a fixed allowance per process."""
     available = host_available_bytes() if available is None else available
     if available is None:
         return
-    start, end = run_engine(plan, "auto")
-    stages = result_from_times(plan, start, end).stages  # replica 0's; every replica holds as much
+    stages = (predicted or simulate_plan(plan)).stages  # replica 0's; every replica holds as much
     needed = plan.replicas * (sum(s.peak_memory_bytes for s in stages) + RANK_OVERHEAD_BYTES * len(stages))
     if needed > available:
         gib = 2.0**30
@@ -102,24 +108,21 @@ def check_host_memory(plan: Plan, available: float | None = None) -> None:
         )
 
 
-def job_for(scenario: Scenario, plan: Plan, *, steps: int = 5, warmup: int = 2, seed: int = 0,
+def job_for(plan: Plan, *, steps: int = 5, warmup: int = 2, seed: int = 0,
             dropout: float | None = None, **extra: Any) -> Job:
-    """The job that runs `scenario` with the plan's partition (the simulator's) and programs."""
+    """The job that runs the plan as compiled: its partition, micro-batches and global program (a
+    schedule registered in this process needs no registration in the workers)."""
     if "fault" not in extra and os.environ.get(FAULT_ENV):
         extra["fault"] = parse_fault(os.environ[FAULT_ENV])
-    # The worker runs the parent's programs as they are: a schedule registered here needs no
-    # executor change (and no registration in the worker processes).
-    extra.setdefault("schedule", plan.schedule)
     extra.setdefault("memory_step", True)
-    return Job(scenario=scenario, partition=list(plan.layer_counts), steps=steps, warmup=warmup,
-               seed=seed, dropout=dropout, **extra)
+    return Job(plan=plan, steps=steps, warmup=warmup, seed=seed, dropout=dropout, **extra)
 
 
 def _end_sends_at_arrival(kind: np.ndarray, message: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
     """A send ends when its data has arrived: no later than the matching receive's end (the sender
     only notices completion when it next polls). Sends and receives pair by their recorded message."""
-    sends = np.flatnonzero((kind == int(Kind.SEND)) & (message >= 0))
-    recvs = np.flatnonzero((kind == int(Kind.RECV)) & (message >= 0))  # not the waits for all-reduces
+    sends = np.flatnonzero((kind == Kind.SEND) & (message >= 0))
+    recvs = np.flatnonzero((kind == Kind.RECV) & (message >= 0))  # not the waits for all-reduces
     if not len(sends):
         return
     size = int(max(message[sends].max(), message[recvs].max(initial=-1))) + 1
@@ -134,17 +137,14 @@ def step_timelines(plan: Plan, output: dict[str, Any]) -> list[Timeline]:
     ranks = output["ranks"]
     if len(ranks) != plan.num_ranks:
         raise ExecutionError(f"{len(ranks)} ranks reported for a plan of {plan.num_ranks}")
-    K, M, C = len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks)
-    per_replica = max(C - 1, 1) * 2 * M  # message keys of one replica (ProgramColumns.message_keys)
     timelines = []
     for s in range(len(ranks[0]["records"])):
         recs = [rank["records"][s] for rank in ranks]
         cols = record_columns(recs)
         t0 = min(r.step_start for r in recs)
         start, end = cols["start_s"] - t0, cols["end_s"] - t0
-        # every replica numbers its messages alike: make them distinct before pairing
-        message = np.where(cols["message"] >= 0, cols["message"] + (cols["rank"] // K) * per_replica, -1)
-        _end_sends_at_arrival(cols["kind"], message, start, end)
+        # the ranks record the global program's message ids, unique in the step
+        _end_sends_at_arrival(cols["kind"], cols["message"], start, end)
         timeline = Timeline(cols["rank"], cols["chunk"], cols["kind"], cols["micro_batch"], start, end)
         check_ran_as_planned(plan, timeline, step=s)
         timelines.append(timeline)
@@ -255,9 +255,16 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
 def execute(scenario: Scenario, *, steps: int = 5, warmup: int = 2, seed: int = 0,
             dropout: float | None = None, options: LaunchOptions = LaunchOptions()) -> Measurement:
     """Train `scenario` for warm-up + measured steps with one process per rank; measure the step."""
+    return run_plan(check_runnable(scenario), steps=steps, warmup=warmup, seed=seed, dropout=dropout,
+                    options=options)
+
+
+def run_plan(plan: Plan, *, model: ModelSpec | None = None, steps: int = 5, warmup: int = 2, seed: int = 0,
+             dropout: float | None = None, options: LaunchOptions = LaunchOptions()) -> Measurement:
+    """Train the compiled plan for warm-up + measured steps with one process per rank; measure the
+    step. `model`: the zoo model the ranks build where the plan's is a measured table."""
     if steps < 1 or warmup < 0:
         raise GpipeError(f"steps must be >= 1 and warm-up >= 0, got {steps} and {warmup}")
-    plan = check_runnable(scenario)
-    job = job_for(scenario, plan, steps=steps, warmup=warmup, seed=seed, dropout=dropout)
+    job = job_for(plan, model=model, steps=steps, warmup=warmup, seed=seed, dropout=dropout)
     output = launch([job], plan.device_map, options)[0]
     return measured_result(plan, output)

@@ -12,15 +12,14 @@ import dataclasses
 from typing import Literal
 
 from gpipe_sim.plan.compile import Plan
-from gpipe_sim.schedule import Kind, Pass, Schedule, lower
+from gpipe_sim.schedule import PASS_KINDS, Kind, Pass, Schedule, lower
 
 WeightPlacement = Literal["adjacent", "deferred"]
 
 
 def pass_orders(schedule: Schedule) -> list[list[Pass]]:
     """Each rank's passes (forward, backward, backward_input, backward_weight), in program order."""
-    kinds = {Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT}
-    return [[Pass(a.kind, a.chunk, a.micro_batch) for a in schedule.rank_actions(r) if a.kind in kinds]
+    return [[Pass(a.kind, a.chunk, a.micro_batch) for a in schedule.rank_actions(r) if a.kind in PASS_KINDS]
             for r in range(schedule.ranks)]
 
 

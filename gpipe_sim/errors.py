@@ -30,3 +30,9 @@ def one_line(text: str, limit: int = 500) -> str:
     if not text.isprintable():
         text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what a
+    one-line error quotes of a cause raised by a library."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -126,10 +126,9 @@ def test_executor_peak_matches_the_prediction_with_data_parallelism() -> None:
     table = profile_model(cases[0], ProfileOptions(micro_batches=default_sizes(cases[0]), warmup=0, repeats=1,
                                                    min_time_s=0.0, max_repeats=1))
     runs = [predict_with_profile(sc, table, None) for sc in cases]
-    plans = [compile_plan(run_sc) for run_sc, _ in runs]
-    jobs = [job_for(run_sc, plan, steps=1, warmup=1) for (run_sc, _), plan in zip(runs, plans)]
-    outputs = launch(jobs, plans[0].device_map, LaunchOptions())
-    for (_, predicted), plan, output, term in zip(runs, plans, outputs, ("allreduce_buckets", "zero_gather")):
+    jobs = [job_for(run.plan, model=sc.model, steps=1, warmup=1) for run, sc in zip(runs, cases)]
+    outputs = launch(jobs, runs[0].plan.device_map, LaunchOptions())
+    for (_, plan, predicted), output, term in zip(runs, outputs, ("allreduce_buckets", "zero_gather")):
         measured = measured_result(plan, output).result
         for p, m in zip(predicted.stages, measured.stages):
             assert p.peak_memory_bytes == pytest.approx(m.peak_memory_bytes, rel=0.05)

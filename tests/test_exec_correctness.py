@@ -84,7 +84,7 @@ def run_groups(K: int, groups: dict[str, tuple[list[Case], dict[str, Any]]]) -> 
         for case in cases:
             assert case.world == K, f"{case}: {case.world} processes, the launch has {K}"
             plan = plan_of(case)
-            job = job_for(plan.scenario, plan, warmup=0, return_params=True, tag=f"{name}: {case}",
+            job = job_for(plan, warmup=0, return_params=True, tag=f"{name}: {case}",
                           weight_pass=case.weight_pass, **settings)
             entries.append((name, case, plan, job))
     outs = launch([e[3] for e in entries], list(range(K)), OPTIONS)

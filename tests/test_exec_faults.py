@@ -30,7 +30,7 @@ OPTIONS = LaunchOptions(comm_timeout_s=20, run_timeout_s=120)
 def _job(fault: dict, pipeline: dict | None = None) -> tuple:
     sc = parse_scenario({**SCENARIO, "pipeline": {**SCENARIO["pipeline"], **(pipeline or {})}})
     plan = execute.check_runnable(sc)
-    return execute.job_for(sc, plan, steps=2, warmup=0, fault=fault), plan
+    return execute.job_for(plan, steps=2, warmup=0, fault=fault), plan
 
 
 @pytest.mark.parametrize("kind, pipeline", [

@@ -17,7 +17,7 @@ from gpipe_exec.studies.calibrate import LinkFit, fit_link, fit_runtime, runtime
 from gpipe_exec.execute import check_runnable, job_for, measured_result  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.profile import ProfileOptions, profile_model, write_table  # noqa: E402
-from gpipe_exec.programs import split_backward, with_schedule  # noqa: E402
+from gpipe_exec.programs import split_backward  # noqa: E402
 from gpipe_exec.studies.rounds import predict_with_profile  # noqa: E402
 from gpipe_exec.studies.validate import relative_errors  # noqa: E402
 from gpipe_exec.zoo import build_model  # noqa: E402
@@ -53,11 +53,8 @@ def runs():
         sc = base.with_updates({"pipeline.schedule": schedule, "pipeline.remat": remat, "pipeline.chunks": v,
                                 "pipeline.micro_batches": M, "pipeline.batch_size": 2 * M})
         programs = (lambda s, split=split: split_backward(s, split)) if split else None
-        run_sc, predicted = predict_with_profile(sc, table, None, programs)
-        plan = check_runnable(run_sc)
-        if programs:
-            plan = with_schedule(plan, programs(plan.schedule))
-        cases.append((plan, predicted, job_for(run_sc, plan, steps=3, warmup=1)))
+        plan, predicted = predict_with_profile(sc, table, None, programs)[1:]
+        cases.append((plan, predicted, job_for(plan, model=sc.model, steps=3, warmup=1)))
     outs = launch([c[2] for c in cases], [0, 1], LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
     return [(plan, predicted, measured_result(plan, out), out) for (plan, predicted, _), out in zip(cases, outs)]
 
@@ -359,7 +356,7 @@ def test_stages_sharing_a_device_never_compute_at_once() -> None:
                          "pipeline": {**BASE["pipeline"], "stages": 4, "micro_batches": 4, "batch_size": 8,
                                       "schedule": "1f1b"}})
     plan = check_runnable(sc)
-    out = launch([job_for(sc, plan, steps=1, warmup=0)], plan.device_map, LaunchOptions(comm_timeout_s=60))[0]
+    out = launch([job_for(plan, steps=1, warmup=0)], plan.device_map, LaunchOptions(comm_timeout_s=60))[0]
     t = measured_result(plan, out).result.timeline
     for pair in ((0, 1), (2, 3)):
         spans = sorted((t.start_s[i], t.end_s[i]) for i in np.flatnonzero(t.is_compute)

@@ -236,7 +236,7 @@ def test_profile_records_what_adjacent_layers_save_in_common() -> None:
 def test_convnet_accounting_stays_exact_and_memory_is_predicted() -> None:
     """The convnet's blocks save their output and the next block its input: one allocation, counted
     once by the executor's accounting and by the simulator (saved_with_previous)."""
-    from gpipe_exec.execute import check_runnable, job_for, measured_result
+    from gpipe_exec.execute import job_for, measured_result
     from gpipe_exec.launch.spawn import LaunchOptions, launch
     from gpipe_exec.profile import ProfileOptions, profile_model
     from gpipe_exec.studies.rounds import predict_with_profile
@@ -248,9 +248,9 @@ def test_convnet_accounting_stays_exact_and_memory_is_predicted() -> None:
                                       "remat": "none"},
                          "training": {"optimizer": "momentum"}})
     table = profile_model(sc, ProfileOptions(warmup=0, repeats=1, min_time_s=0.0))
-    run_sc, predicted = predict_with_profile(sc, table, None)
-    plan = check_runnable(run_sc)
-    out = launch([job_for(run_sc, plan, steps=1, warmup=1)], plan.device_map, LaunchOptions(comm_timeout_s=60))[0]
+    _, plan, predicted = predict_with_profile(sc, table, None)
+    out = launch([job_for(plan, model=sc.model, steps=1, warmup=1)], plan.device_map,
+                 LaunchOptions(comm_timeout_s=60))[0]
     m = measured_result(plan, out)
     for p, q in zip(predicted.stages, m.result.stages):
         assert q.peak_activation_bytes == pytest.approx(p.peak_activation_bytes, rel=1e-9)

@@ -39,7 +39,7 @@ def runs():
                                  "pipeline": {"stages": 2, "micro_batches": 4, "batch_size": 8,
                                               "schedule": schedule, "remat": remat}, "training": training})
             plan = check_runnable(sc)
-            jobs.append(job_for(sc, plan, steps=1, warmup=1))
+            jobs.append(job_for(plan, steps=1, warmup=1))
             cases.append((" ".join([name, schedule, remat, *map(str, training.values())]), sc, plan))
     outs = launch(jobs, [0, 1], LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
     return [(name, simulate(sc), measured_result(plan, out).result) for (name, sc, plan), out in zip(cases, outs)]

@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 from gpipe_exec.measure.allocator import cache_host_memory
 from gpipe_exec.runtime.device_lock import LOCK_DIR_ENV
 from gpipe_exec.errors import ExecutionError, PeerError
+from gpipe_sim.errors import first_line
 from gpipe_exec.measure.meters import AlignedClock
 from gpipe_exec.runtime.interpreter import Job, run_job
 
@@ -121,7 +122,7 @@ def _worker(rank: int, world: int, port: int, payload: Any, device_map: Sequence
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit non-zero
         record = {
             "rank": rank, "time": time.time(), "peer": isinstance(exc, PeerError),
-            "message": (str(exc).strip().splitlines() or [""])[0], "type": type(exc).__name__,
+            "message": first_line(exc) if str(exc).strip() else "", "type": type(exc).__name__,
             "traceback": traceback.format_exc(),
         }
         (Path(out_dir) / f"error{rank}.json").write_text(json.dumps(record))

@@ -29,7 +29,7 @@ def torchrun_main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"gpipe-exec: error: pipeline.stages is {scenario.pipeline.stages}, "
                          f"torchrun started {world} processes\n")
         return 2
-    job = job_for(scenario, plan, steps=args.steps, warmup=args.warmup)
+    job = job_for(plan, steps=args.steps, warmup=args.warmup)
     options = LaunchOptions(threads=args.threads, pin=False)
     out = run_rank(rank, world, [job], plan.device_map, options)
     if rank == 0:

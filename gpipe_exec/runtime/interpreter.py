@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from gpipe_exec.errors import ExecutionError, PeerError
+from gpipe_sim.errors import first_line
 from gpipe_exec.measure.memory import (INPUTS, RECEIVE_BUFFERS, AllocatorPeak, StorageTracker,
                                        gradients_as_gradients, module_state)
 from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_bytes, tensor_bytes
@@ -38,20 +39,20 @@ from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.runtime.split_backward import WeightPass
 from gpipe_exec.runtime.update import Update, ZeroShardUpdate
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
-from gpipe_sim.plan.partition import micro_batch_sizes
-from gpipe_sim.plan.replicas import replicate, with_collectives
-from gpipe_sim.plan.compile import scenario_schedule
-from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Schedule, Tensor
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.plan.compile import Plan
+from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
+from gpipe_sim.spec.model import ModelSpec
 
 
 @dataclass
 class Job:
-    """One configuration to run: the scenario, its partition (layers per chunk) and how to run it."""
+    """One configuration to run: the compiled plan (its chunks, micro-batch sizes, devices and the
+    global program each rank runs its slice of, exactly as the simulator runs it) and how to run it."""
 
-    scenario: Scenario | dict[str, Any]
-    partition: list[int]  # layers per chunk, K*v entries, in model order
-    schedule: Schedule | None = None  # the parent's programs (else built from the scenario)
+    plan: Plan
+    # The zoo model the ranks build; None: the plan's own. (A plan priced from a measured layer
+    # table has the table as its model: the validation runs it with the model that was profiled.)
+    model: ModelSpec | None = None
     steps: int = 1
     warmup: int = 0
     seed: int = 0
@@ -106,34 +107,22 @@ class StepRecord:
         return len(self.kind)
 
 
-def chunk_bounds(partition: list[int], c: int) -> tuple[int, int]:
-    """(first, last) layer of chunk c for per-chunk layer counts."""
-    first = sum(partition[:c])
-    return first, first + partition[c] - 1
-
-
-def boundary_shapes(scenario: Scenario, seed: int, dropout: float | None, last: int | None = None
+def boundary_shapes(model: ModelSpec, dtype: str, seed: int, dropout: float | None, last: int | None = None
                     ) -> list[tuple[int, ...]]:
     """Shape (without the batch dimension) of every layer's output up to `last` (default: all),
     found in one pass on the meta device."""
     from gpipe_sim.spec.layers import layer_count
 
-    model = scenario.model
     last = layer_count(model) - 1 if last is None else last
-    x, _ = make_batch(model, 1, seed=seed, dtype=scenario.training.dtype)
+    x, _ = make_batch(model, 1, seed=seed, dtype=dtype)
     shapes = []
     with torch.device("meta"):
-        layers = build_layers_range(model, 0, last, seed=seed, dropout=dropout, dtype=scenario.training.dtype)
+        layers = build_layers_range(model, 0, last, seed=seed, dropout=dropout, dtype=dtype)
         h = x.to("meta")
         for module in layers:
             h = module(h)
             shapes.append(tuple(h.shape[1:]))
     return shapes
-
-
-def boundary_shape(scenario: Scenario, layer: int, seed: int, dropout: float | None) -> tuple[int, ...]:
-    """Shape (without the batch dimension) of layer `layer`'s output, found on the meta device."""
-    return boundary_shapes(scenario, seed, dropout, layer)[layer]
 
 
 _DIRECTION_GROUPS: tuple[Any, dict[Tensor, Any]] | None = None  # (default group, its two groups)
@@ -189,8 +178,7 @@ class _Comm:
         try:
             return fn()
         except (RuntimeError, dist.DistError) as exc:
-            line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise PeerError(f"rank {self.rank}: {what} failed ({line})") from None
+            raise PeerError(f"rank {self.rank}: {what} failed ({first_line(exc)})") from None
 
     def allreduce(self, bucket: torch.Tensor, group: Any, chunk: int) -> Any:
         """Start the sum of `bucket` over the data-parallel group (asynchronous)."""
@@ -232,33 +220,25 @@ class RankRunner:
     """Runs one rank's program for a job: builds its chunks, data, buffers, and interprets actions."""
 
     def __init__(self, job: Job, rank: int, device: torch.device, clock: AlignedClock) -> None:
-        self.job = job
-        self.scenario = job.scenario if isinstance(job.scenario, Scenario) else parse_scenario(job.scenario)
-        sc, p = self.scenario, self.scenario.pipeline
+        self.job, plan = job, job.plan
+        self.scenario = sc = plan.scenario
+        model = job.model or sc.model
         self.rank, self.device, self.clock = rank, device, clock
-        self.schedule = job.schedule or scenario_schedule(self.scenario)
-        self.K, self.M = self.schedule.ranks, self.schedule.micro_batches
-        self.C = self.schedule.num_chunks
-        self.D = p.data_parallel
+        self.K, self.M, self.C, self.D = len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks), plan.replicas
         self.replica, self.pipeline_rank = divmod(rank, self.K)
-        if len(job.partition) != self.C:
-            raise ExecutionError(f"the partition has {len(job.partition)} entries for {self.C} chunks")
         if self.replica >= self.D:
             raise ExecutionError(f"global rank {rank} is outside {self.D} replicas of {self.K} ranks")
-        # Global rank d*K + r runs pipeline rank r's program (with the all-reduces and their waits
-        # when D > 1), its peers shifted into replica d.
-        c = self.schedule.columns if self.D == 1 else replicate(with_collectives(self.schedule.columns), self.D)
-        lo, hi = int(c.offsets[rank]), int(c.offsets[rank + 1])
-        self.actions = c.actions(rank)
-        self.tags: list[int] = c.message_keys(self.M)[lo:hi].tolist()
+        # Global rank d*K + r runs pipeline rank r's program for replica d: the plan's slice.
+        mine = plan.steps.rank(rank)
+        self.actions, self.tags = mine.actions, mine.message
         dtype = sc.training.dtype
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
         self.chunks: dict[int, Chunk] = {}
-        for index in self.schedule.chunks_of(self.pipeline_rank):
-            first, last = chunk_bounds(job.partition, index)
-            layers = build_layers_range(sc.model, first, last, seed=job.seed, dropout=job.dropout, dtype=dtype)
+        for index in plan.ranks[self.pipeline_rank].chunks:
+            first, last = plan.chunks[index].first_layer, plan.chunks[index].last_layer
+            layers = build_layers_range(model, first, last, seed=job.seed, dropout=job.dropout, dtype=dtype)
             self.chunks[index] = Chunk(index, self.C, first, torch.nn.Sequential(*layers).to(device), device,
-                                       loss_sum, p.batch_size, parent_meter=self.meter,
+                                       loss_sum, sc.pipeline.batch_size, parent_meter=self.meter,
                                        weight_pass=job.weight_pass)
         params = [q for ch in self.chunks.values() for q in ch.module.parameters()]
         self.dp_group = data_parallel_groups(self.K, self.D)[self.pipeline_rank] if self.D > 1 else None
@@ -270,9 +250,9 @@ class RankRunner:
             self.update = Update(params, sc)
         # This replica's share of the global batch (each loss still divides by the global batch
         # size, so the replicas' summed gradients are those of the global batch's mean loss).
-        share = p.batch_size // self.D
-        self.sizes = micro_batch_sizes(share, self.M)
-        x, y = make_batch(sc.model, p.batch_size, seed=job.seed, dtype=dtype)
+        share = sc.pipeline.batch_size // self.D
+        self.sizes = plan.micro_batch_sizes
+        x, y = make_batch(model, sc.pipeline.batch_size, seed=job.seed, dtype=dtype)
         # a copy of the share: a view would keep the whole global batch alive on every replica
         # (a data-parallel loader gives each replica only its own samples)
         x, y = (t[self.replica * share:(self.replica + 1) * share].clone() if self.D > 1 else t for t in (x, y))
@@ -280,11 +260,11 @@ class RankRunner:
         self.targets = [t.to(device) for t in torch.tensor_split(y, self.M)] if self.C - 1 in self.chunks else []
         self.float_dtype = TORCH_DTYPES[dtype]
         receives = [a for a in self.actions if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
-        self.shapes = boundary_shapes(sc, job.seed, job.dropout) if receives else []
+        self.shapes = boundary_shapes(model, dtype, job.seed, job.dropout) if receives else []
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = _Comm(rank, split)
         self._buffers: dict[int, torch.Tensor] = {}
-        self.lock = device_lock(rank, sc.device_map) if device.type == "cpu" and job.device_lock else None
+        self.lock = device_lock(rank, plan.device_map) if device.type == "cpu" and job.device_lock else None
         # One handler per kind: each runs its action and says what it ran (kind, chunk, micro-batch).
         self.handlers: dict[Kind, Callable[[int, Action], tuple[Kind, int, int]]] = {
             Kind.FORWARD: self._forward,
@@ -308,7 +288,8 @@ class RankRunner:
         buf = self._buffers.get(index)
         if buf is None:
             action = self.actions[index]
-            first, last = chunk_bounds(self.job.partition, action.chunk)
+            chunk = self.job.plan.chunks[action.chunk]
+            first, last = chunk.first_layer, chunk.last_layer
             # an activation is the chunk's input (the previous layer's output); a gradient its output's
             shape = self.shapes[first - 1] if action.tensor == Tensor.ACTIVATION else self.shapes[last]
             buf = torch.empty((self.sizes[action.micro_batch], *shape), dtype=self.float_dtype,

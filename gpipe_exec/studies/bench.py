@@ -19,7 +19,7 @@ from gpipe_exec.measure.allocator import cache_host_memory
 from gpipe_exec.execute import check_runnable, job_for, measured_result
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.measure.meters import AlignedClock
-from gpipe_exec.runtime.interpreter import chunk_bounds, run_job
+from gpipe_exec.runtime.interpreter import run_job
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import build_layers_range, build_model, loss_sum, make_batch
 from gpipe_sim.schedule import schedule_family
@@ -52,7 +52,8 @@ def _torch_schedule(schedule: str) -> Any:
 
 
 def _torch_pipelining(rank: int, device: torch.device, clock: AlignedClock, sc: Scenario,
-                      partition: list[int], schedule: str, chunks: int, steps: int, warmup: int) -> list[float]:
+                      bounds: list[tuple[int, int]], schedule: str, chunks: int, steps: int,
+                      warmup: int) -> list[float]:
     """torch.distributed.pipelining on this rank: its PipelineStages, placed as our schedule family
     places its chunks (looped: r, r+K, ...; the V of ZB-V and DualPipeV: r and 2K-1-r, which torch's
     `generate_stage_to_rank_mapping(style="v")` gives too), under the torch schedule of that name."""
@@ -64,7 +65,7 @@ def _torch_pipelining(rank: int, device: torch.device, clock: AlignedClock, sc: 
     mine = sorted(c for c, owner in enumerate(placement) if owner == rank)
     modules, stages = [], []
     for c in mine:
-        first, last = chunk_bounds(partition, c)
+        first, last = bounds[c]
         module = torch.nn.Sequential(*build_layers_range(sc.model, first, last, dropout=0.0)).to(device)
         modules.append(module)
         stages.append(PipelineStage(module, c, C, device))
@@ -108,8 +109,8 @@ def _bench_task(rank: int, device: torch.device, clock: AlignedClock, payload: d
         if side == "ours":
             out.append(run_job(payload["jobs"][i], rank, device, clock))
         else:
-            schedule, chunks, partition = payload["torch"][i]
-            out.append(_torch_pipelining(rank, device, clock, sc, partition, schedule, chunks,
+            schedule, chunks, bounds = payload["torch"][i]
+            out.append(_torch_pipelining(rank, device, clock, sc, bounds, schedule, chunks,
                                          payload["steps"], payload["warmup"]))
     return out if rank == 0 else None
 
@@ -197,11 +198,11 @@ def run_benchmark(sc: Scenario, steps: int = 7, warmup: int = 2, chunks: int = 2
     device_map = cases[0][3].device_map
     shared = len(set(device_map)) < len(device_map)
     variants = [(case, lock) for lock in ((True, False) if shared else (True,)) for case in cases]
-    jobs = [job_for(variant, plan, steps=steps, warmup=warmup, dropout=0.0, device_lock=lock)
+    jobs = [job_for(plan, steps=steps, warmup=warmup, dropout=0.0, device_lock=lock)
             for (_, _, variant, plan), lock in variants]
     order = bench_order(len(jobs), len(cases), max(1, rounds))
     payload = {"jobs": jobs, "scenario": sc.to_dict(), "steps": steps, "warmup": warmup, "order": order,
-               "torch": [(schedule, v, list(plan.layer_counts)) for schedule, v, _, plan in cases]}
+               "torch": [(schedule, v, list(plan.layout.chunk_layers)) for schedule, v, _, plan in cases]}
     out = launch(payload, device_map, LaunchOptions(comm_timeout_s=120), task=_bench_task)
     ours_times: dict[int, list[float]] = {}
     torch_times: dict[int, list[float]] = {}

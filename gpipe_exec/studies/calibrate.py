@@ -185,7 +185,7 @@ def calibrate_runtime(device_map: Sequence[int] = (0, 1), *, sizes: Sequence[int
     link = calibrate_link(device_map, options=options)
     scenarios = [calibration_scenario(n, device_map) for n in sizes]
     plans = [compile_plan(sc) for sc in scenarios]
-    jobs = [job_for(sc, plan, steps=steps, warmup=2) for sc, plan in zip(scenarios, plans)]
+    jobs = [job_for(plan, steps=steps, warmup=2) for plan in plans]
     outputs = launch(jobs, plans[0].device_map, options)
     samples = []
     for sc, plan, out in zip(scenarios, plans, outputs):

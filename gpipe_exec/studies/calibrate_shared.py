@@ -29,7 +29,7 @@ def calibrate_shared(fit: RuntimeFit, device_map: Sequence[int], *, message_byte
                                    recv_s=fit.recv_s * alpha, shared_scale=alpha)
 
     def predicted(alpha: float) -> float:
-        return predict_with_profile(scenario, table, scaled(alpha))[1].step_time_s
+        return predict_with_profile(scenario, table, scaled(alpha)).result.step_time_s
 
     lo, hi = 1.0, 64.0
     if predicted(lo) >= measured:

@@ -340,7 +340,7 @@ def measure_rows(rows: Sequence[Checked], *, rounds: int, steps: int, warmup: in
     from gpipe_sim.plan.compile import compile_plan
 
     plans = [compile_plan(r.run) for r in rows]  # type: ignore[arg-type]
-    jobs = [job_for(r.run, p, steps=steps, warmup=warmup) for r, p in zip(rows, plans)]  # type: ignore[arg-type]
+    jobs = [job_for(p, steps=steps, warmup=warmup) for p in plans]
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(r.device_map, []).append(i)

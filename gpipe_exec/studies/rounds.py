@@ -10,8 +10,8 @@ from gpipe_exec.programs import with_schedule
 from gpipe_exec.profile import (ProfileOptions, average_tables, default_sizes, profile_model, profile_on_rank,
                                 table_scenario)
 from gpipe_exec.studies.calibrate import LinkFit, RuntimeFit
-from gpipe_sim.api import result_from_times, run_engine
-from gpipe_sim.plan.compile import compile_plan, scenario_schedule
+from gpipe_sim.api import simulate_plan
+from gpipe_sim.plan.compile import Plan, compile_plan, scenario_schedule
 from gpipe_sim.results.result import Result
 from gpipe_sim.schedule import Kind, Schedule
 from gpipe_sim.spec.scenario import Scenario
@@ -19,22 +19,30 @@ from gpipe_sim.spec.scenario import Scenario
 Calibration = Union[LinkFit, RuntimeFit]  # what `hardware_updates()` turns into scenario fields
 
 
+class Prediction(NamedTuple):
+    """A case priced from its measured layer table: the scenario as it runs (the simulator's
+    partition written out), the plan compiled once (what the simulator timed and what the
+    executor runs, with the scenario's zoo model), and the predicted step."""
+
+    scenario: Scenario
+    plan: Plan
+    result: Result
+
+
 def predict_with_profile(scenario: Scenario, table: dict[str, Any], calibration: Calibration | None,
-                         programs: Callable[[Schedule], Schedule] | None = None) -> tuple[Scenario, Result]:
-    """Simulate the scenario with the measured layer table (and calibration); return the scenario to run,
-    whose partition is the one the simulator chose, written out as layer counts per chunk.
-    `programs` (e.g. `programs.split_backward`) replaces the schedule's programs in the prediction."""
+                         programs: Callable[[Schedule], Schedule] | None = None) -> Prediction:
+    """Compile the scenario once with the measured layer table (and calibration) and simulate it.
+    `programs` (e.g. `programs.split_backward`) replaces the schedule's programs; run the plan with
+    `job_for(prediction.plan, model=scenario.model)`."""
     updates: dict[str, Any] = {}
     if calibration is not None:
         updates.update(calibration.hardware_updates())
     updates["hardware.host.step_buffers"] = True  # the executor's receive buffers and data (RankRunner)
-    predicted_scenario = table_scenario(scenario, table, updates)
-    plan = compile_plan(predicted_scenario)
+    plan = compile_plan(table_scenario(scenario, table, updates))
     if programs is not None:
         plan = with_schedule(plan, programs(plan.schedule))
-    counts = plan.layer_counts
-    run_scenario = scenario.with_updates({"pipeline.partition": counts})
-    return run_scenario, result_from_times(plan, *run_engine(plan, "auto"))
+    run_scenario = scenario.with_updates({"pipeline.partition": plan.layer_counts})
+    return Prediction(run_scenario, plan, simulate_plan(plan))
 
 
 def splits_backward(scenario: Scenario) -> bool:
@@ -81,11 +89,11 @@ def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) 
                 table = profile_model(sc, options)
             box: list[Any] = [None]
             if rank == 0:
-                run_sc, predicted = predict_with_profile(sc, table, payload["calibration"])
-                plan = compile_plan(run_sc)
-                box = [job_for(run_sc, plan, steps=payload["steps"], warmup=payload["warmup"])]
+                prediction = predict_with_profile(sc, table, payload["calibration"])
+                box = [job_for(prediction.plan, model=sc.model, steps=payload["steps"], warmup=payload["warmup"])]
             dist.broadcast_object_list(box, src=0)
             output = run_job(box[0], rank, device, clock)
             if rank == 0:
-                out[i].append(Round(run_sc, predicted, measured_result(plan, output), table))
+                out[i].append(Round(prediction.scenario, prediction.result,
+                                    measured_result(prediction.plan, output), table))
     return out if rank == 0 else None

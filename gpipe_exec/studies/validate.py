@@ -6,13 +6,14 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
 from gpipe_exec.studies.calibrate import RuntimeFit, calibrate_runtime
 from gpipe_exec.studies.calibrate_shared import calibrate_shared
 from gpipe_exec.studies.rounds import Calibration, Round, compare_rounds, predict_with_profile
-from gpipe_exec.execute import Measurement, check_runnable, execute
+from gpipe_exec.execute import Measurement, check_host_memory, check_model, check_runnable, run_plan
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions
 from gpipe_sim.errors import GpipeError
@@ -116,9 +117,10 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
     """Calibrate, then profile, simulate and execute `scenario` (`rounds` times, in one launch);
     everything on this machine. With a `table`, that profile is used and the run is done once."""
     say = progress or (lambda _msg: None)
-    check_runnable(scenario)
     if rounds < 1:
         raise GpipeError(f"rounds must be at least 1, got {rounds}")
+    if table is None:  # before profiling: the model builds and (on CPU) its ranks fit in free memory
+        check_runnable(scenario)
     devices = sorted(set(scenario.device_map))
     if calibration is None and calibrate and len(devices) > 1:
         say("calibrating the runtime (host time per action, link)")
@@ -126,11 +128,14 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
         if len(devices) < len(scenario.device_map):
             say("calibrating the runtime on the shared devices")
             calibration = calibrate_shared(calibration, scenario.device_map, options=options)
-    if table is not None:
-        run_scenario, predicted = predict_with_profile(scenario, table, calibration)
+    if table is not None:  # one compile and one simulation: the plan predicted is the plan run
+        check_model(scenario)
+        prediction = predict_with_profile(scenario, table, calibration)
+        if not torch.cuda.is_available():
+            check_host_memory(prediction.plan, predicted=prediction.result)
         say("running the pipeline")
-        measured = execute(run_scenario, steps=steps, warmup=warmup, options=options)
-        return Validation(run_scenario, predicted, measured, calibration)
+        measured = run_plan(prediction.plan, model=scenario.model, steps=steps, warmup=warmup, options=options)
+        return Validation(prediction.scenario, prediction.result, measured, calibration)
     say(f"profiling (every device at once), predicting and running: {rounds} round(s)")
     payload = {"cases": [scenario], "rounds": rounds, "steps": steps, "warmup": warmup, "alone": False,
                "profile": profile or ProfileOptions(threads=options.threads), "calibration": calibration}

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpipe_sim.errors import SimulationError
-from gpipe_sim.plan.compile import ALLREDUCE, RECV, SEND, Plan
+from gpipe_sim.plan.compile import Plan
+from gpipe_sim.schedule import Kind
 
 SWEEPS = 1  # vectorised up-and-down passes tried before the per-transfer pass (GPipe settles in one)
 
@@ -45,14 +46,14 @@ class _Rank:
         self.lo, self.hi = lo, hi
         kind = prog.kind[lo:hi]
         self.duration = prog.duration[lo:hi]
-        self.recv_at = np.flatnonzero(kind == RECV)
+        self.recv_at = np.flatnonzero(kind == Kind.RECV)
         self.recv_msg = prog.message[lo:hi][self.recv_at]
-        self.send_at = np.flatnonzero(kind == SEND)
+        self.send_at = np.flatnonzero(kind == Kind.SEND)
         self.send_msg = prog.message[lo:hi][self.send_at]
         self.send_link = prog.link[lo:hi][self.send_at]
         self.send_ser = prog.serialization[lo:hi][self.send_at]
         self.send_lat = prog.latency[lo:hi][self.send_at]
-        self.reduce_at = np.flatnonzero(kind == ALLREDUCE)
+        self.reduce_at = np.flatnonzero(kind == Kind.ALLREDUCE)
         self.reduce_group = prog.collective[lo:hi][self.reduce_at]
 
 

@@ -8,7 +8,8 @@ from typing import Generator
 import numpy as np
 import simpy
 
-from gpipe_sim.plan.compile import ALLREDUCE, RECV, SEND, Plan
+from gpipe_sim.plan.compile import Plan
+from gpipe_sim.schedule import Kind
 
 
 def straightforward_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -72,13 +73,13 @@ def straightforward_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         device = devices[plan.device_map[k]]
         for i in range(int(prog.offsets[k]), int(prog.offsets[k + 1])):
             kind = prog.kind[i]
-            if kind == SEND:
+            if kind == Kind.SEND:
                 yield from host(device, prog.duration[i])  # host time to issue it
                 env.process(transfer(i))
-            elif kind == ALLREDUCE:
+            elif kind == Kind.ALLREDUCE:
                 group = int(prog.collective[i])
                 started[group * size + int(replica_of[i])].succeed()
-            elif kind == RECV:
+            elif kind == Kind.RECV:
                 start[i] = env.now
                 yield delivered[prog.message[i]]
                 yield from host(device, prog.duration[i])  # host time to complete it

@@ -10,11 +10,11 @@ from typing import Sequence
 
 import numpy as np
 
-from gpipe_sim.plan.replicas import replicate, ring_allreduce_seconds, with_collectives
+from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScheduleError
-from gpipe_sim.schedule import SCHEDULES, Action, Kind, Schedule, Tensor, build_schedule, lower
+from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
@@ -22,11 +22,6 @@ from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.files import shown_path
 from gpipe_sim.spec.scenario import OPTIMIZER_SCRATCH, Scenario, read_schedule_csv
 
-FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT = (int(k) for k in (
-    Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
-RECOMPUTE, SEND, RECV, UPDATE = (int(k) for k in (Kind.RECOMPUTE, Kind.SEND, Kind.RECV, Kind.UPDATE))
-ALLREDUCE = int(Kind.ALLREDUCE)
-COMPUTE_CODES = np.array([FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, UPDATE])
 
 
 @dataclass(frozen=True)
@@ -91,35 +86,39 @@ class RankPlan:
 
 @dataclass(frozen=True)
 class Program:
-    """The programs flattened into arrays: action i of rank r is at `offsets[r] + i`.
+    """The step's global program (`steps`: its columns and message ids, built once by the schedule
+    layer) with what each action costs: action i of global rank g is at `offsets[g] + i`.
 
-    `message[j]` pairs a send with its recv (same id); `link[j]` is the directed device-pair link
-    a send uses (-1 on the same device); `dedicated[l]` tells whether only one rank sends over link l.
+    `link[j]` is the directed device-pair link a send uses (-1 on the same device); `dedicated[l]`
+    tells whether only one rank sends over link l. Data parallelism: `collective[j]` is the group
+    (the chunk) an allreduce action joins (-1 elsewhere); a group's reduction takes
+    `group_seconds[g]` once its `group_size` members have started it, over the links
+    `group_links[g]`, and posts messages num_messages - C*D + g*D + d (the waits' ids).
     """
 
-    offsets: np.ndarray
-    kind: np.ndarray
-    rank: np.ndarray
-    chunk: np.ndarray
-    micro_batch: np.ndarray
+    steps: GlobalProgram
     duration: np.ndarray  # seconds on the rank's own timeline: compute, and host time per transfer
     serialization: np.ndarray  # seconds a send occupies its link
     latency: np.ndarray  # seconds from leaving the link to arrival
-    save: np.ndarray  # compute passes: the micro-batch's activations were kept by its forward
-    peer: np.ndarray  # transfers: the other global rank
-    tensor: np.ndarray  # transfers: a Tensor code (-1 elsewhere)
-    message: np.ndarray
     link: np.ndarray
     dedicated: np.ndarray
     shared_device: np.ndarray  # per global rank: its device runs other ranks too
-    num_messages: int
-    # Data parallelism: `collective[j]` is the group (the chunk) an allreduce action joins (-1
-    # elsewhere); a group's reduction takes `group_seconds[g]` once its `group_size` members have
-    # started it, over the links `group_links[g]`, and posts messages num_messages - C*D + g*D + d.
     collective: np.ndarray
     group_seconds: np.ndarray
     group_links: list[np.ndarray]
     group_size: int
+
+    # the columns, as the engines read them
+    offsets = property(lambda self: self.steps.columns.offsets)
+    kind = property(lambda self: self.steps.columns.kind)
+    rank = property(lambda self: self.steps.columns.rank)
+    chunk = property(lambda self: self.steps.columns.chunk)
+    micro_batch = property(lambda self: self.steps.columns.micro_batch)
+    save = property(lambda self: self.steps.columns.save)  # passes: the forward kept the activations
+    peer = property(lambda self: self.steps.columns.peer)  # transfers: the other global rank
+    tensor = property(lambda self: self.steps.columns.tensor)  # transfers: a Tensor code (-1 elsewhere)
+    message = property(lambda self: self.steps.message)  # a send and its recv share an id
+    num_messages = property(lambda self: self.steps.num_messages)
 
 
 @dataclass(frozen=True)
@@ -179,7 +178,13 @@ class Plan:
                          int(prog.peer[i]), int(prog.tensor[i]), bool(prog.save[i]))
 
     @cached_property
+    def steps(self) -> GlobalProgram:
+        """The global program every engine and every executor rank runs (built once)."""
+        return global_program(self.schedule, self.replicas)
+
+    @cached_property
     def program(self) -> Program:
+        """The global program with each action's costs, as the engines run it."""
         return _flatten(self)
 
 
@@ -402,41 +407,31 @@ def _layer_times(layer: LayerSpec, micro_batch: int, accel, dtype: str, dtype_by
 
 
 def _flatten(plan: Plan) -> Program:
-    """Vectorised: durations, transfer times, message pairing and link ids for every action of
-    every global rank (each step works on the index array of the actions it concerns).
+    """Vectorised: durations, transfer times and link ids for every action of the plan's global
+    program (each step works on the index array of the actions it concerns).
 
-    Messages: replica d's point-to-point messages are numbered d*P + key (P per replica); the
-    wait for chunk c's all-reduce on replica d is message D*P + c*D + d, posted by the collective.
     Links: a directed device pair within a node (`hardware.link`, or `links[r]` between ranks r
     and r+1), or a device's port to the network for traffic between nodes (`hardware.network`).
     """
-    schedule = plan.schedule
-    D, K, M, C = plan.replicas, len(plan.ranks), schedule.micro_batches, len(plan.chunks)
-    base = schedule.columns if D == 1 else with_collectives(schedule.columns)
-    c = base if D == 1 else replicate(base, D)
+    steps = plan.steps
+    D, K, M, C = plan.replicas, len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks)
+    c = steps.columns
     rank, kind, chunk, mb, peer = c.rank, c.kind, c.chunk, c.micro_batch, c.peer
-    replica = rank.astype(np.int64) // K
     host = plan.scenario.hardware.host
     # [pass kind, chunk, micro-batch] seconds; row k of `table` serves Kind code `rows[k]`
-    rows = np.full(int(max(COMPUTE_CODES)) + 1, -1)
+    rows = np.full(len(Kind), -1)
     table = np.stack([np.stack([getattr(ch, name) for ch in plan.chunks]) for name in
                       ("forward_s", "forward_s", "backward_s", "backward_input_s", "backward_weight_s")])
-    rows[[FORWARD, RECOMPUTE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT]] = np.arange(5)
+    rows[[Kind.FORWARD, Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT]] = np.arange(5)
     duration = np.zeros(len(kind))
-    passes = np.flatnonzero(rows[np.minimum(kind, len(rows) - 1)] >= 0)
+    passes = np.flatnonzero(rows[kind] >= 0)
     duration[passes] = table[rows[kind[passes]], chunk[passes], mb[passes]] + host.action_s
-    updates = np.flatnonzero(kind == UPDATE)
+    updates = np.flatnonzero(kind == Kind.UPDATE)
     duration[updates] = np.array([r.update_s for r in plan.ranks])[rank[updates] % K] + host.action_s
 
-    per_replica = max(C - 1, 1) * 2 * M
     keys = c.message_keys(M)
-    p2p = keys >= 0
-    message = np.where(p2p, keys + replica * per_replica, -1)
-    waits = np.flatnonzero((kind == RECV) & (c.tensor == int(Tensor.REDUCED)))
-    message[waits] = D * per_replica + chunk[waits].astype(np.int64) * D + replica[waits]
-    num_messages = D * per_replica + (C * D if D > 1 else 0)
-    sends = np.flatnonzero(kind == SEND)
-    recvs = np.flatnonzero((kind == RECV) & p2p)
+    sends = np.flatnonzero(kind == Kind.SEND)
+    recvs = np.flatnonzero((kind == Kind.RECV) & (keys >= 0))
     out = np.stack([ch.output_bytes for ch in plan.chunks])  # [chunk, micro-batch]
     for idx, fixed in ((sends, host.send_s), (recvs, host.recv_s)):
         moved = out[keys[idx] // M // 2, mb[idx]]  # a message carries its boundary chunk's output
@@ -476,22 +471,13 @@ def _flatten(plan: Plan) -> Program:
     dedicated = np.bincount(pairs // (K * D + C + 1), minlength=len(keys_all)) == 1
     per_device = np.bincount(dmap)
     return Program(
-        offsets=c.offsets,
-        kind=kind,
-        rank=rank,
-        chunk=chunk,
-        micro_batch=mb,
+        steps=steps,
         duration=duration,
         serialization=serialization,
         latency=latency,
-        save=c.save,
-        peer=peer,
-        tensor=c.tensor,
-        message=message,
         link=link,
         dedicated=dedicated,
         shared_device=per_device[dmap] > 1,
-        num_messages=num_messages,
         collective=collective,
         group_seconds=group_seconds,
         group_links=[group_link_ids[group_links[:, 0] == g] for g in range(len(group_seconds))],
@@ -508,7 +494,7 @@ def _collectives(plan: Plan, c, dmap: np.ndarray, per_node: int, network) -> tup
         return collective, np.zeros((0, 2), dtype=np.int64), np.zeros(0)
     hardware = plan.scenario.hardware
     n_dev = int(dmap.max()) + 1
-    starts = np.flatnonzero(c.kind == int(Kind.ALLREDUCE))
+    starts = np.flatnonzero(c.kind == Kind.ALLREDUCE)
     collective[starts] = c.chunk[starts]
     dtype_bytes = plan.scenario.training.dtype_bytes
     seconds, rows = [], []

@@ -46,11 +46,11 @@ from typing import Sequence
 
 import numpy as np
 
-from gpipe_sim.plan.compile import (ALLREDUCE, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECOMPUTE, RECV,
-                                    SEND, UPDATE, Plan)
-from gpipe_sim.schedule import Tensor
+from gpipe_sim.plan.compile import Plan
+from gpipe_sim.schedule import Kind, Tensor
 
-PASSES = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE)  # a chunk's compute passes
+# a chunk's compute passes
+PASSES = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT, Kind.RECOMPUTE)
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,13 @@ def activation_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     act = np.array([c.activation_bytes for c in plan.chunks])  # [chunk, micro_batch]
     inp = np.array([c.input_bytes for c in plan.chunks])
     ch, mb, kind, save = prog.chunk, prog.micro_batch, prog.kind, prog.save
-    fwd = kind == FORWARD
+    fwd = kind == Kind.FORWARD
     alloc[fwd & save] = act[ch[fwd & save], mb[fwd & save]]
     alloc[fwd & ~save] = inp[ch[fwd & ~save], mb[fwd & ~save]]
     beyond_input = np.maximum(act - inp, 0.0)
-    rec = kind == RECOMPUTE
+    rec = kind == Kind.RECOMPUTE
     alloc[rec] = beyond_input[ch[rec], mb[rec]]
-    last = (kind == BACKWARD) | (kind == BACKWARD_WEIGHT)
+    last = (kind == Kind.BACKWARD) | (kind == Kind.BACKWARD_WEIGHT)
     kept = save[last]
     free[last] = np.where(
         kept, act[ch[last], mb[last]], inp[ch[last], mb[last]] + beyond_input[ch[last], mb[last]]
@@ -107,7 +107,7 @@ def freed_after_input_deltas(plan: Plan) -> np.ndarray:
     inp = np.array([c.input_bytes for c in plan.chunks])
     early = np.minimum(early, np.maximum(act - inp, 0.0))  # never the chunk's input, which stays
     ch, mb = prog.chunk, prog.micro_batch
-    for kind, sign in ((BACKWARD_INPUT, -1.0), (BACKWARD_WEIGHT, 1.0)):
+    for kind, sign in ((Kind.BACKWARD_INPUT, -1.0), (Kind.BACKWARD_WEIGHT, 1.0)):
         at = prog.kind == kind
         out[at] = sign * early[ch[at], mb[at]]
     return out
@@ -128,11 +128,11 @@ def transient_bytes(plan: Plan) -> np.ndarray:
     ok = (prog.chunk >= 0) & (prog.micro_batch >= 0)
     inputs = np.array([tr[c.index] if c.input_pass_transient_bytes is None else c.input_pass_transient_bytes
                        for c in plan.chunks])
-    for table, kinds in ((tr, (FORWARD, RECOMPUTE)), (inputs, (BACKWARD_INPUT,)), (backward, (BACKWARD,)),
-                         (weight, (BACKWARD_WEIGHT,))):
+    for table, kinds in ((tr, (Kind.FORWARD, Kind.RECOMPUTE)), (inputs, (Kind.BACKWARD_INPUT,)), (backward, (Kind.BACKWARD,)),
+                         (weight, (Kind.BACKWARD_WEIGHT,))):
         running = np.isin(prog.kind, kinds) & ok
         out[running] = table[prog.chunk[running], prog.micro_batch[running]]
-    at = prog.kind == UPDATE  # the optimizer's temporaries while a rank's update runs
+    at = prog.kind == Kind.UPDATE  # the optimizer's temporaries while a rank's update runs
     scratch = np.array([r.update_scratch_bytes for r in plan.ranks])
     out[at] = scratch[prog.rank[at] % len(plan.ranks)]
     return out
@@ -159,7 +159,7 @@ def sent_bytes(plan: Plan) -> np.ndarray:
     end); zeros without."""
     if not plan.scenario.hardware.host.step_buffers:
         return np.zeros(len(plan.program.kind))
-    return _message_bytes(plan, SEND, receiving=False)
+    return _message_bytes(plan, Kind.SEND, receiving=False)
 
 
 def shared_with_buffers(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -187,11 +187,11 @@ def shared_with_buffers(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     ok = (ch >= 0) & (mb >= 0)
     chk = np.where(ok, ch, 0)
     mbk = np.where(ok, mb, 0)
-    fwd = ok & (kind == FORWARD) & buffered[chk]
+    fwd = ok & (kind == Kind.FORWARD) & buffered[chk]
     alloc[fwd] += inp[ch[fwd], mb[fwd]]
-    send = ok & (kind == SEND) & (prog.tensor == int(Tensor.ACTIVATION)) & sent[chk]
+    send = ok & (kind == Kind.SEND) & (prog.tensor == Tensor.ACTIVATION) & sent[chk]
     alloc[send] += out[ch[send], mb[send]]
-    last = ok & ((kind == BACKWARD) | (kind == BACKWARD_WEIGHT))
+    last = ok & ((kind == Kind.BACKWARD) | (kind == Kind.BACKWARD_WEIGHT))
     free[last] = np.where(buffered[chk[last]], inp[chk[last], mbk[last]], 0.0) + np.where(
         sent[chk[last]], out[chk[last], mbk[last]], 0.0)
     return alloc, free
@@ -206,7 +206,7 @@ def step_buffer_bytes(plan: Plan) -> np.ndarray:
     out = np.zeros(plan.num_ranks)
     if not plan.scenario.hardware.host.step_buffers:
         return out
-    out += np.bincount(prog.rank, weights=_message_bytes(plan, RECV, receiving=True), minlength=plan.num_ranks)
+    out += np.bincount(prog.rank, weights=_message_bytes(plan, Kind.RECV, receiving=True), minlength=plan.num_ranks)
     inp = np.array([c.input_bytes for c in plan.chunks])
     K = len(plan.ranks)
     for g in range(plan.num_ranks):
@@ -225,17 +225,17 @@ def recomputed_output_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     chunk (its output is the loss). Zeros without `step_buffers`."""
     prog = plan.program
     alloc, free = np.zeros(len(prog.kind)), np.zeros(len(prog.kind))
-    if not plan.scenario.hardware.host.step_buffers or not np.any(prog.kind == RECOMPUTE):
+    if not plan.scenario.hardware.host.step_buffers or not np.any(prog.kind == Kind.RECOMPUTE):
         return alloc, free
     C, M = len(plan.chunks), len(plan.micro_batch_sizes)
     sent = _sends_output(plan)
     extra = np.array([np.zeros(M) if c.index == C - 1 else np.maximum(c.output_bytes - (
         0.0 if c.output_saved_bytes is None or sent[c.index] else c.output_saved_bytes), 0.0) for c in plan.chunks])
     ch, mb = prog.chunk, prog.micro_batch
-    at = prog.kind == RECOMPUTE
+    at = prog.kind == Kind.RECOMPUTE
     alloc[at] = extra[ch[at], mb[at]]
     # the micro-batch's first backward pass; `save` is False there where it was re-computed
-    at = ((prog.kind == BACKWARD) | (prog.kind == BACKWARD_INPUT)) & ~prog.save
+    at = ((prog.kind == Kind.BACKWARD) | (prog.kind == Kind.BACKWARD_INPUT)) & ~prog.save
     free[at] = extra[ch[at], mb[at]]
     return alloc, free
 
@@ -255,7 +255,7 @@ def kept_for_weight_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     kept = np.array([np.zeros(M) if c.kept_for_weight_bytes is None else c.kept_for_weight_bytes
                      for c in plan.chunks])
     ok = (prog.chunk >= 0) & (prog.micro_batch >= 0)
-    for kind, out in ((BACKWARD_INPUT, alloc), (BACKWARD_WEIGHT, free)):
+    for kind, out in ((Kind.BACKWARD_INPUT, alloc), (Kind.BACKWARD_WEIGHT, free)):
         at = ok & (prog.kind == kind)
         out[at] = kept[prog.chunk[at], prog.micro_batch[at]]
     return alloc, free
@@ -281,9 +281,9 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     if D == 1 or not plan.scenario.hardware.host.step_buffers:
         return out
     grads = np.array([c.param_bytes for c in plan.chunks])
-    at = prog.kind == ALLREDUCE
+    at = prog.kind == Kind.ALLREDUCE
     out.bucket_alloc[at] = grads[prog.chunk[at]]
-    at = (prog.kind == RECV) & (prog.tensor == int(Tensor.REDUCED))
+    at = (prog.kind == Kind.RECV) & (prog.tensor == Tensor.REDUCED)
     out.bucket_free[at] = grads[prog.chunk[at]]
     training = plan.scenario.training
     if not training.zero:
@@ -297,7 +297,7 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     mine = np.minimum((replica + 1) * s[rank], total[rank]) - np.minimum(replica * s[rank], total[rank])
     if training.dtype == "fp32":  # Training.state_bytes_per_param counts a master copy otherwise
         out.master_shard[:] = mine * element
-    at = prog.kind == UPDATE
+    at = prog.kind == Kind.UPDATE
     out.shard_gradient[at] = mine[prog.rank[at]] * 4.0  # the fp32 master shard's gradient
     out.gather[at] = (2 * D + 1) * s[prog.rank[at] % K] * element
     return out

@@ -10,7 +10,7 @@ import numpy as np
 
 from gpipe_sim.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Kind
 
-_COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
+_COMPUTE_CODES = np.array(sorted(COMPUTE_KINDS))  # for np.isin over Kind codes
 
 
 @dataclass
@@ -309,7 +309,7 @@ def summarize(
     in_chunk = first & (timeline.chunk >= 0)
     chunk_busy = np.bincount(timeline.chunk[in_chunk], weights=durations[in_chunk], minlength=C)
     # waits for the data-parallel reductions: receives that carry no micro-batch
-    waits = first & (timeline.kind == int(Kind.RECV)) & (timeline.micro_batch < 0)
+    waits = first & (timeline.kind == Kind.RECV) & (timeline.micro_batch < 0)
     exposed = np.bincount(timeline.rank[waits], weights=(timeline.end_s - timeline.start_s)[waits], minlength=K)
     devices = layout.num_devices or len(set(layout.device_map))
     bubble = 1.0 - float(busy.sum()) / (devices * step) if step > 0 else 0.0

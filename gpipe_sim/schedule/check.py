@@ -18,8 +18,8 @@ def validate_schedule(schedule: Schedule) -> None:
     C, M = schedule.num_chunks, schedule.micro_batches
     position = np.arange(len(c.kind)) - c.offsets[c.rank]
     rank_of = np.asarray(schedule.placement)
-    passes = np.isin(c.kind, [int(Kind.FORWARD), int(Kind.BACKWARD), int(Kind.BACKWARD_INPUT),
-                              int(Kind.BACKWARD_WEIGHT), int(Kind.RECOMPUTE)])
+    passes = np.isin(c.kind, [Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT,
+                              Kind.BACKWARD_WEIGHT, Kind.RECOMPUTE])
     if passes.any():
         wrong = rank_of[c.chunk[passes]] != c.rank[passes]
         if wrong.any():
@@ -46,7 +46,7 @@ def validate_schedule(schedule: Schedule) -> None:
     first_backward = np.where(n_b == 1, at_b, at_i)
     _require(first_backward > at_f, "is backwarded after its forward")
     _require((n_w == 0) | (at_w > at_i), "has its backward_weight after its backward_input")
-    rc = c.kind == int(Kind.RECOMPUTE)
+    rc = c.kind == Kind.RECOMPUTE
     early = position[rc] < at_f[c.chunk[rc], c.micro_batch[rc]]
     if early.any():
         i = np.flatnonzero(rc)[np.argmax(early)]
@@ -79,7 +79,7 @@ def _action(schedule: Schedule, i: int) -> Action:
 def _check_transfers(schedule: Schedule) -> None:
     c = schedule.columns
     K = schedule.ranks
-    send, recv = c.kind == int(Kind.SEND), c.kind == int(Kind.RECV)
+    send, recv = c.kind == Kind.SEND, c.kind == Kind.RECV
     bad_peer = np.concatenate((c.peer[send | recv] < 0, c.peer[send | recv] >= K))
     if bad_peer.any():
         raise ScheduleError("schedule: a send or receive names a rank outside the pipeline")

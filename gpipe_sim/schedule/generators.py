@@ -8,7 +8,7 @@ from gpipe_sim.schedule.actions import Kind
 from gpipe_sim.schedule.registry import Check, RankOrders, fixed_chunks, one_chunk, register, v_shape
 
 # Passes are (kind, chunk, micro_batch) rows: tuples, or an (n, 3) integer array for speed.
-F, B = int(Kind.FORWARD), int(Kind.BACKWARD)
+F, B = Kind.FORWARD, Kind.BACKWARD  # the papers' letters for the passes
 
 
 def _rows(kinds: np.ndarray, chunk: int, micro_batches: np.ndarray) -> np.ndarray:
@@ -108,7 +108,7 @@ def interleaved_1f1b(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
 # on the critical path, and a weight-gradient pass W that fills the bubbles
 
 
-I, W = int(Kind.BACKWARD_INPUT), int(Kind.BACKWARD_WEIGHT)
+I, W = Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 
 
 def split_bubble(ranks: int, micro_batches: int, chunks: int) -> float:

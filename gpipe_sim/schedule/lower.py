@@ -15,14 +15,11 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.errors import ScheduleError
-from gpipe_sim.schedule.actions import Kind, Pass, Tensor
+from gpipe_sim.schedule.actions import PASS_KINDS, Kind, Pass, Tensor
 from gpipe_sim.schedule.check import validate_schedule
 from gpipe_sim.schedule.program import ProgramColumns, RematMode, Schedule
 from gpipe_sim.schedule.registry import schedule_family
 
-_F, _B, _I, _W = int(Kind.FORWARD), int(Kind.BACKWARD), int(Kind.BACKWARD_INPUT), int(Kind.BACKWARD_WEIGHT)
-_RC, _SEND, _RECV, _UPD = int(Kind.RECOMPUTE), int(Kind.SEND), int(Kind.RECV), int(Kind.UPDATE)
-_ACT, _GRAD = int(Tensor.ACTIVATION), int(Tensor.GRADIENT)
 
 
 def saves_activations(remat: RematMode, micro_batch: int, micro_batches: int) -> bool:
@@ -88,14 +85,14 @@ def _lower_rank(r: int, order: Sequence[Pass], rank_of: np.ndarray, prev_remote:
     if not len(arr):
         raise ScheduleError(f"rank {r}: the schedule gives it no passes")
     op, ch, mb = arr[:, 0], arr[:, 1], arr[:, 2]
-    if ((op != _F) & (op != _B) & (op != _I) & (op != _W)).any():
+    if not np.isin(op, sorted(PASS_KINDS)).all():
         raise ScheduleError(f"rank {r}: a pass is not forward, backward, backward_input or backward_weight")
     if (ch < 0).any() or (ch >= len(rank_of)).any():
         raise ScheduleError(f"rank {r}: a pass names a chunk outside 0..{len(rank_of) - 1}")
     if (mb < 0).any() or (mb >= len(saved)).any():
         raise ScheduleError(f"rank {r}: a pass names a micro-batch outside 0..{len(saved) - 1}")
-    is_f, is_w = op == _F, op == _W
-    is_bi = (op == _B) | (op == _I)
+    is_f, is_w = op == Kind.FORWARD, op == Kind.BACKWARD_WEIGHT
+    is_bi = (op == Kind.BACKWARD) | (op == Kind.BACKWARD_INPUT)
     keep = saved[mb]
     pr, nr = prev_remote[ch].astype(np.int64), next_remote[ch].astype(np.int64)
     counts = np.where(is_f, pr + 1 + nr, np.where(is_bi, (~keep) + nr + 1 + pr, 1))
@@ -115,27 +112,27 @@ def _lower_rank(r: int, order: Sequence[Pass], rank_of: np.ndarray, prev_remote:
     # forward: [recv activation] forward [send activation]
     pos, c, m = starts[is_f], ch[is_f], mb[is_f]
     has = pr[is_f] == 1
-    put(pos[has], _RECV, c[has], m[has], rank_of[c[has] - 1], _ACT)
+    put(pos[has], Kind.RECV, c[has], m[has], rank_of[c[has] - 1], Tensor.ACTIVATION)
     pos = pos + has
-    put(pos, _F, c, m)
+    put(pos, Kind.FORWARD, c, m)
     save[pos] = keep[is_f]
     has = nr[is_f] == 1
-    put(pos[has] + 1, _SEND, c[has], m[has], rank_of[c[has] + 1], _ACT)
+    put(pos[has] + 1, Kind.SEND, c[has], m[has], rank_of[c[has] + 1], Tensor.ACTIVATION)
     # first backward pass: [recompute] [recv gradient] backward|backward_input [send gradient]
     pos, c, m, k = starts[is_bi], ch[is_bi], mb[is_bi], keep[is_bi]
-    put(pos[~k], _RC, c[~k], m[~k])
+    put(pos[~k], Kind.RECOMPUTE, c[~k], m[~k])
     save[pos[~k]] = False
     pos = pos + (~k)
     has = nr[is_bi] == 1
-    put(pos[has], _RECV, c[has], m[has], rank_of[np.minimum(c[has] + 1, len(rank_of) - 1)], _GRAD)
+    put(pos[has], Kind.RECV, c[has], m[has], rank_of[np.minimum(c[has] + 1, len(rank_of) - 1)], Tensor.GRADIENT)
     pos = pos + has
     put(pos, op[is_bi], c, m)
     save[pos] = k
     has = pr[is_bi] == 1
-    put(pos[has] + 1, _SEND, c[has], m[has], rank_of[c[has] - 1], _GRAD)
+    put(pos[has] + 1, Kind.SEND, c[has], m[has], rank_of[c[has] - 1], Tensor.GRADIENT)
     # weight-gradient pass
     pos = starts[is_w]
-    put(pos, _W, ch[is_w], mb[is_w])
+    put(pos, Kind.BACKWARD_WEIGHT, ch[is_w], mb[is_w])
     save[pos] = keep[is_w]
-    put(np.array([n - 1]), _UPD, np.array([-1]), np.array([-1]))
+    put(np.array([n - 1]), Kind.UPDATE, np.array([-1]), np.array([-1]))
     return kind, chunk, micro, peer, tensor, save

@@ -12,9 +12,6 @@ from gpipe_sim.schedule.actions import Action, Kind, Tensor
 
 RematMode = Literal["none", "except_last", "always"]
 
-_SEND, _RECV = int(Kind.SEND), int(Kind.RECV)
-_ACT, _GRAD = int(Tensor.ACTIVATION), int(Tensor.GRADIENT)
-
 
 @dataclass(frozen=True)
 class ProgramColumns:
@@ -35,13 +32,13 @@ class ProgramColumns:
         crosses (b: between chunks b and b+1), the tensor and the micro-batch. A send and its
         receive share the key."""
         kind, chunk, tensor = self.kind, self.chunk.astype(np.int64), self.tensor.astype(np.int64)
-        comm = ((kind == _SEND) | (kind == _RECV)) & (tensor <= _GRAD)  # not the waits for all-reduces
+        comm = ((kind == Kind.SEND) | (kind == Kind.RECV)) & (tensor <= Tensor.GRADIENT)  # not all-reduce waits
         # activation: sent by chunk b, received by b+1; gradient: sent by b+1, received by b
-        lower_end = ((kind == _SEND) & (tensor == _ACT)) | ((kind == _RECV) & (tensor == _GRAD))
+        lower_end = (((kind == Kind.SEND) & (tensor == Tensor.ACTIVATION))
+                     | ((kind == Kind.RECV) & (tensor == Tensor.GRADIENT)))
         boundary = np.where(lower_end, chunk, chunk - 1)
         keys = ((boundary * 2 + tensor) * micro_batches + self.micro_batch).astype(np.int64)
         return np.where(comm, keys, -1)
-
 
     def actions(self, r: int) -> tuple[Action, ...]:
         """Rank `r`'s ordered actions as `Action` tuples."""
@@ -80,7 +77,7 @@ class Schedule:
         return tuple(self.rank_actions(r) for r in range(self.ranks))
 
     def count(self, kind: Kind) -> int:
-        return int((self.columns.kind == int(kind)).sum())
+        return int((self.columns.kind == kind).sum())
 
     def chunks_of(self, r: int) -> tuple[int, ...]:
         """The chunks rank `r` holds, in model order."""

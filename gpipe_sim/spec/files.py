@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.errors import GpipeError, ScenarioError, first_line
 from gpipe_sim.spec import limits
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -83,7 +83,7 @@ def read_data_file(path: str | Path, what: str, error: type[GpipeError] = Scenar
         if "digits" in str(exc):
             message = f"a number with more than {digits} digits"
         else:
-            message = _one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            message = _one_line(first_line(exc))
         raise error(f"malformed {_kind(path)} in {name}: {message}") from None
     except (IndexError, KeyError, TypeError, AttributeError) as exc:  # PyYAML's own slips, e.g. `!!float ""`
         raise error(f"malformed {_kind(path)} in {name}: a value its tag cannot hold ({type(exc).__name__})") from None

@@ -17,7 +17,8 @@ from gpipe_sim.errors import SimulationError
 from gpipe_sim.engines.fast import evaluate_fast
 from gpipe_sim.engines.simpy_engine import run_simpy
 from gpipe_sim.engines.reference import straightforward_simpy
-from gpipe_sim.plan.compile import COMPUTE_CODES, compile_plan
+from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.schedule import COMPUTE_KINDS
 from gpipe_sim.spec.scenario import parse_scenario
 
 
@@ -59,7 +60,7 @@ def run_benchmark(stages: int = 128, micro_batches: int = 1024, repeat: int = 3)
     compile_s = time.perf_counter() - t0
     prog = plan.program
     n_actions = len(prog.kind)
-    n_compute = int(np.isin(prog.kind, COMPUTE_CODES).sum())
+    n_compute = int(np.isin(prog.kind, sorted(COMPUTE_KINDS)).sum())
     ours = run_simpy(plan)
     base = straightforward_simpy(plan)
     quick = evaluate_fast(plan)

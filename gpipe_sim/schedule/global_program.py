@@ -1,0 +1,130 @@
+"""The step's global program: every replica's ranks, their data-parallel collectives and step-unique message ids.
+
+Built once from a Schedule and D by `global_program` and used as it is by the simulator's compile
+step (`gpipe_sim.plan.compile`), by each of the executor's ranks (its slice, `GlobalProgram.rank`)
+and by the measured timelines (which pair sends with receives by these ids).
+
+Data parallelism: each rank's program gains, after the last backward pass of each of its chunks
+(a full backward, or the weight pass of a split one), an `allreduce` of that chunk's gradients
+(asynchronous: the rank goes on while the D replicas of the chunk reduce, as DDP's buckets do), and
+before its update a `recv` of the REDUCED gradients of each chunk, which waits for that reduction to
+end. Replica d runs the same programs as global ranks d*K .. d*K+K-1. With D = 1 nothing is added.
+
+Messages: replica d's point-to-point messages are numbered d*P + key (`ProgramColumns.message_keys`,
+P keys per replica); the wait for chunk c's all-reduce on replica d is message D*P + c*D + d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpipe_sim.schedule.actions import Action, Kind, Tensor
+from gpipe_sim.schedule.program import ProgramColumns, Schedule
+
+_COLUMNS = ("kind", "chunk", "micro_batch", "peer", "tensor", "save")
+
+
+@dataclass(frozen=True)
+class RankProgram:
+    """One global rank's slice of the step: its ordered actions and each one's message id (-1:
+    not a transfer or a wait for an all-reduce)."""
+
+    rank: int
+    actions: tuple[Action, ...]
+    message: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GlobalProgram:
+    """Every global rank's program (rank g = d*K + r runs pipeline rank r's for replica d) and the
+    message id of each action (see the module docstring); `num_messages` bounds the ids."""
+
+    replicas: int
+    pipeline_ranks: int
+    micro_batches: int
+    columns: ProgramColumns
+    message: np.ndarray
+    num_messages: int
+
+    @property
+    def num_ranks(self) -> int:
+        return self.replicas * self.pipeline_ranks
+
+    @property
+    def per_replica_messages(self) -> int:
+        """P: the point-to-point message ids of one replica (its keys are 0 .. P-1)."""
+        return per_replica_messages(int(self.columns.chunk.max(initial=0)) + 1, self.micro_batches)
+
+    def rank(self, g: int) -> RankProgram:
+        """Global rank g's actions and message ids, what its process runs."""
+        lo, hi = int(self.columns.offsets[g]), int(self.columns.offsets[g + 1])
+        return RankProgram(g, self.columns.actions(g), tuple(self.message[lo:hi].tolist()))
+
+
+def per_replica_messages(num_chunks: int, micro_batches: int) -> int:
+    """P: message keys one replica's point-to-point transfers can use (2 tensors x M per boundary)."""
+    return max(num_chunks - 1, 1) * 2 * micro_batches
+
+
+def global_program(schedule: Schedule, replicas: int) -> GlobalProgram:
+    """The schedule's programs for D = `replicas` replicas, with the all-reduces and their waits
+    when D > 1, and every message numbered uniquely in the step."""
+    D, M, C = replicas, schedule.micro_batches, schedule.num_chunks
+    cols = schedule.columns if D == 1 else replicate(with_collectives(schedule.columns), D)
+    K = schedule.ranks
+    replica = cols.rank.astype(np.int64) // K
+    P = per_replica_messages(C, M)
+    keys = cols.message_keys(M)
+    message = np.where(keys >= 0, keys + replica * P, -1)
+    waits = np.flatnonzero((cols.kind == Kind.RECV) & (cols.tensor == Tensor.REDUCED))
+    message[waits] = D * P + cols.chunk[waits].astype(np.int64) * D + replica[waits]
+    num_messages = D * P + (C * D if D > 1 else 0)
+    return GlobalProgram(D, K, M, cols, message, num_messages)
+
+
+def with_collectives(columns: ProgramColumns) -> ProgramColumns:
+    """The pipeline's per-rank programs with each chunk's `allreduce` after its last backward pass
+    and the waits for them before the update (see the module docstring)."""
+    parts = []
+    for r in range(len(columns.offsets) - 1):
+        lo, hi = int(columns.offsets[r]), int(columns.offsets[r + 1])
+        kind, chunk = columns.kind[lo:hi], columns.chunk[lo:hi]
+        backward = np.isin(kind, (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
+        mine = sorted(set(chunk[backward].tolist()))
+        last = {c: int(np.flatnonzero(backward & (chunk == c))[-1]) for c in mine}
+        order = sorted(mine, key=last.__getitem__)  # reductions start in this order
+        update = int(np.flatnonzero(kind == Kind.UPDATE)[-1])
+        # (position to insert before, kind, chunk): each allreduce right after its pass
+        inserts = [(last[c] + 1, Kind.ALLREDUCE, c) for c in order] + [(update, Kind.RECV, c) for c in order]
+        at = np.array([p for p, _, _ in inserts], dtype=np.int64)
+        n = len(inserts)
+        new = {"kind": [k for _, k, _ in inserts], "chunk": [c for _, _, c in inserts],
+               "micro_batch": [-1] * n, "peer": [-1] * n, "tensor": [Tensor.REDUCED] * n, "save": [True] * n}
+        parts.append({name: np.insert(getattr(columns, name)[lo:hi], at,
+                                      np.asarray(new[name], dtype=getattr(columns, name).dtype))
+                      for name in _COLUMNS})
+    return _stack(parts)
+
+
+def replicate(columns: ProgramColumns, replicas: int) -> ProgramColumns:
+    """Global ranks d*K + r for every replica d: the same programs, peers shifted by d*K."""
+    K = len(columns.offsets) - 1
+    parts = []
+    for d in range(replicas):
+        for r in range(K):
+            lo, hi = int(columns.offsets[r]), int(columns.offsets[r + 1])
+            part = {name: getattr(columns, name)[lo:hi] for name in _COLUMNS}
+            part["peer"] = np.where(part["peer"] >= 0, part["peer"] + d * K, part["peer"])
+            parts.append(part)
+    return _stack(parts)
+
+
+def _stack(parts: list[dict[str, np.ndarray]]) -> ProgramColumns:
+    lengths = [len(p["kind"]) for p in parts]
+    return ProgramColumns(
+        offsets=np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
+        rank=np.repeat(np.arange(len(parts), dtype=np.int32), lengths),
+        **{name: np.concatenate([p[name] for p in parts]) for name in _COLUMNS},
+    )
