@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpipe_exec.execute import check_runnable  # noqa: E402
-from gpipe_exec.profile import _Stamps, average_tables, typical_repeats  # noqa: E402
+from gpipe_exec.profile import Stamps, average_tables, typical_repeats  # noqa: E402
 from gpipe_exec.studies import accuracy  # noqa: E402
 from gpipe_exec.studies.random_cases import (  # noqa: E402
     DEVICE_MAPS, FAMILIES, MAX_STEP_FLOPS, MIN_STEP_FLOPS, case_text, draw_cases, step_flops)
@@ -76,12 +76,12 @@ def test_average_tables_averages_every_time_and_nothing_else() -> None:
 def test_thread_clock_does_not_count_time_away_from_the_core() -> None:
     cpu = torch.device("cpu")
     for clock, at_least, below in (("thread", 0.0, 0.02), ("wall", 0.05, 10.0)):
-        stamps = _Stamps(cpu, clock)
+        stamps = Stamps(cpu, clock)
         t0 = stamps.now()
         time.sleep(0.05)  # off the core, as when another process holds it
         assert at_least <= stamps.seconds(t0, stamps.now()) < below
     with pytest.raises(ValueError, match="clock"):
-        _Stamps(cpu, "sundial")
+        Stamps(cpu, "sundial")
 
 
 @pytest.mark.parametrize("argv, field", [

@@ -1,0 +1,199 @@
+"""The profiler's layer table: profiling a model into it, averaging, writing it, and profiling on every rank."""
+
+from __future__ import annotations
+
+import statistics
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Sequence
+
+import torch
+import yaml
+
+from gpipe_exec.measure.allocator import cache_host_memory
+from gpipe_exec.measure.meters import tensor_bytes
+from gpipe_exec.profiling.memory import measure_layer
+from gpipe_exec.profiling.options import ProfileOptions
+from gpipe_exec.profiling.timing import Stamps, time_layers, time_update
+from gpipe_exec.runtime.update import Update
+from gpipe_exec.zoo import build_layer, check_buildable, make_batch
+from gpipe_sim.spec.layers import layer_count
+from gpipe_sim.spec.model import LayerSpec
+from gpipe_sim.spec.scenario import Scenario
+
+Progress = Callable[[int, int, str], None]
+
+
+def too_large_to_build(scenario: Scenario, fraction: float = 0.5) -> bool:
+    """Whether the model's parameters (gpipe_sim's analytic count) exceed `fraction` of this
+    machine's memory: then only the meta device can profile it."""
+    import os
+
+    from gpipe_sim.spec.layers import build_layers
+
+    params = sum(layer.params for layer in build_layers(scenario.model))
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return False
+    return params * scenario.training.dtype_bytes > fraction * memory
+
+
+def default_sizes(scenario: Scenario) -> tuple[int, ...]:
+    """The micro-batch sizes the scenario runs (tensor_split gives at most two)."""
+    from gpipe_sim.plan.partition import micro_batch_sizes
+
+    p = scenario.pipeline
+    return tuple(sorted(set(micro_batch_sizes(p.batch_size // p.data_parallel, p.micro_batches))))
+
+
+def _measure_layers(scenario: Scenario, options: ProfileOptions, x: torch.Tensor, y: torch.Tensor,
+                    sizes: Sequence[int], *, seed: int, dropout: float | None,
+                    progress: Progress | None) -> tuple[list[dict[str, Any]], list[torch.nn.Module]]:
+    """(each layer's row of memory figures (`measure_layer`), named; the layers built, on the
+    profile's device, to time: none with `options.meta`). Each layer takes its predecessor's
+    output; memory is measured at the largest of `sizes` and at the smallest (or half the largest)."""
+    from gpipe_exec.zoo import layer_names
+
+    names = layer_names(scenario.model)
+    n = layer_count(scenario.model)
+    big = max(sizes)
+    small = min(sizes) if len(sizes) > 1 else max(1, big // 2)  # memory is measured at both
+    device = x.device
+    rows: list[dict[str, Any]] = []
+    layers: list[torch.nn.Module] = []
+    h, after_saved_output = x, False
+    for i in range(n):
+        if progress:
+            progress(i, n + len(sizes), names[i])
+        with torch.device(device):
+            layer = build_layer(scenario.model, i, seed=seed, dropout=dropout, dtype=scenario.training.dtype)
+        layer.to(device)
+        row, h, after_saved_output = measure_layer(layer, h, y, first=i == 0, last=i == n - 1, small=small,
+                                                   big=big, meta=options.meta, after_saved_output=after_saved_output)
+        rows.append({"name": names[i], **row})
+        if not options.meta:
+            layers.append(layer)
+    return rows, layers
+
+
+def _add_times(row: dict[str, Any], timings: list[dict[str, float]], layer: torch.nn.Module, scenario: Scenario,
+               stamps: Stamps, options: ProfileOptions) -> None:
+    """Complete a layer's row with its timings, the split backward's seconds per sample (at the
+    largest size, the least noisy per sample) and its optimizer update's seconds; check its format."""
+    row["timings"] = timings
+    if options.split_backward:
+        at_big = timings[-1]  # sizes are sorted: the largest last
+        row["backward_input_s_per_sample"] = at_big["backward_input_s"] / at_big["micro_batch"]
+        row["backward_weight_s_per_sample"] = at_big["backward_weight_s"] / at_big["micro_batch"]
+    params = list(layer.parameters())
+    if params:
+        row["update_s"] = time_update(Update(params, scenario).step, stamps, options.warmup, options.repeats)
+    LayerSpec.model_validate(row)  # the row format gpipe_sim loads
+
+
+def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions(), *, seed: int = 0,
+                  dropout: float | None = None, progress: Progress | None = None,
+                  hold: Callable[[], ContextManager[None]] = nullcontext) -> dict[str, Any]:
+    """The model's per-layer table ({"layers": [...], "input_bytes_per_sample": ...}).
+
+    Bytes and FLOPs are measured layer by layer (with `meta`, on the meta device, allocating
+    nothing). Times are measured with the layers chained as a stage runs them: each repeat times
+    every layer's forward in order, then every layer's backward in reverse order (one autograd
+    call); per micro-batch size, each layer's mean over the repeats `typical_repeats` keeps.
+    `progress(done, total, what)` is called before each layer is measured and each size timed;
+    `hold()` is held around each timed pass (see `profile_on_rank`).
+    """
+    check_buildable(scenario.model)
+    torch.set_num_threads(max(1, options.threads))
+    if options.cache_host_memory and not options.meta:
+        cache_host_memory()
+    sizes = tuple(sorted(set(options.micro_batches or default_sizes(scenario))))
+    big = max(sizes)
+    device = torch.device("meta" if options.meta else options.device)
+    x, y = make_batch(scenario.model, big, seed=seed, dtype=scenario.training.dtype)
+    x, y = x.to(device), y.to(device)
+    rows, layers = _measure_layers(scenario, options, x, y, sizes, seed=seed, dropout=dropout, progress=progress)
+    table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
+    if options.meta:
+        return table
+    n = len(rows)
+    stamps = Stamps.for_profile(device, options)
+    accumulate = scenario.pipeline.micro_batches > 1 if options.accumulate is None else options.accumulate
+
+    def on_size(j: int, b: int) -> None:
+        if progress:
+            progress(n + j, n + len(sizes), f"timing micro-batch {b}")
+
+    timings = time_layers(layers, x, y, sizes, stamps, options, accumulate=accumulate, hold=hold, on_size=on_size)
+    for row, timing, layer in zip(rows, timings, layers):
+        _add_times(row, timing, layer, scenario, stamps, options)
+    return table
+
+
+def average_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One table from profiles of the same model taken at once on several devices (`profile_on_rank`
+    on every rank): the first table with each measured time (every timing's seconds, the split's
+    seconds per sample, `update_s`) replaced by its mean over the tables. Each device's profile
+    carries its own noise; their mean is steadier, and the pipeline's stages run on all of them."""
+    import copy
+
+    out = copy.deepcopy(tables[0])
+    timed = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
+    per_sample = ("backward_input_s_per_sample", "backward_weight_s_per_sample", "update_s")
+    for i, row in enumerate(out["layers"]):
+        rows = [t["layers"][i] for t in tables]
+        for key in per_sample:
+            if row.get(key) is not None:
+                row[key] = statistics.fmean(r[key] for r in rows)
+        for j, timing in enumerate(row.get("timings", [])):
+            for key in timed:
+                if timing.get(key) is not None:
+                    timing[key] = statistics.fmean(r["timings"][j][key] for r in rows)
+    return out
+
+
+def write_table(table: dict[str, Any], path: str | Path) -> None:
+    """Write the table as YAML (or JSON for a .json path); `model: {preset: table, path: ...}` loads it."""
+    path = Path(path)
+    if path.suffix == ".json":
+        import json
+
+        path.write_text(json.dumps(table, indent=1))
+    else:
+        path.write_text(yaml.safe_dump(table, sort_keys=False))
+
+
+def table_scenario(scenario: Scenario, table: dict[str, Any], updates: dict[str, Any] | None = None) -> Scenario:
+    """The scenario with its model replaced by the measured table (plus any other dotted updates)."""
+    changes: dict[str, Any] = {"model": {"preset": "table", **table}}
+    changes.update(updates or {})
+    return scenario.with_updates(changes)
+
+
+def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> dict[str, Any]:
+    """This rank's profile of the whole model, run while every other rank profiles too: ranks that
+    share a device take turns under its device lock, a forward or backward pass each, as stages do."""
+    from gpipe_exec.runtime.device_lock import device_lock
+
+    lock = device_lock(rank, scenario.device_map)
+    return profile_model(scenario, options, hold=nullcontext if lock is None else lock.hold)
+
+
+def _profile_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
+    table = profile_on_rank(payload["scenario"], payload["options"], rank)
+    return table if rank == 0 else None
+
+
+def profile_on_devices(scenario: Scenario, options: ProfileOptions = ProfileOptions(),
+                       launch_options: Any = None) -> dict[str, Any]:
+    """Profile as the pipeline will run: one process per stage placed on the scenario's devices, all
+    profiling at once (sharing caches, memory bandwidth and the host; stages of one device taking
+    turns, see `profile_on_rank`); rank 0's table. `profile_model` profiles in this process alone.
+
+    Measured on 2 cores (convnet, K=4 on two shared cores, M=16): stage compute in the run was
+    1.26-1.43x the profile taken by one process per device, 1.05-1.2x this one."""
+    from gpipe_exec.launch.spawn import LaunchOptions, launch
+
+    payload = {"scenario": scenario, "options": options}
+    return launch(payload, scenario.device_map, launch_options or LaunchOptions(), task=_profile_task)
