@@ -14,45 +14,16 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from gpipe_sim.errors import first_line
-from gpipe_sim.results.result import Result
+from gpipe_sim.results.validation import ValidationDocument
 from gpipe_sim.spec.model import load_layer_table_file
 from gpipe_sim.spec.scenario import Scenario, set_dotted
 
 SWEEP_FILES = ("results.parquet", "results.csv")
 
 
-@dataclass
-class Validation:
-    """A `gpipe-exec validate --json` document: prediction, measurement and relative errors."""
-
-    predicted: Result
-    measured: Result
-    relative_error: dict[str, float]
-    extra: dict[str, Any]
-
-
-def load_validation(text: str | bytes) -> Validation:
-    """Parse a validation document; ValueError with one line on anything malformed."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError("expected a JSON object with keys predicted, measured, relative_error")
-    halves = {}
-    for key in ("predicted", "measured"):
-        if not isinstance(data.get(key), dict):
-            raise ValueError(f"{key}: missing (expected the output of `gpipe-exec validate --json`)")
-        try:
-            halves[key] = Result.from_dict(data[key])
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ValueError(f"{key}: not a result ({type(exc).__name__}: {exc})") from None
-    errors = data.get("relative_error") or {}
-    if not isinstance(errors, dict):
-        raise ValueError("relative_error: expected a mapping from field to number")
-    rel = {str(k): float(v) for k, v in errors.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    extra = {k: v for k, v in data.items() if k not in ("predicted", "measured", "relative_error")}
-    return Validation(halves["predicted"], halves["measured"], rel, extra)
+def load_validation(text: str | bytes) -> ValidationDocument:
+    """Parse a validation document (`ValidationDocument.from_json`); ValueError with one line."""
+    return ValidationDocument.from_json(text)
 
 
 def read_sweep_bytes(name: str, data: bytes) -> pd.DataFrame:

@@ -203,19 +203,17 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpipe-exec", description="Run gpipe_sim's pipeline schedules for real on torch.distributed."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def _launch_flags(p: argparse.ArgumentParser) -> None:
+    """How the ranks run: threads, pinning and time limits."""
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin ranks to their device's cores")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a rank waits on a peer before failing (default 60)")
+    p.add_argument("--run-timeout", type=float, default=1800.0, help="seconds for the whole run")
 
-    def launch_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
-        p.add_argument("--no-pin", action="store_true", help="do not pin ranks to their device's cores")
-        p.add_argument("--timeout", type=float, default=60.0,
-                       help="seconds a rank waits on a peer before failing (default 60)")
-        p.add_argument("--run-timeout", type=float, default=1800.0, help="seconds for the whole run")
 
+def _parser_run(sub: argparse._SubParsersAction) -> None:
+    """`gpipe-exec run`."""
     p = sub.add_parser("run", help="train one step per iteration for real and measure it")
     p.add_argument("scenario", help="scenario YAML (a zoo model: transformer, mlp or convnet)")
     add_set_option(p)
@@ -224,9 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the measured result JSON")
     p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timeline")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the measured step")
-    launch_flags(p)
+    _launch_flags(p)
     p.set_defaults(func=_cmd_run)
 
+
+def _parser_profile(sub: argparse._SubParsersAction) -> None:
+    """`gpipe-exec profile`."""
     p = sub.add_parser("profile", help="measure every layer and write the simulator's layer table")
     p.add_argument("scenario", help="scenario YAML (a zoo model)")
     add_set_option(p)
@@ -244,13 +245,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time each layer's input- and weight-gradient passes (zero-bubble schedules)")
     p.set_defaults(func=_cmd_profile)
 
+
+def _parser_calibrate(sub: argparse._SubParsersAction) -> None:
+    """`gpipe-exec calibrate`."""
     p = sub.add_parser("calibrate", help="measure the link and the runtime's host time per action "
                                          "(gpipe_sim's hardware.link and hardware.host)")
     p.add_argument("--link-only", action="store_true", help="only the point-to-point latency and bandwidth")
     p.add_argument("--devices", help="also fit the host times for stages placed so, e.g. 0,0,1,1")
-    launch_flags(p)
+    _launch_flags(p)
     p.set_defaults(func=_cmd_calibrate)
 
+
+def _parser_validate(sub: argparse._SubParsersAction) -> None:
+    """`gpipe-exec validate`."""
     p = sub.add_parser("validate", help="predicted vs measured step time, throughput, bubble, memory")
     p.add_argument("scenario", help="scenario YAML (a zoo model)")
     add_set_option(p)
@@ -264,9 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timelines")
     p.add_argument("--profile-clock", choices=("thread", "wall"),
                    help="what the profile times on CPU: the thread's CPU time (default) or wall time")
-    launch_flags(p)
+    _launch_flags(p)
     p.set_defaults(func=_cmd_validate)
 
+
+def _parser_plan_check(sub: argparse._SubParsersAction) -> None:
+    """`gpipe-exec plan-check`."""
     p = sub.add_parser("plan-check", help="run every configuration the planner ranks for this machine "
                                           "and compare its ranking with the measured one")
     p.add_argument("scenario", help="scenario YAML (a zoo model; its hardware, model and global batch)")
@@ -289,8 +299,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batches", default="even",
                    help="M checked: even (M divides each replica's batch; default), all, or values like 1,2,4")
     p.add_argument("--json", metavar="FILE", help="also write every configuration and the summary as JSON")
-    launch_flags(p)
+    _launch_flags(p)
     p.set_defaults(func=_cmd_plan_check)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpipe-exec", description="Run gpipe_sim's pipeline schedules for real on torch.distributed."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_parser_run, _parser_profile, _parser_calibrate, _parser_validate, _parser_plan_check):
+        add(sub)
     return parser
 
 

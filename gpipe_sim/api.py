@@ -8,7 +8,7 @@ import numpy as np
 
 from gpipe_sim.engines.simpy_engine import run_simpy
 from gpipe_sim.engines.fast import contention_free, evaluate_fast
-from gpipe_sim.results.memory import memory_profile
+from gpipe_sim.plan.memory import memory_profile
 from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.results.result import Result, Timeline, summarize
 from gpipe_sim.spec.scenario import Scenario

@@ -10,45 +10,20 @@ from typing import Callable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 from gpipe_sim.spec.overrides import add_set_option
-from gpipe_sim.spec.scenario import DEFAULT_SCENARIO
-
-
-def load_command_scenario(path: str | None, overrides: Sequence[str] | None = None):
-    """The scenario a command names (default: scenarios/default.yaml, else the schema defaults),
-    with its `--set KEY=VALUE` items applied."""
-    from gpipe_sim.spec.scenario import Scenario, load_scenario
-
-    if path is not None:
-        return load_scenario(path, overrides)
-    if DEFAULT_SCENARIO.exists():
-        return load_scenario(DEFAULT_SCENARIO, overrides)
-    return Scenario().with_overrides(overrides)
-
-
-def write_schedule_notes(scenario) -> None:
-    """What reading the scenario's schedule CSV left out or changed (skipped actions), one line each
-    on stderr; nothing for a registered schedule."""
-    from gpipe_sim.spec.scenario import read_schedule_csv
-
-    path = scenario.pipeline.schedule_csv
-    if path is None:
-        return
-    for note in read_schedule_csv(path).notes:
-        sys.stderr.write(f"gpipe-sim: note: {one_line(path, 200)}: {one_line(note)}\n")
+from gpipe_sim.spec.command_scenario import load_command_scenario, write_schedule_notes
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpipe_sim.plan.compile import compile_plan
     from gpipe_sim.studies.report import summary_text
-    from gpipe_sim.api import result_from_times, run_engine
+    from gpipe_sim.api import simulate_plan
     from gpipe_sim.results.trace import write_chrome_trace
     from gpipe_sim.spec.limits import result_problem
 
     scenario = load_command_scenario(args.scenario, args.set)
     plan = compile_plan(scenario)
     write_schedule_notes(scenario)
-    start, end = run_engine(plan, args.engine)
-    result = result_from_times(plan, start, end)
+    result = simulate_plan(plan, args.engine)
     problem = result_problem(scenario, result)
     if problem:
         raise ScenarioError(problem)

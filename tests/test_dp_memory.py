@@ -7,7 +7,7 @@ import pytest
 
 from gpipe_sim.api import simulate
 from gpipe_sim.plan.compile import compile_plan
-from gpipe_sim.results.memory import data_parallel_bytes
+from gpipe_sim.plan.memory import data_parallel_bytes
 from gpipe_sim.schedule import Kind, Tensor
 from gpipe_sim.spec.scenario import parse_scenario
 
@@ -112,7 +112,8 @@ def test_executor_peak_matches_the_prediction_with_data_parallelism() -> None:
     """A tiny transformer, D = 2 x K = 2, 1F1B, without and with ZeRO-1 (one launch): the tracker's
     per-stage peak within 5% of the prediction from its profile, at a moment the data-parallel
     terms count (a bucket; the all-gather)."""
-    from gpipe_exec.execute import job_for, measured_result
+    from gpipe_exec.measure.steps import measured_result
+    from gpipe_exec.runtime.job import job_for
     from gpipe_exec.launch.spawn import LaunchOptions, launch
     from gpipe_exec.profile import ProfileOptions, default_sizes, profile_model
     from gpipe_exec.studies.rounds import predict_with_profile

@@ -12,7 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpipe_exec.execute import check_runnable, job_for, step_timelines  # noqa: E402
+from gpipe_exec.execute import check_runnable  # noqa: E402
+
+from gpipe_exec.measure.steps import step_timelines  # noqa: E402
+
+from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.programs import split_backward, with_schedule  # noqa: E402
 from gpipe_exec.reference import reference_step  # noqa: E402

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from gpipe_exec import cli, execute  # noqa: E402
+from gpipe_exec.runtime import job  # noqa: E402
 from gpipe_exec.errors import ExecutionError  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
@@ -30,7 +31,7 @@ OPTIONS = LaunchOptions(comm_timeout_s=20, run_timeout_s=120)
 def _job(fault: dict, pipeline: dict | None = None) -> tuple:
     sc = parse_scenario({**SCENARIO, "pipeline": {**SCENARIO["pipeline"], **(pipeline or {})}})
     plan = execute.check_runnable(sc)
-    return execute.job_for(plan, steps=2, warmup=0, fault=fault), plan
+    return job.job_for(plan, steps=2, warmup=0, fault=fault), plan
 
 
 @pytest.mark.parametrize("kind, pipeline", [
@@ -72,7 +73,7 @@ def test_cli_exits_nonzero_naming_the_rank(tmp_path: Path) -> None:
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(SCENARIO))
-    env = {**os.environ, execute.FAULT_ENV: "0:raise:2"}
+    env = {**os.environ, job.FAULT_ENV: "0:raise:2"}
     proc = subprocess.run([sys.executable, "-m", "gpipe_exec.cli", "run", str(path), "--steps", "1",
                            "--warmup", "0", "--timeout", "20"],
                           capture_output=True, text=True, env=env, timeout=120)

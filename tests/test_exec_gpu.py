@@ -12,7 +12,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _check_equal_to_plain_training(K: int, pipeline: dict[str, Any], split: str | None = None) -> None:
-    from gpipe_exec.execute import check_runnable, job_for, measured_result
+    from gpipe_exec.execute import check_runnable
+    from gpipe_exec.measure.steps import measured_result
+    from gpipe_exec.runtime.job import job_for
     from gpipe_exec.launch.spawn import LaunchOptions, launch
     from gpipe_exec.programs import split_backward, with_schedule
     from gpipe_exec.reference import reference_step

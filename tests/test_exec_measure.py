@@ -14,7 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpipe_exec.studies.calibrate import LinkFit, fit_link, fit_runtime, runtime_sample  # noqa: E402
-from gpipe_exec.execute import check_runnable, job_for, measured_result  # noqa: E402
+from gpipe_exec.execute import check_runnable  # noqa: E402
+from gpipe_exec.measure.steps import measured_result  # noqa: E402
+from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.profile import ProfileOptions, profile_model, write_table  # noqa: E402
 from gpipe_exec.programs import split_backward  # noqa: E402
@@ -111,7 +113,7 @@ def test_a_run_that_strays_from_its_program_is_refused(runs) -> None:
     import copy
 
     from gpipe_exec.errors import ExecutionError
-    from gpipe_exec.execute import check_ran_as_planned, step_timelines
+    from gpipe_exec.measure.steps import check_ran_as_planned, step_timelines
 
     plan, _, _, out = runs[4]  # interleaved, two chunks per rank
     bad = copy.deepcopy(out)

@@ -149,7 +149,7 @@ def test_step_buffers_count_receives_sends_and_data() -> None:
                          "remat": "none", "partition": [1, 1]}}
     plain = simulate(parse_scenario(base))
     held = simulate(parse_scenario({**base, "hardware": {"preset": "ideal", "host": {"step_buffers": True}}}))
-    from gpipe_sim.results.memory import step_buffer_bytes
+    from gpipe_sim.plan.memory import step_buffer_bytes
 
     plan = compile_plan(parse_scenario({**base, "hardware": {"preset": "ideal", "host": {"step_buffers": True}}}))
     # rank 0: 2 gradient buffers (8 B x 2 samples) + the model input (8 B x 4 samples); rank 1: 2 activation buffers
@@ -164,7 +164,7 @@ def test_step_buffers_count_receives_sends_and_data() -> None:
 
 
 def test_validate_shows_measured_memory_and_the_accounting_apart() -> None:
-    from gpipe_exec.execute import Measurement
+    from gpipe_exec.measure.steps import Measurement
     from gpipe_exec.studies.validate import Validation, validation_text
 
     sc = parse_scenario({"model": {"preset": "uniform", "layers": 4}, "hardware": {"preset": "ideal"},
@@ -236,7 +236,8 @@ def test_profile_records_what_adjacent_layers_save_in_common() -> None:
 def test_convnet_accounting_stays_exact_and_memory_is_predicted() -> None:
     """The convnet's blocks save their output and the next block its input: one allocation, counted
     once by the executor's accounting and by the simulator (saved_with_previous)."""
-    from gpipe_exec.execute import job_for, measured_result
+    from gpipe_exec.measure.steps import measured_result
+    from gpipe_exec.runtime.job import job_for
     from gpipe_exec.launch.spawn import LaunchOptions, launch
     from gpipe_exec.profile import ProfileOptions, profile_model
     from gpipe_exec.studies.rounds import predict_with_profile
@@ -385,7 +386,7 @@ def test_recomputed_output_is_held_from_the_recompute_to_its_backward() -> None:
     """Under step buffers, a re-computation's output (a new tensor, the backward's root) is held to
     the end of its backward: all of it where the chunk sends its output (the forward's sent tensor
     stands for what the last layer saves), none on the model's last chunk."""
-    from gpipe_sim.results.memory import recomputed_output_deltas
+    from gpipe_sim.plan.memory import recomputed_output_deltas
     from gpipe_sim.schedule import Kind
 
     def scenario(step_buffers: bool, remat: str = "always"):
@@ -414,7 +415,7 @@ def test_what_only_the_input_pass_reads_goes_when_it_ends() -> None:
     input pass reads at that pass's end, the rest at its weight pass's end; nothing early on the
     model's first chunk, whose input pass does nothing. The held activations (the accounting)
     keep all of them to the weight pass's end."""
-    from gpipe_sim.results.memory import activation_deltas, freed_after_input_deltas
+    from gpipe_sim.plan.memory import activation_deltas, freed_after_input_deltas
     from gpipe_sim.schedule import Kind
 
     def layer(name: str, freed: float) -> dict:

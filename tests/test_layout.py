@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ("gpipe_sim", "gpipe_sim.api", "gpipe_sim.spec.scenario", "gpipe_sim.schedule", "gpipe_sim.plan.compile",
         "gpipe_sim.engines.simpy_engine", "gpipe_sim.engines.fast", "gpipe_sim.engines.reference",
-        "gpipe_sim.results.result", "gpipe_sim.results.memory", "gpipe_sim.results.trace")
+        "gpipe_sim.results.result", "gpipe_sim.plan.memory", "gpipe_sim.results.trace")
 
 
 def test_the_simulator_core_imports_only_numpy_simpy_pydantic_and_yaml():
@@ -30,6 +30,9 @@ def _imports(package: str) -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(("gpipe_sim", "gpipe_exec")):
                 deps.add(node.module)
+                # `from package import module` depends on that module, not only on the package
+                deps |= {f"{node.module}.{a.name}" for a in node.names
+                         if (ROOT / Path(*node.module.split("."), f"{a.name}.py")).exists()}
             elif isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names if a.name.startswith(("gpipe_sim", "gpipe_exec"))}
         graph[name] = deps

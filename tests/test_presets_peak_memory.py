@@ -9,7 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpipe_exec.execute import check_runnable, job_for, measured_result  # noqa: E402
+from gpipe_exec.execute import check_runnable  # noqa: E402
+
+from gpipe_exec.measure.steps import measured_result  # noqa: E402
+
+from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_sim.api import simulate  # noqa: E402
 from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402

@@ -9,7 +9,7 @@ import streamlit as st
 
 from gpipe_sim.studies import plots
 from gpipe_sim.spec.units import format_bytes, format_seconds
-from ui_data import Validation, load_validation
+from gpipe_sim.results.validation import ValidationDocument as Validation
 from gpipe_sim.errors import GpipeError
 from ui_run import MAX_GANTT_BARS, bubble_text, download_buttons, show_elapsed, to_scenario
 
@@ -23,7 +23,7 @@ FIELDS = (
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def _load(data: bytes) -> Validation:
-    return load_validation(data)
+    return Validation.from_json(data)
 
 
 def _source() -> tuple[str, bytes] | None:
@@ -103,32 +103,26 @@ cols[1].metric("Measured step", format_seconds(v.measured.step_time_s),
                help="Delta: relative error of the prediction.")
 cols[2].metric("Predicted bubble", bubble_text(v.predicted.bubble_fraction))
 cols[3].metric("Measured bubble", bubble_text(v.measured.bubble_fraction))
-link = v.extra.get("link")
-if isinstance(link, dict) and "bandwidth" in link:
+link = v.link
+if link is not None and "bandwidth" in link:
     st.caption(f"Calibrated link used by the prediction: {float(link['bandwidth']) / 1e9:.3g} GB/s, "
                f"latency {format_seconds(float(link.get('latency_s', 0.0)))}.")
-host = (v.extra.get("calibration") or {}).get("action_s") if isinstance(v.extra.get("calibration"), dict) else None
-if host is not None:
-    cal = v.extra["calibration"]
+cal = v.calibration or {}
+if cal.get("action_s") is not None:
     st.caption("Calibrated host time of the runtime: "
                + ", ".join(f"{label} {format_seconds(float(cal[key]))}" for label, key in
                            (("per compute action", "action_s"), ("per send", "send_s"), ("per receive", "recv_s")))
                + ".")
 st.dataframe(_figures_table(v), hide_index=True)
-rounds = v.extra.get("rounds")
-if isinstance(rounds, list) and len(rounds) > 1 and all(isinstance(r, dict) for r in rounds):
-    try:
-        table = pd.DataFrame([{"round": i + 1, "predicted step": format_seconds(float(r["predicted_step_s"])),
-                               "measured step": format_seconds(float(r["measured_step_s"])),
-                               "relative error": _pct(_relative(float(r["predicted_step_s"]),
-                                                                float(r["measured_step_s"])))}
-                              for i, r in enumerate(rounds)])
-    except (KeyError, TypeError, ValueError):
-        st.warning("The file's rounds could not be read; they are left out.")
-    else:
-        st.caption(f"{len(rounds)} rounds (profile, predict, run each): the figures above compare the "
-                   "round with the median prediction and the one with the median measurement.")
-        st.dataframe(table, hide_index=True)
+for note in v.notes:
+    st.warning(note)
+rounds = v.rounds
+if len(rounds) > 1:
+    table = pd.DataFrame([{"round": i + 1, "predicted step": format_seconds(p), "measured step": format_seconds(m),
+                           "relative error": _pct(_relative(p, m))} for i, (p, m) in enumerate(rounds)])
+    st.caption(f"{len(rounds)} rounds (profile, predict, run each): the figures above compare the "
+               "round with the median prediction and the one with the median measurement.")
+    st.dataframe(table, hide_index=True)
 
 if len(v.predicted.timeline) or len(v.measured.timeline):
     fig, all_bars = plots.compare_timelines_figure(
@@ -148,11 +142,11 @@ pair = [("predicted", v.predicted), ("measured", v.measured)]
 right.plotly_chart(plots.stage_comparison_figure(pair, "busy_s"), key="validate.busy")
 left, right = st.columns(2)
 left.plotly_chart(plots.stage_comparison_figure(pair, "peak_memory_bytes"), key="validate.memory")
-steps = v.extra.get("measured_step_times_s")
-if isinstance(steps, list) and steps and all(isinstance(t, (int, float)) for t in steps):
+steps = v.measured_step_times_s
+if steps:
     right.plotly_chart(plots.step_times_figure(v.predicted.step_time_s, steps), key="validate.steps")
-scenario_data = v.extra.get("scenario")
-if isinstance(scenario_data, dict):
+scenario_data = v.scenario
+if scenario_data is not None:
     try:
         st.download_button("Scenario (YAML)", to_scenario(scenario_data).to_yaml(), file_name="scenario.yaml",
                            mime="application/x-yaml", key="dl.validate.yaml", on_click="ignore",

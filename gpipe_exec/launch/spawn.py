@@ -26,7 +26,8 @@ from gpipe_exec.runtime.device_lock import LOCK_DIR_ENV
 from gpipe_exec.errors import ExecutionError, PeerError
 from gpipe_sim.errors import first_line
 from gpipe_exec.measure.meters import AlignedClock
-from gpipe_exec.runtime.interpreter import Job, run_job
+from gpipe_exec.runtime.interpreter import run_job
+from gpipe_exec.runtime.job import Job
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ import os
 import sys
 from typing import Sequence
 
-from gpipe_exec.execute import job_for, measured_result
+from gpipe_exec.measure.steps import measured_result
+
+from gpipe_exec.runtime.job import job_for
 from gpipe_exec.launch.spawn import LaunchOptions, run_rank
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.spec.scenario import load_scenario
@@ -25,9 +27,9 @@ def torchrun_main(argv: Sequence[str] | None = None) -> int:
     scenario = load_scenario(args.scenario)
     plan = compile_plan(scenario)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != scenario.pipeline.stages:
-        sys.stderr.write(f"gpipe-exec: error: pipeline.stages is {scenario.pipeline.stages}, "
-                         f"torchrun started {world} processes\n")
+    if world != plan.num_ranks:
+        sys.stderr.write(f"gpipe-exec: error: the plan has {plan.num_ranks} ranks (pipeline.stages x "
+                         f"pipeline.data_parallel), torchrun started {world} processes\n")
         return 2
     job = job_for(plan, steps=args.steps, warmup=args.warmup)
     options = LaunchOptions(threads=args.threads, pin=False)

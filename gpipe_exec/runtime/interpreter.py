@@ -25,7 +25,6 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,75 +35,12 @@ from gpipe_exec.measure.memory import (INPUTS, RECEIVE_BUFFERS, AllocatorPeak, S
 from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_bytes, tensor_bytes
 from gpipe_exec.runtime.chunk import Chunk
 from gpipe_exec.runtime.device_lock import device_lock, holding
-from gpipe_exec.runtime.split_backward import WeightPass
+from gpipe_exec.measure.records import StepRecord
+from gpipe_exec.runtime.job import Job
 from gpipe_exec.runtime.update import Update, ZeroShardUpdate
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
-from gpipe_sim.plan.compile import Plan
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
 from gpipe_sim.spec.model import ModelSpec
-
-
-@dataclass
-class Job:
-    """One configuration to run: the compiled plan (its chunks, micro-batch sizes, devices and the
-    global program each rank runs its slice of, exactly as the simulator runs it) and how to run it."""
-
-    plan: Plan
-    # The zoo model the ranks build; None: the plan's own. (A plan priced from a measured layer
-    # table has the table as its model: the validation runs it with the model that was profiled.)
-    model: ModelSpec | None = None
-    steps: int = 1
-    warmup: int = 0
-    seed: int = 0
-    dropout: float | None = None
-    return_params: bool = False
-    device_lock: bool = True  # serialize the compute of ranks sharing a device (CPU)
-    # Receives posted ahead of the action that needs them: n, 0 (each at its own action), or None:
-    # on CPU all of the step's, before it starts; on CUDA each at its action (NCCL runs a pair's
-    # sends and receives in order on one stream, so a receive posted ahead would hold back the
-    # sends queued behind it). On gloo a receive posted before its send lets the data move as soon
-    # as it is sent; posted late, the rendezvous waits for the sender's next wait (measured on the
-    # accuracy study's convnet, K=2, M=16: 62-115 ms steps with two ahead, 55-70 ms with all).
-    # The price: a buffer per receive, held all step (M boundary tensors per boundary and direction).
-    recv_window: int | None = None
-    # Activations and gradients in process groups of their own (see _Comm); None: on CUDA.
-    split_directions: bool | None = None
-    weight_pass: WeightPass = "reuse"  # how a backward_weight pass works (runtime.split_backward)
-    fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill, "step", "action"} (tests)
-    # One more step after the warm-up and timed ones, measuring each rank's real tensor memory
-    # (`RankRunner.step(memory=True)`); the timed steps carry no tracker. Returned parameters are
-    # those before it.
-    memory_step: bool = False
-    tag: str = ""
-
-
-@dataclass
-class StepRecord:
-    """One rank's record of one step, per action as it ran: kind (a Kind code), chunk, micro-batch,
-    message key (-1: not a transfer), start and end; activation bytes held after it; peaks."""
-
-    kind: list[int] = field(default_factory=list)
-    chunk: list[int] = field(default_factory=list)
-    micro_batch: list[int] = field(default_factory=list)
-    message: list[int] = field(default_factory=list)
-    starts: list[float] = field(default_factory=list)
-    ends: list[float] = field(default_factory=list)
-    step_start: float = 0.0
-    held: list[float] = field(default_factory=list)  # activation bytes held after each action (rank)
-    peak_activation_bytes: float = 0.0  # the rank's, over all its chunks
-    chunk_peak_activation_bytes: dict[int, float] = field(default_factory=dict)  # each chunk on its own
-    cuda_peak_bytes: float | None = None
-    # The memory step only (`step(memory=True)`): the rank's real tensor bytes (measure.memory),
-    # their peak over the step, the total per category at that peak, and per action the peak
-    # while it ran and the bytes live after it.
-    memory_peak_bytes: float | None = None
-    memory_breakdown: dict[str, float] = field(default_factory=dict)
-    memory_action_peaks: list[float] = field(default_factory=list)
-    memory_levels: list[float] = field(default_factory=list)
-    loss: float = 0.0  # the sum of the micro-batches' losses (on the rank holding the last chunk)
-
-    def __len__(self) -> int:
-        return len(self.kind)
 
 
 def boundary_shapes(model: ModelSpec, dtype: str, seed: int, dropout: float | None, last: int | None = None
@@ -561,14 +497,3 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
     return {"tag": job.tag, "ranks": gathered, "kinds": list(ACTION_KINDS)}
 
 
-def record_columns(records: list[StepRecord]) -> dict[str, np.ndarray]:
-    """The records of one step, rank after rank, as timeline columns (times not shifted)."""
-    return {
-        "rank": np.concatenate([np.full(len(r), k, dtype=np.int32) for k, r in enumerate(records)]),
-        "chunk": np.concatenate([np.asarray(r.chunk, dtype=np.int32) for r in records]),
-        "kind": np.concatenate([np.asarray(r.kind, dtype=np.int8) for r in records]),
-        "micro_batch": np.concatenate([np.asarray(r.micro_batch, dtype=np.int32) for r in records]),
-        "message": np.concatenate([np.asarray(r.message, dtype=np.int64) for r in records]),
-        "start_s": np.concatenate([np.asarray(r.starts, dtype=float) for r in records]),
-        "end_s": np.concatenate([np.asarray(r.ends, dtype=float) for r in records]),
-    }

@@ -16,7 +16,9 @@ import torch
 import torch.distributed as dist
 
 from gpipe_exec.measure.allocator import cache_host_memory
-from gpipe_exec.execute import check_runnable, job_for, measured_result
+from gpipe_exec.execute import check_runnable
+from gpipe_exec.measure.steps import measured_result
+from gpipe_exec.runtime.job import job_for
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.measure.meters import AlignedClock
 from gpipe_exec.runtime.interpreter import run_job

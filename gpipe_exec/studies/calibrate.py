@@ -178,7 +178,8 @@ def calibrate_runtime(device_map: Sequence[int] = (0, 1), *, sizes: Sequence[int
                       steps: int = 5, options: LaunchOptions = LaunchOptions()) -> RuntimeFit:
     """Ping-pong the link, then run the executor's own runtime on `calibration_scenario` at each
     message size (one launch) and fit `RuntimeFit`: what gpipe_sim needs to predict the executor."""
-    from gpipe_exec.execute import job_for, step_timelines
+    from gpipe_exec.measure.steps import step_timelines
+    from gpipe_exec.runtime.job import job_for
     from gpipe_sim.plan.compile import compile_plan
     from gpipe_sim.schedule import ACTION_KINDS
 

@@ -335,7 +335,8 @@ def measure_rows(rows: Sequence[Checked], *, rounds: int, steps: int, warmup: in
     launch per device map, the configurations in an order shuffled per pass), so each one's
     rounds see the same mix of machine states. Appends each round's throughput (global batch /
     median step) to the row's `measured`."""
-    from gpipe_exec.execute import job_for, measured_result
+    from gpipe_exec.measure.steps import measured_result
+    from gpipe_exec.runtime.job import job_for
     from gpipe_exec.launch.spawn import launch
     from gpipe_sim.plan.compile import compile_plan
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, NamedTuple, Union
 
-from gpipe_exec.execute import Measurement, job_for, measured_result
+from gpipe_exec.measure.steps import Measurement, measured_result
+
+from gpipe_exec.runtime.job import job_for
 from gpipe_exec.programs import with_schedule
 from gpipe_exec.profile import (ProfileOptions, average_tables, default_sizes, profile_model, profile_on_rank,
                                 table_scenario)

@@ -13,11 +13,13 @@ from rich.table import Table
 from gpipe_exec.studies.calibrate import RuntimeFit, calibrate_runtime
 from gpipe_exec.studies.calibrate_shared import calibrate_shared
 from gpipe_exec.studies.rounds import Calibration, Round, compare_rounds, predict_with_profile
-from gpipe_exec.execute import Measurement, check_host_memory, check_model, check_runnable, run_plan
+from gpipe_exec.execute import check_host_memory, check_model, check_runnable, run_plan
+from gpipe_exec.measure.steps import Measurement
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.results.result import Result
+from gpipe_sim.results.validation import ValidationDocument
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.units import format_bytes, format_seconds
 
@@ -49,16 +51,18 @@ class Validation:
     def relative_error(self) -> dict[str, float]:
         return relative_errors(self.predicted, self.measured.result)
 
+    def document(self) -> ValidationDocument:
+        """The validation as the one document schema the app and `--json` read."""
+        cal = self.calibration
+        return ValidationDocument(
+            predicted=self.predicted, measured=self.measured.result, relative_error=self.relative_error,
+            measured_step_times_s=list(self.measured.step_times_s),
+            link=None if cal is None else cal.hardware_updates()["hardware.link"],
+            calibration=None if cal is None else cal.to_dict(), rounds=list(self.rounds),
+            scenario=self.scenario.to_dict())
+
     def to_dict(self, timeline: bool = True) -> dict[str, Any]:
-        return {
-            "predicted": self.predicted.to_dict(timeline),
-            "measured": self.measured.result.to_dict(timeline),
-            "relative_error": self.relative_error,
-            "measured_step_times_s": self.measured.step_times_s,
-            "link": None if self.calibration is None else self.calibration.hardware_updates()["hardware.link"],
-            "calibration": None if self.calibration is None else self.calibration.to_dict(),
-            "rounds": [{"predicted_step_s": p, "measured_step_s": m} for p, m in self.rounds],
-        }
+        return self.document().to_dict(timeline)
 
 
 def relative_error(predicted: float, measured: float) -> float:

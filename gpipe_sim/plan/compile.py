@@ -271,19 +271,25 @@ def compile_plan(scenario: Scenario) -> Plan:
             )
         )
         first += count
-    device_map = scenario.device_map
+    ranks = _rank_plans(scenario, schedule, layers, chunks)
+    return Plan(scenario, schedule, tuple(layers), tuple(chunks), ranks, tuple(sizes), scenario.device_map)
+
+
+def _rank_plans(scenario: Scenario, schedule: Schedule, layers: Sequence[LayerSpec],
+                chunks: Sequence[ChunkPlan]) -> tuple[RankPlan, ...]:
+    """Each pipeline rank: its device, its chunks, and their summed static bytes and update."""
     ranks = []
-    for r in range(p.stages):
+    for r in range(schedule.ranks):
         mine = schedule.chunks_of(r)
         ranks.append(RankPlan(
-            index=r, device=device_map[r], chunks=mine,
+            index=r, device=scenario.device_map[r], chunks=mine,
             param_bytes=math.fsum(chunks[c].param_bytes for c in mine),
             state_bytes=math.fsum(chunks[c].state_bytes for c in mine),
             update_s=math.fsum(chunks[c].update_s for c in mine),
             update_scratch_bytes=update_scratch_bytes(
                 scenario, [layer for c in mine for layer in layers[chunks[c].first_layer:chunks[c].last_layer + 1]]),
         ))
-    return Plan(scenario, schedule, tuple(layers), tuple(chunks), tuple(ranks), tuple(sizes), device_map)
+    return tuple(ranks)
 
 
 def local_state_bytes_per_param(scenario: Scenario) -> float:
@@ -307,7 +313,7 @@ def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) ->
     summed). Under ZeRO-1 the one tensor stepped is the rank's flat shard, 1/D of every parameter
     (summed; the shard's padding left out); with `hardware.host.step_buffers` the runtime's shard
     gradient and all-gather buffers, larger and later in the update, are counted instead
-    (gpipe_sim.results.memory's data-parallel bytes), so nothing here."""
+    (gpipe_sim.plan.memory's data-parallel bytes), so nothing here."""
     training, D = scenario.training, scenario.pipeline.data_parallel
     step = scenario.optimizer_step
     factor = 4.0 * OPTIMIZER_SCRATCH[step][training.optimizer]  # fp32 copies

@@ -1,1 +1,1 @@
-"""Results: the schema shared by simulator and executor, memory accounting and trace export."""
+"""Results: the schema shared by simulator and executor, and trace export."""

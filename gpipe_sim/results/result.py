@@ -101,7 +101,7 @@ class StageResult:
     """One pipeline rank's figures, over all its chunks. Bytes are per rank.
 
     `peak_memory_bytes`: predicted, static (parameters, gradients, optimizer states, master weights)
-    + the peak of held activations plus the running pass's transient bytes (gpipe_sim.results.memory);
+    + the peak of held activations plus the running pass's transient bytes (gpipe_sim.plan.memory);
     measured, the rank's real tensor bytes at their peak over a dedicated step (gpipe_exec.measure.memory).
     `peak_activation_bytes`: the bytes saved for backward by the schedule's accounting (measured: by
     the saved-tensor hooks, which count as the simulator counts). `memory_breakdown`: what
@@ -275,6 +275,31 @@ def analytic_bubble(stages: int, micro_batches: int, chunks: int = 1) -> float:
     return (stages - 1) / (chunks * micro_batches + stages - 1)
 
 
+def _stage_results(layout: Layout, busy: np.ndarray, exposed: np.ndarray, peak_activation_bytes: Sequence[float],
+                   param_bytes: Sequence[float], state_bytes: Sequence[float],
+                   peak_memory_bytes: Sequence[float] | None,
+                   memory_breakdown: Sequence[dict[str, float]] | None) -> list[StageResult]:
+    """Each pipeline rank of replica 0: its chunks, busy and exposed all-reduce time, static bytes
+    and peaks (static + peak activations unless `peak_memory_bytes` gives the rank's peak)."""
+    stages = []
+    for k in range(len(layout.device_map)):
+        mine = layout.chunks_of(k)
+        params = float(sum(param_bytes[c] for c in mine))
+        states = float(sum(state_bytes[c] for c in mine))
+        stages.append(
+            StageResult(
+                index=k, chunks=tuple(mine), layers=tuple(tuple(layout.chunk_layers[c]) for c in mine),
+                device=int(layout.device_map[k]), busy_s=float(busy[k]),
+                peak_activation_bytes=float(peak_activation_bytes[k]),
+                peak_memory_bytes=(params + states + float(peak_activation_bytes[k]) if peak_memory_bytes is None
+                                   else float(peak_memory_bytes[k])),
+                param_bytes=params, state_bytes=states, exposed_allreduce_s=float(exposed[k]),
+                memory_breakdown=dict(memory_breakdown[k]) if memory_breakdown is not None else {},
+            )
+        )
+    return stages
+
+
 def summarize(
     timeline: Timeline,
     *,
@@ -319,22 +344,8 @@ def summarize(
                     param_bytes=float(param_bytes[c]), state_bytes=float(state_bytes[c]))
         for c in range(C)
     ]
-    stages = []
-    for k in range(K):
-        mine = layout.chunks_of(k)
-        params = float(sum(param_bytes[c] for c in mine))
-        states = float(sum(state_bytes[c] for c in mine))
-        stages.append(
-            StageResult(
-                index=k, chunks=tuple(mine), layers=tuple(tuple(layout.chunk_layers[c]) for c in mine),
-                device=int(layout.device_map[k]), busy_s=float(busy[k]),
-                peak_activation_bytes=float(peak_activation_bytes[k]),
-                peak_memory_bytes=(params + states + float(peak_activation_bytes[k]) if peak_memory_bytes is None
-                                   else float(peak_memory_bytes[k])),
-                param_bytes=params, state_bytes=states, exposed_allreduce_s=float(exposed[k]),
-                memory_breakdown=dict(memory_breakdown[k]) if memory_breakdown is not None else {},
-            )
-        )
+    stages = _stage_results(layout, busy, exposed, peak_activation_bytes, param_bytes, state_bytes,
+                            peak_memory_bytes, memory_breakdown)
     if device_peak_memory_bytes is None:
         device_peak_memory_bytes = {}
         for s in stages:

@@ -31,6 +31,27 @@ def shown_path(path: str | Path) -> str:
     return repr(text)
 
 
+def read_text_file(path: str | Path, error: type[GpipeError], limit: int, *, what: str = "",
+                   prefix: str = "") -> str:
+    """The UTF-8 text of `path`, read at most `limit` bytes; `error` with one line naming the file
+    (`prefix` + `what` + its shown path) if it cannot be read, is larger or is not UTF-8 text."""
+    name = shown_path(path)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{prefix}cannot read {what}{name}: {exc.strerror or type(exc).__name__}") from None
+    except ValueError as exc:  # a NUL in the name
+        raise error(f"{prefix}cannot read {what}{name}: {exc}") from None
+    if len(raw) > limit:
+        raise error(f"{prefix}{what}{name} is larger than the limit of {limit // 2**20} MiB")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise error(f"{prefix}{what}{name} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}") from None
+
+
 def read_data_file(path: str | Path, what: str, error: type[GpipeError] = ScenarioError) -> Any:
     """Parse `path` (JSON if it ends in .json, else YAML); raise `error` with one line on failure.
 
@@ -38,24 +59,7 @@ def read_data_file(path: str | Path, what: str, error: type[GpipeError] = Scenar
     """
     path = Path(path)
     name = shown_path(path)
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(limits.MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise error(f"cannot read {what} {name}: {exc.strerror or type(exc).__name__}") from None
-    except ValueError as exc:  # a NUL in the name
-        raise error(f"cannot read {what} {name}: {exc}") from None
-    if len(raw) > limits.MAX_FILE_BYTES:
-        raise error(
-            f"{what} {name} is larger than the limit of {limits.MAX_FILE_BYTES // 2**20} MiB"
-        )
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise error(
-            f"{what} {name} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}"
-        ) from None
+    text = read_text_file(path, error, limits.MAX_FILE_BYTES, what=f"{what} ")
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal, Sequence
@@ -19,7 +18,8 @@ from gpipe_sim.spec import limits
 from gpipe_sim.spec.fields import (
     BatchSize, ChunkCount, MicroBatchCount, PartCount, ReplicaCount, StageCount, _Strict, whole_number,
 )
-from gpipe_sim.spec.files import read_data_file, shown_path
+from gpipe_sim.spec.files import read_data_file, read_text_file, shown_path
+from gpipe_sim.spec.validation import describe_error, error_location, user_key
 from gpipe_sim.spec.hardware import Hardware, megatron_placement
 from gpipe_sim.spec.layers import describe_layer_count, layer_count
 from gpipe_sim.spec.overrides import blame, parse_overrides
@@ -322,18 +322,7 @@ def read_schedule_csv(path: str | Path) -> TorchSchedule:
     cached = _CSV_CACHE.get(key)
     if cached is not None:
         return cached
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_CSV_BYTES + 1)
-    except OSError as exc:
-        raise ScheduleError(f"{where}: cannot read {name}: {exc.strerror or type(exc).__name__}") from None
-    if len(raw) > MAX_CSV_BYTES:
-        raise ScheduleError(f"{where}: {name} is larger than the limit of {MAX_CSV_BYTES // 2**20} MiB")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ScheduleError(f"{where}: {name} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}") from None
+    text = read_text_file(path, ScheduleError, MAX_CSV_BYTES, prefix=f"{where}: ")
     try:
         parsed = parse_torch_csv(text)
     except ScheduleError as exc:
@@ -403,68 +392,14 @@ def _shown(value: Any) -> str:
     return one_line(repr(value))[:60]
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-_NAMES_FIELD = re.compile(r"^[a-z_]+(\.[a-z_0-9]+)+: ")
-# Path segments pydantic adds for its own validators (union members, dict keys, wrappers):
-# "literal['uniform','time','memory']", "function-after[...]", "tuple[int, ...]", "[key]", "str".
-_INTERNAL_SEGMENT = re.compile(r"[\[\]'\"(),]")
-_INTERNAL_NAMES = {"str", "int", "float", "bool", "bytes", "none", "dict", "list", "tuple"}
-_USER_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
-
-
-def user_key(key: Any) -> str:
-    """A key the user wrote, shown as it is when it is a plain name, else quoted (one line, short)."""
-    text = str(key) if isinstance(key, (str, int)) and not isinstance(key, bool) else repr(key)
-    if _USER_KEY.match(text) or (isinstance(key, int) and not isinstance(key, bool) and abs(key) < 10**20):
-        return text
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return repr(text)
-
-
-def error_location(loc: Sequence[Any], kind: str = "") -> str:
-    """Pydantic's error location in the user's words: the scenario path of the field, without
-    pydantic's internal segments; a key the user wrote is quoted if it is not a plain name."""
-    parts: list[str] = []
-    last = len(loc) - 1
-    for i, part in enumerate(loc):
-        if isinstance(part, int) and not isinstance(part, bool):
-            parts.append(str(part))
-            continue
-        text = str(part)
-        user_written = (kind == "extra_forbidden" and i == last) or (i + 1 <= last and loc[i + 1] == "[key]")
-        if user_written:
-            parts.append(user_key(part))
-        elif text == "[key]" or text in _INTERNAL_NAMES or _INTERNAL_SEGMENT.search(text):
-            continue
-        else:
-            parts.append(text)
-    return ".".join(parts)
-
-
-def clean_message(msg: str) -> str:
-    """A pydantic message without its "Value error, " prefix, on one line."""
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if msg.startswith(prefix):
-            msg = msg[len(prefix) :]
-    return one_line(msg)
-
-
 def _describe(error: dict[str, Any]) -> str:
+    """A scenario's validation error as one line naming the field (the model's preset union told apart)."""
     raw = list(error.get("loc", ()))
     if len(raw) > 1 and raw[0] == "model" and raw[1] in MODEL_PRESETS:
         del raw[1]  # the discriminated union puts the preset tag in the path
+        error = {**error, "loc": tuple(raw)}
     kind = error.get("type", "")
     where = error_location(raw, kind) or "scenario"
-    msg = str(error.get("msg", "invalid"))
-    if kind == "extra_forbidden":
-        return f"{where}: unknown key"
-    if raw and raw[-1] == "[key]":
-        return f"{where}: unknown key ({clean_message(msg).replace('Input should be', 'should be', 1)})"
     if kind == "union_tag_invalid":
         tag = str(error.get("ctx", {}).get("tag"))
         shown = repr(tag if len(tag) <= 40 else tag[:37] + "...")
@@ -473,12 +408,7 @@ def _describe(error: dict[str, Any]) -> str:
         )
     if kind == "union_tag_not_found":
         return f"{where}.preset: required field is missing (choose from {', '.join(MODEL_PRESETS)})"
-    if kind == "missing":
-        return f"{where}: required field is missing"
-    msg = clean_message(msg)
-    if _NAMES_FIELD.match(msg):
-        return msg
-    return f"{where}: {msg}"
+    return describe_error(error, "scenario")
 
 
 def parse_scenario(data: Any) -> Scenario:

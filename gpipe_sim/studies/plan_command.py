@@ -64,7 +64,7 @@ def _write(flag: str, path: str, write: Callable[[], None]) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Exit 0 with the ranked table; 1 when no configuration fits (the smallest peak is named);
     2 on bad input (one line naming the option)."""
-    from gpipe_sim.cli import load_command_scenario
+    from gpipe_sim.spec.command_scenario import load_command_scenario
     from gpipe_sim.studies.plan_report import plan_json, plan_text, write_csv, write_html
     from gpipe_sim.studies.planner import PlanOptions, device_pairs, plan
 

@@ -11,15 +11,20 @@ from gpipe_sim.studies.sweep_spec import SCENARIO_SECTIONS
 BEST_SHOWN = 5
 
 
-def varying_inputs(table: Any, axes: Sequence[str] = ()) -> list[str]:
-    """The input columns that tell the rows apart: the sweep's own axis and point fields that are
-    columns (a mapping value is several: `pipeline.schedule.csv`), else every input column whose
-    value differs between rows."""
+def varying_inputs(table: Any, axes: Sequence[str] | None = None, *, keep_named: bool = False) -> list[str]:
+    """The input columns that tell the rows apart. Of the sweep's `axes` (a mapping value is several
+    columns: `pipeline.schedule.csv`), those whose value differs between rows (with `keep_named`,
+    all of them when none differs); with no axes given, or none of them a column, every input
+    column that differs, leaving out the accelerator and link fields a varying `hardware.preset`
+    fills in."""
     inputs = [c for c in table.columns if c.split(".", 1)[0] in SCENARIO_SECTIONS]
-    named = [c for c in inputs if any(c == a or c.startswith(a + ".") for a in axes)]
     varying = [c for c in inputs if table[c].astype(str).nunique(dropna=False) > 1]
-    named = [c for c in named if c in varying] or named
-    return named or varying
+    named = [c for c in inputs if any(c == a or c.startswith(a + ".") for a in axes or ())]
+    if named:
+        return [c for c in named if c in varying] or (named if keep_named else [])
+    if "hardware.preset" in varying:
+        varying = [c for c in varying if not c.startswith(("hardware.accelerator.", "hardware.link."))]
+    return varying
 
 
 def best_configurations(table: Any, top: int = BEST_SHOWN) -> Any:
@@ -51,7 +56,7 @@ def best_text(table: Any, axes: Sequence[str] = (), top: int = BEST_SHOWN) -> st
                 f"{int(near['sweep.index'])}, needs {format_bytes(float(near['max_device_peak_memory_bytes']))} "
                 f"on its fullest device (capacity {capacity})")
     fits = int(ran["fits_in_memory"].fillna(False).astype(bool).sum())
-    columns = varying_inputs(table, axes)
+    columns = varying_inputs(table, axes, keep_named=True)
     short = _short_names(columns)
     out = Table(title=f"best {len(best)} of the {fits} configurations that fit in memory (by throughput)")
     out.add_column("#", justify="right")

@@ -12,23 +12,12 @@ import plotly.graph_objects as go
 
 from gpipe_sim.results.result import analytic_bubble
 from gpipe_sim.studies.plot_style import _DASHES, _SYMBOLS, rank_colors
+from gpipe_sim.studies.sweep_best import varying_inputs
 
 K, M = "pipeline.stages", "pipeline.micro_batches"
 GIB = 2.0**30
 MAX_TRACES = 24
 RESULT_PREFIXES = ("sweep.", "status", "error", "elapsed_s")
-
-
-def varying_inputs(table: pd.DataFrame, axes: list[str] | None = None) -> list[str]:
-    """The sweep's axes that take more than one value (by default: every varying input column,
-    leaving out the accelerator and link fields a varying `hardware.preset` fills in)."""
-    columns = axes if axes is not None else [
-        c for c in table.columns if c.split(".", 1)[0] in ("model", "hardware", "pipeline", "training")
-    ]
-    out = [c for c in columns if c in table.columns and table[c].astype(str).nunique(dropna=False) > 1]
-    if axes is None and "hardware.preset" in out:
-        out = [c for c in out if not c.startswith(("hardware.accelerator.", "hardware.link."))]
-    return out
 
 
 def _label(values: dict[str, Any]) -> str:

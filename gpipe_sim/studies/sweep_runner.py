@@ -73,11 +73,10 @@ def input_columns(point: SweepPoint, base: dict[str, Any]) -> dict[str, Any]:
 def result_columns(scenario: Scenario, engine: str) -> dict[str, Any]:
     """Simulate one scenario and return its scalar result fields (and per-stage lists)."""
     from gpipe_sim.plan.compile import compile_plan
-    from gpipe_sim.api import result_from_times, run_engine
+    from gpipe_sim.api import simulate_plan
 
     plan = compile_plan(scenario)
-    start, end = run_engine(plan, engine)  # type: ignore[arg-type]
-    result = result_from_times(plan, start, end)
+    result = simulate_plan(plan, engine)  # type: ignore[arg-type]
     problem = limits.result_problem(scenario, result)
     if problem:
         raise ScenarioError(problem)

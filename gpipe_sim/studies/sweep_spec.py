@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -11,9 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.files import read_data_file
-from gpipe_sim.spec.scenario import (
-    clean_message, error_location, parse_scenario_with_overrides, read_scenario_data, resolve_relative_paths,
-)
+from gpipe_sim.spec.scenario import parse_scenario_with_overrides, read_scenario_data, resolve_relative_paths
+from gpipe_sim.spec.validation import describe_error
 
 SCENARIO_SECTIONS = ("model", "hardware", "pipeline", "training")
 
@@ -72,18 +72,15 @@ def _check_field_name(where: str, name: str) -> None:
         )
 
 
+# a sweep validator's message that leads with the field it names (`axes: ...`, `base.model: ...`)
+_SWEEP_NAMES_FIELD = re.compile(r"^[A-Za-z0-9_.]+: ")
+
+
 def _describe(exc: ValidationError) -> str:
     """The first validation error as one line, led by the sweep field it names."""
-    error = exc.errors(include_url=False)[0]
-    kind = str(error.get("type", ""))
-    where = error_location(error.get("loc", ()), kind) or "sweep"
-    msg = clean_message(str(error.get("msg", "invalid")))
-    if str(error.get("msg", "")).startswith("Value error, "):
-        if ": " in msg and msg.split(": ", 1)[0].replace(".", "").replace("_", "").isalnum():
-            return msg
-    if kind == "extra_forbidden":
-        return f"{where}: unknown key (sweep keys: name, base, axes, points, mode, engine)"
-    return f"{where}: {msg}"
+    return describe_error(exc.errors(include_url=False)[0], "sweep",
+                          unknown_key="unknown key (sweep keys: name, base, axes, points, mode, engine)",
+                          names_field=_SWEEP_NAMES_FIELD)
 
 
 def parse_sweep(data: Any) -> SweepSpec:
