@@ -40,7 +40,12 @@ CASES = [
     (_with("hardware.accelerator", {"memory_bytes": -1}), "hardware.accelerator.memory_bytes"),
     (_with("hardware.preset", "tpu-v9"), "hardware.preset: unknown hardware preset 'tpu-v9'"),
     (_with("model.preset", "resnet"), "model.preset: unknown model preset 'resnet'"),
-    (_with("pipeline.stagez", 3), "pipeline.stagez: unknown key"),
+    (_with("pipeline.stagez", 3), "pipeline.stagez: unknown key (did you mean stages?)"),
+    (_with("pipeline.micro_batchs", 3), "pipeline.micro_batchs: unknown key (did you mean micro_batches?)"),
+    (_with("model.layres", 3), "model.layres: unknown key (did you mean layers?)"),
+    (_with("hardware.accelerator", {"memory_byte": 1}),
+     "hardware.accelerator.memory_byte: unknown key (did you mean memory_bytes?)"),
+    (_with("trainig", {}), "trainig: unknown key (did you mean training?)"),
     (_with("pipeline.schedule", "zigzag"), "pipeline.schedule: unknown schedule 'zigzag'"),
     (_with("pipeline.remat", "sometimes"), "pipeline.remat"),
     (_with("model.layers", -2), "model.layers"),
@@ -70,6 +75,21 @@ def test_bad_scenario_gives_one_line_and_exit_2(tmp_path, capsys, data, message)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gpipe-sim: error: ")
     assert message in err
+
+
+def test_unknown_key_suggests_only_the_presets_own_fields():
+    from gpipe_sim.errors import ScenarioError
+    from gpipe_sim.spec.scenario import parse_scenario
+
+    with pytest.raises(ScenarioError) as err:  # heads is a transformer's field, not a uniform model's
+        parse_scenario(_with("model.heads", 4))
+    assert str(err.value) == "model.heads: unknown key"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario({**BASE, "model": {"preset": "transformer", "d_modle": 2048}})
+    assert str(err.value) == "model.d_modle: unknown key (did you mean d_model?)"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(_with("pipeline.zzz", 1))
+    assert str(err.value) == "pipeline.zzz: unknown key"  # nothing close: no guess
 
 
 def test_malformed_yaml_names_the_line(tmp_path, capsys):

@@ -23,6 +23,7 @@ import yaml
 
 from gpipe_sim.errors import ScenarioError, one_line
 from gpipe_sim.spec import limits
+from gpipe_sim.spec.validation import closest_key
 
 SECTIONS = ("model", "hardware", "pipeline", "training")
 MAX_ITEM_CHARS = 4096
@@ -53,10 +54,11 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ScenarioError(f"{where}: expected KEY=VALUE, e.g. pipeline.stages=8")
     if not _KEY.match(key) or key.split(".", 1)[0] not in SECTIONS:
-        raise ScenarioError(
-            f"{where}: {one_line(key, 100)!r} is not a dotted scenario field "
-            f"(start with one of {', '.join(SECTIONS)}, e.g. pipeline.stages)"
-        )
+        head, dot, rest = key.partition(".")
+        close = closest_key(head, SECTIONS) if dot and _KEY.match(key) else None
+        hint = (f"did you mean {close}.{rest}?" if close
+                else f"start with one of {', '.join(SECTIONS)}, e.g. pipeline.stages")
+        raise ScenarioError(f"{where}: {one_line(key, 100)!r} is not a dotted scenario field ({hint})")
     return key, _value(text.strip(), where)
 
 

@@ -19,7 +19,7 @@ from gpipe_sim.spec.fields import (
     BatchSize, ChunkCount, MicroBatchCount, PartCount, ReplicaCount, StageCount, _Strict, whole_number,
 )
 from gpipe_sim.spec.files import read_data_file, read_text_file, shown_path
-from gpipe_sim.spec.validation import describe_error, error_location, user_key
+from gpipe_sim.spec.validation import describe_error, did_you_mean, error_location, user_key, valid_keys
 from gpipe_sim.spec.hardware import Hardware, megatron_placement
 from gpipe_sim.spec.layers import describe_layer_count, layer_count
 from gpipe_sim.spec.overrides import blame, parse_overrides
@@ -395,10 +395,12 @@ def _shown(value: Any) -> str:
 def _describe(error: dict[str, Any]) -> str:
     """A scenario's validation error as one line naming the field (the model's preset union told apart)."""
     raw = list(error.get("loc", ()))
+    kind = error.get("type", "")
+    # an unknown key: the closest valid one among the fields at its place (the preset's own, for a model)
+    hint = did_you_mean(raw[-1], valid_keys(Scenario, raw)) if kind == "extra_forbidden" and raw else ""
     if len(raw) > 1 and raw[0] == "model" and raw[1] in MODEL_PRESETS:
         del raw[1]  # the discriminated union puts the preset tag in the path
         error = {**error, "loc": tuple(raw)}
-    kind = error.get("type", "")
     where = error_location(raw, kind) or "scenario"
     if kind == "union_tag_invalid":
         tag = str(error.get("ctx", {}).get("tag"))
@@ -408,7 +410,7 @@ def _describe(error: dict[str, Any]) -> str:
         )
     if kind == "union_tag_not_found":
         return f"{where}.preset: required field is missing (choose from {', '.join(MODEL_PRESETS)})"
-    return describe_error(error, "scenario")
+    return describe_error(error, "scenario") + hint
 
 
 def parse_scenario(data: Any) -> Scenario:

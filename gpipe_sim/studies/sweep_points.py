@@ -58,7 +58,7 @@ def _check_axis_names(spec: SweepSpec, base: Scenario) -> None:
         try:
             base.with_updates({name: value})
         except ScenarioError as exc:
-            if str(exc).endswith("unknown key"):
+            if ": unknown key" in str(exc):
                 raise SweepError(f"axes: {exc}") from None
 
 
