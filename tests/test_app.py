@@ -235,8 +235,10 @@ def test_explore_warns_when_a_stage_does_not_fit():
     set_widget(at, "cfg.hw.a100-80gb.memory", "2 GiB")
     at.run()
     assert_clean(at)
-    assert len(at.error) == 1 and at.error[0].value.startswith("Does not fit in memory: device 0")
-    assert "has 2.00 GiB" in at.error[0].value
+    text = at.error[0].value
+    assert len(at.error) == 1 and text.startswith("Does not fit in memory: devices 0-"), text
+    assert "do not fit; the fullest, device " in text and "has 2.00 GiB" in text
+    assert text.count("(rank") == 1  # the fullest only, not a line per device
     stage_memory = plotly_specs(at)[1]
     marked = [trace for trace in stage_memory["data"] if trace.get("name") == "does not fit"]
     assert marked and marked[0]["x"] and not marked[0].get("text")  # a marker per rank, no labels

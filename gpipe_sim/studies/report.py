@@ -9,6 +9,7 @@ from rich.table import Table
 
 from gpipe_sim.spec.layers import build_layers, describe_layer_count, total_params
 from gpipe_sim.spec.presets import hardware_presets
+from gpipe_sim.results.fit import over_capacity_text
 from gpipe_sim.results.result import Result
 from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
 from gpipe_sim.spec.scenario import Scenario
@@ -47,8 +48,7 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     head.add_row("  fill/drain", f"{result.busiest_idle_fraction:.4f} (busiest rank idle; "
                                  "1 - bubble = (1 - imbalance) x (1 - fill/drain))")
     cap = result.memory_capacity_bytes
-    over = [f"device {d} needs {format_bytes(peak)}" for d, _, peak in result.devices_over_capacity()]
-    fit = "yes" if result.fits_in_memory else "NO: " + "; ".join(over)
+    fit = "yes" if result.fits_in_memory else f"NO: {over_capacity_text(result) or 'over capacity'}"
     head.add_row("fits in memory", f"{fit} (capacity {format_bytes(cap)} per device)")
     table = Table(title="per pipeline rank (stage)")
     for col in ("rank", "layers", "device", "busy", "params", "optimizer+grads", "peak activations", "peak memory"):
