@@ -440,3 +440,26 @@ def test_data_parallel_reductions_get_a_lane_of_their_own():
     assert (bars.kind == ACTION_KINDS.index("allreduce")).any()
     low, _ = _LANES["allreduce"]
     assert low >= _COMPUTE_LANE[0] + _COMPUTE_LANE[1] and low >= sum(_LANES["send"]) - 1e-12
+
+
+def test_gantt_draws_each_replica_from_its_own_rows():
+    """D=2: every global rank (D x K) is a row of its own, named by replica, drawn from its own
+    actions: replica 1 sharing devices runs later than replica 0, and the chart shows it."""
+    result = simulate(parse_scenario({
+        "model": {"preset": "uniform", "layers": 8},
+        "hardware": {"preset": "ideal", "placement": [[0, 1, 2, 3], [4, 4, 5, 5]]},
+        "pipeline": {"stages": 4, "micro_batches": 4, "batch_size": 16, "data_parallel": 2, "remat": "none"}}))
+    t = result.timeline
+    fig, bars = plots.timeline_figure(t, stages=4, max_bars=10_000)
+    assert list(fig.layout.yaxis.ticktext) == [f"replica {d} · rank {r}" for d in range(2) for r in range(4)]
+    assert len(fig.layout.shapes) == 1  # the line between the replicas
+    for rank in range(8):
+        sel = bars.rank == rank
+        assert sel.any()
+        np.testing.assert_allclose(sorted(bars.end_s[sel]), sorted(t.end_s[t.rank == rank]))
+    assert t.end_s[t.rank == 7].max() != t.end_s[t.rank == 3].max()  # not a copy of replica 0
+    forward = next(trace for trace in fig.data if trace.name == "forward")
+    assert {str(c) for c in forward.customdata} >= {"replica 1 · rank 3", "replica 0 · rank 0"}
+    assert forward.hovertemplate.startswith("%{customdata}<br>forward")
+    one, _ = plots.timeline_figure(run(4, 8).timeline, stages=4)  # one replica: plain rank names
+    assert list(one.layout.yaxis.ticktext) == [f"rank {k}" for k in range(4)] and not one.layout.shapes

@@ -26,8 +26,9 @@ def show_results(scenario: Scenario, result: Result) -> None:
                f"of {p.batch_size}, {p.schedule} schedule, re-materialization {p.remat}, {p.partition} partition.")
     show_metrics(scenario, result)
 
-    fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS,
-                                      title=f"Schedule timeline ({p.schedule}, K={K}, v={v}, M={M})")
+    replicas = f"D={p.data_parallel}, " if p.data_parallel > 1 else ""
+    fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS, stages=K,
+                                      title=f"Schedule timeline ({p.schedule}, {replicas}K={K}, v={v}, M={M})")
     st.plotly_chart(fig, key="explore.gantt")
     if bars.note:
         st.caption(bars.note + " Download the Chrome trace below for every action.")

@@ -109,7 +109,7 @@ show_metrics(scenario, result)
 st.button("Open in Explore", key="plan.open", icon=":material/insights:", on_click=_open_in_explore,
           args=(chosen.overrides,), help="Load this configuration into the form and show it in Explore.")
 p = scenario.pipeline
-fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS,
+fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS, stages=p.stages,
                                   title=f"Schedule timeline ({p.schedule}, D={p.data_parallel}, K={p.stages}, "
                                         f"v={p.chunks}, M={p.micro_batches})")
 st.plotly_chart(fig, key="plan.gantt")

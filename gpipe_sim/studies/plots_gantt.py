@@ -343,10 +343,21 @@ def _hover_lines(bars: GanttBars, sel: np.ndarray, scale: float, unit: str) -> l
     return lines
 
 
+def row_names(ranks: int, stages: int | None = None) -> list[str]:
+    """The Gantt rows' names: "rank k"; with `stages` K per replica and more rows than K (D x K
+    global ranks, replica d's rank r on row d*K + r), "replica d · rank r"."""
+    if not stages or ranks <= stages:
+        return [f"rank {k}" for k in range(ranks)]
+    return [f"replica {k // stages} · rank {k % stages}" for k in range(ranks)]
+
+
 def _gantt_traces(bars: GanttBars, scale: float, unit: str, legend: bool,
-                  legendgroup_suffix: str = "") -> list[go.Bar]:
-    """One horizontal bar trace per action kind present, on its lane, coloured by KIND_COLORS."""
+                  legendgroup_suffix: str = "", names: Sequence[str] | None = None) -> list[go.Bar]:
+    """One horizontal bar trace per action kind present, on its lane, coloured by KIND_COLORS;
+    the hover names each bar's row (`names`, by global rank; default "rank k")."""
     traces = []
+    ranks = int(bars.rank.max()) + 1 if len(bars) else 0
+    labels = np.asarray(list(names) if names is not None else row_names(ranks), dtype=object)
     for code, name in enumerate(ACTION_KINDS):
         sel = bars.kind == code
         if not sel.any():
@@ -358,28 +369,36 @@ def _gantt_traces(bars: GanttBars, scale: float, unit: str, legend: bool,
             name=name, legendgroup=name + legendgroup_suffix, showlegend=legend,
             orientation="h", y=bars.rank[sel], base=start, x=end - start,
             offset=offset, width=width, marker=dict(color=KIND_COLORS[name], line=outline),
-            hovertext=_hover_lines(bars, sel, scale, unit),
-            hovertemplate=f"rank %{{y}}<br>{name}, %{{hovertext}}<extra></extra>",
+            hovertext=_hover_lines(bars, sel, scale, unit), customdata=labels[bars.rank[sel]],
+            hovertemplate=f"%{{customdata}}<br>{name}, %{{hovertext}}<extra></extra>",
         ))
     return traces
 
 
-def _rank_axis(fig: go.Figure, ranks: int, row: int | None = None, col: int | None = None) -> None:
-    """A y axis labelled "rank k" for `ranks` ranks, rank 0 at the top."""
+def _rank_axis(fig: go.Figure, ranks: int, row: int | None = None, col: int | None = None,
+               stages: int | None = None) -> None:
+    """A y axis labelled by `row_names` for `ranks` rows, rank 0 at the top; with several
+    replicas (`stages` K each), a line between one replica's rows and the next's."""
     fig.update_yaxes(
         autorange="reversed", tickmode="array", tickvals=list(range(ranks)),
-        ticktext=[f"rank {k}" for k in range(ranks)], row=row, col=col,
+        ticktext=row_names(ranks, stages), row=row, col=col,
     )
+    if stages and ranks > stages:
+        for edge in range(stages, ranks, stages):
+            where = {} if row is None else {"row": row, "col": col}
+            fig.add_hline(y=edge - 0.5, line=dict(color="#888888", width=1, dash="dot"), **where)
 
 
 def timeline_figure(timeline: Timeline, *, title: str = "Schedule timeline", max_bars: int = 2500,
-                    x_range_s: float | None = None) -> tuple[go.Figure, GanttBars]:
-    """Gantt chart: one row per rank, actions coloured by kind, chunk and micro-batch on hover."""
+                    x_range_s: float | None = None, stages: int | None = None) -> tuple[go.Figure, GanttBars]:
+    """Gantt chart: one row per global rank, each drawn from its own actions (with D data-parallel
+    replicas of `stages` K ranks: D x K rows, named "replica d · rank r"), actions coloured by kind,
+    chunk and micro-batch on hover."""
     bars = gantt_bars(timeline, max_bars)
     span = x_range_s or (float(bars.end_s.max()) if len(bars) else 0.0)
     unit, scale = time_unit(span)
     ranks = int(np.max(timeline.rank)) + 1 if len(timeline) else 0
-    fig = go.Figure(_gantt_traces(bars, scale, unit, legend=True))
+    fig = go.Figure(_gantt_traces(bars, scale, unit, legend=True, names=row_names(ranks, stages)))
     fig.update_layout(
         title=title, barmode="overlay", bargap=0, xaxis_title=f"time ({unit})",
         height=max(260, 160 + 34 * ranks), margin=dict(l=10, r=10, t=50, b=100),
@@ -387,13 +406,14 @@ def timeline_figure(timeline: Timeline, *, title: str = "Schedule timeline", max
     )
     if x_range_s:
         fig.update_xaxes(range=[0, x_range_s / scale])
-    _rank_axis(fig, ranks)
+    _rank_axis(fig, ranks, stages=stages)
     return fig, bars
 
 
-def compare_timelines_figure(timelines: Sequence[tuple[str, Timeline]], *,
-                             max_bars: int = 2500) -> tuple[go.Figure, list[GanttBars]]:
-    """Gantt charts stacked on one shared time axis (predicted vs measured, A vs B)."""
+def compare_timelines_figure(timelines: Sequence[tuple[str, Timeline]], *, max_bars: int = 2500,
+                             stages: int | None = None) -> tuple[go.Figure, list[GanttBars]]:
+    """Gantt charts stacked on one shared time axis (predicted vs measured, A vs B); `stages` as
+    for `timeline_figure`."""
     span = max((float(t.end_s.max()) for _, t in timelines if len(t)), default=0.0)
     unit, scale = time_unit(span)
     sizes = [int(np.max(t.rank)) + 1 if len(t) else 1 for _, t in timelines]
@@ -403,9 +423,9 @@ def compare_timelines_figure(timelines: Sequence[tuple[str, Timeline]], *,
     for row, (_, timeline) in enumerate(timelines, start=1):
         bars = gantt_bars(timeline, max_bars)
         all_bars.append(bars)
-        for trace in _gantt_traces(bars, scale, unit, legend=row == 1):
+        for trace in _gantt_traces(bars, scale, unit, legend=row == 1, names=row_names(sizes[row - 1], stages)):
             fig.add_trace(trace, row=row, col=1)
-        _rank_axis(fig, sizes[row - 1], row=row, col=1)
+        _rank_axis(fig, sizes[row - 1], row=row, col=1, stages=stages)
     fig.update_layout(barmode="overlay", bargap=0, height=max(340, 160 + 34 * sum(sizes)),
                       margin=dict(l=10, r=10, t=50, b=100), legend=_BOTTOM_LEGEND)
     fig.update_xaxes(title_text=f"time ({unit})", row=len(timelines), col=1)
