@@ -114,7 +114,7 @@ def split_sweep(df: pd.DataFrame) -> SweepColumns:
     inputs = [c for c in df.columns if str(c).startswith(sections)]
     if not inputs:
         raise ValueError("the sweep table has no input columns (dotted names such as pipeline.stages)")
-    df = _expand_lists(df, set(inputs) | {"error"})
+    df = _expand_lists(df, set(inputs) | {"error", "note"})
     if "error" in df.columns:
         err = df["error"]
         bad = err.notna() & (err.astype(str).str.strip() != "")
@@ -123,7 +123,7 @@ def split_sweep(df: pd.DataFrame) -> SweepColumns:
     ok, failed = df[~bad], df[bad]
     results = [
         c for c in df.columns
-        if c not in inputs and c != "error" and "." not in str(c)
+        if c not in inputs and c not in ("error", "note") and "." not in str(c)
         and (pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]))
     ]
     return SweepColumns(inputs, results, ok, failed)

@@ -34,11 +34,24 @@ def test_plan_page_ranks_and_plots():
     assert specs[0]["layout"]["xaxis"]["title"]["text"] == "peak memory per device (GiB)"
     assert specs[0]["layout"]["yaxis"]["title"]["text"] == "throughput (samples/s)"
     assert len(specs) == 4  # Pareto, timeline, stage memory, memory over time
+    # the Pareto chart's y axis is scaled to its data (from 0 every point would sit on one line)
+    ys = [y for trace in specs[0]["data"] for y in trace["y"]]
+    low, high = specs[0]["layout"]["yaxis"]["range"]
+    span = max(ys) - min(ys) or max(ys)
+    assert low > 0 and min(ys) - 0.1 * span <= low <= min(ys) and max(ys) <= high <= max(ys) + 0.1 * span
     # choosing another row re-draws its timeline
     choice = at.selectbox(key="plan.choice")
     choice.set_value(choice.options[1]).run()
     assert not at.exception
     assert any(s.value == "Configuration #2" for s in at.main.subheader)
+
+
+def test_pareto_figure_y_range_lies_within_the_padded_data():
+    from gpipe_sim.studies.plan_report import padded_range
+
+    assert padded_range([100.0, 110.0, 105.0]) == pytest.approx([99.4, 110.6])
+    assert padded_range([50.0, 50.0]) == pytest.approx([47.0, 53.0])  # all equal: padded by their size
+    assert padded_range([float("nan")]) is None
 
 
 def test_plan_page_nothing_fits_and_bad_devices():

@@ -315,6 +315,27 @@ def test_sweep_figure_draws_one_line_per_variant():
     assert len(joined.data) == 3  # without the split: what the page no longer draws
 
 
+def test_sweep_figure_colours_schedules_apart_and_ticks_a_log_axis_at_the_values_used():
+    """One distinct colour per schedule (a qualitative palette, not near-identical blues); a log x
+    axis ticked at the M values used (1 2 4 8 16), not plotly's minor 2 3 4 5 labels."""
+    base = split_sweep(sweep_table()).ok
+    names = ["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv"]
+    table = pd.concat([base.assign(**{"pipeline.schedule": n}) for n in names], ignore_index=True)
+    fig = plots.sweep_figure(table, "pipeline.micro_batches", "step_time_s", "pipeline.schedule",
+                             log_x=True, split=["pipeline.stages"])
+    by_schedule = {}
+    for trace in fig.data:
+        by_schedule.setdefault(trace.name.split(",")[0], set()).add(trace.line.color)
+    assert len(by_schedule) == len(names) and all(len(c) == 1 for c in by_schedule.values())
+    colours = [next(iter(c)) for c in by_schedule.values()]
+    assert len(set(colours)) == len(names)
+    ms = sorted(table["pipeline.micro_batches"].unique())
+    assert fig.layout.xaxis.type == "log" and list(fig.layout.xaxis.tickvals) == ms
+    assert list(fig.layout.xaxis.ticktext) == [str(m) for m in ms]
+    by_k = plots.sweep_figure(base, "pipeline.micro_batches", "step_time_s", "pipeline.stages")
+    assert len({t.line.color for t in by_k.data}) == len(by_k.data) == 3
+
+
 def test_downloaded_yaml_has_no_raw_floats():
     from ui_run import round_floats, scenario_yaml
 
@@ -368,7 +389,7 @@ def test_validation_errors_are_one_line(text, message):
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_sweep_split_inputs_results_failures_and_stage_columns(tmp_path, fmt):
-    table = sweep_table(stages=(2, 4), micro=(4,))
+    table = sweep_table(stages=(2, 4), micro=(4,)).assign(note=None)  # no row has a note
     path = tmp_path / f"results.{fmt}"
     getattr(table, f"to_{fmt}")(path, index=False)
     cols = split_sweep(read_sweep_bytes(path.name, path.read_bytes()))
@@ -376,6 +397,7 @@ def test_sweep_split_inputs_results_failures_and_stage_columns(tmp_path, fmt):
     assert len(cols.ok) == 2 and len(cols.failed) == 1
     assert "32 stages" in cols.failed["error"].iloc[0]
     assert {"bubble_fraction", "stage_peak_memory_bytes[0]", "stage_peak_memory_bytes[3]"} <= set(cols.results)
+    assert "note" not in cols.results  # an empty note column reads back as numbers from CSV
     k4 = cols.ok[cols.ok["pipeline.stages"] == 4].iloc[0]
     expected = table[table["pipeline.stages"] == 4]["stage_peak_memory_bytes"].iloc[0]
     assert [k4[f"stage_peak_memory_bytes[{k}]"] for k in range(4)] == pytest.approx(expected)

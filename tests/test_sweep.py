@@ -380,3 +380,102 @@ def test_cli_sweep_prints_the_best_configurations_that_fit(tmp_path, capsys):
     assert main(["sweep", str(sweep_file), "--out", str(tmp_path / "o2"), "--workers", "0", "--quiet",
                  "--no-report"]) == 0
     assert "none of the 2 configurations that ran fits in memory; the nearest, sweep.index 1" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# the fields a schedule needs, notes, and the report's charts (issue 26 item 5)
+
+SCHEDULE_AXIS = ["gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev"]
+
+
+def test_a_schedule_axis_fills_the_chunks_each_schedule_needs(tmp_path):
+    spec, base = _spec(axes={"pipeline.schedule": SCHEDULE_AXIS, "pipeline.micro_batches": [4, 8]})
+    run = run_sweep(expand(spec, base), base, tmp_path, workers=0, progress=False)
+    table = run.table
+    assert (table["status"] == "ok").all(), table[["pipeline.schedule", "error"]]
+    chunks = table.groupby("pipeline.schedule")["pipeline.chunks"].unique().map(list).to_dict()
+    assert chunks == {"gpipe": [1], "1f1b": [1], "interleaved_1f1b": [2], "zbv": [2], "dualpipev": [2]}
+    zbv = table[table["pipeline.schedule"] == "zbv"]
+    assert zbv["note"].str.contains("pipeline.chunks set to 2").all()
+    assert table.loc[table["pipeline.schedule"] == "gpipe", "note"].isna().all()
+    again = pd.read_parquet(tmp_path / "results.parquet")
+    assert list(again["note"].fillna("")) == list(table["note"].fillna(""))
+
+
+def test_chunks_given_by_the_user_are_kept_and_meaningless_values_noted():
+    spec, base = _spec(axes={"pipeline.schedule": ["gpipe", "interleaved_1f1b", "zbv"], "pipeline.chunks": [1, 2]})
+    points = {(p.updates["pipeline.schedule"], p.updates["pipeline.chunks"]): p for p in expand(spec, base)}
+    assert points["zbv", 2].error is None and not points["zbv", 2].notes
+    assert "means nothing to gpipe" in points["gpipe", 2].notes[0] and points["gpipe", 2].error
+    assert "does not interleave" in points["interleaved_1f1b", 1].notes[0]
+    assert points["interleaved_1f1b", 1].scenario["pipeline"]["chunks"] == 1  # run as asked
+    # chunks: 1 written in the base is the user's choice: interleaved keeps it, with a note
+    base_given = {**BASE, "pipeline": {**BASE["pipeline"], "chunks": 1}}
+    spec = parse_sweep({"base": base_given, "axes": {"pipeline.schedule": ["interleaved_1f1b", "zbv"]}})
+    kept = {p.updates["pipeline.schedule"]: p for p in expand(spec, resolve_base(spec))}
+    assert kept["interleaved_1f1b"].scenario["pipeline"]["chunks"] == 1
+    assert "does not interleave" in kept["interleaved_1f1b"].notes[0]
+    assert kept["zbv"].scenario["pipeline"]["chunks"] == 2  # a V shape cannot run anything else
+
+
+def test_an_interleaved_default_that_cannot_run_falls_back_with_a_note():
+    spec, base = _spec(axes={"pipeline.schedule": ["interleaved_1f1b"], "pipeline.micro_batches": [3]})
+    (point,) = expand(spec, base)  # M=3 is no multiple of K=2: v=2 cannot run, v=1 can
+    assert point.error is None and point.scenario["pipeline"]["chunks"] == 1
+    assert "not interleaved" in point.notes[0]
+
+
+def test_cli_sweep_prints_its_notes(tmp_path, capsys):
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text(yaml.safe_dump({"base": BASE, "axes": {"pipeline.schedule": ["1f1b", "zbv"]}}))
+    assert main(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--workers", "0", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "2 scenarios: 2 computed, 0 reused, 0 failed" in out
+    assert "note: pipeline.chunks set to 2: zbv runs 2 chunks per rank (1 point)" in out
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<h2>Notes</h2>" in html and "zbv runs 2 chunks per rank" in html
+
+
+def _schedule_table(tmp_path):
+    spec, base = _spec(axes={"pipeline.schedule": SCHEDULE_AXIS, "pipeline.micro_batches": [4, 8, 16]})
+    table = run_sweep(expand(spec, base), base, tmp_path, workers=0, progress=False).table
+    return table[table["status"] == "ok"], ["pipeline.schedule", "pipeline.micro_batches", "pipeline.chunks"]
+
+
+def test_report_step_time_has_one_coloured_line_per_schedule(tmp_path):
+    from gpipe_sim.studies.sweep_report import figure_step_time
+
+    ok, varying = _schedule_table(tmp_path)
+    fig = figure_step_time(ok, varying)
+    assert "Step time against M, one line per schedule" in fig.layout.title.text
+    names = [t.name for t in fig.data]
+    assert sorted(names) == sorted(f"schedule={s}" for s in ok["pipeline.schedule"].unique())
+    colours = [t.line.color for t in fig.data]
+    assert len(set(colours)) == len(colours)  # one distinct colour per schedule
+    for trace in fig.data:  # the hover names each point's configuration
+        assert all(text.count("=") >= 3 and "schedule=" in text and "chunks=" in text for text in trace.text)
+        assert "%{text}" in trace.hovertemplate
+    ms = sorted(ok["pipeline.micro_batches"].unique())
+    assert fig.layout.xaxis.type == "log"
+    assert list(fig.layout.xaxis.tickvals) == ms  # ticks at the M values used
+    assert list(fig.layout.xaxis.ticktext) == [str(m) for m in ms]
+
+
+def test_report_memory_dots_name_their_configuration(tmp_path):
+    from gpipe_sim.studies.sweep_report import figure_memory
+
+    ok, varying = _schedule_table(tmp_path)
+    fig = figure_memory(ok, varying)
+    colours = [t.marker.color for t in fig.data]
+    assert len(set(colours)) == len(colours) == ok["pipeline.schedule"].nunique()
+    for trace in fig.data:
+        assert trace.text and all("micro_batches=" in text and "schedule=" in text for text in trace.text)
+
+
+def test_log_ticks_are_the_values_used_or_their_powers_of_two():
+    from gpipe_sim.studies.plot_style import category_colors, log_ticks
+
+    assert log_ticks([4, 1, 2, 32, 8, 16, 8]) == [1, 2, 4, 8, 16, 32]
+    many = log_ticks(list(range(1, 65)))
+    assert many == [1, 2, 4, 8, 16, 32, 64]
+    assert len(set(category_colors(14))) == 14

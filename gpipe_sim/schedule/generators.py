@@ -46,7 +46,7 @@ def _naive_check(ranks: int, micro_batches: int, chunks: int) -> str | None:
     return one_chunk("naive")(ranks, micro_batches, chunks)
 
 
-@register("naive", check=_naive_check)
+@register("naive", check=_naive_check, chunks_per_rank=1)
 def naive(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     """No micro-batching: the mini-batch goes through the ranks whole (M = 1)."""
     return gpipe(ranks, 1, 1)

@@ -37,6 +37,7 @@ def one_chunk(name: str) -> Check:
                     f"(interleaved_1f1b and looped_bfs run several)")
         return None
 
+    check.chunks_per_rank = 1  # type: ignore[attr-defined]
     return check
 
 
@@ -48,6 +49,7 @@ def fixed_chunks(name: str, count: int) -> Check:
             return f"pipeline.chunks: the {name} schedule runs {count} chunks per rank, got {chunks}"
         return None
 
+    check.chunks_per_rank = count  # type: ignore[attr-defined]
     return check
 
 
@@ -66,6 +68,13 @@ class ScheduleFamily:
     check: Check | None = None
     analytic_bubble: Callable[[int, int, int], float] = fill_drain_bubble
     description: str = ""
+    chunks_per_rank: int | None = None  # the chunks per rank it runs; None: any v (interleaved families)
+
+    @property
+    def default_chunks(self) -> int:
+        """The chunks per rank to run when none is given: its fixed count, or
+        MULTI_CHUNK_DEFAULT for a family whose point is running several."""
+        return self.chunks_per_rank if self.chunks_per_rank is not None else MULTI_CHUNK_DEFAULT
 
     def problem(self, ranks: int, micro_batches: int, chunks: int) -> str | None:
         """Why (K, M, v) cannot run this schedule, as one line naming the field; None if it can."""
@@ -73,12 +82,16 @@ class ScheduleFamily:
 
 
 SCHEDULES: dict[str, ScheduleFamily] = {}
+MULTI_CHUNK_DEFAULT = 2  # v for an interleaved family when none is given (v = 1 is not interleaving)
 
 
 def register(name: str, *, placement: Placement = looped, check: Check | None = None,
              analytic_bubble: Callable[[int, int, int], float] = fill_drain_bubble,
-             description: str = "") -> Callable[[Generator], Generator]:
+             description: str = "", chunks_per_rank: int | None = None) -> Callable[[Generator], Generator]:
     """Register a generator under `name`; it becomes valid in `pipeline.schedule`.
+
+    `chunks_per_rank` is the fixed v the family runs (None: any v); by default the count its
+    `check` states (`one_chunk`, `fixed_chunks`), or 2 for a V-shaped placement.
 
     The generator returns, for each of the K ranks, the passes (forward, backward, or the split
     backward_input / backward_weight) of the chunks `placement` puts on that rank, in the order
@@ -87,8 +100,11 @@ def register(name: str, *, placement: Placement = looped, check: Check | None = 
 
     def add(fn: Generator) -> Generator:
         doc = (fn.__doc__ or "").strip().splitlines()
+        chunks = chunks_per_rank if chunks_per_rank is not None else getattr(check, "chunks_per_rank", None)
+        if chunks is None and placement is v_shape:
+            chunks = 2
         SCHEDULES[name] = ScheduleFamily(name, fn, placement, check, analytic_bubble,
-                                         description or (doc[0] if doc else name))
+                                         description or (doc[0] if doc else name), chunks)
         return fn
 
     return add

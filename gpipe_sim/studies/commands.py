@@ -16,10 +16,11 @@ class InterruptedSweep(GpipeError):
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from gpipe_sim.studies.sweep import best_text, expand, load_sweep, run_sweep
+    from gpipe_sim.studies.sweep_points import given_fields, notes_text
     from gpipe_sim.studies.sweep_report import write_report
 
     spec, base = load_sweep(args.sweep, args.set)
-    points = expand(spec, base)
+    points = expand(spec, base, given_fields(spec, Path(args.sweep).parent, args.set))
     out = Path(args.out)
     if args.workers is not None and args.workers < 0:
         raise GpipeError("--workers: must be >= 0")
@@ -34,7 +35,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             "run the same command again to finish\n"
         )
         return 130
-    axes = list(dict.fromkeys([*spec.axes, *(k for point in spec.points for k in point)]))
+    # the sweep's axes and the fields filled in for a row's schedule (chunks): what tells rows apart
+    axes = list(dict.fromkeys([*spec.axes, *(k for point in spec.points for k in point),
+                               *(k for point in points for k in point.updates)]))
     if not args.no_report:
         try:
             write_report(run.table, out / "report.html", title=f"gpipe-sim sweep: {spec.name}", axes=axes)
@@ -47,6 +50,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         f"results: {out / 'results.parquet'}, {out / 'results.csv'}"
         + ("" if args.no_report else f", {out / 'report.html'}") + "\n"
     )
+    notes = notes_text(points)
+    if notes:  # fields filled in for a schedule, axis values that mean nothing to a row's schedule
+        sys.stdout.write(notes + "\n")
     sys.stdout.write(best_text(run.table, axes) + "\n")
     for message in run.infrastructure_errors[:3]:
         sys.stderr.write(f"gpipe-sim: executor error (not saved; re-run retries): {message}\n")

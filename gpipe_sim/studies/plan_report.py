@@ -139,8 +139,22 @@ def pareto_figure(entries: Sequence[PlanEntry], front: Sequence[PlanEntry], capa
                       xaxis_title="peak memory per device (GiB)", yaxis_title="throughput (samples/s)",
                       template="plotly_white", height=480, legend={"orientation": "h", "y": -0.2})
     fig.update_xaxes(rangemode="tozero")
-    fig.update_yaxes(rangemode="tozero")
+    throughputs = [e.throughput_samples_per_s for e in [*entries, *front, *([chosen] if chosen else [])]]
+    y_range = padded_range(throughputs)
+    if y_range is not None:  # the data's own range: from 0, every point would sit on one line
+        fig.update_yaxes(range=y_range)
     return fig
+
+
+def padded_range(values: Sequence[float], pad: float = 0.06) -> list[float] | None:
+    """[low, high] around the finite `values`, padded by `pad` of their span (of their size when
+    they are all equal); None when there is none."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    low, high = min(finite), max(finite)
+    margin = (high - low) * pad or abs(high) * pad or 1.0
+    return [low - margin, high + margin]
 
 
 def plan_html(search: PlanSearch, top: int = 10, title: str = "gpipe-sim plan") -> str:

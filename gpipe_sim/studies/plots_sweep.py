@@ -9,7 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.studies.plot_style import _DASHES, _SYMBOLS, rank_colors
+from gpipe_sim.studies.plot_style import (
+    _DASHES, _SYMBOLS, category_colors, log_ticks, schedule_colors, tick_text,
+)
 
 
 def bubble_vs_m_figure(stages_list: Sequence[int], current_k: int, current_m: int,
@@ -76,7 +78,12 @@ def sweep_figure(rows: Any, x: str, y: str, color: str | None = None, lines: boo
         df = df.assign(**{y: df[y].astype(float)})
     split = [c for c in split if c in df.columns and c not in (x, color)]
     colours = [None] if not color else list(dict.fromkeys(v for v, _ in df.groupby(color, sort=True, dropna=False)))
-    palette = rank_colors(len(colours)) if len(colours) > 1 else [None]
+    if len(colours) <= 1:
+        palette: list[str | None] = [None]
+    elif color == "pipeline.schedule":
+        palette = list(schedule_colors([str(v) for v in colours]))
+    else:
+        palette = list(category_colors(len(colours)))
     fig = go.Figure()
     for index, value in enumerate(colours):
         part = df if color is None else df[_equal(df[color], value)]
@@ -92,8 +99,9 @@ def sweep_figure(rows: Any, x: str, y: str, color: str | None = None, lines: boo
                 marker=dict(symbol=_SYMBOLS[number % len(_SYMBOLS)]),
                 hovertemplate=f"{', '.join(names) or y}<br>{x}=%{{x}}<br>{y}=%{{y:.4g}}<extra></extra>",
             ))
-    if log_x:
-        fig.update_xaxes(type="log")
+    if log_x:  # ticked at the values used (1 2 4 8 ...), not plotly's minor 2 3 4 5 labels
+        ticks = log_ticks([v for v in df[x].tolist() if isinstance(v, (int, float))])
+        fig.update_xaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
     fig.update_layout(title=f"{y} against {x}", xaxis_title=x, yaxis_title=y, height=420,
                       legend_title_text=", ".join([c for c in (color, *split) if c]),
                       margin=dict(l=10, r=10, t=50, b=40))

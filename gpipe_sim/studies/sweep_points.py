@@ -6,11 +6,14 @@ import hashlib
 import itertools
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Collection, Iterable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
 from gpipe_sim.studies.sweep_spec import SweepError, SweepSpec
+
+CHUNKS = "pipeline.chunks"
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,17 @@ class SweepPoint:
     scenario: dict[str, Any] | None  # validated plain data, None if invalid
     error: str | None
     key: str
+    notes: tuple[str, ...] = ()  # fields filled in for its schedule, axis values meaningless for it
 
 
-def expand(spec: SweepSpec, base: dict[str, Any]) -> list[SweepPoint]:
-    """Every point of the sweep, validated (an invalid combination carries its error)."""
+def expand(spec: SweepSpec, base: dict[str, Any], given: Collection[str] | None = None) -> list[SweepPoint]:
+    """Every point of the sweep, validated (an invalid combination carries its error).
+
+    A point whose schedule needs a chunk count other than the base's (zbv, dualpipev: 2 per rank;
+    gpipe, 1f1b...: 1) runs with that count unless the point sets `pipeline.chunks` itself; an
+    interleaved family gets 2 unless the user gave `pipeline.chunks` (`given`: the dotted fields
+    the user wrote in the base, by default read from a mapping base). Each point notes what was
+    filled in and which of its values mean nothing to its schedule (`SweepPoint.notes`)."""
     listed = spec.points or [{}]
     if spec.resolved_mode == "points":
         combos: Iterable[dict[str, Any]] = listed
@@ -36,17 +46,112 @@ def expand(spec: SweepSpec, base: dict[str, Any]) -> list[SweepPoint]:
     base_scenario = parse_scenario(base)
     _check_axis_names(spec, base_scenario)
     points = []
+    chunks_given = CHUNKS in (given_fields(spec) if given is None else given)
     for index, updates in enumerate(combos):
-        try:
-            scenario = base_scenario.with_updates(updates).to_dict()
-            error = None
-        except GpipeError as exc:
-            scenario, error = None, str(exc)
+        scenario, error, updates, notes = _validated(base_scenario, dict(updates), chunks_given)
         if scenario is None:
             updates = {name: _row_value(value) for name, value in updates.items()}  # for its row
         key_data = scenario if scenario is not None else {"base": base, "updates": updates}
-        points.append(SweepPoint(index, dict(updates), scenario, error, scenario_key(key_data, spec.engine)))
+        points.append(SweepPoint(index, dict(updates), scenario, error, scenario_key(key_data, spec.engine),
+                                 tuple(notes)))
     return points
+
+
+def _validated(base: Scenario, updates: dict[str, Any], chunks_given: bool
+               ) -> tuple[dict[str, Any] | None, str | None, dict[str, Any], list[str]]:
+    """The point's scenario (or None and its error), its updates with the fields its schedule
+    needs filled in, and its notes."""
+    filled, notes = schedule_fields(base, updates, chunks_given)
+
+    def attempt(changes: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        try:
+            return base.with_updates(changes).to_dict(), None
+        except GpipeError as exc:
+            return None, str(exc)
+
+    scenario, error = attempt({**updates, **filled})
+    family = _family(base, updates)
+    if scenario is None and filled and family.chunks_per_rank is None:
+        plain, _ = attempt(updates)  # an interleaved family that cannot run its default v
+        if plain is not None:
+            return plain, None, updates, [f"{family.name} runs one chunk per rank, not interleaved "
+                                          f"({CHUNKS}={filled[CHUNKS]} would not run: {error})"]
+    return scenario, error, {**updates, **filled}, notes
+
+
+def _family(base: Scenario, updates: dict[str, Any]) -> Any:
+    """The registered schedule family a point runs (None: a CSV schedule or an unknown name)."""
+    from gpipe_sim.schedule import SCHEDULES
+
+    schedule = updates.get("pipeline.schedule", base.pipeline.schedule)
+    return SCHEDULES.get(schedule) if isinstance(schedule, str) else None
+
+
+def schedule_fields(base: Scenario, updates: dict[str, Any], chunks_given: bool
+                    ) -> tuple[dict[str, Any], list[str]]:
+    """The fields a point's schedule needs that neither the point nor the user set (its chunks per
+    rank), and notes: what was filled in, and point values meaningless for the schedule."""
+    family = _family(base, updates)
+    if family is None:
+        return {}, []
+    name, fixed = family.name, family.chunks_per_rank
+    if CHUNKS in updates:
+        value = str(updates[CHUNKS]).strip()
+        if fixed is not None and value != str(fixed):
+            return {}, [f"{CHUNKS}={value} means nothing to {name}, which runs {_count(fixed)} per rank"]
+        if fixed is None and value == "1":
+            return {}, [f"{CHUNKS}=1: {name} with one chunk per rank does not interleave"]
+        return {}, []
+    current = base.pipeline.chunks
+    if fixed is not None:
+        if current == fixed:
+            return {}, []
+        return {CHUNKS: fixed}, [f"{CHUNKS} set to {fixed}: {name} runs {_count(fixed)} per rank"]
+    if current != 1:
+        return {}, []
+    if chunks_given:
+        return {}, [f"{CHUNKS}=1: {name} with one chunk per rank does not interleave"]
+    default = family.default_chunks
+    return {CHUNKS: default}, [f"{CHUNKS} set to {default} for {name}; give {CHUNKS} to choose"]
+
+
+def _count(chunks: int) -> str:
+    return "one chunk" if chunks == 1 else f"{chunks} chunks"
+
+
+def given_fields(spec: SweepSpec, base_dir: Path = Path("."), overrides: Sequence[str] | None = None
+                 ) -> frozenset[str]:
+    """The dotted fields the user wrote in the sweep's base (a mapping, or the file it names, read
+    relative to `base_dir`) or gave as `--set KEY=VALUE` items."""
+    data: Any = spec.base
+    if isinstance(data, str):
+        from gpipe_sim.spec.scenario import read_scenario_data
+
+        path = Path(data) if Path(data).is_absolute() else base_dir / data
+        try:
+            data = read_scenario_data(path)
+        except GpipeError:
+            data = {}
+    names = set(_dotted(data)) if isinstance(data, dict) else set()
+    names.update(str(item).split("=", 1)[0].strip() for item in overrides or ())
+    return frozenset(names)
+
+
+def _dotted(data: dict[str, Any], prefix: str = "", depth: int = 0) -> Iterable[str]:
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        yield name
+        if isinstance(value, dict) and depth < 3:
+            yield from _dotted(value, name + ".", depth + 1)
+
+
+def notes_text(points: Sequence[SweepPoint]) -> str:
+    """The sweep's notes, each once with how many points it concerns (empty when there are none)."""
+    counts: dict[str, int] = {}
+    for point in points:
+        for note in point.notes:
+            counts[note] = counts.get(note, 0) + 1
+    return "\n".join(f"note: {note} ({n} point{'s' if n != 1 else ''})" for note, n in counts.items())
 
 
 def _check_axis_names(spec: SweepSpec, base: Scenario) -> None:

@@ -11,7 +11,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gpipe_sim.results.result import analytic_bubble
-from gpipe_sim.studies.plot_style import _DASHES, _SYMBOLS, rank_colors
+from gpipe_sim.studies.plot_style import (
+    _DASHES, _SYMBOLS, category_colors, log_ticks, schedule_colors, tick_text,
+)
 from gpipe_sim.studies.sweep_best import varying_inputs
 
 K, M = "pipeline.stages", "pipeline.micro_batches"
@@ -20,90 +22,158 @@ MAX_TRACES = 24
 RESULT_PREFIXES = ("sweep.", "status", "error", "elapsed_s")
 
 
+S = "pipeline.schedule"
+
+
 def _label(values: dict[str, Any]) -> str:
     return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in values.items())
 
 
-def _lines(ok: pd.DataFrame, x: str, y: str, colour: str, others: list[str]) -> list[go.Scatter]:
-    """One line per value of `colour` (and of the other varying axes, while they are few)."""
+def _configs(rows: pd.DataFrame, varying: list[str]) -> list[str]:
+    """Each row's configuration as hover text: its varying inputs (and its sweep index)."""
+    shown = [c for c in varying if c in rows.columns]
+    return [f"#{int(r['sweep.index'])}: " + _label({c: r[c] for c in shown}) if "sweep.index" in rows.columns
+            else _label({c: r[c] for c in shown}) for _, r in rows.iterrows()]
+
+
+def colour_axis(ok: pd.DataFrame, varying: list[str], exclude: tuple[str, ...] = ()) -> str | None:
+    """The input the lines are coloured by: the schedule when it varies, else K, else the first
+    other varying input (one with more than one value among the rows that ran)."""
+    for column in (S, K, *varying):
+        if column in varying and column not in exclude and column in ok.columns \
+                and ok[column].astype(str).nunique(dropna=False) > 1:
+            return column
+    return None
+
+
+def _palette(colour: str, values: list[str]) -> list[str]:
+    return schedule_colors(values) if colour == S else category_colors(len(values))
+
+
+def _log_x(fig: go.Figure, values: Any) -> None:
+    """A log x axis ticked at the values used (1 2 4 8 16 32), not plotly's 2 3 4 5 ... minor labels."""
+    ticks = log_ticks(list(values))
+    fig.update_xaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
+
+
+def _lines(ok: pd.DataFrame, x: str, y: str, colour: str | None, others: list[str],
+           varying: list[str]) -> list[go.Scatter]:
+    """One line per value of `colour` (and of the other varying axes, while they are few); each
+    point's hover names its configuration."""
+    if colour is None:
+        ok, colour = ok.assign(_all="all"), "_all"
+    # an input that follows the colour (chunks with the schedule that needs them) is no variant
+    others = [c for c in others if c != colour and c in ok.columns
+              and ok.groupby(colour, dropna=False)[c].nunique(dropna=False).max() > 1]
     groups = [colour, *others]
-    grouped = list(ok.groupby(groups, dropna=False, sort=True)) if groups else [((), ok)]
+    grouped = list(ok.groupby(groups, dropna=False, sort=True))
     aggregate = len(grouped) > MAX_TRACES
     if aggregate:  # too many combinations: the median over the other axes
         grouped = list(ok.groupby([colour], dropna=False, sort=True))
         groups = [colour]
-    # One colour per value of `colour` (all distinct), the other axes' combinations in dashes and
-    # markers: never two legend entries that look alike.
+    # One colour per value of `colour` (all distinct, a qualitative palette), the other axes'
+    # combinations in dashes and markers: never two legend entries that look alike.
     keys = [key if isinstance(key, tuple) else (key,) for key, _ in grouped]
     firsts = list(dict.fromkeys(str(k[0]) for k in keys))
     rests = list(dict.fromkeys(str(k[1:]) for k in keys))
-    palette = rank_colors(len(firsts))
+    palette = _palette(colour, firsts)
     traces = []
     for key, (_, part) in zip(keys, grouped):
-        series = part.groupby(x, sort=True)[y].median() if aggregate else part.sort_values(x).set_index(x)[y]
-        name = _label(dict(zip(groups, key))) + (" (median)" if aggregate else "")
+        shown = {g: v for g, v in zip(groups, key) if g != "_all"}
+        name = (_label(shown) or y) + (" (median)" if aggregate else "")
+        if aggregate:
+            series = part.groupby(x, sort=True)[y].median()
+            texts = [f"{name}, {x.split('.')[-1]}={v}" for v in series.index]
+        else:
+            part = part.sort_values([x, "sweep.index"] if "sweep.index" in part.columns else x)
+            series = part.set_index(x)[y]
+            texts = _configs(part, varying)
         variant = rests.index(str(key[1:]))
         traces.append(go.Scatter(
-            x=series.index.tolist(), y=series.tolist(), mode="lines+markers", name=name,
+            x=series.index.tolist(), y=series.tolist(), mode="lines+markers", name=name, text=texts,
             line={"color": palette[firsts.index(str(key[0]))], "dash": _DASHES[variant % len(_DASHES)]},
-            marker={"symbol": _SYMBOLS[variant % len(_SYMBOLS)]}))
+            marker={"symbol": _SYMBOLS[variant % len(_SYMBOLS)]},
+            hovertemplate=f"%{{text}}<br>{y}=%{{y:.4g}}<extra></extra>"))
     return traces
+
+
+def figure_step_time(ok: pd.DataFrame, varying: list[str]) -> go.Figure | None:
+    """Step time against M, one line (and one colour) per schedule; K and the other varying
+    inputs in dashes and markers."""
+    if M not in varying:
+        return None
+    colour = colour_axis(ok, varying, exclude=(M,))
+    others = [c for c in varying if c not in (M, colour)]
+    fig = go.Figure(_lines(ok, M, "step_time_s", colour, others, varying))
+    what = "schedule" if colour == S else (colour.split(".")[-1] if colour else "configuration")
+    fig.update_layout(title=f"Step time against M, one line per {what}", xaxis_title="micro-batches M",
+                      yaxis_title="step time (s)")
+    _log_x(fig, ok[M])
+    return fig
 
 
 def figure_bubble(ok: pd.DataFrame, varying: list[str]) -> go.Figure | None:
     if M not in varying:
         return None
-    others = [c for c in varying if c not in (K, M)]
-    fig = go.Figure(_lines(ok, M, "bubble_fraction", K, others))
+    colour = colour_axis(ok, varying, exclude=(M,))
+    others = [c for c in varying if c not in (M, colour)]
+    fig = go.Figure(_lines(ok, M, "bubble_fraction", colour, others, varying))
     ks = sorted(ok[K].unique())
     ms = sorted(ok[M].unique())
     for k in ks:
         fig.add_trace(go.Scatter(
             x=ms, y=[analytic_bubble(int(k), int(m)) for m in ms], mode="lines", name=f"(K-1)/(M+K-1), K={k}",
-            line={"dash": "dot", "width": 1}, visible="legendonly",
+            line={"dash": "dot", "width": 1, "color": "#888888"}, visible="legendonly",
         ))
-    fig.update_layout(title="Bubble fraction against M, one line per K", xaxis_title="micro-batches M",
-                      yaxis_title="bubble fraction", xaxis_type="log")
+    what = "schedule" if colour == S else (colour.split(".")[-1] if colour else "configuration")
+    fig.update_layout(title=f"Bubble fraction against M, one line per {what}", xaxis_title="micro-batches M",
+                      yaxis_title="bubble fraction")
+    _log_x(fig, ms)
     return fig
 
 
 def figure_throughput(ok: pd.DataFrame, varying: list[str]) -> go.Figure | None:
     if K not in varying:
         return None
-    others = [c for c in varying if c not in (K, M)]
-    colour = M if M in varying else (others.pop(0) if others else None)
-    if colour is None:
-        fig = go.Figure(_lines(ok.assign(_all="all"), K, "throughput_samples_per_s", "_all", []))
-    else:
-        fig = go.Figure(_lines(ok, K, "throughput_samples_per_s", colour, others))
-    fig.update_layout(title="Throughput against K", xaxis_title="stages K",
-                      yaxis_title="samples / s", xaxis_type="log")
+    colour = colour_axis(ok, varying, exclude=(K,))
+    others = [c for c in varying if c not in (K, colour)]
+    fig = go.Figure(_lines(ok, K, "throughput_samples_per_s", colour, others, varying))
+    fig.update_layout(title="Throughput against K", xaxis_title="stages K", yaxis_title="samples / s")
+    _log_x(fig, ok[K])
     return fig
 
 
-def figure_memory(ok: pd.DataFrame) -> go.Figure | None:
+def figure_memory(ok: pd.DataFrame, varying: list[str] | None = None) -> go.Figure | None:
+    """Every stage's peak memory, a dot per stage of each configuration (coloured by schedule, else
+    K), its configuration in the hover."""
     rows = ok.dropna(subset=["stage_peak_memory_bytes"])
     if rows.empty:
         return None
+    varying = list(varying or [])
+    colour = colour_axis(rows, varying) or (K if K in rows.columns else None)
     fig = go.Figure()
-    ks = sorted(rows[K].unique())
-    palette = rank_colors(len(ks[:MAX_TRACES]))
-    for k, color in zip(ks[:MAX_TRACES], palette):
-        part = rows[rows[K] == k]
+    values = sorted(rows[colour].unique(), key=lambda v: (str(type(v)), v)) if colour else ["all"]
+    values = values[:MAX_TRACES]
+    palette = _palette(colour or "", [str(v) for v in values])
+    for value, color in zip(values, palette):
+        part = rows if colour is None else rows[rows[colour] == value]
         xs, ys, texts = [], [], []
-        for _, row in part.iterrows():
+        for (_, row), config in zip(part.iterrows(), _configs(part, varying)):
             for stage, peak in enumerate(_as_list(row["stage_peak_memory_bytes"])):
                 xs.append(stage)
                 ys.append(peak / GIB)
-                texts.append(f"scenario {row['sweep.index']}")
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=f"K={k}", text=texts,
-                                 marker={"size": 5, "opacity": 0.6, "color": color}))
+                texts.append(config)
+        name = f"{colour.split('.')[-1]}={value}" if colour else "all"
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=name, text=texts,
+                                 marker={"size": 6, "opacity": 0.7, "color": color},
+                                 hovertemplate="%{text}<br>stage %{x}: %{y:.2f} GiB<extra></extra>"))
     caps = sorted({float(c) for c in rows["memory_capacity_bytes"].dropna()})
     for cap in caps[:6]:
         fig.add_hline(y=cap / GIB, line_dash="dash", line_color="red",
                       annotation_text=f"capacity {cap / GIB:.1f} GiB")
     fig.update_layout(title="Per-stage peak memory against capacity", xaxis_title="stage",
                       yaxis_title="peak memory (GiB)")
+    fig.update_xaxes(tickmode="linear", dtick=1)
     return fig
 
 
@@ -143,6 +213,18 @@ def _failures(table: pd.DataFrame) -> str:
     return f"<table><tr><th>#</th><th>error</th></tr>{rows}</table>{more}"
 
 
+def _notes(table: pd.DataFrame) -> str:
+    """The rows' notes (fields filled in for a schedule, values meaningless to it), each once."""
+    if "note" not in table.columns:
+        return ""
+    counts = table["note"].dropna().astype(str).str.split("; ").explode().value_counts(sort=False)
+    if counts.empty:
+        return ""
+    items = "".join(f"<li>{html.escape(str(note))} ({n} row{'s' if n != 1 else ''})</li>"
+                    for note, n in counts.items())
+    return f"<h2>Notes</h2><ul>{items}</ul>"
+
+
 def build_report(table: pd.DataFrame, title: str = "sweep", axes: list[str] | None = None) -> str:
     """The whole report as one HTML string (plotly's JavaScript inlined once); `axes` names the
     sweep's varied fields (default: every input column that varies)."""
@@ -150,7 +232,8 @@ def build_report(table: pd.DataFrame, title: str = "sweep", axes: list[str] | No
     varying = varying_inputs(table, axes)
     figures = []
     if not ok.empty:
-        for fig in (figure_bubble(ok, varying), figure_throughput(ok, varying), figure_memory(ok)):
+        for fig in (figure_step_time(ok, varying), figure_bubble(ok, varying), figure_throughput(ok, varying),
+                    figure_memory(ok, varying)):
             if fig is not None:
                 figures.append(fig)
         for axis in varying:
@@ -166,7 +249,7 @@ def build_report(table: pd.DataFrame, title: str = "sweep", axes: list[str] | No
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:left}</style>"
-        f"</head><body><h1>{html.escape(title)}</h1><p>{html.escape(summary)}</p>"
+        f"</head><body><h1>{html.escape(title)}</h1><p>{html.escape(summary)}</p>" + _notes(table)
         + "".join(f"<div>{p}</div>" for p in parts)
         + "<h2>Failed scenarios</h2>" + _failures(table) + "</body></html>"
     )

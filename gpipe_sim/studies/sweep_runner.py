@@ -374,13 +374,14 @@ def merge_rows(
             record[name] = row.get(name)
         record["status"] = row.get("status", "error")
         record["error"] = row.get("error")
+        record["note"] = "; ".join(point.notes) or None  # what was filled in, what means nothing here
         record["elapsed_s"] = row.get("elapsed_s")
         records.append(record)
     table = pd.DataFrame.from_records(records)
     if table.empty:
-        return pd.DataFrame(columns=list(STATUS_COLUMNS) + list(RESULT_COLUMNS))
+        return pd.DataFrame(columns=list(STATUS_COLUMNS) + ["note"] + list(RESULT_COLUMNS))
     inputs = [c for c in table.columns if c.split(".", 1)[0] in SCENARIO_SECTIONS]
-    ordered = ["sweep.index", "sweep.key", *inputs, *RESULT_COLUMNS, "status", "error", "elapsed_s"]
+    ordered = ["sweep.index", "sweep.key", *inputs, *RESULT_COLUMNS, "status", "error", "note", "elapsed_s"]
     table = table[ordered]
     for column in inputs:  # one type per column, so parquet can store it
         values = table[column].dropna()
