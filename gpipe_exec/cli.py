@@ -17,7 +17,7 @@ def _options(args: argparse.Namespace):  # -> LaunchOptions
     from gpipe_exec.launch.spawn import LaunchOptions
 
     return LaunchOptions(threads=args.threads, pin=not args.no_pin, comm_timeout_s=args.timeout,
-                         run_timeout_s=args.run_timeout)
+                         run_timeout_s=args.run_timeout, device=args.device)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -77,7 +77,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     given = {k: v for k, v in (("repeats", args.repeats), ("clock", args.clock)) if v is not None}
     options = ProfileOptions(micro_batches=_sizes(args.micro_batches), warmup=args.warmup,
                              threads=args.threads, meta=meta, split_backward=args.split_backward and not meta,
-                             **given)
+                             device=args.device, **given)
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=None)
 
@@ -141,6 +141,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(v.to_dict(timeline=not args.no_timeline)) + "\n")
     else:
         sys.stdout.write(validation_text(v) + "\n")
+    return 0
+
+
+def _cmd_selfcheck(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from gpipe_exec.studies.selfcheck import selfcheck
+
+    console = Console(stderr=True)
+    with console.status("selfcheck") as status:
+        text = selfcheck(_options(args), steps=args.steps, progress=lambda msg: status.update(msg))
+    sys.stdout.write(text + "\n")
     return 0
 
 
@@ -210,6 +222,23 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a rank waits on a peer before failing (default 60)")
     p.add_argument("--run-timeout", type=float, default=1800.0, help="seconds for the whole run")
+    _device_flag(p)
+
+
+def _device_flag(p: argparse.ArgumentParser) -> None:
+    """Where to run: cpu, cuda or auto (the default: $GPIPE_EXEC_DEVICE, else CUDA where torch sees a GPU)."""
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                   help="where the ranks run: auto (default: $GPIPE_EXEC_DEVICE, else a GPU where torch sees "
+                        "one), cpu or cuda")
+
+
+def _parser_selfcheck(sub: argparse._SubParsersAction) -> None:
+    """`gpipe-exec selfcheck`."""
+    p = sub.add_parser("selfcheck", help="validate a small built-in grid on this machine's GPU (or CPU): "
+                                         "predicted vs measured per case and a summary")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per case (default 5)")
+    _launch_flags(p)
+    p.set_defaults(func=_cmd_selfcheck)
 
 
 def _parser_run(sub: argparse._SubParsersAction) -> None:
@@ -240,6 +269,7 @@ def _parser_profile(sub: argparse._SubParsersAction) -> None:
                    help="what is timed on CPU: the thread's CPU time (default; steady on a shared machine) "
                         "or wall time (the core's share included)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a rank runs)")
+    _device_flag(p)
     p.add_argument("--meta", action="store_true", help="FLOPs and bytes only, on the meta device")
     p.add_argument("--split-backward", action="store_true",
                    help="also time each layer's input- and weight-gradient passes (zero-bubble schedules)")
@@ -308,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpipe-exec", description="Run gpipe_sim's pipeline schedules for real on torch.distributed."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_parser_run, _parser_profile, _parser_calibrate, _parser_validate, _parser_plan_check):
+    for add in (_parser_run, _parser_profile, _parser_calibrate, _parser_validate, _parser_plan_check,
+                _parser_selfcheck):
         add(sub)
     return parser
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from gpipe_exec.launch.devices import check_gpu_layout, device_type
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.measure.steps import Measurement, measured_result
 from gpipe_exec.runtime.interpreter import boundary_shapes
@@ -29,14 +30,23 @@ def check_model(scenario: Scenario) -> None:
         raise ScenarioError(f"model: the {scenario.model.preset} model cannot be built ({first_line(exc)})") from None
 
 
-def check_runnable(scenario: Scenario) -> Plan:
-    """Check the model builds, compile the plan and, on CPU, check that all ranks fit in this
-    machine's free memory; one clear line if it cannot run."""
+def check_runnable(scenario: Scenario, device: str | None = None) -> Plan:
+    """Check the model builds, compile the plan and check the layout runs here: on CPU that all
+    ranks fit in this machine's free memory, on CUDA that every rank's GPU exists (`device`:
+    cpu | cuda | auto, as `launch.devices.device_type`); one clear line if it cannot run."""
     check_model(scenario)
     plan = compile_plan(scenario)
-    if not torch.cuda.is_available():
-        check_host_memory(plan)
+    check_layout(plan, device)
     return plan
+
+
+def check_layout(plan: Plan, device: str | None = None, predicted: Result | None = None) -> None:
+    """ScenarioError (one line) unless the plan's ranks can run on this machine's devices (see
+    `check_runnable`; `predicted`: the plan's simulated result, where the caller has it)."""
+    if device_type(device) == "cuda":
+        check_gpu_layout(plan.device_map, torch.cuda.device_count())
+    else:
+        check_host_memory(plan, predicted=predicted)
 
 
 def host_available_bytes() -> float | None:
@@ -73,8 +83,8 @@ def check_host_memory(plan: Plan, available: float | None = None, predicted: Res
 def execute(scenario: Scenario, *, steps: int = 5, warmup: int = 2, seed: int = 0,
             dropout: float | None = None, options: LaunchOptions = LaunchOptions()) -> Measurement:
     """Train `scenario` for warm-up + measured steps with one process per rank; measure the step."""
-    return run_plan(check_runnable(scenario), steps=steps, warmup=warmup, seed=seed, dropout=dropout,
-                    options=options)
+    return run_plan(check_runnable(scenario, options.device), steps=steps, warmup=warmup, seed=seed,
+                    dropout=dropout, options=options)
 
 
 def run_plan(plan: Plan, *, model: ModelSpec | None = None, steps: int = 5, warmup: int = 2, seed: int = 0,

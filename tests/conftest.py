@@ -32,3 +32,10 @@ def make_uniform(
 @pytest.fixture(scope="session")
 def uniform() -> Callable[..., Scenario]:
     return make_uniform
+
+
+# Multi-rank tests run on CPU (gloo) unless they test the GPU path: on a machine with one GPU, two
+# ranks would otherwise share it. GPU tests (`-m gpu`) ask for CUDA outright.
+import os  # noqa: E402
+
+os.environ.setdefault("GPIPE_EXEC_DEVICE", "cpu")

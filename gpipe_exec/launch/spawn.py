@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gpipe_exec.launch.devices import check_gpu_layout, configure_cuda_math, device_type, transport
 from gpipe_exec.measure.allocator import cache_host_memory
 from gpipe_exec.runtime.device_lock import LOCK_DIR_ENV
 from gpipe_exec.errors import ExecutionError, PeerError
@@ -38,7 +39,8 @@ class LaunchOptions:
     pin: bool = True
     comm_timeout_s: float = 60.0  # gloo/NCCL collective and point-to-point timeout
     run_timeout_s: float = 1800.0  # the whole launch
-    backend: str | None = None  # None: nccl with CUDA, else gloo
+    backend: str | None = None  # None: as `launch.devices.transport` picks (nccl, or gloo)
+    device: str | None = None  # cpu | cuda | auto; None: $GPIPE_EXEC_DEVICE, else auto (`devices.device_type`)
     serialize_shared_devices: bool = True  # stages on one device compute one at a time (device_lock)
     cache_host_memory: bool = True  # malloc keeps freed memory for reuse (allocator.cache_host_memory)
 
@@ -53,12 +55,13 @@ def _setup_rank(rank: int, device_map: Sequence[int], options: LaunchOptions) ->
     torch.set_num_threads(max(1, options.threads))
     if options.cache_host_memory:
         cache_host_memory()
-    use_cuda = torch.cuda.is_available() and options.backend != "gloo"
-    if use_cuda:
+    if device_type(options.device) == "cuda":
         # Under torchrun on several machines, LOCAL_RANK picks this machine's GPU.
         local = int(os.environ.get("LOCAL_RANK", device_map[rank]))
-        device = torch.device("cuda", local % torch.cuda.device_count())
+        check_gpu_layout([local], torch.cuda.device_count())
+        device = torch.device("cuda", local)
         torch.cuda.set_device(device)
+        configure_cuda_math()
         return device
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     devices = sorted(set(device_map))
@@ -73,10 +76,6 @@ def _setup_rank(rank: int, device_map: Sequence[int], options: LaunchOptions) ->
         d = devices.index(device_map[rank])
         os.sched_setaffinity(0, set(cores[d * per:(d + 1) * per]))
     return torch.device("cpu")
-
-
-def _backend(device: torch.device, options: LaunchOptions) -> str:
-    return options.backend or ("nccl" if device.type == "cuda" else "gloo")
 
 
 # A task runs on every rank: task(rank, device, clock, payload) -> rank 0's answer.
@@ -98,7 +97,8 @@ def run_rank(rank: int, world: int, payload: Any, device_map: Sequence[int], opt
         lock_dir = Path(tempfile.gettempdir()) / f"gpipe-exec-locks{where}"
         lock_dir.mkdir(exist_ok=True)
         os.environ[LOCK_DIR_ENV] = str(lock_dir)
-    dist.init_process_group(_backend(device, options), init_method=init_method, rank=rank,
+    dist.init_process_group(transport(device.type, device_map, options.backend).backend,
+                            init_method=init_method, rank=rank,
                             world_size=world, timeout=timedelta(seconds=options.comm_timeout_s))
     try:
         clock = AlignedClock.synchronize()

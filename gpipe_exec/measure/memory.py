@@ -178,3 +178,26 @@ class AllocatorPeak:
     def interval_peak(self) -> int:
         torch.cuda.synchronize(self.device)
         return self.peak
+
+    def track(self, tensors: Iterable[Any], category: str) -> None:
+        """Nothing to register: the allocator sees every block, whoever made it."""
+
+    def __enter__(self) -> "AllocatorPeak":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def pass_meter(device: torch.device, modules: Iterable[torch.nn.Module],
+               inputs: Iterable[torch.Tensor]) -> "StorageTracker | AllocatorPeak":
+    """A meter of what passes allocate on `device`, used as `with meter: meter.mark(); ...;
+    meter.interval_peak - meter.total`: on CPU a StorageTracker with the modules' state and
+    `inputs` registered beforehand (a per-operator hook), on CUDA the caching allocator's own
+    statistics (`AllocatorPeak`: no hook, nothing added to the passes' time)."""
+    if device.type == "cuda":
+        return AllocatorPeak(device)
+    tracker = StorageTracker()
+    module_state(tracker, list(modules), [])
+    tracker.track(list(inputs), INPUTS)
+    return tracker

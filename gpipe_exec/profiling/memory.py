@@ -137,10 +137,10 @@ def transient_parts(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tenso
     what they hold at their end: of the forward, the peak minus the bytes live after it (what it
     saves and its output, and the loss on the model's last layer, stay); of the backward, the peak
     minus the bytes live at its start (the saved bytes it frees as it goes are not subtracted, as
-    gpipe_sim frees them at the pass's end). Counted by a StorageTracker (every storage an
-    operator makes), with the parameters' gradients already there, as they are for a stage's
+    gpipe_sim frees them at the pass's end). Counted by `measure.memory.pass_meter` (on CPU every
+    storage an operator makes, on CUDA the caching allocator's statistics), with the parameters' gradients already there, as they are for a stage's
     micro-batches after its first (gpipe_sim counts gradients as static). (0, 0) on meta."""
-    from gpipe_exec.measure.memory import INPUTS, StorageTracker, module_state
+    from gpipe_exec.measure.memory import pass_meter
 
     if x.device.type == "meta":
         return 0.0, 0.0
@@ -150,9 +150,8 @@ def transient_parts(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tenso
     x, target = x[:batch].detach(), target[:batch]
     grad = None
     try:
-        tracker = StorageTracker()
-        module_state(tracker, [layer], [])  # made before: not the pass's (an in-place add returns a gradient)
-        tracker.track([x, target], INPUTS)
+        # the state made before is not the pass's (an in-place add returns a gradient)
+        tracker = pass_meter(x.device, [layer], [x, target])
         with tracker:
             tracker.mark()
             out, end = forward_pass(layer, x, last, first, target, batch, None)
@@ -185,15 +184,13 @@ def input_pass_memory(layer: torch.nn.Module, x: torch.Tensor, target: torch.Ten
     the runtime then lets the graph go, keeping what the weight pass needs (the executor drops the
     micro-batch's output: `freed_after_input_pass_bytes_per_sample` x batch). The layer's input and
     output stay held, as the previous layer or chunk and the sent tensor hold them."""
-    from gpipe_exec.measure.memory import INPUTS, StorageTracker, module_state
+    from gpipe_exec.measure.memory import pass_meter
     from gpipe_exec.runtime.split_backward import backward_input
 
     params = [p for p in layer.parameters() if p.requires_grad]
     x, target = x[:batch].detach(), target[:batch]
     try:
-        tracker = StorageTracker()
-        module_state(tracker, [layer], [])
-        tracker.track([x, target], INPUTS)
+        tracker = pass_meter(x.device, [layer], [x, target])
         with tracker:
             x = x.requires_grad_(True)
             out = layer(x)

@@ -16,7 +16,8 @@ class ProfileOptions:
     max_repeats: int = 100
     threads: int = 1
     meta: bool = False  # FLOPs, parameters and bytes only, on the meta device (no timings)
-    device: str = "cpu"
+    # "cpu", "cuda", "cuda:N" or "auto"; None: $GPIPE_EXEC_DEVICE, else auto (launch.devices.device_type)
+    device: str | None = None
     cache_host_memory: bool = True  # as the executor's ranks do (allocator.cache_host_memory)
     # Time backward passes with gradients already there to add to, as a stage's micro-batches after
     # its first (2% more on the transformer at 2 samples); None: when the scenario has M > 1.

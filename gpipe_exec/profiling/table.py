@@ -47,6 +47,17 @@ def default_sizes(scenario: Scenario) -> tuple[int, ...]:
     return tuple(sorted(set(micro_batch_sizes(p.batch_size // p.data_parallel, p.micro_batches))))
 
 
+def profile_device(name: str | None) -> torch.device:
+    """The device a profile runs on: one named outright ("cpu", "cuda:1"), else the type
+    `launch.devices.device_type` resolves ("cuda": the current GPU)."""
+    from gpipe_exec.launch.devices import device_type
+
+    if name is not None and (name == "cpu" or name.startswith("cuda:")):
+        return torch.device(name)
+    kind = device_type(name)
+    return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+
+
 def _measure_layers(scenario: Scenario, options: ProfileOptions, x: torch.Tensor, y: torch.Tensor,
                     sizes: Sequence[int], *, seed: int, dropout: float | None,
                     progress: Progress | None) -> tuple[list[dict[str, Any]], list[torch.nn.Module]]:
@@ -110,7 +121,11 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         cache_host_memory()
     sizes = tuple(sorted(set(options.micro_batches or default_sizes(scenario))))
     big = max(sizes)
-    device = torch.device("meta" if options.meta else options.device)
+    device = torch.device("meta") if options.meta else profile_device(options.device)
+    if device.type == "cuda":
+        from gpipe_exec.launch.devices import configure_cuda_math
+
+        configure_cuda_math()
     x, y = make_batch(scenario.model, big, seed=seed, dtype=scenario.training.dtype)
     x, y = x.to(device), y.to(device)
     rows, layers = _measure_layers(scenario, options, x, y, sizes, seed=seed, dropout=dropout, progress=progress)

@@ -25,10 +25,18 @@ class Stamps:
 
     The interface is device-independent: `sync()` waits for the work queued on the device, `now()`
     takes a stamp, `seconds(a, b)` the seconds from stamp a to stamp b (valid once a `sync()`
-    follows b), `interval(fn)` the seconds `fn()` takes. On CPU a stamp is the calling thread's CPU
-    time (`clock` "thread", which autograd's CPU backward also runs on) or perf_counter ("wall");
-    on CUDA a recorded event (the clock is then ignored). Raises ValueError for a clock not in CLOCKS.
+    follows b), `host_seconds(a, b)` the host's seconds between taking them (what issuing the work
+    took), `interval(fn)` the seconds `fn()` takes. On CPU a stamp is the calling thread's CPU time
+    (`clock` "thread", which autograd's CPU backward also runs on) or perf_counter ("wall"), and
+    the host's seconds are the device's; on CUDA a stamp is an event recorded on the current
+    stream with the host's perf_counter beside it (the clock is then ignored). Events come from a
+    pool made outside the timed region (`sync` refills it), so taking a stamp allocates nothing.
+    An event's time between two stamps includes any time the GPU waited for the host to issue
+    the work: a pass whose kernels are too small to keep the GPU busy is timed as it runs.
+    Raises ValueError for a clock not in CLOCKS.
     """
+
+    POOL = 256
 
     def __init__(self, device: torch.device, clock: str = "wall") -> None:
         if clock not in CLOCKS:
@@ -36,6 +44,8 @@ class Stamps:
         self.device = device
         self.cuda = device.type == "cuda"
         self.read = time.thread_time if clock == "thread" else time.perf_counter
+        self._pool: list[Any] = []
+        self._refill()
 
     @classmethod
     def for_profile(cls, device: torch.device, options: ProfileOptions) -> "Stamps":
@@ -43,22 +53,31 @@ class Stamps:
         one thread (one thread's CPU time misses the work of torch's other intra-op threads)."""
         return cls(device, options.clock if options.threads <= 1 else "wall")
 
+    def _refill(self) -> None:
+        if self.cuda:
+            self._pool.extend(torch.cuda.Event(enable_timing=True) for _ in range(self.POOL - len(self._pool)))
+
     def sync(self) -> None:
         """Wait until the device has run the work queued on it (nothing to wait for on CPU)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
+            self._refill()
 
     def now(self) -> Any:
-        """A stamp: a float of seconds on CPU, a recorded CUDA event on CUDA."""
+        """A stamp: a float of seconds on CPU; on CUDA (a recorded event, the host's perf_counter)."""
         if not self.cuda:
             return self.read()
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
         event.record()
-        return event
+        return event, time.perf_counter()
 
     def seconds(self, a: Any, b: Any) -> float:
-        """Seconds from stamp `a` to stamp `b`."""
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        """Seconds from stamp `a` to stamp `b` on the device."""
+        return a[0].elapsed_time(b[0]) / 1e3 if self.cuda else b - a
+
+    def host_seconds(self, a: Any, b: Any) -> float:
+        """Seconds the host took from stamp `a` to stamp `b` (the device's on CPU)."""
+        return b[1] - a[1] if self.cuda else b - a
 
     def interval(self, fn: Callable[[], Any]) -> float:
         """Seconds `fn()` takes on the device, the device synchronized before and after."""
@@ -108,13 +127,17 @@ def time_update(step: Callable[[], Any], stamps: Stamps, warmup: int, repeats: i
 
 
 def chain_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor, batch: int,
-                stamps: Stamps, hold: Hold = nullcontext) -> tuple[list[float], list[float]]:
+                stamps: Stamps, hold: Hold = nullcontext, host: list[list[float]] | None = None
+                ) -> tuple[list[float], list[float]]:
     """Per-layer forward and backward seconds of one pass through the chained layers, run as a
     stage runs them: one forward through all layers, then one autograd call for the backward,
     timed layer by layer by a hook on each layer's input gradient. (Timed as one backward call per
     layer instead, each call's fixed cost counted once per layer: on the convnet at 2 samples the
     layers' backward added up to 9% more than the chain's.) A layer no gradient reaches has 0 s of
-    backward. Each of the forward and the backward runs inside one `hold()`."""
+    backward. Each of the forward and the backward runs inside one `hold()`. With `host`, the
+    host's seconds to issue each layer's forward and backward are appended to it as two lists.
+    (On CUDA, where the backward's per-layer hooks run on autograd's device thread, each layer's
+    backward host time is its share of the whole backward call's by device time.)"""
     n = len(layers)
     fwd, bwd = [0.0] * n, [0.0] * n
     marks: dict[int, Any] = {}  # layer -> when its input's gradient was ready
@@ -138,7 +161,10 @@ def chain_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Te
         stamps.sync()
     for i in range(n):
         fwd[i] = stamps.seconds(ticks[i], ticks[i + 1])
+    fwd_host = [stamps.host_seconds(ticks[i], ticks[i + 1]) for i in range(n)]
     if not h.requires_grad:
+        if host is not None:
+            host.extend([fwd_host, [0.0] * n])
         return fwd, bwd
     with hold():
         stamps.sync()
@@ -150,6 +176,9 @@ def chain_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Te
         if i + 1 not in marks:
             continue  # no gradient reaches this layer (nothing before it is trained)
         bwd[i] = stamps.seconds(marks[i + 1], marks.get(i, done))
+    if host is not None:
+        whole, device = stamps.host_seconds(marks[n], done), sum(bwd)
+        host.extend([fwd_host, [whole * b / device if device > 0 else 0.0 for b in bwd]])
     return fwd, bwd
 
 
@@ -201,31 +230,42 @@ Sample = tuple[list[float], list[float]]  # per layer: (forward or I seconds, ba
 
 
 def _repeat(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor, batch: int, stamps: Stamps,
-            options: ProfileOptions, accumulate: bool, hold: Hold) -> tuple[list[Sample], list[Sample]]:
-    """The timed repeats at one size (chain times, and split times with `options.split_backward`):
-    `options.warmup` untimed, then at least `options.repeats`, and on while the timed ones add up
-    to less than `options.min_time_s` (at most `options.max_repeats` timed)."""
+            options: ProfileOptions, accumulate: bool, hold: Hold
+            ) -> tuple[list[Sample], list[Sample], list[Sample]]:
+    """The timed repeats at one size (chain times, split times with `options.split_backward`, and
+    on CUDA the host's issue times of the chain): `options.warmup` untimed, then at least
+    `options.repeats`, and on while the timed ones add up to less than `options.min_time_s` (at
+    most `options.max_repeats` timed)."""
     samples: list[Sample] = []
     split_samples: list[Sample] = []
+    host_samples: list[Sample] = []
     timed, r = 0.0, 0
     while r < options.warmup + max(1, options.repeats) or (
             timed < options.min_time_s and r < options.warmup + options.max_repeats):
         if not accumulate:
             for layer in layers:
                 layer.zero_grad(set_to_none=True)
-        times = chain_times(layers, x, target, batch, stamps, hold)
+        host: list[list[float]] | None = [] if stamps.cuda else None
+        times = chain_times(layers, x, target, batch, stamps, hold, host)
         split = split_times(layers, x, target, batch, stamps, hold) if options.split_backward else None
         if r >= options.warmup:
             samples.append(times)
+            if host is not None:
+                host_samples.append((host[0], host[1]))
             timed += sum(times[0]) + sum(times[1])
             if split is not None:
                 split_samples.append(split)
         r += 1
-    return samples, split_samples
+    return samples, split_samples, host_samples
 
 
 def _kept(samples: list[Sample]) -> list[Sample]:
     return [samples[k] for k in typical_repeats([sum(f) + sum(g) for f, g in samples])]
+
+
+def _kept_with(samples: list[Sample], others: list[Sample]) -> list[Sample]:
+    """Of `others` (one per repeat of `samples`), those of the repeats `_kept` keeps."""
+    return [others[k] for k in typical_repeats([sum(f) + sum(g) for f, g in samples])] if others else []
 
 
 def time_layers(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor, sizes: Sequence[int],
@@ -233,7 +273,7 @@ def time_layers(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Te
                 on_size: Callable[[int, int], None] | None = None) -> LayerTimings:
     """Per layer, one timing per micro-batch size of `sizes` (in their order): {"micro_batch",
     "forward_s", "backward_s"}, plus "backward_input_s" and "backward_weight_s" with
-    `options.split_backward`; each the layer's mean over the repeats `typical_repeats` keeps of
+    `options.split_backward` and on CUDA "forward_host_s" and "backward_host_s" (`chain_times`); each the layer's mean over the repeats `typical_repeats` keeps of
     those `_repeat` runs. `x` and `target` hold at least max(sizes) samples. Without `accumulate`,
     the layers' gradients are cleared before every repeat. `on_size(j, size)` is called before
     the j-th size is timed."""
@@ -241,14 +281,17 @@ def time_layers(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Te
     for j, b in enumerate(sizes):
         if on_size:
             on_size(j, b)
-        samples, split_samples = _repeat(layers, x, target, b, stamps, options, accumulate, hold)
-        steady, kept_split = _kept(samples), _kept(split_samples)
+        samples, split_samples, host_samples = _repeat(layers, x, target, b, stamps, options, accumulate, hold)
+        steady, kept_split, kept_host = _kept(samples), _kept(split_samples), _kept_with(samples, host_samples)
         for i, timing in enumerate(timings):
             timing.append({
                 "micro_batch": b,
                 "forward_s": statistics.fmean(t[0][i] for t in steady),
                 "backward_s": statistics.fmean(t[1][i] for t in steady),
             })
+            if kept_host:  # CUDA: what issuing the passes took the host
+                timing[-1]["forward_host_s"] = statistics.fmean(t[0][i] for t in kept_host)
+                timing[-1]["backward_host_s"] = statistics.fmean(t[1][i] for t in kept_host)
             if kept_split:
                 timing[-1]["backward_input_s"] = statistics.fmean(t[0][i] for t in kept_split)
                 timing[-1]["backward_weight_s"] = statistics.fmean(t[1][i] for t in kept_split)

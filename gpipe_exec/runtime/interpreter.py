@@ -101,11 +101,16 @@ class _Comm:
     a rank's next activation send queued before its gradient receive, while its peer's gradient
     send is queued before that activation's receive, would wait on each other forever. Each
     direction in its own group flows in one order on both ends.
+
+    `staged` (gloo joining ranks that share a GPU: `launch.devices.transport`): gloo moves no CUDA
+    tensors, so a send copies its tensor to host memory first and receives land in host buffers
+    (`_buffer`), copied to the GPU when awaited (`_recv`).
     """
 
-    def __init__(self, rank: int, split: bool = False) -> None:
+    def __init__(self, rank: int, split: bool = False, staged: bool = False) -> None:
         self.rank = rank
         self.groups: dict[Tensor, Any] = direction_groups() if split else {}
+        self.staged = staged
 
     def _guard(self, peer: int, what: str, fn: Callable[[], Any]) -> Any:
         return self._guarded(f"{what} rank {peer}", fn)
@@ -126,8 +131,10 @@ class _Comm:
 
     def isend(self, tensor: torch.Tensor, action: Action, tag: int) -> Any:
         group = self.groups.get(action.tensor)
-        return self._guard(action.peer, "send to",
-                           lambda: dist.isend(tensor.contiguous(), action.peer, group=group, tag=tag))
+        payload = tensor.detach().to("cpu") if self.staged else tensor.contiguous()
+        work = self._guard(action.peer, "send to",
+                           lambda: dist.isend(payload, action.peer, group=group, tag=tag))
+        return _StagedSend(work, payload) if self.staged else work
 
     def irecv(self, buffer: torch.Tensor, action: Action, tag: int) -> Any:
         group = self.groups.get(action.tensor)
@@ -137,6 +144,19 @@ class _Comm:
     def wait(self, work: Any, action: Action) -> None:
         what = "send to" if action.kind == Kind.SEND else "receive from"
         self._guard(action.peer, what, work.wait)
+
+
+class _StagedSend:
+    """A send of a host copy: the work, and the copy kept alive until the send completes."""
+
+    def __init__(self, work: Any, payload: torch.Tensor) -> None:
+        self.work, self.payload = work, payload
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+    def wait(self) -> Any:
+        return self.work.wait()
 
 
 @dataclass
@@ -198,7 +218,7 @@ class RankRunner:
         receives = [a for a in self.actions if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
         self.shapes = boundary_shapes(model, dtype, job.seed, job.dropout) if receives else []
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
-        self.comm = _Comm(rank, split)
+        self.comm = _Comm(rank, split, staged=device.type == "cuda" and dist.get_backend() == "gloo")
         self._buffers: dict[int, torch.Tensor] = {}
         self.lock = device_lock(rank, plan.device_map) if device.type == "cpu" and job.device_lock else None
         # One handler per kind: each runs its action and says what it ran (kind, chunk, micro-batch).
@@ -228,8 +248,8 @@ class RankRunner:
             first, last = chunk.first_layer, chunk.last_layer
             # an activation is the chunk's input (the previous layer's output); a gradient its output's
             shape = self.shapes[first - 1] if action.tensor == Tensor.ACTIVATION else self.shapes[last]
-            buf = torch.empty((self.sizes[action.micro_batch], *shape), dtype=self.float_dtype,
-                              device=self.device)
+            where = "cpu" if self.comm.staged else self.device  # gloo lands it in host memory
+            buf = torch.empty((self.sizes[action.micro_batch], *shape), dtype=self.float_dtype, device=where)
             self._buffers[index] = buf
         return buf
 
@@ -333,6 +353,8 @@ class RankRunner:
             self._post(i)
         work, buf = st.posted.pop(i)
         self.comm.wait(work, a)
+        if self.comm.staged:
+            buf = buf.to(self.device)
         if a.tensor == Tensor.ACTIVATION:
             st.inputs[(a.chunk, a.micro_batch)] = buf
         else:

@@ -79,6 +79,7 @@ def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) 
     for _ in range(payload["rounds"]):
         for i, sc in enumerate(cases):
             options = base if base.micro_batches else dataclasses.replace(base, micro_batches=default_sizes(sc))
+            options = dataclasses.replace(options, device=str(device))  # where this rank's stage runs
             if splits_backward(sc):
                 options = dataclasses.replace(options, split_backward=True)
             if not payload["alone"]:

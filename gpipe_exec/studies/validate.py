@@ -6,14 +6,13 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
 from gpipe_exec.studies.calibrate import RuntimeFit, calibrate_runtime
 from gpipe_exec.studies.calibrate_shared import calibrate_shared
 from gpipe_exec.studies.rounds import Calibration, Round, compare_rounds, predict_with_profile
-from gpipe_exec.execute import check_host_memory, check_model, check_runnable, run_plan
+from gpipe_exec.execute import check_layout, check_model, check_runnable, run_plan
 from gpipe_exec.measure.steps import Measurement
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions
@@ -124,7 +123,7 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
     if rounds < 1:
         raise GpipeError(f"rounds must be at least 1, got {rounds}")
     if table is None:  # before profiling: the model builds and (on CPU) its ranks fit in free memory
-        check_runnable(scenario)
+        check_runnable(scenario, options.device)
     devices = sorted(set(scenario.device_map))
     if calibration is None and calibrate and len(devices) > 1:
         say("calibrating the runtime (host time per action, link)")
@@ -135,8 +134,7 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
     if table is not None:  # one compile and one simulation: the plan predicted is the plan run
         check_model(scenario)
         prediction = predict_with_profile(scenario, table, calibration)
-        if not torch.cuda.is_available():
-            check_host_memory(prediction.plan, predicted=prediction.result)
+        check_layout(prediction.plan, options.device, predicted=prediction.result)
         say("running the pipeline")
         measured = run_plan(prediction.plan, model=scenario.model, steps=steps, warmup=warmup, options=options)
         return Validation(prediction.scenario, prediction.result, measured, calibration)

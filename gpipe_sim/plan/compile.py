@@ -233,6 +233,10 @@ def compile_plan(scenario: Scenario) -> Plan:
             [math.fsum(t[i] for t in times_b) for i in range(4)]
             for times_b in ([_layer_times(layer, b, accel, dtype, dtype_bytes) for layer in own] for b in distinct)
         ])[size_index]  # [micro-batch, (forward, backward, backward input, backward weight)]
+        # a pass takes at least what issuing its layers' kernels takes the host (GPU profiles)
+        per_size[:, :2] = np.maximum(per_size[:, :2], np.array(
+            [[math.fsum(h[i] for h in hosts) for i in range(2)]
+             for hosts in ([host_seconds(layer, b) for layer in own] for b in distinct)])[size_index])
         params = sum(layer.params for layer in own)
         input_per_sample = model_input if c == 0 else layers[first - 1].output_bytes_per_sample
         # a tensor two adjacent layers of the chunk both save is one allocation
@@ -404,6 +408,19 @@ def input_pass_bytes(layers: Sequence[LayerSpec]) -> float:
         best = max(best, own + after)
         after += layer.kept_for_weight_bytes_per_sample
     return best
+
+
+def host_seconds(layer: LayerSpec, micro_batch: int) -> tuple[float, float]:
+    """(forward, backward) seconds the host takes to issue the layer's passes on a micro-batch, from
+    its timings' `forward_host_s`/`backward_host_s` (linear between measured sizes, the nearest
+    measurement outside them: issuing is nearly independent of the batch); (0, 0) where unmeasured."""
+    points = sorted((t for t in layer.timings if t.forward_host_s is not None and t.backward_host_s is not None),
+                    key=lambda t: t.micro_batch)
+    if not points:
+        return 0.0, 0.0
+    sizes = [float(t.micro_batch) for t in points]
+    return (float(np.interp(micro_batch, sizes, [t.forward_host_s for t in points])),
+            float(np.interp(micro_batch, sizes, [t.backward_host_s for t in points])))
 
 
 def _layer_times(layer: LayerSpec, micro_batch: int, accel, dtype: str, dtype_bytes: int) -> tuple[float, ...]:

@@ -25,6 +25,10 @@ class Timing(_Strict):
     backward_s: Duration
     backward_input_s: Duration | None = None  # the backward split (zero-bubble's I and W passes)
     backward_weight_s: Duration | None = None
+    # The host's seconds to issue the forward and the backward (GPU profiles): a chunk's pass takes
+    # at least its layers' sum of these, however fast the device runs the kernels.
+    forward_host_s: Duration | None = None
+    backward_host_s: Duration | None = None
 
 
 class LayerSpec(_Strict):
