@@ -21,12 +21,12 @@ import numpy as np
 from gpipe_sim.api import result_from_times, run_engine
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.plan.compile import (
-    BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMPUTE_CODES, UPDATE, Plan, compile_plan,
+    Plan, compile_plan,
 )
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.plan.partition import held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Result
-from gpipe_sim.schedule import SCHEDULES
+from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
 from gpipe_sim.schedule.lower import build_schedule, saves_activations
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
@@ -597,7 +597,7 @@ def program_step_bound(costs: CostTable, o: dict[str, Any], plan_: Plan) -> floa
     last backward pass starts after it, and the update waits for it."""
     prog = plan_.program
     K, C = len(plan_.ranks), len(plan_.chunks)
-    compute = np.isin(prog.kind, COMPUTE_CODES)
+    compute = np.isin(prog.kind, sorted(COMPUTE_KINDS))
     fwd = np.stack([c.forward_s for c in plan_.chunks])  # [chunk, micro-batch]
     back = np.minimum(np.stack([c.backward_s for c in plan_.chunks]), np.stack([c.backward_input_s for c in plan_.chunks]))
     f_pref = np.concatenate(([0.0], np.cumsum(fwd, axis=0).min(axis=1)))[:C]  # chain before chunk c
@@ -617,16 +617,16 @@ def program_step_bound(costs: CostTable, o: dict[str, Any], plan_: Plan) -> floa
         low = min(plan_.ranks[r].chunks)
         start = f_pref[low] + h_cum[low]
         bound = max(bound, start + float(done[-1]))
-        last = np.flatnonzero((chunk == low) & ((kind == BACKWARD) | (kind == BACKWARD_INPUT)))
+        last = np.flatnonzero((chunk == low) & ((kind == Kind.BACKWARD) | (kind == Kind.BACKWARD_INPUT)))
         if len(last) and low > 0:
             after = float(done[-1] - done[last[-1]])
             bound = max(bound, start + float(done[last[-1]]) + max(b_pref[low] + h_cum[low], after))
         if D > 1:
-            final = np.flatnonzero((kind == BACKWARD) | (kind == BACKWARD_WEIGHT))
+            final = np.flatnonzero((kind == Kind.BACKWARD) | (kind == Kind.BACKWARD_WEIGHT))
             if len(final):
                 j = int(final[-1])
                 c = plan_.chunks[int(chunk[j])]
-                update = float(dur[kind == UPDATE].sum())
+                update = float(dur[kind == Kind.UPDATE].sum())
                 bound = max(bound, start + float(done[j]) + fixed[r] + per_param[r] * c.params + update)
     return bound * _SLACK
 
