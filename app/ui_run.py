@@ -18,6 +18,7 @@ from gpipe_sim.spec.scenario import Scenario, parse_scenario
 from gpipe_sim.api import simulate
 from gpipe_sim.results.trace import chrome_trace
 from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.studies.report import parameters_short
 
 MAX_GANTT_BARS = 2500  # beyond, the chart merges actions (never misstating busy time)
 _RUN_STARTED = "_run_started"
@@ -168,10 +169,10 @@ FILL_DRAIN_LABEL = "Fill/drain (busiest rank idle)"
 
 
 def show_metrics(scenario: Scenario, result: Result, box: Any = st, reference: Result | None = None) -> None:
-    """Two rows of short metrics: step time, throughput and the largest device peak; the bubble,
+    """Rows of short metrics: step time, throughput and the largest device peak; the bubble,
     its two factors (imbalance between ranks, the busiest rank's fill/drain idle) and the
-    schedule's analytic bubble. Deltas against `reference`, with units and percentages. Then the
-    memory verdict."""
+    schedule's analytic bubble; parameters, tokens/s, TFLOP/s per device and MFU. Deltas against
+    `reference`, with units and percentages. Then the memory verdict."""
 
     def delta(value: float, ref: float | None, kind: str) -> str | None:
         if reference is None or ref is None or value == ref:
@@ -215,7 +216,39 @@ def show_metrics(scenario: Scenario, result: Result, box: Any = st, reference: R
                   help=f"The {p.schedule} schedule's own bubble overhead for K={p.stages} ranks, "
                        f"v={p.chunks} chunks per rank and M={p.micro_batches} micro-batches "
                        "(fill-drain schedules: (K-1)/(v*M+K-1), GPipe's (K-1)/(M+K-1) at v = 1).")
+    show_model_metrics(result, box, reference)
     show_memory_verdict(result, box)
+
+
+MFU_HELP = ("Model FLOPs utilisation: the model FLOPs of the step (forward + backward of every layer, 3x the "
+            "forward for the presets; re-computation not counted) over step time x devices x the accelerator's "
+            "peak FLOP/s for the training dtype.")
+
+
+def show_model_metrics(result: Result, box: Any = st, reference: Result | None = None) -> None:
+    """The figures people quote: parameters, tokens/s, model TFLOP/s per device and MFU ("-"
+    where not known: tokens of a non-token model, FLOPs of layers timed in seconds)."""
+    if result.figures is None:
+        return
+    q = result.quoted_figures
+    ref = reference.quoted_figures if reference is not None else {}
+
+    def delta(key: str, kind: str) -> str | None:
+        value, before = q[key], ref.get(key)
+        if value is None or before is None or value == before:
+            return None
+        return delta_text(value, before, kind)
+
+    row = box.columns(4)
+    row[0].metric("Parameters", parameters_short(q["parameters"]), help=f"{q['parameters']:,} parameters in all "
+                  "(one replica).")
+    row[1].metric("Tokens/s", "-" if q["tokens_per_s"] is None else compact_number(q["tokens_per_s"]),
+                  delta("tokens_per_s", "rate"), help="Batch x sequence length / step time (token models only; "
+                  "others: samples/s).")
+    row[2].metric("TFLOP/s per device", "-" if q["tflops_per_device"] is None else f"{q['tflops_per_device']:,.1f}",
+                  delta("tflops_per_device", "rate"), help="Model FLOPs of the step / step time / devices "
+                  "(needs FLOPs for every layer).")
+    row[3].metric("MFU", "-" if q["mfu"] is None else f"{q['mfu']:.1%}", delta("mfu", "fraction"), help=MFU_HELP)
 
 
 def memory_text(result: Result) -> str | None:

@@ -10,7 +10,9 @@ from gpipe_sim.engines.simpy_engine import run_simpy
 from gpipe_sim.engines.fast import contention_free, evaluate_fast
 from gpipe_sim.plan.memory import memory_profile
 from gpipe_sim.plan.compile import Plan, compile_plan
-from gpipe_sim.results.result import Result, Timeline, summarize
+from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize
+from gpipe_sim.spec.layers import build_layers
+from gpipe_sim.spec.model import LayerSpec, TransformerModel
 from gpipe_sim.spec.scenario import Scenario
 
 Engine = Literal["simpy", "fast", "auto"]
@@ -26,14 +28,35 @@ def run_engine(plan: Plan, engine: Engine = "simpy") -> tuple[np.ndarray, np.nda
     return run_simpy(plan)
 
 
+def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None) -> ModelFigures:
+    """What the model, batch and accelerator fix about a step (`ModelFigures`): total parameters of
+    the layers; model FLOPs per step = batch x sum over layers of (forward + backward FLOPs per
+    sample), re-computation not counted (None where a layer has no FLOPs); tokens per step = batch
+    x seq_len for the transformer preset (None for models without tokens); the accelerator's peak
+    FLOP/s for the training dtype (the highest given where that dtype has none, as the cost model
+    does). `layers`: the plan's, where built already."""
+    if layers is None:
+        layers = build_layers(scenario.model, scenario.training.dtype_bytes)
+    batch = scenario.pipeline.batch_size
+    per_sample = [(layer.forward_flops_per_sample, layer.backward_flops_per_sample) for layer in layers]
+    flops = (None if any(f is None or b is None for f, b in per_sample)
+             else float(batch) * sum(float(f) + float(b) for f, b in per_sample))  # type: ignore[arg-type]
+    model = scenario.model
+    tokens = batch * model.seq_len if isinstance(model, TransformerModel) else None
+    peaks = scenario.hardware.accelerator.peak_flops
+    peak = peaks.get(scenario.training.dtype) or max(peaks.values())
+    return ModelFigures(parameters=int(sum(layer.params for layer in layers)), model_flops_per_step=flops,
+                        tokens_per_step=tokens, peak_flops_per_device=float(peak))
+
+
 def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Sequence[float],
                    chunk_peak_activation_bytes: Sequence[float], param_bytes: Sequence[float],
                    state_bytes: Sequence[float], device_peak_memory_bytes: dict[int, float],
                    source: str, peak_memory_bytes: Sequence[float] | None = None,
                    memory_breakdown: Sequence[dict[str, float]] | None = None) -> Result:
     """`summarize` with everything the plan fixes (batch, micro-batches, layout, capacity, the
-    schedule's analytic bubble) taken from it: the one call the simulator and the executor both
-    make. `peak_activation_bytes` is per rank; the other sequences are per chunk."""
+    schedule's analytic bubble, the model's figures) taken from it: the one call the simulator and
+    the executor both make. `peak_activation_bytes` is per rank; the other sequences are per chunk."""
     return summarize(
         timeline,
         batch_size=plan.scenario.pipeline.batch_size,
@@ -49,6 +72,7 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
         source=source,
         peak_memory_bytes=peak_memory_bytes,
         memory_breakdown=memory_breakdown,
+        figures=model_figures(plan.scenario, plan.layers),
     )
 
 

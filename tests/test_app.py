@@ -202,8 +202,10 @@ def test_explore_metrics_are_short_and_split_the_bubble():
     assert_clean(at)
     values = {m.label: m.value for m in at.metric}
     assert {"Step time", "Throughput (samples/s)", "Largest device peak", "Bubble fraction", "Imbalance",
-            "Fill/drain (busiest rank idle)", ANALYTIC} == set(values)
+            "Fill/drain (busiest rank idle)", ANALYTIC, "Parameters", "Tokens/s", "TFLOP/s per device",
+            "MFU"} == set(values)
     assert all(len(v) <= 10 for v in values.values()), values
+    assert values["Parameters"].endswith("B") and 0 < float(values["MFU"].rstrip("%")) < 100
     bubble, imbalance, idle = (float(values[k]) for k in ("Bubble fraction", "Imbalance",
                                                             "Fill/drain (busiest rank idle)"))
     assert 1 - bubble == pytest.approx((1 - imbalance) * (1 - idle), abs=2e-4)

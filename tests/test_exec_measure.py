@@ -293,6 +293,9 @@ def test_cli_validate_json(tmp_path: Path) -> None:
     assert all(out["relative_error"][f"chunk{c}.accounting.peak_activation_bytes"] < 1e-9 for c in range(4))
     assert out["relative_error"]["stage1.peak_memory_bytes"] < 0.10  # measured apart (measure.memory)
     assert [len(s["chunks"]) for s in out["measured"]["stages"]] == [2, 2]
+    measured = out["measured"]  # the quoted figures, from the one summary both halves use
+    assert measured["parameters"] == out["predicted"]["parameters"] > 0
+    assert all(k in measured for k in ("tokens_per_s", "tflops_per_device", "mfu"))
 
 
 DATA_PARALLEL = {**BASE, "pipeline": {**BASE["pipeline"], "data_parallel": 2, "micro_batches": 2, "batch_size": 8},

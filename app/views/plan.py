@@ -12,7 +12,9 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import PARTITION_METHODS, parse_scenario
 from gpipe_sim.studies import plots
-from gpipe_sim.studies.plan_report import COLUMNS, counts_text, entry_row, nothing_fits_text, pareto_figure
+from gpipe_sim.studies.plan_report import (
+    COLUMNS, counts_text, entry_row, nothing_fits_text, pareto_figure, search_figures,
+)
 from gpipe_sim.studies.planner import AXES, DEFAULT_PARTITIONS, PlanOptions, PlanSearch, plan
 from ui_form import PREFIX, scenario_form
 from ui_run import MAX_GANTT_BARS, label_error, show_elapsed, show_metrics, simulate_cached
@@ -92,7 +94,8 @@ if not search.ranked:
     show_elapsed()
     st.stop()
 
-rows = [entry_row(i + 1, e) for i, e in enumerate(search.distinct[: int(top)])]
+figures = search_figures(search)
+rows = [entry_row(i + 1, e, figures) for i, e in enumerate(search.distinct[: int(top)])]
 st.subheader("Ranked configurations")
 st.dataframe(pd.DataFrame(rows, columns=list(COLUMNS)), hide_index=True, key="plan.table")
 labels = {f"#{i + 1}: " + ", ".join(f"{k}={e.get(k)}" for k in AXES): i

@@ -152,6 +152,70 @@ class StageResult:
         )
 
 
+@dataclass(frozen=True)
+class ModelFigures:
+    """What the model, the batch and the accelerator fix about a step whatever the schedule: the
+    inputs of `Result.tokens_per_s`, `tflops_per_device` and `mfu` (`gpipe_sim.api.model_figures`).
+
+    `model_flops_per_step`: the model FLOPs of one training step, the batch's forward and backward
+    passes as the layer table counts them (sum over layers of forward + backward FLOPs per sample,
+    times the batch size; the presets' backward is 2x their forward, so 3x the forward FLOPs),
+    re-computation NOT counted: model FLOPs as PaLM and Megatron-LM define MFU. None where a layer
+    gives no FLOPs (timed in seconds). `tokens_per_step`: batch x seq_len for a token model (the
+    transformer preset), None for others (their rate is samples/s). `peak_flops_per_device`: the
+    accelerator's peak for the training dtype (the highest given where that dtype has none, as the
+    cost model does).
+    """
+
+    parameters: int
+    model_flops_per_step: float | None = None
+    tokens_per_step: int | None = None
+    peak_flops_per_device: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parameters": int(self.parameters),
+                "model_flops_per_step": _optional_finite(self.model_flops_per_step),
+                "tokens_per_step": self.tokens_per_step,
+                "peak_flops_per_device": _optional_finite(self.peak_flops_per_device)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelFigures | None":
+        """From a Result's JSON (None for files written before these figures)."""
+        if d.get("parameters") is None:
+            return None
+        flops, tokens, peak = d.get("model_flops_per_step"), d.get("tokens_per_step"), d.get("peak_flops_per_device")
+        return cls(parameters=int(d["parameters"]), model_flops_per_step=None if flops is None else float(flops),
+                   tokens_per_step=None if tokens is None else int(tokens),
+                   peak_flops_per_device=None if peak is None else float(peak))
+
+    def tokens_per_s(self, step_time_s: float) -> float | None:
+        """Tokens per second: tokens per step / step time (None for a non-token model)."""
+        if self.tokens_per_step is None or not step_time_s > 0:
+            return None
+        return _optional_finite(self.tokens_per_step / step_time_s)
+
+    def tflops_per_device(self, step_time_s: float, devices: int) -> float | None:
+        """Achieved model TFLOP/s per device: model FLOPs per step / step time / devices / 1e12."""
+        if self.model_flops_per_step is None or not step_time_s > 0 or devices < 1:
+            return None
+        return _optional_finite(self.model_flops_per_step / step_time_s / devices / 1e12)
+
+    def mfu(self, step_time_s: float, devices: int) -> float | None:
+        """Model FLOPs utilisation: model FLOPs per step / (step time x devices x peak FLOP/s)."""
+        if self.model_flops_per_step is None or not self.peak_flops_per_device or not step_time_s > 0 or devices < 1:
+            return None
+        return _optional_finite(self.model_flops_per_step / (step_time_s * devices * self.peak_flops_per_device))
+
+    def rates(self, step_time_s: float, devices: int) -> dict[str, Any]:
+        """The four figures people quote, under the keys of `Result.to_dict`."""
+        return {"parameters": int(self.parameters), "tokens_per_s": self.tokens_per_s(step_time_s),
+                "tflops_per_device": self.tflops_per_device(step_time_s, devices),
+                "mfu": self.mfu(step_time_s, devices)}
+
+
+NO_FIGURES = {"parameters": None, "tokens_per_s": None, "tflops_per_device": None, "mfu": None}
+
+
 @dataclass
 class Result:
     """A predicted or measured training step. `to_dict` gives the JSON schema both halves share.
@@ -174,6 +238,36 @@ class Result:
     num_devices: int = 0
     # Per rank: (times, activation bytes held from each time on); optional.
     memory_timeline: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    figures: ModelFigures | None = None  # parameters, model FLOPs, tokens and peak (None: not known)
+
+    @property
+    def devices(self) -> int:
+        """Every device of the step (all replicas)."""
+        return max(1, self.num_devices or len({s.device for s in self.stages}))
+
+    @property
+    def quoted_figures(self) -> dict[str, Any]:
+        """parameters, tokens_per_s, tflops_per_device and mfu (each None where unknown)."""
+        if self.figures is None:
+            return dict(NO_FIGURES)
+        return self.figures.rates(self.step_time_s, self.devices)
+
+    @property
+    def parameters(self) -> int | None:
+        """Total model parameters (of one replica)."""
+        return self.quoted_figures["parameters"]
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.quoted_figures["tokens_per_s"]
+
+    @property
+    def tflops_per_device(self) -> float | None:
+        return self.quoted_figures["tflops_per_device"]
+
+    @property
+    def mfu(self) -> float | None:
+        return self.quoted_figures["mfu"]
 
     @property
     def exposed_allreduce_s(self) -> float:
@@ -183,7 +277,7 @@ class Result:
     @property
     def throughput_per_device(self) -> float:
         """Samples per second per device: what adding devices buys."""
-        return self.throughput_samples_per_s / max(1, self.num_devices or len({s.device for s in self.stages}))
+        return self.throughput_samples_per_s / self.devices
 
     @property
     def imbalance_fraction(self) -> float:
@@ -220,6 +314,8 @@ class Result:
             "num_devices": self.num_devices,
             "throughput_per_device": self.throughput_per_device,
             "exposed_allreduce_s": self.exposed_allreduce_s,
+            **self.quoted_figures,
+            **({k: v for k, v in self.figures.to_dict().items() if k != "parameters"} if self.figures else {}),
             "fits_in_memory": self.fits_in_memory,
             "batch_size": self.batch_size,
             "micro_batches": self.micro_batches,
@@ -263,11 +359,16 @@ class Result:
                 (np.asarray(m["time_s"], dtype=float), np.asarray(m["activation_bytes"], dtype=float))
                 for m in d.get("memory_timeline", [])
             ],
+            figures=ModelFigures.from_dict(d),
         )
 
 
 def _finite_or_none(value: float) -> float | None:
     return None if not np.isfinite(value) else float(value)
+
+
+def _optional_finite(value: float | None) -> float | None:
+    return None if value is None else _finite_or_none(value)
 
 
 def analytic_bubble(stages: int, micro_batches: int, chunks: int = 1) -> float:
@@ -316,13 +417,15 @@ def summarize(
     source: str = "simulated",
     peak_memory_bytes: Sequence[float] | None = None,
     memory_breakdown: Sequence[dict[str, float]] | None = None,
+    figures: ModelFigures | None = None,
 ) -> Result:
     """Compute a Result from a timeline: the one definition of step time, throughput and bubble.
 
     `peak_activation_bytes` is per rank; `chunk_peak_activation_bytes`, `param_bytes` and
     `state_bytes` are per chunk. Step time is the last action's end (the timeline starts at 0).
     `peak_memory_bytes` and `memory_breakdown` (per rank) replace static + peak activations where
-    given (transients, or a measurement of memory in all).
+    given (transients, or a measurement of memory in all). `figures` (what the model and batch fix)
+    give the parameters, tokens/s, TFLOP/s per device and MFU.
     The bubble fraction is the share of device time idle within the step:
     1 - (compute seconds of all ranks) / (devices x step).
     """
@@ -367,6 +470,7 @@ def summarize(
         chunks=chunks,
         data_parallel=layout.replicas,
         num_devices=devices,
+        figures=figures,
     )
 
 

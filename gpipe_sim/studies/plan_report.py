@@ -11,12 +11,32 @@ from typing import Any, Sequence
 
 import plotly.graph_objects as go
 
+from gpipe_sim.api import model_figures
+from gpipe_sim.results.result import NO_FIGURES, ModelFigures
 from gpipe_sim.spec.units import format_bytes, format_seconds
 from gpipe_sim.studies.planner import AXES, PlanEntry, PlanSearch
 
 GIB = 2.0**30
 COLUMNS = ("rank", "D", "K", "v", "M", "schedule", "remat", "partition", "zero", "step", "samples/s",
-           "per device", "bubble", "exposed AR", "peak / capacity", "limiter", "alike")
+           "per device", "tokens/s", "TFLOP/s/dev", "MFU", "bubble", "exposed AR", "peak / capacity", "limiter",
+           "alike")
+_LEFT = {"schedule", "remat", "partition", "peak / capacity", "limiter", "alike"}  # the rest: right-justified
+
+
+def search_figures(search: PlanSearch) -> ModelFigures:
+    """Parameters, model FLOPs, tokens and peak: what every configuration of the search shares
+    (the model, global batch, dtype and accelerator are not axes)."""
+    return model_figures(search.base)
+
+
+def entry_figures(e: PlanEntry, figures: ModelFigures | None) -> dict[str, Any]:
+    """An entry's parameters, tokens_per_s, tflops_per_device and mfu (as `Result.to_dict` names them)."""
+    return figures.rates(e.step_time_s, e.devices) if figures is not None else dict(NO_FIGURES)
+
+
+def entry_dict(e: PlanEntry, figures: ModelFigures | None) -> dict[str, Any]:
+    """An entry's plain figures (JSON, CSV) with the four quoted figures."""
+    return {**e.to_dict(), **entry_figures(e, figures)}
 
 
 def _peak_text(e: PlanEntry) -> str:
@@ -26,11 +46,16 @@ def _peak_text(e: PlanEntry) -> str:
     return f"{format_bytes(e.peak_memory_bytes)} / {format_bytes(cap)} ({e.peak_memory_bytes / cap:.0%})"
 
 
-def entry_row(rank: int, e: PlanEntry) -> list[str]:
-    """One table row, as text."""
+def entry_row(rank: int, e: PlanEntry, figures: ModelFigures | None = None) -> list[str]:
+    """One table row, as text ("-" for a figure not known: tokens of a non-token model, FLOPs of
+    layers timed in seconds)."""
+    q = entry_figures(e, figures)
+    tokens, tflops, mfu = q["tokens_per_s"], q["tflops_per_device"], q["mfu"]
     return [str(rank), *(str(e.get(k)) for k in AXES), format_seconds(e.step_time_s),
             f"{e.throughput_samples_per_s:,.2f}", f"{e.throughput_per_device:,.2f}",
-            f"{e.bubble_fraction:.1%}", format_seconds(e.exposed_allreduce_s), _peak_text(e), e.limiter,
+            "-" if tokens is None else f"{tokens:,.0f}", "-" if tflops is None else f"{tflops:,.1f}",
+            "-" if mfu is None else f"{mfu:.1%}", f"{e.bubble_fraction:.1%}", format_seconds(e.exposed_allreduce_s),
+            _peak_text(e), e.limiter,
             f"+{e.alike}" if e.alike else ""]
 
 
@@ -55,14 +80,16 @@ def nothing_fits_text(search: PlanSearch) -> str:
 
 def plan_text(search: PlanSearch, top: int = 10) -> str:
     """The top configurations as an aligned table, then the counts line and any notes."""
+    figures = search_figures(search)
     lines = [f"plan: {search.options.devices} device{'s' if search.options.devices != 1 else ''}"
-             f"{' or fewer' if search.options.fewer_devices else ''}, global batch {search.base.pipeline.batch_size}"]
+             f"{' or fewer' if search.options.fewer_devices else ''}, global batch {search.base.pipeline.batch_size}, "
+             f"{figures.parameters:,} parameters"]
     if search.distinct:
-        rows = [list(COLUMNS)] + [entry_row(i + 1, e) for i, e in enumerate(search.distinct[:top])]
+        rows = [list(COLUMNS)] + [entry_row(i + 1, e, figures) for i, e in enumerate(search.distinct[:top])]
         widths = [max(len(r[j]) for r in rows) for j in range(len(COLUMNS))]
         for r in rows:
-            lines.append("  ".join(cell.rjust(w) if j in (0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13) else cell.ljust(w)
-                                   for j, (cell, w) in enumerate(zip(r, widths))).rstrip())
+            lines.append("  ".join(cell.ljust(w) if name in _LEFT else cell.rjust(w)
+                                   for name, cell, w in zip(COLUMNS, r, widths)).rstrip())
     else:
         lines.append(nothing_fits_text(search))
     lines.append(counts_text(search))
@@ -73,6 +100,7 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
 def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
     """The search as plain data (JSON-ready): options, counts, the top entries and the Pareto front."""
     o = search.options
+    figures = search_figures(search)
     return {
         "devices": o.devices, "fewer_devices": o.fewer_devices, "batch_size": search.base.pipeline.batch_size,
         "capacity_bytes": search.capacity_bytes if math.isfinite(search.capacity_bytes) else None,
@@ -80,8 +108,9 @@ def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
         "pruned_by_memory": search.pruned_by_memory, "pruned_by_bound": search.pruned_by_bound,
         "infeasible": search.infeasible, "seconds": search.seconds,
         "configs_per_second": search.configs_per_second,
-        "ranked": [e.to_dict() for e in search.distinct[:top]],
-        "pareto_front": [e.to_dict() for e in search.front],
+        **figures.to_dict(),  # parameters, model_flops_per_step, tokens_per_step, peak_flops_per_device
+        "ranked": [entry_dict(e, figures) for e in search.distinct[:top]],
+        "pareto_front": [entry_dict(e, figures) for e in search.front],
         "nothing_fits": None if search.ranked else nothing_fits_text(search),
         "notes": list(search.notes),
     }
@@ -95,7 +124,8 @@ def write_csv(search: PlanSearch, path: str | Path) -> None:
     """Every simulated configuration (fitting ones first, in rank order), one row each."""
     fitting = search.ranked
     others = [e for e in search.simulated_entries if not e.fits]
-    rows = [e.to_dict() for e in [*fitting, *others]]
+    figures = search_figures(search)
+    rows = [entry_dict(e, figures) for e in [*fitting, *others]]
     keys = list(rows[0]) if rows else [*AXES, "step_time_s", "throughput_samples_per_s"]
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["rank", *keys])
@@ -161,7 +191,9 @@ def plan_html(search: PlanSearch, top: int = 10, title: str = "gpipe-sim plan") 
     """A self-contained page: the ranked table, the counts and the Pareto chart (plotly inlined)."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
     if search.distinct:
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in entry_row(i + 1, e)) + "</tr>"
+        figures = search_figures(search)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in entry_row(i + 1, e, figures))
+                       + "</tr>"
                        for i, e in enumerate(search.distinct[:top]))
         table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
     else:

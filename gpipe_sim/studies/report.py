@@ -41,6 +41,8 @@ def summary_text(scenario: Scenario, result: Result) -> str:
                              f"schedule={p.schedule_name} remat={p.remat} partition={p.partition}")
     head.add_row("step time", format_seconds(result.step_time_s))
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
+    for name, text in quoted_figures_rows(result):
+        head.add_row(name, text)
     head.add_row("bubble", f"{result.bubble_fraction:.4f} (the schedule's analytic bubble on ideal "
                            f"hardware: {result.analytic_bubble_fraction:.4f})")
     head.add_row("  imbalance", f"{result.imbalance_fraction:.4f} (uneven ranks: 1 - mean busy / busiest; "
@@ -73,6 +75,48 @@ def summary_text(scenario: Scenario, result: Result) -> str:
             format_bytes(s.peak_memory_bytes) + (" !" if over else ""),
         )
     return _render(head, table)
+
+
+def parameters_short(parameters: int) -> str:
+    """A parameter count as people say it: "1.31B", "350M", "12.5K", "800"."""
+    scales = ((1e3, "K"), (1e6, "M"), (1e9, "B"), (1e12, "T"))
+    for i, (scale, suffix) in reversed(list(enumerate(scales))):
+        if parameters >= scale:
+            text = f"{parameters / scale:.3g}"
+            if float(text) >= 1000 and i + 1 < len(scales):  # 999,999 -> "1M", not "1e+03K"
+                scale, suffix = scales[i + 1]
+                text = f"{parameters / scale:.3g}"
+            if float(text) >= 1000:  # beyond the largest suffix
+                text = f"{parameters / scale:,.0f}"
+            return f"{text}{suffix}"
+    return f"{parameters:,}"
+
+
+def parameters_text(parameters: int) -> str:
+    """A parameter count in short and in full: "1.31B (1,313,626,112)"."""
+    short = parameters_short(parameters)
+    return short if short == f"{parameters:,}" else f"{short} ({parameters:,})"
+
+
+def quoted_figures_rows(result: Result) -> list[tuple[str, str]]:
+    """The figures people quote to check a plan: parameters, tokens/s, model TFLOP/s per device and
+    MFU, each with why it is missing where it is (rows of the summary)."""
+    f = result.figures
+    if f is None:
+        return []
+    rows = [("parameters", parameters_text(f.parameters))]
+    tokens = result.tokens_per_s
+    rows.append(("tokens/s", f"{tokens:,.0f}" if tokens is not None else "- (not a token model: see samples/s)"))
+    tflops, mfu = result.tflops_per_device, result.mfu
+    if tflops is None or mfu is None:
+        why = "- (a layer gives no FLOPs: timed in seconds)"
+        rows += [("TFLOP/s per device", why), ("MFU", why)]
+    else:
+        peak = (f.peak_flops_per_device or 0.0) / 1e12
+        rows.append(("TFLOP/s per device", f"{tflops:,.1f} (model FLOPs: forward + backward, "
+                                           "re-computation not counted)"))
+        rows.append(("MFU", f"{mfu:.1%} (of the accelerator's peak {peak:,.1f} TFLOP/s per device)"))
+    return rows
 
 
 def presets_text() -> str:

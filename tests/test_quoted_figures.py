@@ -1,0 +1,157 @@
+"""The figures people quote (issue 26): parameters, tokens/s, achieved model TFLOP/s per device and
+MFU, defined once in the result schema and shown by simulate, plan, sweeps and the executor's result."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import yaml
+
+from gpipe_sim.api import model_figures, simulate
+from gpipe_sim.cli import main
+from gpipe_sim.results.result import ModelFigures, Result
+from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.studies.report import parameters_short, summary_text
+
+KEYS = ("parameters", "tokens_per_s", "tflops_per_device", "mfu")
+L, D_MODEL, D_FF, HEADS, SEQ, VOCAB, BATCH = 4, 256, 1024, 4, 128, 1000, 8
+TRANSFORMER = {
+    "model": {"preset": "transformer", "layers": L, "d_model": D_MODEL, "d_ff": D_FF, "heads": HEADS,
+              "seq_len": SEQ, "vocab": VOCAB},
+    "hardware": {"preset": "a100-80gb"},
+    "pipeline": {"stages": 2, "micro_batches": 4, "batch_size": BATCH, "schedule": "1f1b", "remat": "none"},
+    "training": {"dtype": "bf16"},
+}
+
+
+def _scenario(data=TRANSFORMER, **updates):
+    return parse_scenario(data).with_updates(updates)
+
+
+def _hand_parameters(d=D_MODEL, f=D_FF, s=SEQ, v=VOCAB, layers=L):
+    embedding = v * d + s * d  # token and position tables
+    block = (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d) + 2 * 2 * d  # QKV, proj, MLP, 2 LNs
+    head = 2 * d + d * v  # final LayerNorm and the (untied) output projection
+    return embedding + layers * block + head
+
+
+def _hand_forward_flops_per_sample(d=D_MODEL, f=D_FF, s=SEQ, v=VOCAB, layers=L):
+    block = 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d  # the matmuls, and QK^T and the context
+    return s * d + layers * block + 2 * s * d * v  # the position add, the blocks, the head
+
+
+def test_transformer_parameters_are_the_hand_count():
+    result = simulate(_scenario())
+    assert result.parameters == _hand_parameters()
+    assert result.parameters == sum(s.param_bytes for s in result.stages) / 2  # bf16 weights, one replica
+
+
+def test_transformer_tokens_tflops_and_mfu_formulas():
+    for updates in ({}, {"pipeline.data_parallel": 2}, {"pipeline.remat": "always"}):
+        result = simulate(_scenario(**updates))
+        step, devices = result.step_time_s, result.num_devices
+        assert devices == 2 * updates.get("pipeline.data_parallel", 1)
+        flops = 3 * BATCH * _hand_forward_flops_per_sample()  # forward + backward (2x), no re-computation
+        assert result.figures.model_flops_per_step == pytest.approx(flops, rel=1e-12)
+        assert result.tokens_per_s == pytest.approx(BATCH * SEQ / step, rel=1e-12)
+        assert result.tflops_per_device == pytest.approx(flops / step / devices / 1e12, rel=1e-12)
+        assert result.mfu == pytest.approx(flops / (step * devices * 312.0e12), rel=1e-12)  # A100 bf16 peak
+        assert 0 < result.mfu < 0.6  # under the preset's efficiency
+
+
+def test_re_computation_is_not_model_flops():
+    """Same model FLOPs with and without re-computation: the slower step has the lower MFU."""
+    plain, remat = simulate(_scenario()), simulate(_scenario(**{"pipeline.remat": "always"}))
+    assert plain.figures == remat.figures
+    assert remat.step_time_s > plain.step_time_s and remat.mfu < plain.mfu
+
+
+def test_peak_is_the_training_dtypes():
+    fp32 = simulate(_scenario(**{"training.dtype": "fp32"}))
+    assert fp32.figures.peak_flops_per_device == 19.5e12
+    only_fp32 = _scenario(**{"hardware.accelerator.peak_flops": {"fp32": 10e12}})  # bf16 has none: the highest
+    assert model_figures(only_fp32).peak_flops_per_device == 10e12
+
+
+def test_models_without_tokens_or_flops():
+    mlp = simulate(parse_scenario({"model": {"preset": "mlp", "layers": 4}, "hardware": {"preset": "v100"},
+                                   "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 8}}))
+    assert mlp.tokens_per_s is None and mlp.mfu is not None and mlp.tflops_per_device > 0
+    scenario = parse_scenario({"model": {"preset": "uniform", "layers": 4, "params_per_layer": 1000},
+                               "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 8}})
+    uniform = simulate(scenario)
+    assert uniform.parameters == 4000  # timed in seconds: no FLOPs, no TFLOP/s, no MFU
+    assert uniform.tokens_per_s is None and uniform.tflops_per_device is None and uniform.mfu is None
+    text = summary_text(scenario, uniform)
+    assert "a layer gives no FLOPs" in text and "not a token model" in text and "MFU" in text
+
+
+def test_figures_are_finite_or_none():
+    figures = ModelFigures(parameters=10, model_flops_per_step=1e30, tokens_per_step=5, peak_flops_per_device=1.0)
+    assert figures.rates(0.0, 1) == {"parameters": 10, "tokens_per_s": None, "tflops_per_device": None, "mfu": None}
+    assert figures.rates(1e-320, 1)["mfu"] is None  # would overflow to inf
+    assert ModelFigures(parameters=1, model_flops_per_step=math.inf).to_dict()["model_flops_per_step"] is None
+
+
+def test_json_keys_and_round_trip():
+    result = simulate(_scenario())
+    data = json.loads(result.to_json(timeline=False))
+    for key in KEYS:
+        assert data[key] == getattr(result, key)
+    assert data["model_flops_per_step"] > 0 and data["tokens_per_step"] == BATCH * SEQ
+    again = Result.from_dict(data)
+    assert again.figures == result.figures and again.mfu == result.mfu
+    old = {k: v for k, v in data.items() if k not in (*KEYS, "model_flops_per_step", "tokens_per_step",
+                                                      "peak_flops_per_device")}
+    before = Result.from_dict(old)  # a file written before these figures
+    assert before.figures is None and all(before.to_dict(False)[k] is None for k in KEYS)
+
+
+def test_simulate_command_summary_and_json(capsys, tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(TRANSFORMER))
+    assert main(["simulate", str(path)]) == 0
+    out = capsys.readouterr().out
+    for label in ("parameters", "tokens/s", "TFLOP/s per device", "MFU", "re-computation not counted"):
+        assert label in out
+    assert f"({_hand_parameters():,})" in out
+    assert main(["simulate", str(path), "--json", "--no-timeline"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["parameters"] == _hand_parameters()
+    assert all(isinstance(data[k], (int, float)) for k in KEYS)
+
+
+def test_sweep_columns():
+    from gpipe_sim.studies.sweep_runner import RESULT_COLUMNS, result_columns
+
+    row = result_columns(_scenario(), "auto")
+    assert set(KEYS) <= set(row) and set(KEYS) <= set(RESULT_COLUMNS)
+    result = simulate(_scenario())
+    assert row["parameters"] == _hand_parameters() and row["mfu"] == pytest.approx(result.mfu, rel=1e-12)
+
+
+def test_plan_table_csv_and_json(capsys, tmp_path):
+    path, csv_path = tmp_path / "s.yaml", tmp_path / "p.csv"
+    path.write_text(yaml.safe_dump(TRANSFORMER))
+    argv = ["plan", str(path), "--devices", "2", "--schedules", "1f1b", "--top", "3"]
+    assert main([*argv, "--csv", str(csv_path)]) == 0
+    out = capsys.readouterr().out
+    assert "MFU" in out and "TFLOP/s/dev" in out and f"{_hand_parameters():,} parameters" in out
+    rows = list(csv.DictReader(csv_path.open()))
+    assert rows and all(k in rows[0] for k in KEYS)
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["parameters"] == _hand_parameters()
+    for entry in data["ranked"]:
+        flops = data["model_flops_per_step"]
+        assert entry["parameters"] == _hand_parameters()
+        assert entry["tokens_per_s"] == pytest.approx(BATCH * SEQ / entry["step_time_s"], rel=1e-12)
+        assert entry["mfu"] == pytest.approx(flops / (entry["step_time_s"] * entry["devices"] * 312.0e12), rel=1e-12)
+
+
+def test_parameters_short():
+    assert [parameters_short(n) for n in (800, 12_500, 350_000_000, 1_341_771_776, 999_999)] == [
+        "800", "12.5K", "350M", "1.34B", "1M"]
