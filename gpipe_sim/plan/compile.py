@@ -259,7 +259,8 @@ def compile_plan(scenario: Scenario) -> Plan:
                 activation_bytes=act_per_sample * samples,
                 input_bytes=input_per_sample * samples,
                 output_bytes=own[-1].output_bytes_per_sample * samples,
-                update_s=update_seconds(own, accel, dtype_bytes, bpp) / (p.data_parallel if training.zero else 1),
+                update_s=update_seconds(own, accel, dtype_bytes, bpp, scenario.optimizer_step)
+                / (p.data_parallel if training.zero else 1),
                 transient_bytes=chunk_transient_bytes(own, samples, fixed=False),
                 backward_transient_bytes=chunk_transient_bytes(own, samples),
                 # the model's first chunk has nothing to do in its input pass: its weight pass is a

@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 
+from gpipe_sim.spec.gpu_model import layer_pass_seconds, step_seconds
 from gpipe_sim.spec.hardware import Accelerator
+from gpipe_sim.spec.kernels import LayerKernels
 from gpipe_sim.spec.model import LayerSpec
 
 
@@ -23,13 +25,18 @@ def layer_seconds(
     Measured `timings` are interpolated piecewise-linearly in the micro-batch size (extrapolated
     from the nearest segment, never below zero); seconds per sample scale linearly; FLOPs use a
     roofline (compute at peak x efficiency, or memory traffic at the memory bandwidth, whichever is
-    slower) plus a fixed overhead per kernel, so small micro-batches are less efficient.
+    slower) plus a fixed overhead per kernel, so small micro-batches are less efficient. On an
+    accelerator with kernel tables (`gpu`), a preset layer's kernels are priced one by one
+    (gpipe_sim.spec.gpu_model), once per (layer kernels, micro-batch size).
     """
     if layer.timings:
         return _interpolate(layer, micro_batch)
     if layer.forward_s_per_sample is not None:
         assert layer.backward_s_per_sample is not None
         return layer.forward_s_per_sample * micro_batch, layer.backward_s_per_sample * micro_batch
+    if accelerator.gpu is not None and isinstance(layer.ops, LayerKernels):
+        return layer_pass_seconds(layer.ops, micro_batch, dtype, dtype_bytes, accelerator.peak_flops,
+                                  accelerator.memory_bandwidth, accelerator.gpu)
     assert layer.forward_flops_per_sample is not None and layer.backward_flops_per_sample is not None
     rate = accelerator.peak_flops.get(dtype) or max(accelerator.peak_flops.values())
     rate *= accelerator.efficiency
@@ -71,14 +78,22 @@ def _interpolate(layer: LayerSpec, micro_batch: int) -> tuple[float, float]:
 
 
 def update_seconds(
-    layers: list[LayerSpec], accelerator: Accelerator, dtype_bytes: int, bytes_per_param: int
+    layers: list[LayerSpec], accelerator: Accelerator, dtype_bytes: int, bytes_per_param: int,
+    step: str | None = None,
 ) -> float:
     """Optimizer step for these layers: measured `update_s` where given, else memory-bound traffic
-    (read weight, gradient and states; write weight and states) at the memory bandwidth."""
+    (read weight, gradient and states; write weight and states) at the memory bandwidth; on an
+    accelerator with kernel tables, that traffic as the `step` implementation moves it (default:
+    the accelerator's `optimizer_step`) at the achieved bandwidth."""
     total = 0.0
+    gpu = accelerator.gpu
     for layer in layers:
         if layer.update_s is not None:
             total += layer.update_s
+        elif layer.params and gpu is not None and isinstance(layer.ops, LayerKernels):
+            traffic = bytes_per_param + (bytes_per_param - dtype_bytes)
+            total += step_seconds(layer.params, layer.ops.tensors, traffic, step or accelerator.optimizer_step,
+                                  accelerator.memory_bandwidth, gpu)
         elif layer.params:
             traffic = layer.params * (bytes_per_param + (bytes_per_param - dtype_bytes))
             total += accelerator.kernel_overhead_s + traffic / accelerator.memory_bandwidth

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from gpipe_sim.spec.gpu_model import GpuTables
 from gpipe_sim.spec.fields import Bandwidth, DeviceCount, DeviceId, Flops, Fraction, PositiveBytes, Seconds, _Strict
 from gpipe_sim.spec.limits import MAX_STAGES
 
@@ -31,6 +32,9 @@ class Accelerator(_Strict):
     # How the framework's optimizer steps by default (gpipe_sim.spec.scenario.OPTIMIZER_STEPS):
     # torch's "foreach" on CUDA, "for_loop" on CPU; "fused" where a compiler fuses the update (XLA).
     optimizer_step: Literal["for_loop", "foreach", "fused"] = "foreach"
+    # Kernel-level tables (gpipe_sim.spec.gpu_model): where given, a preset layer's time is the
+    # sum of its kernels' and `efficiency`/`kernel_overhead_s` are not used for it.
+    gpu: GpuTables | None = None
 
     @field_validator("peak_flops")
     @classmethod

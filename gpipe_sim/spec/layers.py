@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from gpipe_sim.spec import kernels as K
 from gpipe_sim.spec.model import (
     AmoebaNetModel,
     ConvNetModel,
@@ -143,6 +144,7 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
         backward_flops_per_sample=float(2 * s * d),
         backward_input_flops_per_sample=0.0,  # token ids have no gradient: all of it is the tables'
         kernels=3,
+        ops=K.embedding(v, d, s, model.dropout > 0, p, mask),
     )
     # Block: attention (QKV, scores, context, projection) and MLP, pre-LayerNorm.
     block_params = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
@@ -179,6 +181,7 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
         backward_input_flops_per_sample=2.0 * s * (4 * d * d + 2 * d * f) + 8.0 * s * s * d,
         # flash fuses the scores, scaling, mask, softmax, dropout and context product into one
         kernels=14 if model.attention == "standard" else 9,
+        ops=K.transformer_block(d, f, s, a, model.attention, model.dropout > 0, p, mask),
     )
     blocks = [_layer(name=f"block{i}", **block) for i in range(model.layers)]
     # Head: LayerNorm (input, statistics, output) and the loss's fp32 log-softmax and target ids.
@@ -197,6 +200,7 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
         forward_flops_per_sample=2.0 * s * d * v,
         backward_flops_per_sample=4.0 * s * d * v,
         kernels=5,
+        ops=K.lm_head(d, v, s, p),
     )
     return [embed, *blocks, head]
 
@@ -230,6 +234,7 @@ def _mlp(model: MlpModel, p: int, m: int) -> list[LayerSpec]:
             forward_flops_per_sample=flops,
             backward_flops_per_sample=2.0 * flops,
             kernels=2 if relu else 1,
+            ops=K.mlp_linear(n_in, n_out, relu, first, p),
         )
 
     w = model.width
@@ -240,7 +245,7 @@ def _mlp(model: MlpModel, p: int, m: int) -> list[LayerSpec]:
 
 
 def _conv_layer(name: str, params: int, flops: float, act: float, out: float, kernels: int,
-                **extra: float) -> LayerSpec:
+                **extra: Any) -> LayerSpec:
     return _layer(
         name=name,
         params=params,
@@ -275,7 +280,7 @@ def _convnet(model: ConvNetModel, p: int, m: int) -> list[LayerSpec]:
         _conv_layer("stem", 27 * c + 2 * c, 2.0 * 27 * c * size * size,
                     float((3 + 2 * c) * size * size * p) + _group_norm_stats(c), float(c * size * size * p), 3,
                     transient_bytes_per_sample=float(2 * c * size * size * p), transient_bytes=float(27 * c * p),
-                    largest_tensor_params=27 * c)
+                    largest_tensor_params=27 * c, ops=K.conv_stem(c, size, p))
     ]
     s_in = size
     for i in range(n):
@@ -300,7 +305,8 @@ def _convnet(model: ConvNetModel, p: int, m: int) -> list[LayerSpec]:
                         saved_with_previous_bytes_per_sample=block_in,
                         kept_for_weight_bytes_per_sample=float(kept),
                         transient_bytes_per_sample=2.0 * max(block_in, c_out * s_out * s_out * p),
-                        transient_bytes=float(9 * c_out * c_out * p), largest_tensor_params=9 * c_out * c_out)
+                        transient_bytes=float(9 * c_out * c_out * p), largest_tensor_params=9 * c_out * c_out,
+                        ops=K.conv_block(c_in, c_out, s_out, p))
         )
         s_in = s_out
     c_last = c * 2 ** min(2, 3 * (n - 1) // n)
@@ -315,7 +321,8 @@ def _convnet(model: ConvNetModel, p: int, m: int) -> list[LayerSpec]:
                     # backward: the gradient of the pooling's input, spread over the image
                     transient_bytes_per_sample=float(c_last * s_last * s_last * p),
                     transient_bytes=float(c_last * model.num_classes * p),
-                    largest_tensor_params=c_last * model.num_classes)
+                    largest_tensor_params=c_last * model.num_classes,
+                    ops=K.conv_head(c_last, s_last * s_last, model.num_classes, p))
     )
     return layers
 
@@ -344,7 +351,8 @@ def _amoebanet(model: AmoebaNetModel, p: int, m: int) -> list[LayerSpec]:
     layers = [
         _conv_layer("stem", stem_params, stem_flops,
                     float((3 * size * size + _CELL_ACT * stem_f * (size / 2) ** 2) * p),
-                    float(2 * d * s * s * p), _CELL_KERNELS)
+                    float(2 * d * s * s * p), _CELL_KERNELS,
+                    ops=K.amoeba_cell(stem_params, stem_f, math.ceil(size / 4), p, _CELL_KERNELS))
     ]
     filters = d
     for group in range(3):
@@ -355,17 +363,18 @@ def _amoebanet(model: AmoebaNetModel, p: int, m: int) -> list[LayerSpec]:
             layers.append(
                 _conv_layer(f"reduction{group}", params, 2.0 * params * s * s,
                             float(_CELL_ACT * filters * s * s * p), float(2 * filters * s * s * p),
-                            _CELL_KERNELS)
+                            _CELL_KERNELS, ops=K.amoeba_cell(params, filters, s, p, _CELL_KERNELS))
             )
         for i in range(n_per_group):
             params = int(_NORMAL_PARAMS * filters * filters)
             layers.append(
                 _conv_layer(f"normal{group}_{i}", params, 2.0 * params * s * s,
                             float(_CELL_ACT * filters * s * s * p), float(2 * filters * s * s * p),
-                            _CELL_KERNELS)
+                            _CELL_KERNELS, ops=K.amoeba_cell(params, filters, s, p, _CELL_KERNELS))
             )
     layers.append(
         _conv_layer("head", 2 * filters * model.num_classes, 2.0 * 2 * filters * model.num_classes,
-                    float(2 * filters * s * s * p), 4.0, 3)
+                    float(2 * filters * s * s * p), 4.0, 3,
+                    ops=K.conv_head(2 * filters, s * s, model.num_classes, p))
     )
     return layers

@@ -82,6 +82,9 @@ class LayerSpec(_Strict):
     timings: tuple[Timing, ...] = Field((), max_length=1000)
     kernels: Kernels = 1
     update_s: Duration | None = None
+    # The layer's kernels (gpipe_sim.spec.kernels.LayerKernels), which a GPU preset's tables
+    # price; set by the analytic presets, never read from or written to a table.
+    ops: Any = Field(None, exclude=True, repr=False)
 
     @model_validator(mode="after")
     def _has_cost(self) -> "LayerSpec":

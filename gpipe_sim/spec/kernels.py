@@ -1,0 +1,220 @@
+"""The kernels each preset layer runs, forward and backward, as shapes a GPU model prices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """A matrix product (m x k) @ (k x n), `batch` of them; `per_sample` names the figure that
+    grows with the micro-batch (`m` or `k`: tokens or pixels; `batch`: one product per sample)."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    per_sample: Literal["m", "k", "batch"] = "m"
+
+    def shape(self, samples: int) -> tuple[int, int, int, int]:
+        """(batch, m, n, k) for a micro-batch of `samples`."""
+        s = max(1, samples)
+        if self.per_sample == "m":
+            return self.batch, self.m * s, self.n, self.k
+        if self.per_sample == "k":
+            return self.batch, self.m, self.n, self.k * s
+        return self.batch * s, self.m, self.n, self.k
+
+
+@dataclass(frozen=True)
+class MemOp:
+    """A memory-bound kernel (layernorm, gelu, dropout, residual add, softmax, a copy): bytes read
+    plus written, per sample and fixed."""
+
+    name: str
+    bytes_per_sample: float
+    bytes_fixed: float = 0.0
+
+
+@dataclass(frozen=True)
+class Flash:
+    """Fused attention (torch's scaled_dot_product_attention, flash): `heads` per sample."""
+
+    heads: int
+    seq: int
+    head_dim: int
+    causal: bool = True
+    backward: bool = False
+
+    def flops(self, samples: int) -> float:
+        """Forward FLOPs (QK^T and PV) of the micro-batch; causal attention does half."""
+        full = 4.0 * self.heads * samples * self.seq * self.seq * self.head_dim
+        return full / 2 if self.causal else full
+
+
+Kernel = Union[Gemm, MemOp, Flash]
+
+
+@dataclass(frozen=True)
+class LayerKernels:
+    """A layer's kernels: its forward, its backward (both gradients), and how many parameter
+    tensors its optimizer step walks (one kernel list per tensor in a for-loop step)."""
+
+    forward: tuple[Kernel, ...]
+    backward: tuple[Kernel, ...]
+    tensors: int = 0
+
+
+def linear(name: str, rows: int, n_in: int, n_out: int, input_grad: bool = True) -> tuple[Gemm, tuple[Gemm, ...]]:
+    """A Linear on `rows` rows a sample: the forward GEMM and its backward ones (the input's
+    gradient unless `input_grad` is False; the weight's, whose inner size is the rows)."""
+    forward = Gemm(name, rows, n_out, n_in)
+    wgrad = Gemm(name + ".wgrad", n_in, n_out, rows, per_sample="k")
+    if not input_grad:
+        return forward, (wgrad,)
+    return forward, (Gemm(name + ".dgrad", rows, n_in, n_out), wgrad)
+
+
+def _elementwise(name: str, elements: float, p: int, reads: int = 1, writes: int = 1, extra: float = 0.0) -> MemOp:
+    return MemOp(name, elements * p * (reads + writes) + extra * elements)
+
+
+def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropout: bool, p: int,
+                      mask: int) -> LayerKernels:
+    """A pre-LayerNorm GPT block as torch runs it (the zoo's Block): LN, QKV, attention, output
+    projection, dropout + residual, LN, fc1, GeLU, fc2, dropout + residual."""
+    hd = d // heads
+    fwd: list[Kernel] = []
+    bwd: list[Kernel] = []
+    tok = float(s * d)
+    qkv, qkv_b = linear("qkv", s, d, 3 * d)
+    proj, proj_b = linear("proj", s, d, d)
+    fc1, fc1_b = linear("fc1", s, d, f)
+    fc2, fc2_b = linear("fc2", s, f, d)
+    drop = (lambda name, n: [_elementwise(name, n, p, 1, 1, mask)]) if dropout else (lambda name, n: [])
+    fwd += [_elementwise("ln1", tok, p), qkv]
+    bwd_attn: list[Kernel]
+    if attention == "flash":
+        fwd += [Flash(heads, s, hd)]
+        bwd_attn = [Flash(heads, s, hd, backward=True)]
+    else:
+        scores = float(heads * s * s)
+        fwd += [Gemm("scores", s, s, hd, heads, "batch"), _elementwise("mask+softmax", scores, p, 1, 1, 1),
+                *drop("attn.dropout", scores), Gemm("context", s, hd, s, heads, "batch")]
+        bwd_attn = [Gemm("context.dgrad_p", s, s, hd, heads, "batch"), Gemm("context.dgrad_v", s, hd, s, heads, "batch"),
+                    *drop("attn.dropout.bwd", scores), _elementwise("softmax.bwd", scores, p, 2, 1),
+                    Gemm("scores.dgrad_q", s, hd, s, heads, "batch"), Gemm("scores.dgrad_k", s, hd, s, heads, "batch")]
+    fwd += [_elementwise("heads.copy", 3 * tok, p), proj, *drop("dropout1", tok), _elementwise("residual1", tok, p, 2, 1),
+            _elementwise("ln2", tok, p), fc1, _elementwise("gelu", float(s * f), p), fc2, *drop("dropout2", tok),
+            _elementwise("residual2", tok, p, 2, 1)]
+    bwd += [*drop("dropout2.bwd", tok), *fc2_b, _elementwise("gelu.bwd", float(s * f), p, 2, 1), *fc1_b,
+            _elementwise("ln2.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1), *drop("dropout1.bwd", tok),
+            *proj_b, _elementwise("heads.copy.bwd", 3 * tok, p), *bwd_attn, *qkv_b,
+            _elementwise("ln1.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1)]
+    return LayerKernels(tuple(fwd), tuple(bwd), tensors=12)
+
+
+def embedding(v: int, d: int, s: int, dropout: bool, p: int, mask: int) -> LayerKernels:
+    """Token lookup, position add and dropout; backward: the token table's dense gradient (a
+    zeroed vocab x d table, then an index add) and the positions' sum over the batch."""
+    tok = float(s * d)
+    fwd = [_elementwise("lookup", tok, p), _elementwise("positions", tok, p, 2, 1)]
+    bwd = [MemOp("table.grad.zero", 0.0, float(v * d * p)), _elementwise("table.grad.add", tok, p, 2, 1),
+           _elementwise("positions.grad", tok, p)]
+    if dropout:
+        fwd.append(_elementwise("dropout", tok, p, 1, 1, mask))
+        bwd.insert(0, _elementwise("dropout.bwd", tok, p, 1, 1, mask))
+    return LayerKernels(tuple(fwd), tuple(bwd), tensors=2)
+
+
+# Bytes per logit a cross-entropy moves forward and backward (the logits upcast to fp32, the
+# log-softmax, its gradient and the cast back): 56 bytes in all on torch 2.11, from the measured
+# cross-entropy rows of shared/reference/h100/membound.jsonl (16384 x 50257 tokens x vocab in
+# 15.5 ms at the fitted 2.9 TB/s).
+CROSS_ENTROPY_FORWARD_BYTES = 20.0
+CROSS_ENTROPY_BACKWARD_BYTES = 36.0
+
+
+def lm_head(d: int, v: int, s: int, p: int) -> LayerKernels:
+    """Final LayerNorm, the vocabulary projection and the cross-entropy loss."""
+    out, out_b = linear("logits", s, d, v)
+    logits = float(s * v)
+    fwd = (_elementwise("ln", float(s * d), p), out, MemOp("cross_entropy", logits * CROSS_ENTROPY_FORWARD_BYTES))
+    bwd = (MemOp("cross_entropy.bwd", logits * CROSS_ENTROPY_BACKWARD_BYTES), *out_b,
+           _elementwise("ln.bwd", float(s * d), p, 3, 1))
+    return LayerKernels(fwd, bwd, tensors=3)
+
+
+def mlp_linear(n_in: int, n_out: int, relu: bool, first: bool, p: int) -> LayerKernels:
+    """A Linear (+ ReLU) of the mlp preset; the head adds the cross-entropy over its classes."""
+    out, back = linear("linear", 1, n_in, n_out, input_grad=not first)
+    fwd: list[Kernel] = [out]
+    bwd: list[Kernel] = list(back)
+    if relu:
+        fwd.append(_elementwise("relu", float(n_out), p))
+        bwd.insert(0, _elementwise("relu.bwd", float(n_out), p, 2, 1))
+    else:
+        fwd.append(MemOp("cross_entropy", n_out * CROSS_ENTROPY_FORWARD_BYTES))
+        bwd.insert(0, MemOp("cross_entropy.bwd", n_out * CROSS_ENTROPY_BACKWARD_BYTES))
+    return LayerKernels(tuple(fwd), tuple(bwd), tensors=2)
+
+
+def conv(name: str, pixels: int, c_in: int, c_out: int, window: int, input_grad: bool = True) -> tuple[Gemm, tuple[Gemm, ...]]:
+    """A convolution as the implicit GEMM cuDNN runs: output pixels x c_out, inner window x c_in."""
+    return linear(name, pixels, window * c_in, c_out, input_grad)
+
+
+def conv_block(c_in: int, c_out: int, s_out: int, p: int) -> LayerKernels:
+    """The zoo's residual block: conv, GroupNorm, ReLU, conv, GroupNorm, (projection), add, ReLU."""
+    pix = s_out * s_out
+    fmap = float(pix * c_out)
+    c1, c1_b = conv("conv1", pix, c_in, c_out, 9)
+    c2, c2_b = conv("conv2", pix, c_out, c_out, 9)
+    fwd: list[Kernel] = [c1, _elementwise("norm1", fmap, p, 2, 1), _elementwise("relu1", fmap, p), c2,
+                         _elementwise("norm2", fmap, p, 2, 1)]
+    bwd: list[Kernel] = [_elementwise("relu2.bwd", fmap, p, 2, 1), _elementwise("norm2.bwd", fmap, p, 3, 1), *c2_b,
+                         _elementwise("relu1.bwd", fmap, p, 2, 1), _elementwise("norm1.bwd", fmap, p, 3, 1), *c1_b]
+    if c_in != c_out:
+        sc, sc_b = conv("shortcut", pix, c_in, c_out, 1)
+        fwd.append(sc)
+        bwd += list(sc_b)
+    fwd += [_elementwise("add", fmap, p, 2, 1), _elementwise("relu2", fmap, p)]
+    return LayerKernels(tuple(fwd), tuple(bwd), tensors=6)
+
+
+def conv_stem(c: int, size: int, p: int) -> LayerKernels:
+    """The convnet's stem: a 3x3 convolution of the image, GroupNorm, ReLU (no input gradient)."""
+    pix = size * size
+    fmap = float(pix * c)
+    c1, c1_b = conv("stem", pix, 3, c, 9, input_grad=False)
+    fwd = (c1, _elementwise("norm", fmap, p, 2, 1), _elementwise("relu", fmap, p))
+    bwd = (_elementwise("relu.bwd", fmap, p, 2, 1), _elementwise("norm.bwd", fmap, p, 3, 1), *c1_b)
+    return LayerKernels(fwd, bwd, tensors=3)
+
+
+def conv_head(c: int, pixels: int, classes: int, p: int) -> LayerKernels:
+    """Global average pooling, the classifier and the loss."""
+    out, out_b = linear("fc", 1, c, classes)
+    fwd = (MemOp("pool", float(c * pixels * p + c * p)), out, MemOp("cross_entropy", classes * CROSS_ENTROPY_FORWARD_BYTES))
+    bwd = (MemOp("cross_entropy.bwd", classes * CROSS_ENTROPY_BACKWARD_BYTES), *out_b,
+           MemOp("pool.bwd", float(c * pixels * p + c * p)))
+    return LayerKernels(fwd, bwd, tensors=2)
+
+
+def amoeba_cell(params: int, filters: int, side: int, p: int, kernels: int) -> LayerKernels:
+    """An AmoebaNet cell as `kernels` / 4 equal convolution branches holding its parameters
+    (1x1 and separable convolutions: implicit GEMMs with filters outputs), each with a
+    normalisation and an activation over the cell's feature map."""
+    branches = max(1, kernels // 4)
+    pix = max(1, side * side)
+    inner = max(1, params // max(1, branches * filters))
+    fmap = float(pix * filters)
+    fwd: list[Kernel] = []
+    bwd: list[Kernel] = []
+    for i in range(branches):
+        g, g_b = conv(f"branch{i}", pix, inner, filters, 1)
+        fwd += [g, _elementwise(f"norm{i}", fmap, p, 2, 1), _elementwise(f"act{i}", fmap, p)]
+        bwd += [_elementwise(f"act{i}.bwd", fmap, p, 2, 1), _elementwise(f"norm{i}.bwd", fmap, p, 3, 1), *g_b]
+    return LayerKernels(tuple(fwd), tuple(bwd), tensors=3 * branches)
