@@ -20,9 +20,7 @@ from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, PARTITION_METHODS, REMAT_M
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS
 from ui_data import read_layer_table
-
-PREFIX = "cfg."  # widget keys with this prefix keep their values across pages
-_KEPT_TABLE = "kept.layer_table"
+from ui_scenario import KEPT_TABLE as _KEPT_TABLE, PREFIX, finish_boxes, form_base, upload_box
 MODEL_CLASSES = {
     cls.model_fields["preset"].default: cls
     for cls in (TransformerModel, UniformModel, MlpModel, ConvNetModel, AmoebaNetModel)
@@ -184,13 +182,16 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
     latency = text("link_latency", "link latency", link["latency_s"], "seconds", "e.g. '3 us'.")
     n1, n2 = box.columns(2)
     per_node = n1.number_input("devices per node", min_value=0, max_value=65_536, step=1,
-                               key=_init(PREFIX + "hardware.devices_per_node", 0),
+                               key=_init(PREFIX + "hardware.devices_per_node", int(base.get("devices_per_node") or 0)),
                                help="0: every device in one node. Otherwise devices 0..N-1 fill nodes of "
                                     "this many; traffic between nodes uses the network.")
-    network = n2.text_input("network bandwidth (per device)", key=_init(key + "network", ""),
+    given_network = base.get("network") if base.get("preset") == preset else None
+    network_text = format_quantity(given_network["bandwidth"], "bandwidth") if given_network else ""
+    network = n2.text_input("network bandwidth (per device)", key=_init(key + "network", network_text),
                             help="Between nodes, e.g. '50 GB/s' (empty: the link bandwidth).")
     placement = box.text_input(
-        "rank → device map", key=_init(PREFIX + "hardware.stage_to_device", ""),
+        "rank → device map",
+        key=_init(PREFIX + "hardware.stage_to_device", ", ".join(map(str, base.get("stage_to_device") or ()))),
         help="The device each pipeline rank runs on, e.g. '0,0,1,1': ranks 0-1 on device 0, 2-3 on device 1, "
              "taking turns there and sharing its memory. Empty: one device per rank.")
     device_map = parse_device_map(placement)
@@ -227,13 +228,16 @@ def schedule_help() -> str:
 
 def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     """Draw the scenario widgets in `box` (the sidebar); return (scenario data, or None and a notice)."""
-    base = default_scenario_data()
-    bp, bt = base["pipeline"], base["training"]
     box.header("Scenario")
+    notice_box = box.container()
     pipe_box = box.container()
     model_box = box.expander("Model", expanded=True)
     hw_box = box.expander("Hardware", expanded=False)
     train_box = box.container()
+    file_box = box.expander("Open or save a scenario file", expanded=False)
+    upload_box(file_box)  # first: an opened file sets what the widgets below start from
+    base = form_base(default_scenario_data)
+    bp, bt = base["pipeline"], base["training"]
 
     pipe_box.subheader("Pipeline")
     c1, c2 = pipe_box.columns(2)
@@ -293,15 +297,15 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     hw_box.caption(hardware_presets()[hw_preset].get("description", ""))
     hardware = _hardware_fields(hw_box, hw_preset, dtype, base["hardware"])
 
-    if model is None:
-        return None, notice
-    return {
+    data = None if model is None else {
         "model": model,
         "hardware": hardware,
         "pipeline": {"stages": stages, "chunks": chunks, "data_parallel": replicas, "micro_batches": micro,
                      "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition},
         "training": {"optimizer": optimizer, "dtype": dtype, "zero": int(zero), "optimizer_step": step},
-    }, None
+    }
+    finish_boxes(notice_box, file_box, data)
+    return data, None if data is not None else notice
 
 
 def keep_form_state() -> None:

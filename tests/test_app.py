@@ -54,7 +54,8 @@ def test_explore_defaults_render_every_part():
     assert {"forward", "backward", "recompute", "send", "recv"} <= kinds  # default remat: always
     assert sorted({y for t in gantt["data"] for y in t["y"]}) == list(range(K))  # one row per stage
     assert [b.label for b in at.get("download_button")] == [
-        "Scenario (YAML)", "Result (JSON)", "Timeline (Chrome trace)"]
+        "Scenario (YAML)", "Result (JSON)", "Timeline (Chrome trace)", "Download this scenario (YAML)"]
+    assert [b.label for b in at.sidebar.get("download_button")] == ["Download this scenario (YAML)"]
 
 
 def test_explore_bubble_follows_k_and_m_to_the_analytic_value():

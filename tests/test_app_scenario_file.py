@@ -1,0 +1,154 @@
+"""The app opens a scenario file (an upload, or `streamlit run app/streamlit_app.py -- FILE`) into
+the sidebar form and downloads the form's scenario as YAML; a bad file is one error line."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import yaml
+
+from test_app_support import APP, ROOT, app_test, metric
+
+pytest.importorskip("streamlit")
+sys.path.insert(0, str(ROOT / "app"))
+from ui_scenario import command_line_path, differing_fields, scenario_download_yaml  # noqa: E402
+
+# d_model 2560 (the default scenario's is 2048, so the form showing it proves the file was read)
+SCENARIO = {
+    "model": {"preset": "transformer", "layers": 12, "d_model": 2560, "d_ff": 10240, "heads": 20,
+              "seq_len": 2048, "vocab": 50257},
+    "hardware": {"preset": "a100-80gb"},
+    "pipeline": {"stages": 2, "micro_batches": 8, "batch_size": 32, "schedule": "1f1b", "remat": "none",
+                 "partition": "uniform"},
+    "training": {"optimizer": "adam", "dtype": "bf16"},
+}
+YAML = "application/x-yaml"
+
+
+def _form(at, key):
+    widgets = [w for kind in ("number_input", "selectbox", "text_input")
+               for w in getattr(at.sidebar, kind) if w.key == "cfg." + key]
+    assert widgets, key
+    return widgets[0].value
+
+
+def _assert_shows_scenario(at):
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert _form(at, "model.transformer.d_model") == 2560
+    assert _form(at, "model.transformer.seq_len") == 2048
+    assert _form(at, "pipeline.stages") == 2 and _form(at, "pipeline.micro_batches") == 8
+    assert _form(at, "pipeline.schedule") == "1f1b" and _form(at, "pipeline.remat") == "none"
+    assert metric(at, "Step time")  # and the page simulated it
+
+
+def _upload(at, name, data: bytes):
+    at.sidebar.file_uploader(key="upload.scenario").set_value((name, data, YAML))
+    return at.run()
+
+
+def test_an_uploaded_scenario_fills_the_form_and_stays_across_pages():
+    at = app_test().run()
+    assert _form(at, "model.transformer.d_model") == 2048
+    _upload(at, "gpt.yaml", yaml.safe_dump(SCENARIO).encode())
+    _assert_shows_scenario(at)
+    assert any(c.value == "Opened gpt.yaml." for c in at.sidebar.caption)
+    at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(16).run()  # then edited as usual
+    assert _form(at, "pipeline.micro_batches") == 16 and _form(at, "model.transformer.d_model") == 2560
+    at.switch_page("views/compare.py").run()
+    at.switch_page("views/explore.py").run()
+    assert _form(at, "model.transformer.d_model") == 2560 and _form(at, "pipeline.micro_batches") == 16
+
+
+def test_a_json_upload_and_a_layer_table_scenario():
+    import json
+
+    at = _upload(app_test().run(), "gpt.json", json.dumps(SCENARIO).encode())
+    _assert_shows_scenario(at)
+    layers = [{"name": f"l{i}", "forward_s_per_sample": 1e-3, "backward_s_per_sample": 2e-3, "params": 1000,
+               "activation_bytes_per_sample": 1e5, "output_bytes_per_sample": 1e4} for i in range(8)]
+    table = {"model": {"preset": "table", "layers": layers}, "hardware": {"preset": "ideal"},
+             "pipeline": {"stages": 4, "micro_batches": 4, "batch_size": 16, "remat": "none"}}
+    at = _upload(app_test().run(), "table.yaml", yaml.safe_dump(table).encode())
+    assert not at.error and not at.exception
+    assert _form(at, "model.preset") == "table" and _form(at, "pipeline.stages") == 4
+    assert any("Using table.yaml (8 layers)" in c.value for c in at.sidebar.caption)
+
+
+@pytest.mark.parametrize("name, data, start", [
+    ("broken.yaml", b"model: [", "Could not open broken.yaml: malformed YAML in 'broken.yaml' at line "),
+    ("typo.yaml", b"pipeline: {micro_batchs: 4}",
+     "Could not open typo.yaml: pipeline.micro_batchs: unknown key (did you mean micro_batches?)"),
+    ("list.yaml", b"- 1\n- 2\n", "Could not open list.yaml: scenario: expected a mapping"),
+    ("bad.json", b"{not json", "Could not open bad.json: malformed JSON in 'bad.json' at line 1"),
+])
+def test_a_bad_upload_is_one_error_line_and_the_form_keeps_its_values(name, data, start):
+    at = app_test().run()
+    before = metric(at, "Step time")
+    _upload(at, name, data)
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and errors[0].startswith(start) and "\n" not in errors[0], errors
+    assert "Traceback" not in errors[0] and "/tmp" not in errors[0]
+    assert _form(at, "model.transformer.d_model") == 2048 and metric(at, "Step time") == before
+
+
+def test_the_command_line_scenario_opens_in_the_form(tmp_path, monkeypatch):
+    path = tmp_path / "gpt.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    monkeypatch.setattr(sys, "argv", [str(APP), str(path)])
+    at = app_test().run()
+    _assert_shows_scenario(at)
+    at.sidebar.number_input(key="cfg.pipeline.stages").set_value(4).run()
+    assert _form(at, "pipeline.stages") == 4  # opened once per session, not on every rerun
+
+
+@pytest.mark.parametrize("content", [None, "pipeline: {stages: -1}\n", "model: {preset: transformer\n"])
+def test_a_bad_command_line_scenario_is_one_error_line_and_the_defaults_run(tmp_path, monkeypatch, content):
+    path = tmp_path / "bad.yaml"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setattr(sys, "argv", [str(APP), str(path)])
+    at = app_test().run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and errors[0].startswith("Could not open ") and "\n" not in errors[0], errors
+    assert _form(at, "model.transformer.d_model") == 2048 and metric(at, "Step time")
+
+
+def test_only_this_app_reads_the_command_line():
+    assert command_line_path([str(APP), "s.yaml"], APP) == "s.yaml"
+    assert command_line_path(["app/streamlit_app.py", "s.yaml"], ROOT / "app" / "streamlit_app.py") in (
+        "s.yaml", None)  # relative to the current folder
+    assert command_line_path(["/usr/bin/pytest", "tests/test_app.py"], APP) is None  # a test runner's argv
+    assert command_line_path([str(APP)], APP) is None
+
+
+def test_fields_the_form_does_not_hold_are_named(tmp_path):
+    data = {**SCENARIO, "pipeline": {**SCENARIO["pipeline"], "partition": [6, 8]},
+            "hardware": {"preset": "a100-80gb", "host": {"action_s": 2e-5}}}
+    at = _upload(app_test().run(), "extra.yaml", yaml.safe_dump(data).encode())
+    assert not at.exception and not at.error
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith("Opened extra.yaml; the form does not hold ") and "pipeline.partition" in w
+               and "hardware.host.action_s" in w for w in warnings), warnings
+    _assert_shows_scenario(at)
+
+
+def test_the_sidebar_downloads_the_forms_scenario_as_yaml():
+    at = _upload(app_test().run(), "gpt.yaml", yaml.safe_dump(SCENARIO).encode())
+    assert "Download this scenario (YAML)" in [b.label for b in at.sidebar.get("download_button")]
+    from gpipe_sim import parse_scenario
+
+    want = parse_scenario(SCENARIO).to_dict()
+    text = scenario_download_yaml(SCENARIO)
+    assert differing_fields(parse_scenario(yaml.safe_load(text)).to_dict(), want) == []
+    bad = scenario_download_yaml({**SCENARIO, "pipeline": {**SCENARIO["pipeline"], "stages": 99}})
+    assert bad.startswith("# does not validate yet: pipeline.stages: ") and yaml.safe_load(bad)["pipeline"]["stages"] == 99
+
+
+def test_differing_fields():
+    assert differing_fields({"a": {"b": 1.0, "c": [1, 2]}}, {"a": {"b": 1.000001, "c": [1, 2]}}) == []
+    assert differing_fields({"a": {"b": 1.0}}, {"a": {"b": 2.0, "d": "x"}}) == ["a.b", "a.d"]
+    assert differing_fields({"p": [1, 2]}, {"p": [1, 3]}) == ["p"]
