@@ -109,6 +109,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             raise GpipeError(f"--devices: expected device numbers such as 0,0,1,1, got {args.devices!r}") from None
         if len(device_map) < 2 or min(device_map) < 0:
             raise GpipeError(f"--devices: expected two or more device numbers >= 0, got {args.devices!r}")
+    if args.gpu_tables:  # kernel tables of this GPU (gpipe_exec/calibration_gpu.py)
+        from gpipe_exec.calibration_gpu import calibrate_gpu_tables
+
+        hardware = calibrate_gpu_tables(args.gpu_tables, args.gpu_preset)
+        sys.stdout.write(json.dumps({"hardware": hardware, "written": args.gpu_tables}) + "\n")
+        return 0
     if args.link_only:
         link = calibrate_link(options=options)
         sys.stdout.write(json.dumps({**link.to_dict(), "hardware": _nested(link.hardware_updates())}) + "\n")
@@ -282,6 +288,11 @@ def _parser_calibrate(sub: argparse._SubParsersAction) -> None:
                                          "(gpipe_sim's hardware.link and hardware.host)")
     p.add_argument("--link-only", action="store_true", help="only the point-to-point latency and bandwidth")
     p.add_argument("--devices", help="also fit the host times for stages placed so, e.g. 0,0,1,1")
+    p.add_argument("--gpu-tables", metavar="OUT.yaml",
+                   help="instead: measure this GPU's kernel tables (GEMMs, bandwidth, attention, optimizer, "
+                        "launch; under 3 minutes) and write a hardware YAML gpipe-sim takes")
+    p.add_argument("--gpu-preset", default="h100-sxm",
+                   help="with --gpu-tables: the preset whose peak rates and bandwidth the tables refine")
     _launch_flags(p)
     p.set_defaults(func=_cmd_calibrate)
 

@@ -120,6 +120,9 @@ class Hardware(_Strict):
         merged = {k: v for k, v in base.items() if k in ("accelerator", "link", "host")}
         for key, value in data.items():
             if key in merged and isinstance(value, dict):
+                nested = merged[key].get("gpu")
+                if isinstance(nested, dict) and isinstance(value.get("gpu"), dict):  # the kernel tables' fields
+                    value = {**value, "gpu": {**nested, **value["gpu"]}}
                 merged[key] = {**merged[key], **value}
             else:
                 merged[key] = value
