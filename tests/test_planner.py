@@ -17,8 +17,8 @@ from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import parse_scenario
 from gpipe_sim.studies.planner import (
-    CostTable, PlanEntry, PlanOptions, enumerate_candidates, held_memory_bound, memory_lower_bound, pareto_front, plan,
-    program_step_bound, step_lower_bound,
+    Candidate, CostTable, PlanEntry, PlanOptions, candidate_space, enumerate_candidates, held_memory_bound,
+    memory_lower_bound, pareto_front, plan, program_step_bound, step_lower_bound,
 )
 
 UNIFORM = {
@@ -84,6 +84,20 @@ def test_explicit_device_map_is_cleared_where_it_no_longer_fits():
         base.with_updates(o)  # valid
 
 
+def test_candidates_are_the_enumerated_overrides():
+    """`candidate_space` and `enumerate_candidates` list the same configurations in the same order:
+    each `Candidate.overrides()` is the dict (key order included), and `from_overrides` inverts it."""
+    base = parse_scenario({**UNIFORM, "hardware": {"preset": "v100", "stage_to_device": [1, 0]}})
+    options = PlanOptions(devices=2, fewer_devices=True, max_chunks=2, remat=("none",))
+    cands = candidate_space(base, options)
+    dicts = enumerate_candidates(base, options)
+    assert [list(c.overrides().items()) for c in cands] == [list(o.items()) for o in dicts]
+    assert [Candidate.from_overrides(o) for o in dicts] == cands
+    assert any(c.clears("hardware.stage_to_device") for c in cands)
+    with pytest.raises(ValueError):
+        Candidate.from_overrides({**dicts[0], "pipeline.batch_size": 4})
+
+
 @pytest.mark.parametrize("data, options", [
     pytest.param(UNIFORM, PlanOptions(devices=2, max_chunks=2, micro_batches=(2, 8), top=3, remat=("none", "always"),
                                       partitions=("uniform", "time", "memory", "fit")), marks=pytest.mark.slow),
@@ -134,11 +148,12 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
         peak = max(result.device_peak_memory_bytes.values())
         compiled = compile_plan(base.with_updates(o))
         counts = compiled.layer_counts
-        assert program_step_bound(costs, o, compiled) <= result.step_time_s, o
+        cand = Candidate.from_overrides(o)
+        assert program_step_bound(costs, cand, compiled) <= result.step_time_s, o
         for given in (None, counts):
-            assert memory_lower_bound(costs, o, given) <= peak, (o, given)
-            assert held_memory_bound(costs, o, given) <= peak, (o, given)
-            assert step_lower_bound(costs, o, given) <= result.step_time_s, (o, given)
+            assert memory_lower_bound(costs, cand, given) <= peak, (o, given)
+            assert held_memory_bound(costs, cand, given) <= peak, (o, given)
+            assert step_lower_bound(costs, cand, given) <= result.step_time_s, (o, given)
 
 
 def test_nothing_fits_names_the_smallest_peak():

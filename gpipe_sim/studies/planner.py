@@ -1,61 +1,38 @@
-"""The planner: the fastest configuration (D x K, v, M, schedule, remat, partition, ZeRO) that fits N devices.
-
-The search enumerates every configuration the schema and the schedule families accept, drops
-those that a memory lower bound already rules out, and simulates the rest (compile + the fast
-evaluator) in the order of a step-time lower bound, skipping every candidate whose bound is above
-the top-N found so far: both bounds are proven below the simulator's own figures (see
-`memory_lower_bound` and `step_lower_bound`), so the top-N is the one an exhaustive sweep finds.
-"""
+"""The planner: the fastest configuration (D x K, v, M, schedule, remat, partition, ZeRO) that fits N devices."""
 
 from __future__ import annotations
 
 import heapq
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from gpipe_sim.api import result_from_times, run_engine
-from gpipe_sim.errors import GpipeError, ScenarioError
-from gpipe_sim.plan.compile import (
-    Plan, compile_plan,
-)
-from gpipe_sim.plan.replicas import ring_allreduce_seconds
-from gpipe_sim.plan.partition import held_activations, micro_batch_sizes, resolve_partition
+from gpipe_sim.errors import GpipeError
+from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.results.result import Result
-from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
-from gpipe_sim.schedule.lower import build_schedule, saves_activations
-from gpipe_sim.spec import limits
-from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
-from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, Scenario
+from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.studies.planner_bounds import (
+    CostTable, Work, candidate_work, chunk_placement, held_memory_bound, held_samples, memory_lower_bound,
+    min_max_partition, program_step_bound, quick_counts, step_lower_bound,
+)
+from gpipe_sim.studies.planner_space import (
+    AXES, DEFAULT_PARTITIONS, Candidate, PlanOptions, candidate_space, check_options, device_pairs,
+    enumerate_candidates,
+)
 
-DEFAULT_PARTITIONS = ("uniform", "time")
+__all__ = [
+    "AXES", "DEFAULT_PARTITIONS", "LIMITERS", "MEMORY_LIMITED", "NEGLIGIBLE_LOSS", "Candidate", "CostTable",
+    "PlanEntry", "PlanOptions", "PlanSearch", "candidate_space", "check_options", "collapse_alike", "device_pairs",
+    "enumerate_candidates", "held_memory_bound", "held_samples", "limiter_of", "memory_lower_bound",
+    "min_max_partition", "pareto_front", "plan", "program_step_bound", "step_lower_bound",
+]
+
 LIMITERS = ("bubble", "imbalance", "memory", "communication", "compute")
 MEMORY_LIMITED = 0.9  # a configuration whose peak is at least this share of the capacity is memory-limited
 NEGLIGIBLE_LOSS = 0.05  # device-time losses below this share of the step: the configuration is compute-bound
-_SLACK = 1.0 - 1e-9  # bounds are sums in another order than the simulator's: keep them strictly below
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """The space the planner searches. None on an axis: its full range (see each field)."""
-
-    devices: int  # N
-    fewer_devices: bool = False  # also D*K < N
-    schedules: tuple[str, ...] | None = None  # None: every registered schedule family
-    remat: tuple[str, ...] | None = None  # None: every remat mode of the schema
-    # None: the partition methods worth trying here, DEFAULT_PARTITIONS ("memory" and "fit" run a
-    # partition search of 0.03-0.2 s per candidate: ask for them where memory is tight)
-    partitions: tuple[str, ...] | None = None
-    zero: tuple[int, ...] | None = None  # None: (0, 1) when D > 1, else (0,)
-    max_chunks: int = 4  # v values tried for families with chunks > 1
-    top: int = 10  # the ranking that must be exact: the bound never skips a candidate that enters it
-    micro_batches: tuple[int, ...] | None = None  # None: every M the batch allows (1 .. batch / D)
-    powers_of_two: bool = False  # K and D powers of two only (a narrower space for large N)
 
 
 @dataclass
@@ -107,11 +84,6 @@ class PlanEntry:
         return out
 
 
-AXES = {"D": "pipeline.data_parallel", "K": "pipeline.stages", "v": "pipeline.chunks",
-        "M": "pipeline.micro_batches", "schedule": "pipeline.schedule", "remat": "pipeline.remat",
-        "partition": "pipeline.partition", "zero": "training.zero"}
-
-
 @dataclass
 class PlanSearch:
     """What the search found: `ranked` (every fitting configuration simulated, best throughput
@@ -148,491 +120,7 @@ class PlanSearch:
 
 
 # ---------------------------------------------------------------------------------------------
-# the space
-
-
-def device_pairs(base: Scenario, options: PlanOptions) -> list[tuple[int, int]]:
-    """(D, K) pairs with D*K = N (or <= N with `fewer_devices`) that the batch and layers allow."""
-    from gpipe_sim.spec.layers import layer_count
-
-    layers = layer_count(base.model)
-    batch = base.pipeline.batch_size
-    counts = range(1, options.devices + 1) if options.fewer_devices else [options.devices]
-    pairs = []
-    for n in counts:
-        for K in _divisors(n):
-            D = n // K
-            if options.powers_of_two and (K & (K - 1) or D & (D - 1)):
-                continue
-            if K <= layers and batch % D == 0 and D <= batch:
-                pairs.append((D, K))
-    return pairs
-
-
-def _divisors(n: int) -> list[int]:
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return sorted(set(small + [n // k for k in small]))
-
-
-def _placement_overrides(base: Scenario, D: int, K: int) -> dict[str, Any]:
-    """Hardware fields of the base that no longer fit D x K, cleared so the candidate places
-    itself (Megatron-LM's order over D*K devices)."""
-    hw, p = base.hardware, base.pipeline
-    out: dict[str, Any] = {}
-    same = (D, K) == (p.data_parallel, p.stages)
-    if hw.placement is not None and not same:
-        out["hardware.placement"] = None
-    if hw.stage_to_device is not None and not (same or (D == 1 and len(hw.stage_to_device) == K)):
-        out["hardware.stage_to_device"] = None
-    if hw.links is not None and len(hw.links) != K - 1:
-        out["hardware.links"] = None
-    return out
-
-
-def enumerate_candidates(base: Scenario, options: PlanOptions) -> list[dict[str, Any]]:
-    """Every configuration in the space that the schema and the schedule families accept, as dotted
-    overrides of the base scenario (e.g. {"pipeline.stages": 2, "pipeline.data_parallel": 1,
-    "pipeline.chunks": 1, "pipeline.micro_batches": 4, "pipeline.schedule": "1f1b",
-    "pipeline.remat": "none", "pipeline.partition": "time", "training.zero": 0}), in a stable order:
-    D*K, K, schedule (registry order), v, M, remat, partition, zero. Hardware fields of the base
-    that do not fit a (D, K) (an explicit placement, per-pair links) are overridden with None.
-
-    Which (K, M, v) a family accepts is its own `problem` check; the schema's rules are checked
-    once per (D, K, v, schedule) by validating a scenario, and its M rules (M <= batch / D, the
-    pass limit) per M."""
-    check_options(options)
-    from gpipe_sim.spec.layers import layer_count
-
-    layers = layer_count(base.model)
-    batch = base.pipeline.batch_size
-    names = options.schedules if options.schedules is not None else tuple(SCHEDULES)
-    remats = options.remat if options.remat is not None else REMAT_MODES
-    partitions = options.partitions if options.partitions is not None else DEFAULT_PARTITIONS
-    out: list[dict[str, Any]] = []
-    for D, K in device_pairs(base, options):
-        share = batch // D
-        zeros = options.zero if options.zero is not None else ((0, 1) if D > 1 else (0,))
-        Ms = [m for m in (options.micro_batches or range(1, share + 1)) if 1 <= m <= share]
-        hardware = _placement_overrides(base, D, K)
-        for name in names:
-            family = SCHEDULES[name]
-            for v in range(1, options.max_chunks + 1):
-                if K * v > layers:
-                    break
-                accepted = [M for M in Ms if K * v * M * D <= limits.MAX_PASSES and family.problem(K, M, v) is None]
-                accepted = _schema_accepts(base, D, K, v, name, accepted, hardware)
-                for M in accepted:
-                    for remat in remats:
-                        for partition in partitions:
-                            for zero in zeros:
-                                out.append({
-                                    "pipeline.data_parallel": D, "pipeline.stages": K, "pipeline.chunks": v,
-                                    "pipeline.micro_batches": M, "pipeline.schedule": name,
-                                    "pipeline.remat": remat, "pipeline.partition": partition,
-                                    "training.zero": zero, **hardware,
-                                })
-    return out
-
-
-def _schema_accepts(base: Scenario, D: int, K: int, v: int, name: str, Ms: list[int],
-                    hardware: dict[str, Any]) -> list[int]:
-    """The Ms of a (D, K, v, schedule) group the schema accepts: one validation for the group
-    (its other rules do not depend on M), each M on its own if that one fails."""
-    if not Ms:
-        return Ms
-
-    def ok(M: int) -> bool:
-        try:
-            base.with_updates({"pipeline.data_parallel": D, "pipeline.stages": K, "pipeline.chunks": v,
-                               "pipeline.micro_batches": M, "pipeline.schedule": name, **hardware})
-        except GpipeError:
-            return False
-        return True
-
-    if ok(Ms[0]) and ok(Ms[-1]):
-        return Ms
-    return [M for M in Ms if ok(M)]
-
-
-def check_options(options: PlanOptions) -> None:
-    """ScenarioError naming the option when the space is malformed (unknown schedule, N < 1...)."""
-    if isinstance(options.devices, bool) or not isinstance(options.devices, int) or options.devices < 1:
-        raise ScenarioError(f"--devices: expected a whole number >= 1, got {options.devices!r}")
-    if options.devices > limits.MAX_PASSES:
-        raise ScenarioError(f"--devices: {options.devices:,} is over the limit of {limits.MAX_PASSES:,}")
-    for what, given, allowed in (("--schedules", options.schedules, tuple(SCHEDULES)),
-                                 ("--remat", options.remat, REMAT_MODES),
-                                 ("--partitions", options.partitions, PARTITION_METHODS),
-                                 ("--zero", options.zero, (0, 1))):
-        if given is None:
-            continue
-        if not given:
-            raise ScenarioError(f"{what}: give at least one value")
-        for value in given:
-            if value not in allowed:
-                raise ScenarioError(f"{what}: unknown value {str(value)[:40]!r} "
-                                    f"(choose from {', '.join(str(a) for a in allowed)})")
-    if options.max_chunks < 1:
-        raise ScenarioError(f"--max-chunks: must be >= 1, got {options.max_chunks}")
-    if options.top < 1:
-        raise ScenarioError(f"--top: must be >= 1, got {options.top}")
-
-
-# ---------------------------------------------------------------------------------------------
-# bounds
-
-
-class CostTable:
-    """Per-layer costs of the base model, built once and reused by every candidate's bounds:
-    seconds per micro-batch size, static bytes per (D, ZeRO), activation bytes per sample."""
-
-    def __init__(self, base: Scenario) -> None:
-        self.base = base
-        t = base.training
-        self.accel = base.hardware.accelerator
-        self.dtype, self.dtype_bytes = t.dtype, t.dtype_bytes
-        self.layers = build_layers(base.model, self.dtype_bytes, self.accel.dropout_mask_bytes(self.dtype_bytes))
-        self.L = len(self.layers)
-        self.params = np.array([float(layer.params) for layer in self.layers])
-        self.act = np.array([float(layer.activation_bytes_per_sample) for layer in self.layers])
-        bpp = t.bytes_per_param
-        self.update = np.array([update_seconds([layer], self.accel, self.dtype_bytes, bpp) for layer in self.layers])
-        self.capacity = self.accel.usable_memory_bytes
-        self._times: dict[int, np.ndarray] = {}
-        self.cache: dict[Any, float] = {}  # partition-free bounds by the axes they depend on
-
-    def times(self, b: int) -> np.ndarray:
-        """[layer, (forward, backward, backward input, backward weight)] seconds for b samples."""
-        cached = self._times.get(b)
-        if cached is None:
-            rows = []
-            for layer in self.layers:
-                f, bk = layer_seconds(layer, b, self.accel, self.dtype, self.dtype_bytes)
-                rows.append((f, bk, *split_backward_seconds(layer, b, bk)))
-            cached = self._times[b] = np.array(rows, dtype=float).reshape(self.L, 4)
-        return cached
-
-    def allreduce(self, o: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Per pipeline rank: (seconds per parameter, fixed seconds) of the D-member ring all-reduce
-        of a chunk's gradients, `ring_allreduce_seconds` over the link `compile_plan` gives that
-        ring: `link` when the replicas of the rank share a node, else `network`; the faster of the
-        two where the candidate keeps an explicit placement of the base."""
-        D, K = o["pipeline.data_parallel"], o["pipeline.stages"]
-        if D <= 1:
-            return np.zeros(K), np.zeros(K)
-        hw = self.base.hardware
-        network = hw.network or hw.link
-        placed = hw.placement is not None and "hardware.placement" not in o
-        per_node = hw.devices_per_node or D * K
-        out = []
-        for r in range(K):
-            ring = [r * D + d for d in range(D)]  # Megatron-LM's order: a stage's replicas side by side
-            within = len({device // per_node for device in ring}) == 1
-            links = [hw.link, network] if placed else [hw.link if within else network]
-            bandwidth = max(ln.bandwidth for ln in links)
-            latency = min(ln.latency_s for ln in links)
-            out.append((ring_allreduce_seconds(self.dtype_bytes, D, bandwidth, 0.0),
-                        ring_allreduce_seconds(0.0, D, math.inf, latency)))
-        per_param, fixed = np.array(out).T
-        return per_param, fixed
-
-    def hops(self, o: dict[str, Any], samples: int, placement: Sequence[int]) -> np.ndarray:
-        """Per chunk boundary j (chunk j -> j+1): seconds at least that a micro-batch of `samples`
-        takes to cross it (serialization at the least output size of a layer a chunk can end with, plus latency) over
-        the link `compile_plan` gives replica 0's ranks (Megatron-LM's order); 0 on one device, and
-        0 everywhere where the candidate keeps an explicit device map of the base."""
-        hw = self.base.hardware
-        D = o["pipeline.data_parallel"]
-        C = len(placement)
-        if C < 2 or (hw.placement is not None and "hardware.placement" not in o) or \
-                (hw.stage_to_device is not None and "hardware.stage_to_device" not in o):
-            return np.zeros(max(C - 1, 0))
-        per_node = hw.devices_per_node or D * o["pipeline.stages"]
-        network = hw.network or hw.link
-        # a boundary follows any layer but the last
-        least = min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1]) * samples
-        out = np.zeros(C - 1)
-        for j in range(C - 1):
-            a, b = placement[j], placement[j + 1]
-            if a == b:
-                continue
-            if (a * D) // per_node != (b * D) // per_node:
-                ln = network
-            else:
-                ln = hw.link_between(min(a, b)) if abs(a - b) == 1 else hw.link
-            out[j] = least / ln.bandwidth + ln.latency_s
-        return out
-
-    def static_per_param(self, D: int, zero: int) -> float:
-        """Bytes per parameter a rank holds: weight, gradient, optimizer states (sharded by ZeRO-1)."""
-        t = self.base.training
-        sharded = (t.state_bytes_per_param - t.dtype_bytes) / (D if zero else 1)
-        return t.dtype_bytes + t.dtype_bytes + sharded
-
-    def time_weights(self, largest: int, remat: str) -> list[float]:
-        """What the "time" partition balances, as `compile_plan` computes it."""
-        tt = self.times(largest)
-        factor = 0.0 if remat == "none" else 1.0
-        return (tt[:, 0] * (1 + factor) + tt[:, 1]).tolist()
-
-
-@dataclass(frozen=True)
-class _Work:
-    """A candidate's per-layer figures for one replica: `work`, compute seconds over all
-    micro-batches (re-computation, the cheaper of full or split backward, the update); `trail`,
-    the part of it that may run after a chunk's last input-gradient pass (the update and every
-    weight-gradient pass); and one (the smallest) micro-batch's forward and backward seconds."""
-
-    work: np.ndarray
-    trail: np.ndarray
-    forward: np.ndarray
-    backward: np.ndarray
-    largest: int
-    smallest: int
-
-
-def _work(costs: CostTable, o: dict[str, Any]) -> _Work:
-    D, M = o["pipeline.data_parallel"], o["pipeline.micro_batches"]
-    remat, zero = o["pipeline.remat"], o["training.zero"]
-    sizes = micro_batch_sizes(costs.base.pipeline.batch_size // D, M)
-    update = costs.update / (D if zero else 1)
-    work, trail = update, update
-    for m, b in enumerate(sizes):
-        tt = costs.times(b)
-        back = np.minimum(tt[:, 1], tt[:, 2] + tt[:, 3])
-        recompute = 0.0 if saves_activations(remat, m, M) else 1.0  # type: ignore[arg-type]
-        work = work + tt[:, 0] * (1.0 + recompute) + back
-        trail = trail + tt[:, 3]
-    small = costs.times(min(sizes))
-    return _Work(work, trail, small[:, 0].copy(), np.minimum(small[:, 1], small[:, 2]), max(sizes), min(sizes))
-
-
-def _placement(o: dict[str, Any]) -> tuple[int, ...]:
-    """The rank of each chunk under the candidate's schedule family."""
-    return _family_placement(o["pipeline.schedule"], o["pipeline.stages"], o["pipeline.chunks"])
-
-
-@lru_cache(maxsize=1024)
-def _family_placement(name: str, K: int, v: int) -> tuple[int, ...]:
-    family = SCHEDULES.get(name)
-    return tuple(family.placement(K, v)) if family is not None else tuple(c % K for c in range(K * v))
-
-
-def _cum(values: np.ndarray) -> np.ndarray:
-    return np.concatenate(([0.0], np.cumsum(values)))
-
-
-def min_max_partition(cost: np.ndarray | Sequence[np.ndarray], priced: Sequence[bool]) -> float:
-    """min over partitions of L layers into len(priced) contiguous non-empty chunks of the largest
-    cost[s, e] of a priced chunk (layers s .. e-1; `cost` may also be one matrix per chunk): an
-    exact dynamic programme, O(C L^2)."""
-    matrices = [cost] * len(priced) if isinstance(cost, np.ndarray) else list(cost)
-    L = matrices[0].shape[0] - 1
-    s_idx, e_idx = np.indices(matrices[0].shape)
-    valid = s_idx < e_idx
-    free_cost = np.where(valid, -np.inf, np.inf)
-    best = np.full(L + 1, np.inf)
-    best[0] = -np.inf
-    for flag, matrix in zip(priced, matrices):
-        step = np.where(valid, matrix, np.inf) if flag else free_cost
-        best = np.maximum(best[:, None], step).min(axis=0)
-    return float(best[L])
-
-
-def held_samples(o: dict[str, Any], batch: int) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
-    """Samples whose whole activations the candidate's schedule holds at once, counted by
-    `held_activations` in program order as the memory accountant counts bytes: per chunk, the
-    most it holds at some moment; per rank, every undominated moment as a (moments x its chunks)
-    matrix (None where too many to list). A sample counts when kept, or when held as an input and
-    re-computed at the same time (input + re-computed bytes >= the saved bytes)."""
-    return _held_samples(o["pipeline.schedule"], o["pipeline.stages"], o["pipeline.micro_batches"],
-                         o["pipeline.chunks"], o["pipeline.remat"], batch // o["pipeline.data_parallel"])
-
-
-def _effective(rows: np.ndarray) -> np.ndarray:
-    """(kept, input-only, re-computed) columns per chunk -> whole-activation samples per chunk."""
-    return rows[:, 0::3] + np.minimum(rows[:, 1::3], rows[:, 2::3])
-
-
-@lru_cache(maxsize=256)
-def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
-                  ) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
-    schedule = build_schedule(K, M, name, remat, v)  # type: ignore[arg-type]
-    held = held_activations(schedule, micro_batch_sizes(share, M))
-    per_chunk = np.array([float(_effective(rows).max(initial=0.0)) for rows in held.rows])
-    per_rank = tuple(None if rows is None else _effective(rows) for rows in held.rank_rows)
-    return per_chunk, per_rank
-
-
-def held_memory_bound(costs: CostTable, o: dict[str, Any], counts: Sequence[int] | None = None) -> float:
-    """`memory_lower_bound` with the activations counted for the samples the schedule holds at
-    once (`held_samples`) instead of one micro-batch: static(rank) + the most its chunks hold at
-    one moment (or, where the moments are too many to list, the most one chunk holds); exactly
-    minimised over the partitions (per chunk) when the counts are not given."""
-    D, K = o["pipeline.data_parallel"], o["pipeline.stages"]
-    static = costs.params * costs.static_per_param(D, o["training.zero"])
-    h, per_rank = held_samples(o, costs.base.pipeline.batch_size)
-    placement = _placement(o)
-    s_cum, a_cum = _cum(static), _cum(costs.act)
-    if counts is not None:
-        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
-        chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
-        chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
-        rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
-        rank_act = np.zeros(K)
-        np.maximum.at(rank_act, np.asarray(placement), chunk_act * h)
-        for r, eff in enumerate(per_rank):
-            if eff is not None:
-                mine = [c for c, owner in enumerate(placement) if owner == r]
-                rank_act[r] = max(rank_act[r], float((eff @ chunk_act[mine]).max(initial=0.0)))
-        return float((rank_static + rank_act).max()) * _SLACK
-    seg_s, seg_a = _segment_cost(s_cum), _segment_cost(a_cum)
-    return min_max_partition([seg_s + hc * seg_a for hc in h], [True] * len(h)) * _SLACK
-
-
-def _segment_cost(cum: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
-    """cost[s, e] = cum[e] - cum[s] (+ extra[s]): a chunk of layers s .. e-1."""
-    cost = cum[None, :] - cum[:, None]
-    return cost + extra[:, None] if extra is not None else cost
-
-
-def memory_lower_bound(costs: CostTable, o: dict[str, Any], counts: Sequence[int] | None = None) -> float:
-    """Bytes that the fullest device's simulated peak is at least, for any partition (or the
-    given layer counts per chunk).
-
-    Every rank holds its chunks' static bytes, and at some moment the activations of one
-    micro-batch (the largest) of each of its chunks: a saved forward allocates them all, and
-    under re-materialization the kept input plus what the re-computation allocates is at least
-    as much. So a rank needs static(its chunks) + max over its chunks of act(chunk): at least
-    (S + A/v)/K for the fullest of K ranks, and at least the static + act of any one chunk,
-    minimised over the partitions (exactly, by `min_max_partition`) when the counts are not given.
-    """
-    D, K, v = o["pipeline.data_parallel"], o["pipeline.stages"], o["pipeline.chunks"]
-    M = o["pipeline.micro_batches"]
-    largest = max(micro_batch_sizes(costs.base.pipeline.batch_size // D, M))
-    static = costs.params * costs.static_per_param(D, o["training.zero"])
-    act = costs.act * largest
-    if counts is not None:
-        placement = _placement(o)
-        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
-        s_cum, a_cum = _cum(static), _cum(act)
-        chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
-        chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
-        rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
-        rank_act = np.zeros(K)
-        np.maximum.at(rank_act, np.asarray(placement), chunk_act)
-        return float((rank_static + rank_act).max()) * _SLACK
-    key = ("memory", D, M, o["training.zero"], K, v)
-    bound = costs.cache.get(key)
-    if bound is None:
-        per_chunk = min_max_partition(_segment_cost(_cum(static + act)), [True] * (K * v))
-        bound = costs.cache[key] = max((static.sum() + act.sum() / v) / K, per_chunk)
-    return bound * _SLACK
-
-
-def step_lower_bound(costs: CostTable, o: dict[str, Any], counts: Sequence[int] | None = None,
-                     work: _Work | None = None) -> float:
-    """Seconds that the simulated step is at least, for any partition (or the given layer counts).
-
-    - A rank runs its passes one at a time: the step is at least the mean busy time T/K, and one
-      micro-batch's whole forward-backward chain through every layer.
-    - A rank cannot start before one micro-batch has gone forward through every chunk before its
-      lowest chunk c*: step >= forward(< c*) + busy(rank); with D > 1 replicas its update also
-      waits for the all-reduce of the chunk of its last backward pass: + the least all-reduce of
-      its chunks (the ring time over the link its replicas' ring uses, see `CostTable.allreduce`).
-    - With one chunk per rank, after c*'s last input-gradient pass only weight passes and the
-      update remain on the rank, and one micro-batch still goes backward through every chunk
-      before c*: step >= forward(< c*) + busy - trail + backward(< c*).
-    Every chain also crosses the chunk boundaries before c* (each way): + the transfer time of
-    each (`CostTable.hops`). Without counts, the per-rank terms (at least those of c* alone) are
-    minimised over the partitions exactly (`min_max_partition`)."""
-    w = work or _work(costs, o)
-    K, v = o["pipeline.stages"], o["pipeline.chunks"]
-    T = float(w.work.sum())
-    bound = max(T / K, float(w.forward.sum() + w.backward.sum()))
-    placement = _placement(o)
-    lowest = np.full(K, len(placement))
-    np.minimum.at(lowest, np.asarray(placement), np.arange(len(placement)))
-    w_cum, f_cum, b_cum, t_cum = _cum(w.work), _cum(w.forward), _cum(w.backward), _cum(w.trail)
-    per_param, fixed = costs.allreduce(o)
-    p_cum = _cum(costs.params)
-    h_cum = _cum(costs.hops(o, w.smallest, placement))  # transfers before chunk c: h_cum[c]
-    bound = max(bound, float(w.forward.sum() + w.backward.sum() + 2 * h_cum[-1]))
-    if counts is not None:
-        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
-        busy = np.bincount(placement, weights=w_cum[edges[1:]] - w_cum[edges[:-1]], minlength=K)
-        reduce = np.full(K, np.inf)
-        ranks = np.asarray(placement)
-        np.minimum.at(reduce, ranks, fixed[ranks] + per_param[ranks] * (p_cum[edges[1:]] - p_cum[edges[:-1]]))
-        start = edges[lowest]
-        bound = max(bound, float((f_cum[start] + h_cum[lowest] + busy + reduce).max()))
-        if v == 1:
-            trail = t_cum[edges[1:]] - t_cum[edges[:-1]]
-            bound = max(bound, float((f_cum[start] + b_cum[start] + 2 * h_cum[lowest] + busy - trail).max()))
-    elif K > 1 or fixed.any():
-        key = ("step", o["pipeline.data_parallel"], o["pipeline.micro_batches"], o["pipeline.remat"],
-               o["training.zero"], K, v, placement, "hardware.placement" in o)
-        best = costs.cache.get(key)
-        if best is None:
-            priced = np.zeros(len(placement), dtype=bool)
-            priced[lowest] = True
-            base_cost = _segment_cost(w_cum, f_cum)
-            cost = [base_cost + h_cum[c] for c in range(len(placement))]
-            if v == 1:  # chunk r is rank r's only one
-                trailing = base_cost + b_cum[:, None] - _segment_cost(t_cum)
-                params = _segment_cost(p_cum)
-                cost = [np.maximum(cost[r] + fixed[r] + per_param[r] * params, trailing + 2 * h_cum[r])
-                        for r in range(K)]
-            best = costs.cache[key] = min_max_partition(cost, priced.tolist())
-        bound = max(bound, best)
-    return bound * _SLACK
-
-
-def program_step_bound(costs: CostTable, o: dict[str, Any], plan_: Plan) -> float:
-    """`step_lower_bound` from the compiled programs, for any placement: rank r starts no earlier
-    than one micro-batch's forward chain (and transfers) through the chunks before its lowest c*,
-    runs its compute passes one at a time in program order, and after c*'s last input-gradient
-    (or full backward) pass one micro-batch still goes backward through those chunks while the
-    rank runs what follows in its program. With D > 1, the all-reduce of the chunk of the rank's
-    last backward pass starts after it, and the update waits for it."""
-    prog = plan_.program
-    K, C = len(plan_.ranks), len(plan_.chunks)
-    compute = np.isin(prog.kind, sorted(COMPUTE_KINDS))
-    fwd = np.stack([c.forward_s for c in plan_.chunks])  # [chunk, micro-batch]
-    back = np.minimum(np.stack([c.backward_s for c in plan_.chunks]), np.stack([c.backward_input_s for c in plan_.chunks]))
-    f_pref = np.concatenate(([0.0], np.cumsum(fwd, axis=0).min(axis=1)))[:C]  # chain before chunk c
-    b_pref = np.concatenate(([0.0], np.cumsum(back, axis=0).min(axis=1)))[:C]
-    placement = [c.rank for c in plan_.chunks]
-    h_cum = _cum(costs.hops(o, min(plan_.micro_batch_sizes), placement))
-    per_param, fixed = costs.allreduce(o)
-    D = o["pipeline.data_parallel"]
-    bound = 0.0
-    for r in range(K):
-        lo, hi = int(prog.offsets[r]), int(prog.offsets[r + 1])
-        kind, chunk = prog.kind[lo:hi], prog.chunk[lo:hi]
-        dur = np.where(compute[lo:hi], prog.duration[lo:hi], 0.0)
-        done = np.cumsum(dur)
-        if not len(done):
-            continue
-        low = min(plan_.ranks[r].chunks)
-        start = f_pref[low] + h_cum[low]
-        bound = max(bound, start + float(done[-1]))
-        last = np.flatnonzero((chunk == low) & ((kind == Kind.BACKWARD) | (kind == Kind.BACKWARD_INPUT)))
-        if len(last) and low > 0:
-            after = float(done[-1] - done[last[-1]])
-            bound = max(bound, start + float(done[last[-1]]) + max(b_pref[low] + h_cum[low], after))
-        if D > 1:
-            final = np.flatnonzero((kind == Kind.BACKWARD) | (kind == Kind.BACKWARD_WEIGHT))
-            if len(final):
-                j = int(final[-1])
-                c = plan_.chunks[int(chunk[j])]
-                update = float(dur[kind == Kind.UPDATE].sum())
-                bound = max(bound, start + float(done[j]) + fixed[r] + per_param[r] * c.params + update)
-    return bound * _SLACK
-
-
-# ---------------------------------------------------------------------------------------------
-# the search
+# entries
 
 
 def limiter_of(result: Result) -> str:
@@ -650,17 +138,27 @@ def limiter_of(result: Result) -> str:
     return worst if losses[worst] >= NEGLIGIBLE_LOSS else "compute"
 
 
-def _entry(index: int, o: dict[str, Any], result: Result) -> PlanEntry:
+def _entry(index: int, cand: Candidate, result: Result) -> PlanEntry:
+    """The entry of a candidate simulated as `result` (which it keeps)."""
     peak = max(result.device_peak_memory_bytes.values(), default=0.0)
     return PlanEntry(
-        index=index, overrides=o, step_time_s=result.step_time_s,
-        throughput_samples_per_s=result.throughput_samples_per_s,
-        devices=o["pipeline.data_parallel"] * o["pipeline.stages"],
+        index=index, overrides=cand.overrides(), step_time_s=result.step_time_s,
+        throughput_samples_per_s=result.throughput_samples_per_s, devices=cand.devices,
         bubble_fraction=result.bubble_fraction, imbalance_fraction=result.imbalance_fraction,
         exposed_allreduce_s=result.exposed_allreduce_s, peak_memory_bytes=peak,
         capacity_bytes=result.memory_capacity_bytes, fits=result.fits_in_memory,
         limiter=limiter_of(result), result=result,
     )
+
+
+def _copy_entry(entry: PlanEntry, index: int, cand: Candidate) -> PlanEntry:
+    """`entry`'s figures (and Result) under another candidate that compiles to the same plan."""
+    return PlanEntry(index=index, overrides=cand.overrides(), step_time_s=entry.step_time_s,
+                     throughput_samples_per_s=entry.throughput_samples_per_s, devices=entry.devices,
+                     bubble_fraction=entry.bubble_fraction, imbalance_fraction=entry.imbalance_fraction,
+                     exposed_allreduce_s=entry.exposed_allreduce_s, peak_memory_bytes=entry.peak_memory_bytes,
+                     capacity_bytes=entry.capacity_bytes, fits=entry.fits, limiter=entry.limiter,
+                     result=entry.result)
 
 
 def pareto_front(entries: Sequence[PlanEntry]) -> list[PlanEntry]:
@@ -672,143 +170,6 @@ def pareto_front(entries: Sequence[PlanEntry]) -> list[PlanEntry]:
             front.append(e)
             best = e.throughput_samples_per_s
     return front
-
-
-def _quick_counts(costs: CostTable, o: dict[str, Any], largest: int) -> list[int] | None:
-    """The layer counts of a "uniform" or "time" partition without compiling (as compile resolves
-    them); None for the methods that need the schedule's memory table."""
-    method = o["pipeline.partition"]
-    if method not in ("uniform", "time"):
-        return None
-    return _resolve_cached(method, o["pipeline.stages"] * o["pipeline.chunks"],
-                           tuple(costs.time_weights(largest, o["pipeline.remat"])))
-
-
-@lru_cache(maxsize=4096)
-def _resolve_cached(method: str, chunks: int, weights: tuple[float, ...]) -> list[int]:
-    return resolve_partition(method, chunks, list(weights))
-
-
-def plan(base: Scenario, options: PlanOptions, *,
-         progress: Callable[[int, int], None] | None = None) -> PlanSearch:
-    """Search the space of `enumerate_candidates` for the fastest configurations that fit.
-
-    Candidates whose memory lower bound exceeds the capacity are dropped unsimulated; the rest are
-    simulated (`compile_plan` + the fast evaluator, as `gpipe_sim.api.simulate(..., "auto")`) in the
-    order of their step-time lower bound, and a candidate whose bound is above the `top`-th best
-    step found is skipped (all later ones too, before compiling). Candidates whose partition comes
-    out equal to one already simulated reuse its figures. `progress(done, total)` is called as
-    candidates are decided."""
-    t0 = time.perf_counter()
-    candidates = enumerate_candidates(base, options)
-    costs = CostTable(base)
-    cap = costs.capacity
-    total = len(candidates)
-    pruned_mem = pruned_bound = infeasible = simulated = reused = 0
-    queue = []
-    works: dict[Any, _Work] = {}
-    bound_cache: dict[Any, tuple[float, float]] = {}
-    for i, o in enumerate(candidates):
-        wkey = (o["pipeline.data_parallel"], o["pipeline.micro_batches"], o["pipeline.remat"], o["training.zero"])
-        w = works.get(wkey)
-        if w is None:
-            w = works[wkey] = _work(costs, o)
-        counts = _quick_counts(costs, o, w.largest)
-        # the bounds depend on the schedule only through its placement
-        bkey = (wkey, o["pipeline.stages"], o["pipeline.chunks"], _placement(o), None if counts is None else tuple(counts))
-        bounds = bound_cache.get(bkey)
-        if bounds is None:
-            bounds = bound_cache[bkey] = (memory_lower_bound(costs, o, counts), step_lower_bound(costs, o, counts, w))
-        mem, step = bounds
-        if mem > cap:
-            pruned_mem += 1
-            continue
-        queue.append((step, i, counts))
-    queue.sort(key=lambda q: (q[0], q[1]))
-    done = pruned_mem
-    if progress:
-        progress(done, total)
-    top = options.top
-    best_steps: list[float] = []  # max-heap (negated) of the top fitting step times, one per signature
-    signatures: set[tuple[Any, ...]] = set()
-    entries: list[PlanEntry] = []
-    seen: dict[Any, PlanEntry] = {}
-
-    def threshold() -> float:
-        return -best_steps[0] if len(best_steps) >= top else math.inf
-
-    def record(entry: PlanEntry) -> None:
-        entries.append(entry)
-        if entry.fits and entry.signature not in signatures:
-            signatures.add(entry.signature)
-            if len(best_steps) < top:
-                heapq.heappush(best_steps, -entry.step_time_s)
-            elif entry.step_time_s < -best_steps[0]:
-                heapq.heapreplace(best_steps, -entry.step_time_s)
-
-    for n, (bound, i, counts) in enumerate(queue):
-        if bound > threshold():
-            pruned_bound += len(queue) - n
-            break
-        done += 1
-        if progress and done % 64 == 0:
-            progress(done, total)
-        o = candidates[i]
-        key = _dedup_key(o, counts) if counts is not None else None
-        if key is not None and key in seen:
-            record(_copy_entry(seen[key], i, o))
-            reused += 1
-            continue
-        try:
-            if held_memory_bound(costs, o, counts) > cap:
-                pruned_mem += 1
-                continue
-        except GpipeError:
-            infeasible += 1
-            continue
-        try:
-            plan_ = compile_plan(base.with_updates(o))
-        except GpipeError:
-            infeasible += 1
-            continue
-        if counts is None:
-            counts = plan_.layer_counts
-            key = _dedup_key(o, counts)
-            if key in seen:
-                record(_copy_entry(seen[key], i, o))
-                reused += 1
-                continue
-            if memory_lower_bound(costs, o, counts) > cap:
-                pruned_mem += 1
-                continue
-            if step_lower_bound(costs, o, counts) > threshold():
-                pruned_bound += 1
-                continue
-        if program_step_bound(costs, o, plan_) > threshold():
-            pruned_bound += 1
-            continue
-        entry = _entry(i, o, _simulate(plan_))
-        simulated += 1
-        seen[key] = entry
-        record(entry)
-    if progress:
-        progress(total, total)
-    ranked = sorted((e for e in entries if e.fits), key=lambda e: (-e.throughput_samples_per_s, e.index))
-    distinct = collapse_alike(ranked)
-    keep = {id(e) for e in ranked[:top]} | {id(e) for e in distinct[:top]}
-    for e in entries:
-        if id(e) not in keep:
-            e.result = None
-    search = PlanSearch(
-        base=base, options=options, ranked=ranked, distinct=distinct, simulated_entries=entries, front=pareto_front(entries),
-        enumerated=total, simulated=simulated, reused=reused, pruned_by_memory=pruned_mem,
-        pruned_by_bound=pruned_bound, infeasible=infeasible, seconds=time.perf_counter() - t0,
-        capacity_bytes=cap,
-    )
-    if not ranked:
-        search.smallest_peak = _smallest_peak(base, candidates, entries, costs, search.notes)
-    search.seconds = time.perf_counter() - t0
-    return search
 
 
 def collapse_alike(ranked: Sequence[PlanEntry]) -> list[PlanEntry]:
@@ -833,28 +194,176 @@ def _simulate(plan_: Plan) -> Result:
     return result_from_times(plan_, start, end)
 
 
-def _dedup_key(o: dict[str, Any], counts: Sequence[int]) -> tuple[Any, ...]:
+def _dedup_key(cand: Candidate, counts: Sequence[int]) -> tuple[Any, ...]:
     """Two candidates with equal keys compile to the same plan (the partition method only picks counts)."""
-    return tuple((k, repr(v)) for k, v in sorted(o.items()) if k != "pipeline.partition") + (tuple(counts),)
+    axes = cand.axes()
+    return tuple(repr(value) for value in axes[:6] + axes[7:]) + (cand.cleared, tuple(counts))
 
 
-def _copy_entry(entry: PlanEntry, index: int, o: dict[str, Any]) -> PlanEntry:
-    return PlanEntry(index=index, overrides=o, step_time_s=entry.step_time_s,
-                     throughput_samples_per_s=entry.throughput_samples_per_s, devices=entry.devices,
-                     bubble_fraction=entry.bubble_fraction, imbalance_fraction=entry.imbalance_fraction,
-                     exposed_allreduce_s=entry.exposed_allreduce_s, peak_memory_bytes=entry.peak_memory_bytes,
-                     capacity_bytes=entry.capacity_bytes, fits=entry.fits, limiter=entry.limiter,
-                     result=entry.result)
+# ---------------------------------------------------------------------------------------------
+# the search
 
 
-def _smallest_peak(base: Scenario, candidates: list[dict[str, Any]], entries: list[PlanEntry],
+def _bounded_queue(costs: CostTable, candidates: Sequence[Candidate]
+                   ) -> tuple[list[tuple[float, int, list[int] | None]], int]:
+    """(step-time lower bound, index, layer counts where known without compiling) of every
+    candidate whose memory lower bound fits the capacity, sorted by bound then index; and how many
+    the memory bound dropped. The bounds depend on the schedule only through its placement, and
+    are computed once per distinct set of what they depend on."""
+    works: dict[Any, Work] = {}
+    bound_cache: dict[Any, tuple[float, float]] = {}
+    queue = []
+    pruned = 0
+    for i, cand in enumerate(candidates):
+        wkey = (cand.data_parallel, cand.micro_batches, cand.remat, cand.zero)
+        w = works.get(wkey)
+        if w is None:
+            w = works[wkey] = candidate_work(costs, cand)
+        counts = quick_counts(costs, cand, w.largest)
+        bkey = (wkey, cand.stages, cand.chunks, chunk_placement(cand), None if counts is None else tuple(counts))
+        bounds = bound_cache.get(bkey)
+        if bounds is None:
+            bounds = bound_cache[bkey] = (memory_lower_bound(costs, cand, counts),
+                                          step_lower_bound(costs, cand, counts, w))
+        mem, step = bounds
+        if mem > costs.capacity:
+            pruned += 1
+            continue
+        queue.append((step, i, counts))
+    queue.sort(key=lambda q: (q[0], q[1]))
+    return queue, pruned
+
+
+class _Ranking:
+    """The search's state: every entry recorded, the simulated ones by `_dedup_key`, and the step
+    times of the `top` best fitting signatures, whose worst is the threshold a bound must beat."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.entries: list[PlanEntry] = []
+        self.seen: dict[Any, PlanEntry] = {}
+        self._best_steps: list[float] = []  # max-heap (negated) of the top fitting step times, one per signature
+        self._signatures: set[tuple[Any, ...]] = set()
+
+    def threshold(self) -> float:
+        """The `top`-th best fitting step time found (inf until `top` signatures fit)."""
+        return -self._best_steps[0] if len(self._best_steps) >= self.top else math.inf
+
+    def record(self, entry: PlanEntry) -> None:
+        """Keep the entry; a fitting one of a new signature may lower the threshold."""
+        self.entries.append(entry)
+        if entry.fits and entry.signature not in self._signatures:
+            self._signatures.add(entry.signature)
+            if len(self._best_steps) < self.top:
+                heapq.heappush(self._best_steps, -entry.step_time_s)
+            elif entry.step_time_s < -self._best_steps[0]:
+                heapq.heapreplace(self._best_steps, -entry.step_time_s)
+
+    def reuse(self, key: Any, index: int, cand: Candidate) -> bool:
+        """Record the figures of the entry simulated under `key` for this candidate; False if none."""
+        if key is None or key not in self.seen:
+            return False
+        self.record(_copy_entry(self.seen[key], index, cand))
+        return True
+
+
+def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, cand: Candidate,
+            counts: list[int] | None) -> str:
+    """Decide one queued candidate and record any entry it gives: "reused" (its plan was simulated
+    already), "memory" (a finer memory bound exceeds the capacity), "infeasible" (it does not
+    compile), "bound" (a finer step-time bound is above the threshold) or "simulated"."""
+    cap = costs.capacity
+    key = _dedup_key(cand, counts) if counts is not None else None
+    if ranking.reuse(key, index, cand):
+        return "reused"
+    try:
+        if held_memory_bound(costs, cand, counts) > cap:
+            return "memory"
+        plan_ = compile_plan(base.with_updates(cand.overrides()))
+    except GpipeError:
+        return "infeasible"
+    if counts is None:
+        counts = plan_.layer_counts
+        key = _dedup_key(cand, counts)
+        if ranking.reuse(key, index, cand):
+            return "reused"
+        if memory_lower_bound(costs, cand, counts) > cap:
+            return "memory"
+        if step_lower_bound(costs, cand, counts) > ranking.threshold():
+            return "bound"
+    if program_step_bound(costs, cand, plan_) > ranking.threshold():
+        return "bound"
+    entry = _entry(index, cand, _simulate(plan_))
+    ranking.seen[key] = entry
+    ranking.record(entry)
+    return "simulated"
+
+
+def plan(base: Scenario, options: PlanOptions, *,
+         progress: Callable[[int, int], None] | None = None) -> PlanSearch:
+    """Search the space of `enumerate_candidates` for the fastest configurations that fit.
+
+    Candidates whose memory lower bound exceeds the capacity are dropped unsimulated; the rest are
+    simulated (`compile_plan` + the fast evaluator, as `gpipe_sim.api.simulate(..., "auto")`) in the
+    order of their step-time lower bound, and a candidate whose bound is above the `top`-th best
+    step found is skipped (all later ones too, before compiling). Both bounds are proven below the
+    simulator's own figures, so the top `top` are the ones an exhaustive sweep finds. Candidates
+    whose partition comes out equal to one already simulated reuse its figures.
+    `progress(done, total)` is called as candidates are decided."""
+    t0 = time.perf_counter()
+    candidates = candidate_space(base, options)
+    costs = CostTable(base)
+    total = len(candidates)
+    queue, pruned_mem = _bounded_queue(costs, candidates)
+    outcomes: Counter[str] = Counter(memory=pruned_mem)
+    done = pruned_mem
+    if progress:
+        progress(done, total)
+    ranking = _Ranking(options.top)
+    for n, (bound, i, counts) in enumerate(queue):
+        if bound > ranking.threshold():
+            outcomes["bound"] += len(queue) - n
+            break
+        done += 1
+        if progress and done % 64 == 0:
+            progress(done, total)
+        outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
+    if progress:
+        progress(total, total)
+    return _finish(base, options, candidates, costs, ranking.entries, outcomes, t0)
+
+
+def _finish(base: Scenario, options: PlanOptions, candidates: list[Candidate], costs: CostTable,
+            entries: list[PlanEntry], outcomes: Counter[str], t0: float) -> PlanSearch:
+    """The `PlanSearch` of the recorded entries: ranked and collapsed, Results dropped outside the
+    top of each, the smallest peak searched for when nothing fits; `seconds` since `t0`."""
+    top = options.top
+    ranked = sorted((e for e in entries if e.fits), key=lambda e: (-e.throughput_samples_per_s, e.index))
+    distinct = collapse_alike(ranked)
+    keep = {id(e) for e in ranked[:top]} | {id(e) for e in distinct[:top]}
+    for e in entries:
+        if id(e) not in keep:
+            e.result = None
+    search = PlanSearch(
+        base=base, options=options, ranked=ranked, distinct=distinct, simulated_entries=entries,
+        front=pareto_front(entries), enumerated=len(candidates), simulated=outcomes["simulated"],
+        reused=outcomes["reused"], pruned_by_memory=outcomes["memory"], pruned_by_bound=outcomes["bound"],
+        infeasible=outcomes["infeasible"], seconds=time.perf_counter() - t0, capacity_bytes=costs.capacity,
+    )
+    if not ranked:
+        search.smallest_peak = _smallest_peak(base, candidates, entries, costs, search.notes)
+    search.seconds = time.perf_counter() - t0
+    return search
+
+
+def _smallest_peak(base: Scenario, candidates: list[Candidate], entries: list[PlanEntry],
                    costs: CostTable, notes: list[str], limit: int = 500) -> PlanEntry | None:
     """When nothing fits: the configuration with the smallest peak, by branch and bound on the
     memory lower bound (candidates simulated in its order until it exceeds the least peak found;
     at most `limit` more simulations, with a note when that cuts the search short)."""
     best = min(entries, key=lambda e: (e.peak_memory_bytes, e.index), default=None)
     done = {e.index for e in entries}
-    order = sorted((memory_lower_bound(costs, o), i) for i, o in enumerate(candidates) if i not in done)
+    order = sorted((memory_lower_bound(costs, c), i) for i, c in enumerate(candidates) if i not in done)
     for n, (bound, i) in enumerate(order):
         if best is not None and bound > best.peak_memory_bytes:
             break
@@ -862,7 +371,7 @@ def _smallest_peak(base: Scenario, candidates: list[dict[str, Any]], entries: li
             notes.append(f"the smallest peak was searched among {limit} more configurations only")
             break
         try:
-            other = _entry(i, candidates[i], _simulate(compile_plan(base.with_updates(candidates[i]))))
+            other = _entry(i, candidates[i], _simulate(compile_plan(base.with_updates(candidates[i].overrides()))))
         except GpipeError:
             continue
         if best is None or (other.peak_memory_bytes, other.index) < (best.peak_memory_bytes, best.index):

@@ -1,0 +1,394 @@
+"""The planner's bounds: per-layer cost tables, and memory and step-time bounds below the simulator's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+
+from gpipe_sim.plan.compile import Plan
+from gpipe_sim.plan.partition import held_activations, micro_batch_sizes, resolve_partition
+from gpipe_sim.plan.replicas import ring_allreduce_seconds
+from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
+from gpipe_sim.schedule.lower import build_schedule, saves_activations
+from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
+from gpipe_sim.spec.layers import build_layers
+from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.studies.planner_space import Candidate
+
+_SLACK = 1.0 - 1e-9  # bounds are sums in another order than the simulator's: keep them strictly below
+# program column codes (`Plan.program.kind`) the bounds read
+_BACKWARD, _BACKWARD_INPUT = int(Kind.BACKWARD), int(Kind.BACKWARD_INPUT)
+_BACKWARD_WEIGHT, _UPDATE = int(Kind.BACKWARD_WEIGHT), int(Kind.UPDATE)
+_COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
+
+
+class CostTable:
+    """Per-layer costs of the base model, built once and reused by every candidate's bounds:
+    seconds per micro-batch size, static bytes per (D, ZeRO), activation bytes per sample."""
+
+    def __init__(self, base: Scenario) -> None:
+        self.base = base
+        t = base.training
+        self.accel = base.hardware.accelerator
+        self.dtype, self.dtype_bytes = t.dtype, t.dtype_bytes
+        self.layers = build_layers(base.model, self.dtype_bytes, self.accel.dropout_mask_bytes(self.dtype_bytes))
+        self.L = len(self.layers)
+        self.params = np.array([float(layer.params) for layer in self.layers])
+        self.act = np.array([float(layer.activation_bytes_per_sample) for layer in self.layers])
+        bpp = t.bytes_per_param
+        self.update = np.array([update_seconds([layer], self.accel, self.dtype_bytes, bpp) for layer in self.layers])
+        self.capacity = self.accel.usable_memory_bytes
+        self._times: dict[int, np.ndarray] = {}
+        self.cache: dict[Any, float] = {}  # partition-free bounds by the axes they depend on
+
+    def times(self, b: int) -> np.ndarray:
+        """[layer, (forward, backward, backward input, backward weight)] seconds for b samples."""
+        cached = self._times.get(b)
+        if cached is None:
+            rows = []
+            for layer in self.layers:
+                f, bk = layer_seconds(layer, b, self.accel, self.dtype, self.dtype_bytes)
+                rows.append((f, bk, *split_backward_seconds(layer, b, bk)))
+            cached = self._times[b] = np.array(rows, dtype=float).reshape(self.L, 4)
+        return cached
+
+    def allreduce(self, cand: Candidate) -> tuple[np.ndarray, np.ndarray]:
+        """Per pipeline rank: (seconds per parameter, fixed seconds) of the D-member ring all-reduce
+        of a chunk's gradients, `ring_allreduce_seconds` over the link `compile_plan` gives that
+        ring: `link` when the replicas of the rank share a node, else `network`; the faster of the
+        two where the candidate keeps an explicit placement of the base."""
+        D, K = cand.data_parallel, cand.stages
+        if D <= 1:
+            return np.zeros(K), np.zeros(K)
+        hw = self.base.hardware
+        network = hw.network or hw.link
+        placed = hw.placement is not None and not cand.clears("hardware.placement")
+        per_node = hw.devices_per_node or D * K
+        out = []
+        for r in range(K):
+            ring = [r * D + d for d in range(D)]  # Megatron-LM's order: a stage's replicas side by side
+            within = len({device // per_node for device in ring}) == 1
+            links = [hw.link, network] if placed else [hw.link if within else network]
+            bandwidth = max(ln.bandwidth for ln in links)
+            latency = min(ln.latency_s for ln in links)
+            out.append((ring_allreduce_seconds(self.dtype_bytes, D, bandwidth, 0.0),
+                        ring_allreduce_seconds(0.0, D, math.inf, latency)))
+        per_param, fixed = np.array(out).T
+        return per_param, fixed
+
+    def hops(self, cand: Candidate, samples: int, placement: Sequence[int]) -> np.ndarray:
+        """Per chunk boundary j (chunk j -> j+1): seconds at least that a micro-batch of `samples`
+        takes to cross it (serialization at the least output size of a layer a chunk can end with, plus latency) over
+        the link `compile_plan` gives replica 0's ranks (Megatron-LM's order); 0 on one device, and
+        0 everywhere where the candidate keeps an explicit device map of the base."""
+        hw = self.base.hardware
+        D = cand.data_parallel
+        C = len(placement)
+        if C < 2 or (hw.placement is not None and not cand.clears("hardware.placement")) or \
+                (hw.stage_to_device is not None and not cand.clears("hardware.stage_to_device")):
+            return np.zeros(max(C - 1, 0))
+        per_node = hw.devices_per_node or D * cand.stages
+        network = hw.network or hw.link
+        # a boundary follows any layer but the last
+        least = min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1]) * samples
+        out = np.zeros(C - 1)
+        for j in range(C - 1):
+            a, b = placement[j], placement[j + 1]
+            if a == b:
+                continue
+            if (a * D) // per_node != (b * D) // per_node:
+                ln = network
+            else:
+                ln = hw.link_between(min(a, b)) if abs(a - b) == 1 else hw.link
+            out[j] = least / ln.bandwidth + ln.latency_s
+        return out
+
+    def static_per_param(self, D: int, zero: int) -> float:
+        """Bytes per parameter a rank holds: weight, gradient, optimizer states (sharded by ZeRO-1)."""
+        t = self.base.training
+        sharded = (t.state_bytes_per_param - t.dtype_bytes) / (D if zero else 1)
+        return t.dtype_bytes + t.dtype_bytes + sharded
+
+    def time_weights(self, largest: int, remat: str) -> list[float]:
+        """What the "time" partition balances, as `compile_plan` computes it."""
+        tt = self.times(largest)
+        factor = 0.0 if remat == "none" else 1.0
+        return (tt[:, 0] * (1 + factor) + tt[:, 1]).tolist()
+
+
+@dataclass(frozen=True)
+class Work:
+    """A candidate's per-layer figures for one replica: `work`, compute seconds over all
+    micro-batches (re-computation, the cheaper of full or split backward, the update); `trail`,
+    the part of it that may run after a chunk's last input-gradient pass (the update and every
+    weight-gradient pass); and one (the smallest) micro-batch's forward and backward seconds."""
+
+    work: np.ndarray
+    trail: np.ndarray
+    forward: np.ndarray
+    backward: np.ndarray
+    largest: int  # samples in the largest micro-batch
+    smallest: int  # samples in the smallest micro-batch
+
+
+def candidate_work(costs: CostTable, cand: Candidate) -> Work:
+    """The candidate's `Work`: it depends on D, M, remat and ZeRO only (not K, v, the schedule
+    or the partition), so one serves every candidate sharing those four."""
+    D, M = cand.data_parallel, cand.micro_batches
+    remat, zero = cand.remat, cand.zero
+    sizes = micro_batch_sizes(costs.base.pipeline.batch_size // D, M)
+    update = costs.update / (D if zero else 1)
+    work, trail = update, update
+    for m, b in enumerate(sizes):
+        tt = costs.times(b)
+        back = np.minimum(tt[:, 1], tt[:, 2] + tt[:, 3])
+        recompute = 0.0 if saves_activations(remat, m, M) else 1.0  # type: ignore[arg-type]
+        work = work + tt[:, 0] * (1.0 + recompute) + back
+        trail = trail + tt[:, 3]
+    small = costs.times(min(sizes))
+    return Work(work, trail, small[:, 0].copy(), np.minimum(small[:, 1], small[:, 2]), max(sizes), min(sizes))
+
+
+def chunk_placement(cand: Candidate) -> tuple[int, ...]:
+    """The rank of each chunk under the candidate's schedule family."""
+    return _family_placement(cand.schedule, cand.stages, cand.chunks)
+
+
+@lru_cache(maxsize=1024)
+def _family_placement(name: str, K: int, v: int) -> tuple[int, ...]:
+    family = SCHEDULES.get(name)
+    return tuple(family.placement(K, v)) if family is not None else tuple(c % K for c in range(K * v))
+
+
+def _cum(values: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(values)))
+
+
+def min_max_partition(cost: np.ndarray | Sequence[np.ndarray], priced: Sequence[bool]) -> float:
+    """min over partitions of L layers into len(priced) contiguous non-empty chunks of the largest
+    cost[s, e] of a priced chunk (layers s .. e-1; `cost` may also be one matrix per chunk): an
+    exact dynamic programme, O(C L^2)."""
+    matrices = [cost] * len(priced) if isinstance(cost, np.ndarray) else list(cost)
+    L = matrices[0].shape[0] - 1
+    s_idx, e_idx = np.indices(matrices[0].shape)
+    valid = s_idx < e_idx
+    free_cost = np.where(valid, -np.inf, np.inf)
+    best = np.full(L + 1, np.inf)
+    best[0] = -np.inf
+    for flag, matrix in zip(priced, matrices):
+        step = np.where(valid, matrix, np.inf) if flag else free_cost
+        best = np.maximum(best[:, None], step).min(axis=0)
+    return float(best[L])
+
+
+def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
+    """Samples whose whole activations the candidate's schedule holds at once, counted by
+    `held_activations` in program order as the memory accountant counts bytes: per chunk, the
+    most it holds at some moment; per rank, every undominated moment as a (moments x its chunks)
+    matrix (None where too many to list). A sample counts when kept, or when held as an input and
+    re-computed at the same time (input + re-computed bytes >= the saved bytes)."""
+    return _held_samples(cand.schedule, cand.stages, cand.micro_batches,
+                         cand.chunks, cand.remat, batch // cand.data_parallel)
+
+
+def _effective(rows: np.ndarray) -> np.ndarray:
+    """(kept, input-only, re-computed) columns per chunk -> whole-activation samples per chunk."""
+    return rows[:, 0::3] + np.minimum(rows[:, 1::3], rows[:, 2::3])
+
+
+@lru_cache(maxsize=256)
+def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
+                  ) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
+    schedule = build_schedule(K, M, name, remat, v)  # type: ignore[arg-type]
+    held = held_activations(schedule, micro_batch_sizes(share, M))
+    per_chunk = np.array([float(_effective(rows).max(initial=0.0)) for rows in held.rows])
+    per_rank = tuple(None if rows is None else _effective(rows) for rows in held.rank_rows)
+    return per_chunk, per_rank
+
+
+def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None) -> float:
+    """`memory_lower_bound` with the activations counted for the samples the schedule holds at
+    once (`held_samples`) instead of one micro-batch: static(rank) + the most its chunks hold at
+    one moment (or, where the moments are too many to list, the most one chunk holds); exactly
+    minimised over the partitions (per chunk) when the counts are not given."""
+    D, K = cand.data_parallel, cand.stages
+    static = costs.params * costs.static_per_param(D, cand.zero)
+    h, per_rank = held_samples(cand, costs.base.pipeline.batch_size)
+    placement = chunk_placement(cand)
+    s_cum, a_cum = _cum(static), _cum(costs.act)
+    if counts is not None:
+        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+        chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
+        chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
+        rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
+        rank_act = np.zeros(K)
+        np.maximum.at(rank_act, np.asarray(placement), chunk_act * h)
+        for r, eff in enumerate(per_rank):
+            if eff is not None:
+                mine = [c for c, owner in enumerate(placement) if owner == r]
+                rank_act[r] = max(rank_act[r], float((eff @ chunk_act[mine]).max(initial=0.0)))
+        return float((rank_static + rank_act).max()) * _SLACK
+    seg_s, seg_a = _segment_cost(s_cum), _segment_cost(a_cum)
+    return min_max_partition([seg_s + hc * seg_a for hc in h], [True] * len(h)) * _SLACK
+
+
+def _segment_cost(cum: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+    """cost[s, e] = cum[e] - cum[s] (+ extra[s]): a chunk of layers s .. e-1."""
+    cost = cum[None, :] - cum[:, None]
+    return cost + extra[:, None] if extra is not None else cost
+
+
+def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None) -> float:
+    """Bytes that the fullest device's simulated peak is at least, for any partition (or the
+    given layer counts per chunk).
+
+    Every rank holds its chunks' static bytes, and at some moment the activations of one
+    micro-batch (the largest) of each of its chunks: a saved forward allocates them all, and
+    under re-materialization the kept input plus what the re-computation allocates is at least
+    as much. So a rank needs static(its chunks) + max over its chunks of act(chunk): at least
+    (S + A/v)/K for the fullest of K ranks, and at least the static + act of any one chunk,
+    minimised over the partitions (exactly, by `min_max_partition`) when the counts are not given.
+    """
+    D, K, v = cand.data_parallel, cand.stages, cand.chunks
+    M = cand.micro_batches
+    largest = max(micro_batch_sizes(costs.base.pipeline.batch_size // D, M))
+    static = costs.params * costs.static_per_param(D, cand.zero)
+    act = costs.act * largest
+    if counts is not None:
+        placement = chunk_placement(cand)
+        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+        s_cum, a_cum = _cum(static), _cum(act)
+        chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
+        chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
+        rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
+        rank_act = np.zeros(K)
+        np.maximum.at(rank_act, np.asarray(placement), chunk_act)
+        return float((rank_static + rank_act).max()) * _SLACK
+    key = ("memory", D, M, cand.zero, K, v)
+    bound = costs.cache.get(key)
+    if bound is None:
+        per_chunk = min_max_partition(_segment_cost(_cum(static + act)), [True] * (K * v))
+        bound = costs.cache[key] = max((static.sum() + act.sum() / v) / K, per_chunk)
+    return bound * _SLACK
+
+
+def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None,
+                     work: Work | None = None) -> float:
+    """Seconds that the simulated step is at least, for any partition (or the given layer counts).
+
+    - A rank runs its passes one at a time: the step is at least the mean busy time T/K, and one
+      micro-batch's whole forward-backward chain through every layer.
+    - A rank cannot start before one micro-batch has gone forward through every chunk before its
+      lowest chunk c*: step >= forward(< c*) + busy(rank); with D > 1 replicas its update also
+      waits for the all-reduce of the chunk of its last backward pass: + the least all-reduce of
+      its chunks (the ring time over the link its replicas' ring uses, see `CostTable.allreduce`).
+    - With one chunk per rank, after c*'s last input-gradient pass only weight passes and the
+      update remain on the rank, and one micro-batch still goes backward through every chunk
+      before c*: step >= forward(< c*) + busy - trail + backward(< c*).
+    Every chain also crosses the chunk boundaries before c* (each way): + the transfer time of
+    each (`CostTable.hops`). Without counts, the per-rank terms (at least those of c* alone) are
+    minimised over the partitions exactly (`min_max_partition`)."""
+    w = work or candidate_work(costs, cand)
+    K, v = cand.stages, cand.chunks
+    T = float(w.work.sum())
+    bound = max(T / K, float(w.forward.sum() + w.backward.sum()))
+    placement = chunk_placement(cand)
+    lowest = np.full(K, len(placement))
+    np.minimum.at(lowest, np.asarray(placement), np.arange(len(placement)))
+    w_cum, f_cum, b_cum, t_cum = _cum(w.work), _cum(w.forward), _cum(w.backward), _cum(w.trail)
+    per_param, fixed = costs.allreduce(cand)
+    p_cum = _cum(costs.params)
+    h_cum = _cum(costs.hops(cand, w.smallest, placement))  # transfers before chunk c: h_cum[c]
+    bound = max(bound, float(w.forward.sum() + w.backward.sum() + 2 * h_cum[-1]))
+    if counts is not None:
+        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+        busy = np.bincount(placement, weights=w_cum[edges[1:]] - w_cum[edges[:-1]], minlength=K)
+        reduce = np.full(K, np.inf)
+        ranks = np.asarray(placement)
+        np.minimum.at(reduce, ranks, fixed[ranks] + per_param[ranks] * (p_cum[edges[1:]] - p_cum[edges[:-1]]))
+        start = edges[lowest]
+        bound = max(bound, float((f_cum[start] + h_cum[lowest] + busy + reduce).max()))
+        if v == 1:
+            trail = t_cum[edges[1:]] - t_cum[edges[:-1]]
+            bound = max(bound, float((f_cum[start] + b_cum[start] + 2 * h_cum[lowest] + busy - trail).max()))
+    elif K > 1 or fixed.any():
+        key = ("step", cand.data_parallel, cand.micro_batches, cand.remat,
+               cand.zero, K, v, placement, cand.clears("hardware.placement"))
+        best = costs.cache.get(key)
+        if best is None:
+            priced = np.zeros(len(placement), dtype=bool)
+            priced[lowest] = True
+            base_cost = _segment_cost(w_cum, f_cum)
+            cost = [base_cost + h_cum[c] for c in range(len(placement))]
+            if v == 1:  # chunk r is rank r's only one
+                trailing = base_cost + b_cum[:, None] - _segment_cost(t_cum)
+                params = _segment_cost(p_cum)
+                cost = [np.maximum(cost[r] + fixed[r] + per_param[r] * params, trailing + 2 * h_cum[r])
+                        for r in range(K)]
+            best = costs.cache[key] = min_max_partition(cost, priced.tolist())
+        bound = max(bound, best)
+    return bound * _SLACK
+
+
+def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
+    """`step_lower_bound` from the compiled programs, for any placement: rank r starts no earlier
+    than one micro-batch's forward chain (and transfers) through the chunks before its lowest c*,
+    runs its compute passes one at a time in program order, and after c*'s last input-gradient
+    (or full backward) pass one micro-batch still goes backward through those chunks while the
+    rank runs what follows in its program. With D > 1, the all-reduce of the chunk of the rank's
+    last backward pass starts after it, and the update waits for it."""
+    prog = plan_.program
+    K, C = len(plan_.ranks), len(plan_.chunks)
+    compute = np.isin(prog.kind, _COMPUTE_CODES)
+    fwd = np.stack([c.forward_s for c in plan_.chunks])  # [chunk, micro-batch]
+    back = np.minimum(np.stack([c.backward_s for c in plan_.chunks]),
+                      np.stack([c.backward_input_s for c in plan_.chunks]))
+    f_pref = np.concatenate(([0.0], np.cumsum(fwd, axis=0).min(axis=1)))[:C]  # chain before chunk c
+    b_pref = np.concatenate(([0.0], np.cumsum(back, axis=0).min(axis=1)))[:C]
+    placement = [c.rank for c in plan_.chunks]
+    h_cum = _cum(costs.hops(cand, min(plan_.micro_batch_sizes), placement))
+    per_param, fixed = costs.allreduce(cand)
+    D = cand.data_parallel
+    bound = 0.0
+    for r in range(K):
+        lo, hi = int(prog.offsets[r]), int(prog.offsets[r + 1])
+        kind, chunk = prog.kind[lo:hi], prog.chunk[lo:hi]
+        dur = np.where(compute[lo:hi], prog.duration[lo:hi], 0.0)
+        done = np.cumsum(dur)
+        if not len(done):
+            continue
+        low = min(plan_.ranks[r].chunks)
+        start = f_pref[low] + h_cum[low]
+        bound = max(bound, start + float(done[-1]))
+        last = np.flatnonzero((chunk == low) & ((kind == _BACKWARD) | (kind == _BACKWARD_INPUT)))
+        if len(last) and low > 0:
+            after = float(done[-1] - done[last[-1]])
+            bound = max(bound, start + float(done[last[-1]]) + max(b_pref[low] + h_cum[low], after))
+        if D > 1:
+            final = np.flatnonzero((kind == _BACKWARD) | (kind == _BACKWARD_WEIGHT))
+            if len(final):
+                j = int(final[-1])
+                c = plan_.chunks[int(chunk[j])]
+                update = float(dur[kind == _UPDATE].sum())
+                bound = max(bound, start + float(done[j]) + fixed[r] + per_param[r] * c.params + update)
+    return bound * _SLACK
+
+
+def quick_counts(costs: CostTable, cand: Candidate, largest: int) -> list[int] | None:
+    """The layer counts of a "uniform" or "time" partition without compiling (as compile resolves
+    them, timing micro-batches of `largest` samples); None for the methods that need the
+    schedule's memory table."""
+    method = cand.partition
+    if method not in ("uniform", "time"):
+        return None
+    return _resolve_cached(method, cand.stages * cand.chunks,
+                           tuple(costs.time_weights(largest, cand.remat)))
+
+
+@lru_cache(maxsize=4096)
+def _resolve_cached(method: str, chunks: int, weights: tuple[float, ...]) -> list[int]:
+    return resolve_partition(method, chunks, list(weights))

@@ -1,0 +1,214 @@
+"""The planner's search space: its options, the typed `Candidate` configuration and their enumeration."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.schedule import SCHEDULES
+from gpipe_sim.spec import limits
+from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, Scenario
+
+DEFAULT_PARTITIONS = ("uniform", "time")
+# the axes of a configuration: short name -> the dotted scenario field it overrides (in this order)
+AXES = {"D": "pipeline.data_parallel", "K": "pipeline.stages", "v": "pipeline.chunks",
+        "M": "pipeline.micro_batches", "schedule": "pipeline.schedule", "remat": "pipeline.remat",
+        "partition": "pipeline.partition", "zero": "training.zero"}
+# hardware fields of the base a candidate may clear (override with None), in this order
+CLEARABLE = ("hardware.placement", "hardware.stage_to_device", "hardware.links")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The space the planner searches. None on an axis: its full range (see each field)."""
+
+    devices: int  # N
+    fewer_devices: bool = False  # also D*K < N
+    schedules: tuple[str, ...] | None = None  # None: every registered schedule family
+    remat: tuple[str, ...] | None = None  # None: every remat mode of the schema
+    # None: the partition methods worth trying here, DEFAULT_PARTITIONS ("memory" and "fit" run a
+    # partition search of 0.03-0.2 s per candidate: ask for them where memory is tight)
+    partitions: tuple[str, ...] | None = None
+    zero: tuple[int, ...] | None = None  # None: (0, 1) when D > 1, else (0,)
+    max_chunks: int = 4  # v values tried for families with chunks > 1
+    top: int = 10  # the ranking that must be exact: the bound never skips a candidate that enters it
+    micro_batches: tuple[int, ...] | None = None  # None: every M the batch allows (1 .. batch / D)
+    powers_of_two: bool = False  # K and D powers of two only (a narrower space for large N)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One configuration of the space: D replicas of a K-stage pipeline of v chunks per stage, M
+    micro-batches, and the schedule, remat mode, partition method and ZeRO stage; `cleared` names
+    the hardware fields of the base (of `CLEARABLE`) that no longer fit D x K and are set to None."""
+
+    data_parallel: int  # D
+    stages: int  # K
+    chunks: int  # v
+    micro_batches: int  # M
+    schedule: str
+    remat: str
+    partition: str
+    zero: int
+    cleared: tuple[str, ...] = ()
+
+    @property
+    def devices(self) -> int:
+        """D * K."""
+        return self.data_parallel * self.stages
+
+    def clears(self, field_name: str) -> bool:
+        """Whether the candidate overrides the base's hardware field (e.g. "hardware.placement") with None."""
+        return field_name in self.cleared
+
+    def axes(self) -> tuple[Any, ...]:
+        """The values of the axes, in `AXES` order."""
+        return (self.data_parallel, self.stages, self.chunks, self.micro_batches, self.schedule,
+                self.remat, self.partition, self.zero)
+
+    def overrides(self) -> dict[str, Any]:
+        """The dotted overrides of the base scenario that make this configuration: the axes in
+        `AXES` order, then each cleared hardware field as None (a fresh dict on each call)."""
+        out = dict(zip(AXES.values(), self.axes()))
+        out.update((name, None) for name in self.cleared)
+        return out
+
+    @classmethod
+    def from_overrides(cls, overrides: Mapping[str, Any]) -> "Candidate":
+        """The candidate whose `overrides()` equal these: every `AXES` field, plus hardware fields
+        of `CLEARABLE` set to None; ValueError on a missing axis or any other key."""
+        missing = [name for name in AXES.values() if name not in overrides]
+        other = [k for k in overrides if k not in AXES.values() and not (k in CLEARABLE and overrides[k] is None)]
+        if missing or other:
+            raise ValueError(f"not a planner candidate: missing {missing}, unexpected {other}")
+        return cls(*(overrides[name] for name in AXES.values()),
+                   cleared=tuple(k for k in overrides if k in CLEARABLE))
+
+
+def check_options(options: PlanOptions) -> None:
+    """ScenarioError naming the option when the space is malformed (unknown schedule, N < 1...)."""
+    if isinstance(options.devices, bool) or not isinstance(options.devices, int) or options.devices < 1:
+        raise ScenarioError(f"--devices: expected a whole number >= 1, got {options.devices!r}")
+    if options.devices > limits.MAX_PASSES:
+        raise ScenarioError(f"--devices: {options.devices:,} is over the limit of {limits.MAX_PASSES:,}")
+    for what, given, allowed in (("--schedules", options.schedules, tuple(SCHEDULES)),
+                                 ("--remat", options.remat, REMAT_MODES),
+                                 ("--partitions", options.partitions, PARTITION_METHODS),
+                                 ("--zero", options.zero, (0, 1))):
+        if given is None:
+            continue
+        if not given:
+            raise ScenarioError(f"{what}: give at least one value")
+        for value in given:
+            if value not in allowed:
+                raise ScenarioError(f"{what}: unknown value {str(value)[:40]!r} "
+                                    f"(choose from {', '.join(str(a) for a in allowed)})")
+    if options.max_chunks < 1:
+        raise ScenarioError(f"--max-chunks: must be >= 1, got {options.max_chunks}")
+    if options.top < 1:
+        raise ScenarioError(f"--top: must be >= 1, got {options.top}")
+
+
+def device_pairs(base: Scenario, options: PlanOptions) -> list[tuple[int, int]]:
+    """(D, K) pairs with D*K = N (or <= N with `fewer_devices`) that the batch and layers allow."""
+    from gpipe_sim.spec.layers import layer_count
+
+    layers = layer_count(base.model)
+    batch = base.pipeline.batch_size
+    counts = range(1, options.devices + 1) if options.fewer_devices else [options.devices]
+    pairs = []
+    for n in counts:
+        for K in _divisors(n):
+            D = n // K
+            if options.powers_of_two and (K & (K - 1) or D & (D - 1)):
+                continue
+            if K <= layers and batch % D == 0 and D <= batch:
+                pairs.append((D, K))
+    return pairs
+
+
+def _divisors(n: int) -> list[int]:
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
+def _cleared_hardware(base: Scenario, D: int, K: int) -> tuple[str, ...]:
+    """Hardware fields of the base that no longer fit D x K, to be cleared so the candidate places
+    itself (Megatron-LM's order over D*K devices), in `CLEARABLE` order."""
+    hw, p = base.hardware, base.pipeline
+    out: list[str] = []
+    same = (D, K) == (p.data_parallel, p.stages)
+    if hw.placement is not None and not same:
+        out.append("hardware.placement")
+    if hw.stage_to_device is not None and not (same or (D == 1 and len(hw.stage_to_device) == K)):
+        out.append("hardware.stage_to_device")
+    if hw.links is not None and len(hw.links) != K - 1:
+        out.append("hardware.links")
+    return tuple(out)
+
+
+def candidate_space(base: Scenario, options: PlanOptions) -> list[Candidate]:
+    """Every configuration in the space that the schema and the schedule families accept, in a
+    stable order: D*K, K, schedule (registry order), v, M, remat, partition, zero. Hardware fields
+    of the base that do not fit a (D, K) (an explicit placement, per-pair links) are cleared.
+
+    Which (K, M, v) a family accepts is its own `problem` check; the schema's rules are checked
+    once per (D, K, v, schedule) by validating a scenario, and its M rules (M <= batch / D, the
+    pass limit) per M. ScenarioError when the options are malformed (`check_options`)."""
+    check_options(options)
+    from gpipe_sim.spec.layers import layer_count
+
+    layers = layer_count(base.model)
+    batch = base.pipeline.batch_size
+    names = options.schedules if options.schedules is not None else tuple(SCHEDULES)
+    remats = options.remat if options.remat is not None else REMAT_MODES
+    partitions = options.partitions if options.partitions is not None else DEFAULT_PARTITIONS
+    out: list[Candidate] = []
+    for D, K in device_pairs(base, options):
+        share = batch // D
+        zeros = options.zero if options.zero is not None else ((0, 1) if D > 1 else (0,))
+        Ms = [m for m in (options.micro_batches or range(1, share + 1)) if 1 <= m <= share]
+        cleared = _cleared_hardware(base, D, K)
+        for name in names:
+            family = SCHEDULES[name]
+            for v in range(1, options.max_chunks + 1):
+                if K * v > layers:
+                    break
+                accepted = [M for M in Ms if K * v * M * D <= limits.MAX_PASSES and family.problem(K, M, v) is None]
+                accepted = _schema_accepts(base, D, K, v, name, accepted, cleared)
+                out.extend(Candidate(D, K, v, M, name, remat, partition, zero, cleared)
+                           for M, remat, partition, zero in itertools.product(accepted, remats, partitions, zeros))
+    return out
+
+
+def enumerate_candidates(base: Scenario, options: PlanOptions) -> list[dict[str, Any]]:
+    """`candidate_space` as dotted overrides of the base scenario (`Candidate.overrides`, e.g.
+    {"pipeline.data_parallel": 1, "pipeline.stages": 2, "pipeline.chunks": 1,
+    "pipeline.micro_batches": 4, "pipeline.schedule": "1f1b", "pipeline.remat": "none",
+    "pipeline.partition": "time", "training.zero": 0}, with cleared hardware fields as None), in
+    the same order."""
+    return [c.overrides() for c in candidate_space(base, options)]
+
+
+def _schema_accepts(base: Scenario, D: int, K: int, v: int, name: str, Ms: list[int],
+                    cleared: tuple[str, ...]) -> list[int]:
+    """The Ms of a (D, K, v, schedule) group the schema accepts: one validation for the group
+    (its other rules do not depend on M), each M on its own if that one fails."""
+    if not Ms:
+        return Ms
+
+    def ok(M: int) -> bool:
+        try:
+            base.with_updates({"pipeline.data_parallel": D, "pipeline.stages": K, "pipeline.chunks": v,
+                               "pipeline.micro_batches": M, "pipeline.schedule": name,
+                               **{field_name: None for field_name in cleared}})
+        except GpipeError:
+            return False
+        return True
+
+    if ok(Ms[0]) and ok(Ms[-1]):
+        return Ms
+    return [M for M in Ms if ok(M)]
