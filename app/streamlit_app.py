@@ -3,18 +3,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import streamlit as st
 
-APP_DIR = Path(__file__).resolve().parent
-if str(APP_DIR) not in sys.path:  # the views import the app's helper modules by name
-    sys.path.insert(0, str(APP_DIR))
-
-from ui_form import keep_form_state  # noqa: E402
-from ui_run import start_timer  # noqa: E402
-from ui_scenario import open_command_line_scenario  # noqa: E402
+from gpipe_app.ui_form import keep_form_state
+from gpipe_app.ui_run import start_timer
+from gpipe_app.ui_scenario import open_command_line_scenario
 
 st.set_page_config(page_title="GPipe what-if", page_icon=":material/view_timeline:", layout="wide")
 start_timer()

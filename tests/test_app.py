@@ -5,19 +5,17 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import sys
 
 import pytest
 import yaml
 
 from gpipe_sim.results.result import analytic_bubble
 from test_app_support import (
-    ANALYTIC, ROOT, UNIFORM, app_test, metric, page_ms, plotly_specs, set_widget, sweep_table, write_validation,
+    ANALYTIC, UNIFORM, app_test, metric, page_ms, plotly_specs, set_widget, sweep_table, write_validation,
 )
 
 pytest.importorskip("streamlit")
-sys.path.insert(0, str(ROOT / "app"))
-from ui_run import label_error  # noqa: E402
+from gpipe_app.ui_run import label_error  # noqa: E402
 
 STALE = "Showing the last result that ran"
 

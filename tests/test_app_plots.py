@@ -24,8 +24,7 @@ from gpipe_sim.results.result import Result, Timeline, analytic_bubble
 from gpipe_sim.spec.units import parse_quantity
 from test_app_support import ROOT, sweep_table, uniform_data, write_validation
 
-sys.path.insert(0, str(ROOT / "app"))
-from ui_data import load_validation, read_layer_table, read_sweep_bytes, split_sweep  # noqa: E402
+from gpipe_app.ui_data import load_validation, read_layer_table, read_sweep_bytes, split_sweep  # noqa: E402
 
 
 def run(stages: int, micro: int, **pipeline) -> Result:
@@ -337,7 +336,7 @@ def test_sweep_figure_colours_schedules_apart_and_ticks_a_log_axis_at_the_values
 
 
 def test_downloaded_yaml_has_no_raw_floats():
-    from ui_run import round_floats, scenario_yaml
+    from gpipe_app.ui_run import round_floats, scenario_yaml
 
     sc = load_scenario(ROOT / "gpipe_sim" / "scenarios" / "default.yaml")
     sc = sc.with_updates({"hardware.accelerator.memory_bandwidth": "2.039 TB/s",  # as the form writes it
@@ -422,7 +421,7 @@ def test_layer_table_upload_names_the_upload():
 
 
 def test_quantities_shown_in_the_form_read_back():
-    from ui_form import format_quantity
+    from gpipe_app.ui_form import format_quantity
 
     for preset in hardware_presets().values():
         acc, link = preset["accelerator"], preset["link"]
@@ -438,7 +437,7 @@ def test_quantities_shown_in_the_form_read_back():
 
 def test_app_and_plots_import_no_torch():
     code = (
-        "import sys; sys.path.insert(0, 'app');"
+        "import sys;"
         "from streamlit.testing.v1 import AppTest;"
         "at = AppTest.from_file('app/streamlit_app.py', default_timeout=60).run();"
         "[at.switch_page(p).run() for p in ('views/compare.py', 'views/validate.py', 'views/sweep.py')];"

@@ -11,8 +11,7 @@ import yaml
 from test_app_support import APP, ROOT, app_test, metric
 
 pytest.importorskip("streamlit")
-sys.path.insert(0, str(ROOT / "app"))
-from ui_scenario import command_line_path, differing_fields, scenario_download_yaml  # noqa: E402
+from gpipe_app.ui_scenario import command_line_path, differing_fields, scenario_download_yaml  # noqa: E402
 
 # d_model 2560 (the default scenario's is 2048, so the form showing it proves the file was read)
 SCENARIO = {

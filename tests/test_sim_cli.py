@@ -172,11 +172,7 @@ def test_set_mends_a_file_and_blames_only_what_it_changed(tmp_path, capsys):
 
 def test_the_apps_model_box_says_what_the_layers_are():
     pytest.importorskip("streamlit")
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-    from ui_form import layer_count_caption
+    from gpipe_app.ui_form import layer_count_caption
 
     assert layer_count_caption({"preset": "transformer", "layers": 24}) == \
         "This model has 26 layers (24 blocks + embedding + head)."

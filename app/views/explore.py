@@ -9,8 +9,8 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.results.result import Result
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import Scenario
-from ui_form import scenario_form
-from ui_run import (
+from gpipe_app.ui_form import scenario_form
+from gpipe_app.ui_run import (
     MAX_GANTT_BARS, download_buttons, show_elapsed, show_metrics, simulate_cached, stage_table, try_run,
 )
 

@@ -16,8 +16,8 @@ from gpipe_sim.studies.plan_report import (
     COLUMNS, counts_text, entry_row, nothing_fits_text, pareto_figure, search_figures,
 )
 from gpipe_sim.studies.planner import AXES, DEFAULT_PARTITIONS, PlanOptions, PlanSearch, plan
-from ui_form import PREFIX, scenario_form
-from ui_run import MAX_GANTT_BARS, label_error, show_elapsed, show_metrics, simulate_cached
+from gpipe_app.ui_form import PREFIX, scenario_form
+from gpipe_app.ui_run import MAX_GANTT_BARS, label_error, show_elapsed, show_metrics, simulate_cached
 
 MAX_DEVICES = 4096
 

@@ -8,8 +8,8 @@ import streamlit as st
 from gpipe_sim.studies import plots
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.spec.units import format_seconds
-from ui_data import load_sweep_path, read_sweep_bytes, row_scenario_data, split_sweep
-from ui_run import download_buttons, show_elapsed, to_scenario, try_run
+from gpipe_app.ui_data import load_sweep_path, read_sweep_bytes, row_scenario_data, split_sweep
+from gpipe_app.ui_run import download_buttons, show_elapsed, to_scenario, try_run
 
 PREFERRED_X = ("pipeline.micro_batches", "pipeline.stages")
 PREFERRED_Y = ("bubble_fraction", "step_time_s", "throughput_samples_per_s")

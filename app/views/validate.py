@@ -11,7 +11,7 @@ from gpipe_sim.studies import plots
 from gpipe_sim.spec.units import format_bytes, format_seconds
 from gpipe_sim.results.validation import ValidationDocument as Validation
 from gpipe_sim.errors import GpipeError
-from ui_run import MAX_GANTT_BARS, bubble_text, download_buttons, show_elapsed, to_scenario
+from gpipe_app.ui_run import MAX_GANTT_BARS, bubble_text, download_buttons, show_elapsed, to_scenario
 
 FIELDS = (
     ("step_time_s", "step time", format_seconds),

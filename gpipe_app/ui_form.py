@@ -19,8 +19,8 @@ from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, Transfo
 from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, PARTITION_METHODS, REMAT_MODES, Scenario, load_scenario
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS
-from ui_data import read_layer_table
-from ui_scenario import KEPT_TABLE as _KEPT_TABLE, PREFIX, finish_boxes, form_base, upload_box
+from gpipe_app.ui_data import read_layer_table
+from gpipe_app.ui_scenario import KEPT_TABLE as _KEPT_TABLE, PREFIX, finish_boxes, form_base, upload_box
 MODEL_CLASSES = {
     cls.model_fields["preset"].default: cls
     for cls in (TransformerModel, UniformModel, MlpModel, ConvNetModel, AmoebaNetModel)

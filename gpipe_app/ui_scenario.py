@@ -24,7 +24,7 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.files import read_data_file
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.spec.scenario import PARTITION_METHODS, load_scenario, parse_scenario
-from ui_run import round_floats
+from gpipe_app.ui_run import round_floats
 
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages (the form's)
 KEPT_TABLE = "kept.layer_table"  # (file name, table model) the form's `table` preset uses

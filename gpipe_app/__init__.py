@@ -1,0 +1,1 @@
+"""The what-if explorer's building blocks (the scenario form, running and showing results, reading files); its pages are app/."""
