@@ -22,7 +22,7 @@ def _options(args: argparse.Namespace):  # -> LaunchOptions
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from gpipe_exec.execute import execute
-    from gpipe_exec.studies.validate import spread_warning
+    from gpipe_exec.checks.validate import spread_warning
     from gpipe_sim.studies.report import summary_text
     from gpipe_sim.spec.scenario import load_scenario
     from gpipe_sim.results.trace import write_chrome_trace
@@ -97,8 +97,8 @@ def _nested(updates: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from gpipe_exec.studies.calibrate import calibrate_link, calibrate_runtime
-    from gpipe_exec.studies.calibrate_shared import calibrate_shared
+    from gpipe_exec.calibration.runtime import calibrate_link, calibrate_runtime
+    from gpipe_exec.checks.shared_devices import calibrate_shared
 
     options = _options(args)
     device_map: list[int] = []
@@ -109,8 +109,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             raise GpipeError(f"--devices: expected device numbers such as 0,0,1,1, got {args.devices!r}") from None
         if len(device_map) < 2 or min(device_map) < 0:
             raise GpipeError(f"--devices: expected two or more device numbers >= 0, got {args.devices!r}")
-    if args.gpu_tables:  # kernel tables of this GPU (gpipe_exec/calibration_gpu.py)
-        from gpipe_exec.calibration_gpu import calibrate_gpu_tables
+    if args.gpu_tables:  # kernel tables of this GPU (gpipe_exec/calibration/gpu_tables.py)
+        from gpipe_exec.calibration.gpu_tables import calibrate_gpu_tables
 
         hardware = calibrate_gpu_tables(args.gpu_tables, args.gpu_preset)
         sys.stdout.write(json.dumps({"hardware": hardware, "written": args.gpu_tables}) + "\n")
@@ -129,7 +129,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from gpipe_exec.studies.validate import validate, validation_text
+    from gpipe_exec.checks.validate import validate, validation_text
     from gpipe_sim.spec.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.set)
@@ -153,7 +153,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_selfcheck(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from gpipe_exec.studies.selfcheck import selfcheck
+    from gpipe_exec.checks.selfcheck import selfcheck
 
     console = Console(stderr=True)
     with console.status("selfcheck") as status:
@@ -186,7 +186,7 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gpipe_exec.studies.plan_check import CheckOptions, check_options, check_text, plan_check
+    from gpipe_exec.checks.plan_check import CheckOptions, check_options, check_text, plan_check
     from gpipe_sim.spec.scenario import load_scenario
 
     micro: Any = args.micro_batches

@@ -116,7 +116,7 @@ def test_executor_peak_matches_the_prediction_with_data_parallelism() -> None:
     from gpipe_exec.runtime.job import job_for
     from gpipe_exec.launch.spawn import LaunchOptions, launch
     from gpipe_exec.profile import ProfileOptions, default_sizes, profile_model
-    from gpipe_exec.studies.rounds import predict_with_profile
+    from gpipe_exec.checks.rounds import predict_with_profile
 
     base = {"model": {"preset": "transformer", "layers": 2, "d_model": 32, "d_ff": 64, "heads": 2, "seq_len": 4,
                       "vocab": 64},

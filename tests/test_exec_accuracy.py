@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 
 from gpipe_exec.execute import check_runnable  # noqa: E402
 from gpipe_exec.profile import Stamps, average_tables, typical_repeats  # noqa: E402
-from gpipe_exec.studies import accuracy  # noqa: E402
-from gpipe_exec.studies.random_cases import (  # noqa: E402
+from gpipe_exec.checks import accuracy  # noqa: E402
+from gpipe_exec.checks.random_cases import (  # noqa: E402
     DEVICE_MAPS, FAMILIES, MAX_STEP_FLOPS, MIN_STEP_FLOPS, case_text, draw_cases, step_flops)
 from gpipe_sim.schedule import schedule_family  # noqa: E402
 from gpipe_sim.spec.layers import layer_count  # noqa: E402

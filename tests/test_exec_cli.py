@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 from gpipe_exec.cli import build_parser  # noqa: E402
-from gpipe_exec.studies.validate import _shown, spread_warning  # noqa: E402
+from gpipe_exec.checks.validate import _shown, spread_warning  # noqa: E402
 
 
 def test_every_option_has_help():

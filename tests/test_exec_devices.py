@@ -77,7 +77,7 @@ def test_stamps_on_cpu_give_the_host_the_device_time():
 def test_selfcheck_reports_each_case_and_a_summary():
     """One tiny CPU case validated end to end, and a failing case reported in its row."""
     from gpipe_exec.launch.spawn import LaunchOptions
-    from gpipe_exec.studies.selfcheck import cpu_cases, run_selfcheck, selfcheck_text
+    from gpipe_exec.checks.selfcheck import cpu_cases, run_selfcheck, selfcheck_text
 
     name, data = cpu_cases()[2]  # the mlp
     bad = dict(data, hardware={"preset": "cpu", "stage_to_device": [0]},

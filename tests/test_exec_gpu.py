@@ -106,7 +106,7 @@ def test_cuda_profile_times_the_gpu_with_events_and_measures_memory_from_the_all
 def test_validate_on_one_gpu(K: int) -> None:
     """Profile on the GPU, predict, run with every stage on GPU 0, compare: memory within 3%."""
     from gpipe_exec.launch.spawn import LaunchOptions
-    from gpipe_exec.studies.validate import validate
+    from gpipe_exec.checks.validate import validate
 
     v = validate(_transformer(4, 768, 512, K=K, M=4, batch=8), steps=5, warmup=2,
                  options=LaunchOptions(device="cuda"))

@@ -13,15 +13,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpipe_exec.studies.calibrate import LinkFit, fit_link, fit_runtime, runtime_sample  # noqa: E402
+from gpipe_exec.calibration.runtime import LinkFit, fit_link, fit_runtime, runtime_sample  # noqa: E402
 from gpipe_exec.execute import check_runnable  # noqa: E402
 from gpipe_exec.measure.steps import measured_result  # noqa: E402
 from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.profile import ProfileOptions, profile_model, write_table  # noqa: E402
 from gpipe_exec.programs import split_backward  # noqa: E402
-from gpipe_exec.studies.rounds import predict_with_profile  # noqa: E402
-from gpipe_exec.studies.validate import relative_errors  # noqa: E402
+from gpipe_exec.checks.rounds import predict_with_profile  # noqa: E402
+from gpipe_exec.checks.validate import relative_errors  # noqa: E402
 from gpipe_exec.zoo import build_model  # noqa: E402
 from gpipe_sim.results.result import summarize  # noqa: E402
 from gpipe_sim.spec.scenario import load_scenario, parse_scenario  # noqa: E402
@@ -265,7 +265,7 @@ def test_host_times_sit_where_the_runtime_spends_them(runs) -> None:
 
 
 def test_calibrate_shared_scales_host_times_to_reproduce_a_shared_run() -> None:
-    from gpipe_exec.studies.calibrate_shared import calibrate_shared
+    from gpipe_exec.checks.shared_devices import calibrate_shared
 
     base = fit_runtime([(n, 5e-6, 3e-5, 3e-5) for n in (4096, 65536)], LinkFit(5e-5, 2e9, ()))
     fit = calibrate_shared(base, [0, 0], steps=2, options=LaunchOptions(comm_timeout_s=60, run_timeout_s=300))
@@ -336,7 +336,7 @@ def test_cli_validate_data_parallel(tmp_path: Path) -> None:
 
 
 def test_accuracy_grid_covers_interleaved_where_it_runs() -> None:
-    from gpipe_exec.studies.accuracy import base_scenario, grid, markdown
+    from gpipe_exec.checks.accuracy import base_scenario, grid, markdown
 
     cases = grid(base_scenario("transformer", 4, 32), [1, 4, 6, 8], ["gpipe", "interleaved_1f1b"], [1, 2], ["none"])
     got = {(sc.pipeline.schedule, sc.pipeline.chunks, sc.pipeline.micro_batches) for sc in cases}
@@ -419,7 +419,7 @@ def test_typical_time_is_the_mean_without_gross_outliers() -> None:
 
 
 def test_validate_in_rounds_compares_the_median_rounds() -> None:
-    from gpipe_exec.studies.validate import validate
+    from gpipe_exec.checks.validate import validate
     from gpipe_sim.errors import GpipeError
 
     sc = parse_scenario(BASE)

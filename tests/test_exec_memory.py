@@ -165,7 +165,7 @@ def test_step_buffers_count_receives_sends_and_data() -> None:
 
 def test_validate_shows_measured_memory_and_the_accounting_apart() -> None:
     from gpipe_exec.measure.steps import Measurement
-    from gpipe_exec.studies.validate import Validation, validation_text
+    from gpipe_exec.checks.validate import Validation, validation_text
 
     sc = parse_scenario({"model": {"preset": "uniform", "layers": 4}, "hardware": {"preset": "ideal"},
                          "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 4}})
@@ -240,7 +240,7 @@ def test_convnet_accounting_stays_exact_and_memory_is_predicted() -> None:
     from gpipe_exec.runtime.job import job_for
     from gpipe_exec.launch.spawn import LaunchOptions, launch
     from gpipe_exec.profile import ProfileOptions, profile_model
-    from gpipe_exec.studies.rounds import predict_with_profile
+    from gpipe_exec.checks.rounds import predict_with_profile
 
     sc = parse_scenario({"model": {"preset": "convnet", "layers": 4, "channels": 8, "image_size": 16,
                                    "num_classes": 3},
@@ -274,7 +274,7 @@ def test_transient_fit_splits_a_fixed_part_from_a_part_per_sample() -> None:
 
 
 def test_memory_grid_covers_the_documented_cases_and_summarises() -> None:
-    from gpipe_exec.studies.memory_grid import StageFigure, grid_cases, main, summary
+    from gpipe_exec.checks.memory_grid import StageFigure, grid_cases, main, summary
 
     cases = grid_cases()
     # two models x (3 schedules x 2 remat x 2 M + 2 chunked + Adam for-loop, foreach, bf16, D=2, D=2 ZeRO-1)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gpipe_exec.studies.plan_check import (CheckOptions, Checked, kendall_tau_b, ranks_of, regret, spread,
+from gpipe_exec.checks.plan_check import (CheckOptions, Checked, kendall_tau_b, ranks_of, regret, spread,
                                            summarize_check)
 
 
@@ -150,7 +150,7 @@ def test_bad_input_exits_2_from_the_command_line():
 def test_plan_check_runs_every_configuration_of_a_tiny_model(tmp_path):
     """End to end on a tiny transformer, two schedules: every distinct configuration the planner
     ranks (D, K in {1, 2}) runs twice, and the figures are consistent with the rows."""
-    from gpipe_exec.studies.plan_check import plan_check
+    from gpipe_exec.checks.plan_check import plan_check
     from gpipe_sim.spec.scenario import parse_scenario
 
     base = parse_scenario({
@@ -176,7 +176,7 @@ def test_plan_check_runs_every_configuration_of_a_tiny_model(tmp_path):
 
 
 def test_median_table_takes_each_timing_median_and_keeps_the_rest():
-    from gpipe_exec.studies.plan_check import median_table
+    from gpipe_exec.checks.plan_check import median_table
 
     def table(scale: float, flops: float) -> dict:
         return {"input_bytes_per_sample": 4.0, "layers": [

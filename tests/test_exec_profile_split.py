@@ -73,7 +73,7 @@ def test_weight_pass_needs_part_of_the_saved_tensors(preset: str) -> None:
 
 
 def test_accuracy_study_runs_zero_bubble_schedules() -> None:
-    from gpipe_exec.studies.accuracy import SCHEDULES, base_scenario, grid, main
+    from gpipe_exec.checks.accuracy import SCHEDULES, base_scenario, grid, main
 
     assert "zb_h1" in SCHEDULES and "zbv" in SCHEDULES
     cases = grid(base_scenario("transformer", 2, 32), [1, 2, 4], ["zb_h1", "zbv", "dualpipev"], [1, 2], ["none"])

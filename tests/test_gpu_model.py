@@ -113,7 +113,7 @@ def test_every_gpu_preset_prices_every_model_preset():
 
 @needs_reference
 def test_gpu_calibration_fits_rows_and_writes_a_yaml_gpipe_sim_takes(tmp_path):
-    from gpipe_exec.calibration_gpu import calibrate_gpu_tables
+    from gpipe_exec.calibration.gpu_tables import calibrate_gpu_tables
 
     out = tmp_path / "gpu.yaml"
     calibrate_gpu_tables(out, "h100-sxm", read_rows(H100))
@@ -131,7 +131,7 @@ def test_gpu_calibration_measures_this_gpu(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from gpipe_exec.calibration_gpu import calibrate_gpu_tables
+    from gpipe_exec.calibration.gpu_tables import calibrate_gpu_tables
 
     hardware = calibrate_gpu_tables(tmp_path / "gpu.yaml", "h100-sxm")
     assert hardware["accelerator"]["gpu"]["sms"] > 0

@@ -1,5 +1,5 @@
 """Accuracy study: predicted versus measured over a grid of scenarios on this machine (`python -m
-gpipe_exec.studies.accuracy`), or over cases drawn at random (`--random N --seed S`); prints the
+gpipe_exec.checks.accuracy`), or over cases drawn at random (`--random N --seed S`); prints the
 table with the median and worst errors."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any, Sequence
 
 from rich.progress import Progress
 
-from gpipe_exec.studies.calibrate import calibrate_runtime
-from gpipe_exec.studies.calibrate_shared import calibrate_shared
+from gpipe_exec.calibration.runtime import calibrate_runtime
+from gpipe_exec.checks.shared_devices import calibrate_shared
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import CLOCKS, ProfileOptions
-from gpipe_exec.studies.random_cases import DEVICE_MAPS, case_text, draw_cases
-from gpipe_exec.studies.rounds import Round, compare_rounds
-from gpipe_exec.studies.validate import calibration_text, combine_rounds, relative_errors
+from gpipe_exec.checks.random_cases import DEVICE_MAPS, case_text, draw_cases
+from gpipe_exec.checks.rounds import Round, compare_rounds
+from gpipe_exec.checks.validate import calibration_text, combine_rounds, relative_errors
 from gpipe_sim.schedule import schedule_family
 from gpipe_sim.spec.layers import layer_count
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
@@ -164,7 +164,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpipe_exec.studies.accuracy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gpipe_exec.checks.accuracy", description=__doc__)
     parser.add_argument("--random", type=int, metavar="N",
                         help="draw N cases at random (model family, sizes, batch, M, schedule, chunks, "
                              "remat; random_cases.py) instead of the fixed grid; needs --seed")

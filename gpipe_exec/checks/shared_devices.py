@@ -7,8 +7,8 @@ from typing import Sequence
 
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions
-from gpipe_exec.studies.calibrate import RuntimeFit, calibration_scenario
-from gpipe_exec.studies.rounds import compare_rounds, predict_with_profile
+from gpipe_exec.calibration.runtime import RuntimeFit, calibration_scenario
+from gpipe_exec.checks.rounds import compare_rounds, predict_with_profile
 
 
 def calibrate_shared(fit: RuntimeFit, device_map: Sequence[int], *, message_bytes: int = 64 * 1024,

@@ -133,8 +133,6 @@ def hardware_yaml(rows: list[dict[str, Any]], peak_flops: dict[str, float], memo
 def calibrate_gpu_tables(out: Path | str, preset: str, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Measure (unless `rows` are given), fit and write `out`: `hardware:` with `preset` (its peak
     rates and bandwidth, the datasheet's) and the fitted accelerator fields."""
-    from gpipe_sim.spec.presets import hardware_preset
-
     from gpipe_sim.spec.hardware import Hardware
 
     base = Hardware.model_validate({"preset": preset}).accelerator

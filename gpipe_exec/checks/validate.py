@@ -9,9 +9,9 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from gpipe_exec.studies.calibrate import RuntimeFit, calibrate_runtime
-from gpipe_exec.studies.calibrate_shared import calibrate_shared
-from gpipe_exec.studies.rounds import Calibration, Round, compare_rounds, predict_with_profile
+from gpipe_exec.calibration.runtime import RuntimeFit, calibrate_runtime
+from gpipe_exec.checks.shared_devices import calibrate_shared
+from gpipe_exec.checks.rounds import Calibration, Round, compare_rounds, predict_with_profile
 from gpipe_exec.execute import check_layout, check_model, check_runnable, run_plan
 from gpipe_exec.measure.steps import Measurement
 from gpipe_exec.launch.spawn import LaunchOptions, launch

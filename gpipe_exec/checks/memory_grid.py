@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Callable, Sequence
 
-from gpipe_exec.studies.validate import validate
+from gpipe_exec.checks.validate import validate
 from gpipe_sim.spec.scenario import Scenario, load_scenario
 
 MODELS = ("transformer", "convnet")
@@ -85,7 +85,7 @@ def summary(figures: list[StageFigure]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpipe_exec.studies.memory_grid", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gpipe_exec.checks.memory_grid", description=__doc__)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: transformer, convnet")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]

@@ -86,7 +86,7 @@ def run_selfcheck(cases: list[tuple[str, Scenario]], options: LaunchOptions, *, 
                   progress: Callable[[str], None] | None = None) -> list[SelfcheckRow]:
     """Validate each case (profile on its devices, predict, run, compare: `validate`); a case that
     fails is reported with its one-line reason and the others go on."""
-    from gpipe_exec.studies.validate import validate
+    from gpipe_exec.checks.validate import validate
     from gpipe_sim.errors import GpipeError, first_line
 
     rows = []

@@ -232,7 +232,7 @@ def profile_sizes(base: Scenario, configs: Sequence[dict[str, Any]]) -> tuple[tu
     """The micro-batch sizes the configurations run (each profiled once) and whether any of their
     schedules splits the backward (then the profile times the split passes too)."""
     from gpipe_exec.profile import default_sizes
-    from gpipe_exec.studies.rounds import splits_backward
+    from gpipe_exec.checks.rounds import splits_backward
 
     sizes: set[int] = set()
     split = False
@@ -418,7 +418,7 @@ def plan_check(base: Scenario, options: CheckOptions = CheckOptions(), *, launch
     compare (`summarize_check`)."""
     from gpipe_exec.launch.spawn import LaunchOptions
     from gpipe_exec.profile import ProfileOptions, profile_on_devices, table_scenario
-    from gpipe_exec.studies.calibrate import calibrate_runtime
+    from gpipe_exec.calibration.runtime import calibrate_runtime
 
     check_options(options)
     say = progress or (lambda _d, _t, _w: None)

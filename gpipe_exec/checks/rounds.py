@@ -11,7 +11,7 @@ from gpipe_exec.runtime.job import job_for
 from gpipe_exec.programs import with_schedule
 from gpipe_exec.profile import (ProfileOptions, average_tables, default_sizes, profile_model, profile_on_rank,
                                 table_scenario)
-from gpipe_exec.studies.calibrate import LinkFit, RuntimeFit
+from gpipe_exec.calibration.runtime import LinkFit, RuntimeFit
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.plan.compile import Plan, compile_plan, scenario_schedule
 from gpipe_sim.results.result import Result

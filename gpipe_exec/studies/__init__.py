@@ -1,1 +1,0 @@
-"""Studies on real runs: calibration, validation against the simulator, accuracy, benchmarks."""
