@@ -15,6 +15,7 @@ from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
+from gpipe_sim.schedule.global_program import per_replica_messages
 from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
@@ -453,7 +454,11 @@ def _flatten(plan: Plan) -> Program:
     updates = np.flatnonzero(kind == Kind.UPDATE)
     duration[updates] = np.array([r.update_s for r in plan.ranks])[rank[updates] % K] + host.action_s
 
-    keys = c.message_keys(M)
+    # each point-to-point message's key within its replica (`ProgramColumns.message_keys`), from
+    # the global program's ids (replica d's are d*P + key; the all-reduce waits' come after D*P)
+    P = per_replica_messages(C, M)
+    message = steps.message
+    keys = np.where((message >= 0) & (message < D * P), message - (rank // K).astype(np.int64) * P, -1)
     sends = np.flatnonzero(kind == Kind.SEND)
     recvs = np.flatnonzero((kind == Kind.RECV) & (keys >= 0))
     out = np.stack([ch.output_bytes for ch in plan.chunks])  # [chunk, micro-batch]
