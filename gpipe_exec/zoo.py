@@ -122,9 +122,9 @@ class ConvHead(nn.Module):
 
 def _transformer_layer(m: TransformerModel, i: int, dropout: float) -> nn.Module:
     if i == 0:
-        return Embedding(m.vocab, m.seq_len, m.d_model, dropout)
+        return Embedding(m.padded_vocab, m.seq_len, m.d_model, dropout)
     if i == m.layers + 1:
-        return Head(m.d_model, m.vocab)
+        return Head(m.d_model, m.padded_vocab)
     return Block(m.d_model, m.d_ff, m.heads, m.seq_len, dropout, m.attention)
 
 
@@ -204,6 +204,7 @@ def make_batch(model: ModelSpec, batch_size: int, *, seed: int = 0,
     """A deterministic synthetic mini-batch (inputs, targets) for the model."""
     g = torch.Generator().manual_seed(seed + 7919)
     if isinstance(model, TransformerModel):
+        # ids and targets in [0, vocab): the padded rows (`padded_vocab`) are never used, as in Megatron
         ids = torch.randint(0, model.vocab, (batch_size, model.seq_len), generator=g)
         return ids, torch.randint(0, model.vocab, (batch_size, model.seq_len), generator=g)
     float_dtype = TORCH_DTYPES[dtype]

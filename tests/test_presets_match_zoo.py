@@ -26,6 +26,8 @@ MODELS = {
                            "seq_len": 64, "vocab": 512}, "cpu"),
     "transformer odd": ({"preset": "transformer", "layers": 1, "d_model": 192, "d_ff": 768, "heads": 6,
                          "seq_len": 48, "vocab": 777}, "cpu"),
+    "transformer unpadded": ({"preset": "transformer", "layers": 1, "d_model": 64, "d_ff": 128, "heads": 2,
+                              "seq_len": 16, "vocab": 777, "vocab_multiple": 1}, "cpu"),
     "transformer large": ({"preset": "transformer", "layers": 1, "d_model": 8192, "d_ff": 32768, "heads": 64,
                            "seq_len": 4096, "vocab": 50257}, "meta"),
     "transformer flash": ({"preset": "transformer", "layers": 1, "d_model": 256, "d_ff": 1024, "heads": 8,
@@ -125,6 +127,20 @@ def test_saved_bytes_within_5_percent_of_the_modules(name):
         if shared is not None:
             assert preset.saved_with_previous_bytes_per_sample == shared, preset.name
             assert preset.kept_for_weight_bytes_per_sample == kept, preset.name
+
+
+@pytest.mark.parametrize("multiple, rows", [(128, 896), (1, 777), (7, 777), (100, 800)])
+def test_zoo_pads_the_vocabulary_as_the_preset(multiple, rows):
+    """The embedding table and the head have `padded_vocab` rows (777 -> 896 by default, as
+    Megatron-LM pads to a multiple of 128); the batch's ids and targets stay below `vocab`."""
+    sizes = {"preset": "transformer", "layers": 1, "d_model": 32, "d_ff": 64, "heads": 2, "seq_len": 8,
+             "vocab": 777, "vocab_multiple": multiple}
+    spec = parse_scenario({"model": sizes, "pipeline": {"stages": 1}}).model
+    assert spec.padded_vocab == rows
+    assert build_layer(spec, 0).tokens.weight.shape == (rows, 32)
+    assert build_layer(spec, 2).out.weight.shape == (rows, 32)
+    ids, targets = make_batch(spec, 64)
+    assert int(ids.max()) < 777 and int(targets.max()) < 777
 
 
 def test_flash_attention_keeps_no_scores():

@@ -31,14 +31,21 @@ def _scenario(data=TRANSFORMER, **updates):
     return parse_scenario(data).with_updates(updates)
 
 
-def _hand_parameters(d=D_MODEL, f=D_FF, s=SEQ, v=VOCAB, layers=L):
+# The rows the embedding table and the output head have: VOCAB rounded up to a multiple of 128
+# (model.vocab_multiple's default, as Megatron-LM's --make-vocab-size-divisible-by pads it), so
+# 1000 -> 1024. The padded rows are parameters and run in the head's GEMM (Megatron counts its
+# FLOPs with the padded vocabulary too), though no target ever names them.
+PADDED_VOCAB = 1024
+
+
+def _hand_parameters(d=D_MODEL, f=D_FF, s=SEQ, v=PADDED_VOCAB, layers=L):
     embedding = v * d + s * d  # token and position tables
     block = (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d) + 2 * 2 * d  # QKV, proj, MLP, 2 LNs
     head = 2 * d + d * v  # final LayerNorm and the (untied) output projection
     return embedding + layers * block + head
 
 
-def _hand_forward_flops_per_sample(d=D_MODEL, f=D_FF, s=SEQ, v=VOCAB, layers=L):
+def _hand_forward_flops_per_sample(d=D_MODEL, f=D_FF, s=SEQ, v=PADDED_VOCAB, layers=L):
     block = 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d  # the matmuls, and QK^T and the context
     return s * d + layers * block + 2 * s * d * v  # the position add, the blocks, the head
 
@@ -47,6 +54,25 @@ def test_transformer_parameters_are_the_hand_count():
     result = simulate(_scenario())
     assert result.parameters == _hand_parameters()
     assert result.parameters == sum(s.param_bytes for s in result.stages) / 2  # bf16 weights, one replica
+
+
+def test_vocab_padding_sizes_the_tables_and_can_be_turned_off():
+    """vocab_multiple (default 128) pads the embedding and head rows; 1 keeps the vocabulary as is;
+    0, or a padding beyond the dimension limit, is refused."""
+    from gpipe_sim.errors import ScenarioError
+    from gpipe_sim.spec.model import TransformerModel
+
+    assert _scenario().model.padded_vocab == PADDED_VOCAB
+    assert TransformerModel(vocab=50257).padded_vocab == 50304  # GPT-2's, as Megatron and nanoGPT run it
+    assert TransformerModel(vocab=50304).padded_vocab == 50304 and TransformerModel(vocab=1).padded_vocab == 128
+    unpadded = simulate(_scenario(**{"model.vocab_multiple": 1}))
+    assert unpadded.parameters == _hand_parameters(v=VOCAB)
+    assert unpadded.figures.model_flops_per_step == pytest.approx(3 * BATCH * _hand_forward_flops_per_sample(v=VOCAB))
+    for bad in (0, -128, 10**10):
+        with pytest.raises((ScenarioError, ValueError)):
+            parse_scenario({**TRANSFORMER, "model": {**TRANSFORMER["model"], "vocab_multiple": bad}})
+    with pytest.raises((ScenarioError, ValueError), match="limit"):
+        parse_scenario({**TRANSFORMER, "model": {**TRANSFORMER["model"], "vocab": 10**9 - 1, "vocab_multiple": 7}})
 
 
 def test_transformer_tokens_tflops_and_mfu_formulas():

@@ -118,7 +118,8 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
 
 def embedding(v: int, d: int, s: int, dropout: bool, p: int, mask: int) -> LayerKernels:
     """Token lookup, position add and dropout; backward: the token table's dense gradient (a
-    zeroed vocab x d table, then an index add) and the positions' sum over the batch."""
+    zeroed vocab x d table, then an index add) and the positions' sum over the batch. `v`: the
+    padded vocabulary (TransformerModel.padded_vocab), the table's rows."""
     tok = float(s * d)
     fwd = [_elementwise("lookup", tok, p), _elementwise("positions", tok, p, 2, 1)]
     bwd = [MemOp("table.grad.zero", 0.0, float(v * d * p)), _elementwise("table.grad.add", tok, p, 2, 1),
@@ -138,7 +139,9 @@ CROSS_ENTROPY_BACKWARD_BYTES = 36.0
 
 
 def lm_head(d: int, v: int, s: int, p: int) -> LayerKernels:
-    """Final LayerNorm, the vocabulary projection and the cross-entropy loss."""
+    """Final LayerNorm, the vocabulary projection and the cross-entropy loss. `v`: the padded
+    vocabulary (TransformerModel.padded_vocab): the GEMM's n and the logits' width, as Megatron-LM
+    and nanoGPT run them (an odd n such as GPT-2's 50257 runs far below a GEMM's usual efficiency)."""
     out, out_b = linear("logits", s, d, v)
     logits = float(s * v)
     fwd = (_elementwise("ln", float(s * d), p), out, MemOp("cross_entropy", logits * CROSS_ENTROPY_FORWARD_BYTES))

@@ -128,7 +128,8 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
     """Saved bytes as torch's autograd keeps them for the zoo's modules (pre-LayerNorm GPT block;
     Korthikanti et al. 2022's 34sbh + 5as^2b with 1-byte masks at p = 2, plus LayerNorm statistics),
     with masks of `m` bytes an element where the model has dropout."""
-    d, f, s, a, v = model.d_model, model.d_ff, model.seq_len, model.heads, model.vocab
+    # The vocabulary as the tables, the logits and the head's GEMM have it: padded (`vocab_multiple`).
+    d, f, s, a, v = model.d_model, model.d_ff, model.seq_len, model.heads, model.padded_vocab
     mask = m if model.dropout > 0 else 0
     # Embedding: token and learned position tables; saves the token ids and its dropout's mask.
     embed = _layer(

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.spec.fields import Amount, BatchSize, Dimension, DropoutRate, Duration, Kernels, LayerCount, Params, _Strict
-from gpipe_sim.spec.limits import MAX_LAYERS
+from gpipe_sim.spec.limits import MAX_DIMENSION, MAX_LAYERS
 from gpipe_sim.spec.files import read_data_file
 
 
@@ -134,6 +134,10 @@ class TransformerModel(_Strict):
     heads: Dimension = 16
     seq_len: Dimension = 512
     vocab: Dimension = 32000
+    # The embedding and the output head are padded to a multiple of this many rows, as Megatron-LM's
+    # --make-vocab-size-divisible-by (default 128) and nanoGPT's 50304 do; 1: no padding. The padded
+    # rows are never targets: they size the tables, the logits and the head's GEMM (`padded_vocab`).
+    vocab_multiple: Dimension = 128
     # standard: softmax(QK^T)V with the scores kept for backward; flash: a fused kernel
     # (torch's scaled_dot_product_attention) that keeps only its output and the log-sum-exp.
     # The zoo's flash blocks run attention without dropout (on CPU torch's fused kernel has none).
@@ -145,6 +149,19 @@ class TransformerModel(_Strict):
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of heads ({self.heads})")
         return self
+
+    @model_validator(mode="after")
+    def _padded_vocab_bounded(self) -> "TransformerModel":
+        if self.padded_vocab > MAX_DIMENSION:
+            raise ValueError(f"vocab ({self.vocab:,}) padded to a multiple of vocab_multiple ({self.vocab_multiple:,}) "
+                             f"is {self.padded_vocab:,}, beyond the limit of {MAX_DIMENSION:,}")
+        return self
+
+    @property
+    def padded_vocab(self) -> int:
+        """The vocabulary rounded up to a multiple of `vocab_multiple`: the rows of the embedding table
+        and of the output head (the logits' width)."""
+        return -(-self.vocab // self.vocab_multiple) * self.vocab_multiple
 
 
 class AmoebaNetModel(_Strict):

@@ -57,16 +57,22 @@ def read_rows(path: Path = CALIBRATION_CSV) -> list[Row]:
     return rows
 
 
-# GPT-2's vocabulary, as issue 24 defines a row; Megatron-LM pads it to a multiple of 128
-# (--make-vocab-size-divisible-by, default 128: 50304), which is what its GEMMs run (`--vocab 50304`).
+# GPT-2's vocabulary, as issue 24 defines a row. Megatron-LM pads it to a multiple of 128
+# (--make-vocab-size-divisible-by, default 128: 50304), which is what its GEMMs run; the transformer
+# preset does the same by default (model.vocab_multiple, 128). `--vocab-multiple 1` prices the
+# unpadded 50257 (an odd GEMM n, ~0.2 of a GEMM's usual efficiency on an H100).
 VOCAB = 50257
 
 
-def scenario_data(row: Row, hardware: str = "a100-80gb", vocab: int = VOCAB) -> dict[str, Any]:
-    """The scenario a row stands for (issue 24's definition)."""
+def scenario_data(row: Row, hardware: str = "a100-80gb", vocab: int = VOCAB,
+                  vocab_multiple: int | None = None) -> dict[str, Any]:
+    """The scenario a row stands for (issue 24's definition); `vocab_multiple` None: the preset's."""
+    model = {"preset": "transformer", "layers": row.layers, "d_model": row.hidden, "d_ff": 4 * row.hidden,
+             "heads": row.heads, "seq_len": row.seq, "vocab": vocab, "dropout": 0.1}
+    if vocab_multiple is not None:
+        model["vocab_multiple"] = vocab_multiple
     return {
-        "model": {"preset": "transformer", "layers": row.layers, "d_model": row.hidden, "d_ff": 4 * row.hidden,
-                  "heads": row.heads, "seq_len": row.seq, "vocab": vocab, "dropout": 0.1},
+        "model": model,
         "hardware": {"preset": hardware, "devices_per_node": 8},
         "pipeline": {"stages": row.pp, "data_parallel": row.dp,
                      "micro_batches": row.global_batch // (row.dp * row.micro_batch),
@@ -76,9 +82,10 @@ def scenario_data(row: Row, hardware: str = "a100-80gb", vocab: int = VOCAB) -> 
     }
 
 
-def predict(row: Row, overrides: dict[str, Any] | None = None, vocab: int = VOCAB) -> float:
+def predict(row: Row, overrides: dict[str, Any] | None = None, vocab: int = VOCAB,
+            vocab_multiple: int | None = None) -> float:
     """Predicted step seconds of a row (hardware fields in `overrides` replace the preset's)."""
-    data = scenario_data(row, vocab=vocab)
+    data = scenario_data(row, vocab=vocab, vocab_multiple=vocab_multiple)
     for key, value in (overrides or {}).items():
         data["hardware"].setdefault(key, {}).update(value)
     return simulate(Scenario.model_validate(data)).step_time_s
@@ -134,10 +141,10 @@ ROOFLINE = {"accelerator": {"gpu": None}}
 
 
 def vtrain_study(path: Path = CALIBRATION_CSV, overrides: dict[str, Any] | None = None,
-                 vocab: int = VOCAB) -> dict[str, float]:
+                 vocab: int = VOCAB, vocab_multiple: int | None = None) -> dict[str, float]:
     """The accuracy figures of every row of `path`."""
     rows = read_rows(path)
-    return accuracy(rows, [predict(r, overrides, vocab) for r in rows])
+    return accuracy(rows, [predict(r, overrides, vocab, vocab_multiple) for r in rows])
 
 
 def block_check(path: Path = BLOCK_JSONL, hardware: str = "h100-sxm") -> dict[str, float]:
@@ -178,12 +185,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, default=CALIBRATION_CSV, help="vTrain rows (default: the calibration half)")
     parser.add_argument("--blocks", type=Path, default=BLOCK_JSONL, help="H100 block timings (held out)")
     parser.add_argument("--before", action="store_true", help="also the roofline model the presets used before")
-    parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary (Megatron pads 50257 to 50304)")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary (default GPT-2's 50257)")
+    parser.add_argument("--vocab-multiple", type=int, default=None,
+                        help="pad the vocabulary to a multiple of this (default the preset's 128, as Megatron: "
+                             "50257 -> 50304; 1: unpadded)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    out: dict[str, Any] = {"vtrain_a100": vtrain_study(args.csv, vocab=args.vocab)}
+    out: dict[str, Any] = {"vtrain_a100": vtrain_study(args.csv, vocab=args.vocab, vocab_multiple=args.vocab_multiple)}
     if args.before:
-        out["vtrain_a100_roofline"] = vtrain_study(args.csv, ROOFLINE, args.vocab)
+        out["vtrain_a100_roofline"] = vtrain_study(args.csv, ROOFLINE, args.vocab, args.vocab_multiple)
     if args.blocks.exists():
         out["h100_blocks"] = block_check(args.blocks)
     if args.json:
