@@ -18,7 +18,7 @@ from gpipe_sim.spec.scenario import Scenario, parse_scenario
 from gpipe_sim.api import simulate
 from gpipe_sim.results.trace import chrome_trace
 from gpipe_sim.spec.units import format_bytes, format_seconds
-from gpipe_sim.studies.report import parameters_short
+from gpipe_sim.summary import parameters_short
 
 MAX_GANTT_BARS = 2500  # beyond, the chart merges actions (never misstating busy time)
 _RUN_STARTED = "_run_started"

@@ -23,7 +23,7 @@ def _options(args: argparse.Namespace):  # -> LaunchOptions
 def _cmd_run(args: argparse.Namespace) -> int:
     from gpipe_exec.execute import execute
     from gpipe_exec.checks.validate import spread_warning
-    from gpipe_sim.studies.report import summary_text
+    from gpipe_sim.summary import summary_text
     from gpipe_sim.spec.scenario import load_scenario
     from gpipe_sim.results.trace import write_chrome_trace
 

@@ -15,7 +15,7 @@ from gpipe_sim.spec.command_scenario import load_command_scenario, write_schedul
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpipe_sim.plan.compile import compile_plan
-    from gpipe_sim.studies.report import summary_text
+    from gpipe_sim.summary import summary_text
     from gpipe_sim.api import simulate_plan
     from gpipe_sim.results.trace import write_chrome_trace
     from gpipe_sim.spec.limits import result_problem
@@ -45,7 +45,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_schedule(args: argparse.Namespace) -> int:
     from gpipe_sim.plan.compile import scenario_schedule
     from gpipe_sim.schedule.torch_csv import torch_csv_text
-    from gpipe_sim.studies.report import schedule_text
+    from gpipe_sim.summary import schedule_text
 
     scenario = load_command_scenario(args.scenario, args.set)
     schedule = scenario_schedule(scenario)
@@ -63,7 +63,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from gpipe_sim.studies.report import presets_text
+    from gpipe_sim.summary import presets_text
 
     sys.stdout.write(presets_text() + "\n")
     return 0

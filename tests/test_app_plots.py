@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from gpipe_sim import load_scenario, parse_scenario, simulate
 from gpipe_sim.schedule import ACTION_KINDS, SCHEDULES
 from gpipe_sim.spec.scenario import REMAT_MODES
-from gpipe_sim.studies import plots
+from gpipe_sim import charts as plots
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.results.result import Result, Timeline, analytic_bubble
 from gpipe_sim.spec.units import parse_quantity
@@ -451,7 +451,7 @@ def test_app_and_plots_import_no_torch():
 
 def test_data_parallel_reductions_get_a_lane_of_their_own():
     """An all-reduce runs beside the rank's compute: drawn in the compute lane it would overlap it."""
-    from gpipe_sim.studies.plots import _COMPUTE_LANE, _LANES, gantt_bars
+    from gpipe_sim.charts import _COMPUTE_LANE, _LANES, gantt_bars
 
     result = simulate(parse_scenario({
         "model": {"preset": "uniform", "layers": 8}, "hardware": {"preset": "v100"},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpipe_sim import parse_scenario, simulate
 from gpipe_sim.results.fit import id_ranges, over_capacity_text
-from gpipe_sim.studies.report import summary_text
+from gpipe_sim.summary import summary_text
 
 GiB = 2.0**30
 

@@ -14,7 +14,7 @@ from gpipe_sim.api import model_figures, simulate
 from gpipe_sim.cli import main
 from gpipe_sim.results.result import ModelFigures, Result
 from gpipe_sim.spec.scenario import parse_scenario
-from gpipe_sim.studies.report import parameters_short, summary_text
+from gpipe_sim.summary import parameters_short, summary_text
 
 KEYS = ("parameters", "tokens_per_s", "tflops_per_device", "mfu")
 L, D_MODEL, D_FF, HEADS, SEQ, VOCAB, BATCH = 4, 256, 1024, 4, 128, 1000, 8
@@ -151,7 +151,7 @@ def test_simulate_command_summary_and_json(capsys, tmp_path):
 
 
 def test_sweep_columns():
-    from gpipe_sim.studies.sweep_runner import RESULT_COLUMNS, result_columns
+    from gpipe_sim.sweeps.runner import RESULT_COLUMNS, result_columns
 
     row = result_columns(_scenario(), "auto")
     assert set(KEYS) <= set(row) and set(KEYS) <= set(RESULT_COLUMNS)

@@ -228,7 +228,7 @@ def test_devices_holding_several_chunks_never_lose_to_time_or_uniform(chunks_per
 
 
 def test_cli_summary_shows_imbalance_and_fill_drain_beside_the_bubble(gpt_results):
-    from gpipe_sim.studies.report import summary_text
+    from gpipe_sim.summary import summary_text
 
     result = gpt_results["uniform"]
     lines = summary_text(gpt("uniform"), result).splitlines()

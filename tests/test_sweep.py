@@ -18,7 +18,7 @@ import yaml
 from gpipe_sim.cli import main
 from gpipe_sim.spec.scenario import parse_scenario
 from gpipe_sim.api import simulate
-from gpipe_sim.studies.sweep import SweepError, expand, load_sweep, parse_sweep, resolve_base, run_sweep
+from gpipe_sim.sweeps import SweepError, expand, load_sweep, parse_sweep, resolve_base, run_sweep
 
 BASE = {
     "model": {"preset": "uniform", "layers": 8},
@@ -124,7 +124,7 @@ def test_failing_scenarios_are_recorded_and_the_sweep_goes_on(tmp_path):
 
 
 def test_a_failing_simulation_is_recorded(tmp_path, monkeypatch):
-    import gpipe_sim.studies.sweep_runner as sweep
+    import gpipe_sim.sweeps.runner as sweep
 
     spec, base = _spec(axes={"pipeline.stages": [1, 2]})
     real = sweep.result_columns
@@ -443,7 +443,7 @@ def _schedule_table(tmp_path):
 
 
 def test_report_step_time_has_one_coloured_line_per_schedule(tmp_path):
-    from gpipe_sim.studies.sweep_report import figure_step_time
+    from gpipe_sim.sweeps.report import figure_step_time
 
     ok, varying = _schedule_table(tmp_path)
     fig = figure_step_time(ok, varying)
@@ -462,7 +462,7 @@ def test_report_step_time_has_one_coloured_line_per_schedule(tmp_path):
 
 
 def test_report_memory_dots_name_their_configuration(tmp_path):
-    from gpipe_sim.studies.sweep_report import figure_memory
+    from gpipe_sim.sweeps.report import figure_memory
 
     ok, varying = _schedule_table(tmp_path)
     fig = figure_memory(ok, varying)
@@ -473,7 +473,7 @@ def test_report_memory_dots_name_their_configuration(tmp_path):
 
 
 def test_log_ticks_are_the_values_used_or_their_powers_of_two():
-    from gpipe_sim.studies.plot_style import category_colors, log_ticks
+    from gpipe_sim.charts.style import category_colors, log_ticks
 
     assert log_ticks([4, 1, 2, 32, 8, 16, 8]) == [1, 2, 4, 8, 16, 32]
     many = log_ticks(list(range(1, 65)))

@@ -18,7 +18,7 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS, PARTITION_METHODS, REMAT_MODES
 from gpipe_sim.spec.units import format_bytes
-from gpipe_sim.studies import plots
+from gpipe_sim import charts as plots
 from gpipe_app.ui_form import MODEL_CLASSES, scenario_form
 from gpipe_app.ui_run import (
     MAX_GANTT_BARS, bubble_text, compact_number, delta_parts, download_buttons, duration_text, field_label, largest_peak,

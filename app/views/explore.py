@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from gpipe_sim.studies import plots
+from gpipe_sim import charts as plots
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.results.result import Result
 from gpipe_sim.schedule import SCHEDULES

@@ -11,7 +11,7 @@ import streamlit as st
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import PARTITION_METHODS, parse_scenario
-from gpipe_sim.studies import plots
+from gpipe_sim import charts as plots
 from gpipe_sim.studies.plan_report import (
     COLUMNS, counts_text, entry_row, nothing_fits_text, pareto_figure, search_figures,
 )

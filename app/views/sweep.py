@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from gpipe_sim.studies import plots
+from gpipe_sim import charts as plots
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.spec.units import format_seconds
 from gpipe_app.ui_data import load_sweep_path, read_sweep_bytes, row_scenario_data, split_sweep

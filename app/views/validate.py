@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from gpipe_sim.studies import plots
+from gpipe_sim import charts as plots
 from gpipe_sim.spec.units import format_bytes, format_seconds
 from gpipe_sim.results.validation import ValidationDocument as Validation
 from gpipe_sim.errors import GpipeError

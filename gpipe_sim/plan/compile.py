@@ -454,10 +454,8 @@ def _flatten(plan: Plan) -> Program:
     updates = np.flatnonzero(kind == Kind.UPDATE)
     duration[updates] = np.array([r.update_s for r in plan.ranks])[rank[updates] % K] + host.action_s
 
-    # each point-to-point message's key within its replica (`ProgramColumns.message_keys`), from
-    # the global program's ids (replica d's are d*P + key; the all-reduce waits' come after D*P)
-    P = per_replica_messages(C, M)
-    message = steps.message
+    # a transfer's key in its replica (`ProgramColumns.message_keys`): replica d's ids are d*P + key
+    P, message = per_replica_messages(C, M), steps.message
     keys = np.where((message >= 0) & (message < D * P), message - (rank // K).astype(np.int64) * P, -1)
     sends = np.flatnonzero(kind == Kind.SEND)
     recvs = np.flatnonzero((kind == Kind.RECV) & (keys >= 0))

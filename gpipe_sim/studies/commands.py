@@ -15,9 +15,9 @@ class InterruptedSweep(GpipeError):
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from gpipe_sim.studies.sweep import best_text, expand, load_sweep, run_sweep
-    from gpipe_sim.studies.sweep_points import given_fields, notes_text
-    from gpipe_sim.studies.sweep_report import write_report
+    from gpipe_sim.sweeps import best_text, expand, load_sweep, run_sweep
+    from gpipe_sim.sweeps.points import given_fields, notes_text
+    from gpipe_sim.sweeps.report import write_report
 
     spec, base = load_sweep(args.sweep, args.set)
     points = expand(spec, base, given_fields(spec, Path(args.sweep).parent, args.set))

@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.scenario import Scenario, parse_scenario, set_dotted
-from gpipe_sim.studies.sweep_points import SweepPoint
-from gpipe_sim.studies.sweep_spec import SCENARIO_SECTIONS
+from gpipe_sim.sweeps.points import SweepPoint
+from gpipe_sim.sweeps.spec import SCENARIO_SECTIONS
 
 RESULT_COLUMNS = (
     "step_time_s",

@@ -11,10 +11,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gpipe_sim.results.result import analytic_bubble
-from gpipe_sim.studies.plot_style import (
+from gpipe_sim.charts.style import (
     _DASHES, _SYMBOLS, category_colors, log_ticks, schedule_colors, tick_text,
 )
-from gpipe_sim.studies.sweep_best import varying_inputs
+from gpipe_sim.sweeps.best import varying_inputs
 
 K, M = "pipeline.stages", "pipeline.micro_batches"
 GIB = 2.0**30

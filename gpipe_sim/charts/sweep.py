@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.studies.plot_style import (
+from gpipe_sim.charts.style import (
     _DASHES, _SYMBOLS, category_colors, log_ticks, schedule_colors, tick_text,
 )
 

@@ -17,7 +17,8 @@ from gpipe_sim.schedule import Schedule
 from gpipe_sim.spec.units import format_bytes, format_seconds
 
 
-def _render(*renderables: object) -> str:
+def render(*renderables: object) -> str:
+    """Rich renderables as plain text, 110 columns wide, no colour: what the commands print."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=110, force_terminal=False, color_system=None)
     for item in renderables:
@@ -74,7 +75,7 @@ def summary_text(scenario: Scenario, result: Result) -> str:
             format_bytes(s.peak_activation_bytes),
             format_bytes(s.peak_memory_bytes) + (" !" if over else ""),
         )
-    return _render(head, table)
+    return render(head, table)
 
 
 def parameters_short(parameters: int) -> str:
@@ -141,7 +142,7 @@ def presets_text() -> str:
         peaks = "/".join(f"{a.peak_flops[d] / 1e12:g}" for d in ("fp32", "bf16")) + " TFLOP/s"
         hw.add_row(name, a.name, peaks, format_bytes(a.memory_bytes), _bw(a.memory_bandwidth),
                    _bw(h.link.bandwidth), format_seconds(h.link.latency_s))
-    return _render(models, hw)
+    return render(models, hw)
 
 
 def _bw(value: float) -> str:
@@ -190,4 +191,4 @@ def schedule_text(scenario: Scenario, schedule: Schedule) -> str:
         shown = " ".join(first[:SHOWN_PASSES]) + (" ..." if len(first) > SHOWN_PASSES else "")
         table.add_row(str(r), ",".join(map(str, schedule.chunks_of(r))),
                       *(f"{int(counts[r, int(k)]):,}" for k in kinds), shown)
-    return _render(head, table)
+    return render(head, table)

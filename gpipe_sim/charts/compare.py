@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from gpipe_sim.results.result import Result
-from gpipe_sim.studies.plot_style import GIB
+from gpipe_sim.charts.style import GIB
 
 
 def relative_error_figure(errors: Mapping[str, float], threshold: float = 0.2) -> go.Figure:

@@ -11,7 +11,7 @@ from typing import Any, Collection, Iterable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
-from gpipe_sim.studies.sweep_spec import SweepError, SweepSpec
+from gpipe_sim.sweeps.spec import SweepError, SweepSpec
 
 CHUNKS = "pipeline.chunks"
 

@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from gpipe_sim.results.result import Timeline
 from gpipe_sim.schedule import ACTION_KINDS
-from gpipe_sim.studies.plot_style import time_unit
+from gpipe_sim.charts.style import time_unit
 
 KIND_COLORS: dict[str, str] = {
     "forward": "#4C78A8",

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from gpipe_sim.results.result import Result
-from gpipe_sim.studies.plot_style import GIB, rank_colors, time_unit
+from gpipe_sim.charts.style import GIB, rank_colors, time_unit
 
 
 def _memory_steps(times: np.ndarray, held: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:

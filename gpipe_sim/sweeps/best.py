@@ -6,7 +6,7 @@ import math
 from typing import Any, Sequence
 
 from gpipe_sim.errors import one_line
-from gpipe_sim.studies.sweep_spec import SCENARIO_SECTIONS
+from gpipe_sim.sweeps.spec import SCENARIO_SECTIONS
 
 BEST_SHOWN = 5
 
@@ -41,7 +41,7 @@ def best_text(table: Any, axes: Sequence[str] = (), top: int = BEST_SHOWN) -> st
     bubble and largest device peak; or one line saying that none fits (and the nearest miss)."""
     from rich.table import Table
 
-    from gpipe_sim.studies.report import _render
+    from gpipe_sim.summary import render
     from gpipe_sim.spec.units import format_bytes, format_seconds
 
     ran = table[table["status"] == "ok"] if len(table) else table
@@ -76,7 +76,7 @@ def best_text(table: Any, axes: Sequence[str] = (), top: int = BEST_SHOWN) -> st
             f"{float(row['bubble_fraction']):.3f}",
             peak,
         )
-    return _render(out)
+    return render(out)
 
 
 def _short_names(columns: Sequence[str]) -> dict[str, str]:

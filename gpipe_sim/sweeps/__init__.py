@@ -1,19 +1,19 @@
 """Scenario sweeps: a base scenario plus axes expanded into points, run in parallel, resumable.
 
-This module gathers the sweep's parts under one name: the file (`sweep_spec`), its points
-(`sweep_points`), the runner (`sweep_runner`) and the best configurations (`sweep_best`); the
-HTML report is `sweep_report`. Those modules never import this one.
+The package's name gathers its parts: the file (`spec`), its points (`points`), the runner
+(`runner`) and the best configurations (`best`); the HTML report is `report` (not imported here:
+it needs plotly). Those modules never import the package's name.
 """
 
 from __future__ import annotations
 
-from gpipe_sim.studies.sweep_best import BEST_SHOWN, best_configurations, best_text, varying_inputs
-from gpipe_sim.studies.sweep_points import SweepPoint, expand, scenario_key
-from gpipe_sim.studies.sweep_runner import (
+from gpipe_sim.sweeps.best import BEST_SHOWN, best_configurations, best_text, varying_inputs
+from gpipe_sim.sweeps.points import SweepPoint, expand, scenario_key
+from gpipe_sim.sweeps.runner import (
     RESULT_COLUMNS, RUNS_DIR, STATUS_COLUMNS, ProgressCallback, SweepRun, flatten, input_columns, merge_rows,
     result_columns, run_chunk, run_sweep, run_task, write_tables,
 )
-from gpipe_sim.studies.sweep_spec import (
+from gpipe_sim.sweeps.spec import (
     SCENARIO_SECTIONS, SweepError, SweepSpec, load_sweep, parse_sweep, point_count, resolve_base,
 )
 
