@@ -4,6 +4,7 @@ brute-force sweep of the same space, and the `gpipe-sim plan` command."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 
@@ -17,8 +18,8 @@ from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import parse_scenario
 from gpipe_sim.studies.planner import (
-    Candidate, CostTable, PlanEntry, PlanOptions, candidate_space, enumerate_candidates, held_memory_bound,
-    memory_lower_bound, pareto_front, plan, program_step_bound, step_lower_bound,
+    DATA_PARALLEL_SCHEDULE, Candidate, CostTable, PlanEntry, PlanOptions, candidate_space, enumerate_candidates,
+    held_memory_bound, memory_lower_bound, pareto_front, plan, program_step_bound, reserved_base, step_lower_bound,
 )
 
 UNIFORM = {
@@ -49,7 +50,8 @@ def _brute_force(base, options):
 
 def test_enumeration_is_what_the_schema_accepts():
     """Every (D, K, v, M, schedule) the schema accepts on 4 devices, and nothing else (each
-    candidate re-validated on its own); remat x partition x zero on top."""
+    candidate re-validated on its own); remat x partition x zero on top. K=1 is data parallelism:
+    one schedule (1f1b, gradient accumulation) and v=1."""
     base = parse_scenario({**UNIFORM, "model": {"preset": "uniform", "layers": 4}})
     options = PlanOptions(devices=4, max_chunks=2, remat=("none",), partitions=("uniform",))
     got = enumerate_candidates(base, options)
@@ -59,8 +61,8 @@ def test_enumeration_is_what_the_schema_accepts():
     assert len(keys) == len(got)
     expected = set()
     for D, K in ((1, 4), (2, 2), (4, 1)):
-        for name in SCHEDULES:
-            for v in (1, 2):
+        for name in (SCHEDULES if K > 1 else (DATA_PARALLEL_SCHEDULE,)):
+            for v in ((1, 2) if K > 1 else (1,)):
                 for M in range(1, 9):
                     try:
                         base.with_updates({"pipeline.data_parallel": D, "pipeline.stages": K, "pipeline.chunks": v,
@@ -115,8 +117,9 @@ def test_candidates_are_the_enumerated_overrides():
 def test_planner_matches_brute_force_and_bounds_hold(data, options):
     """The planner's top entries are the brute-force sweep's (the best exactly), some candidates do
     not fit, and both bounds are below what the simulator reports for every candidate (with and
-    without the partition's counts)."""
-    base = parse_scenario(data)
+    without the partition's counts). No reserve: the cases' memory is tuned to the capacity."""
+    options = dataclasses.replace(options, reserve=0.0)
+    base = reserved_base(parse_scenario(data), options)
     brute = _brute_force(base, options)
     fitting = sorted((r.throughput_samples_per_s for _, r in brute if r is not None and r.fits_in_memory),
                      reverse=True)
@@ -158,7 +161,7 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
 
 def test_nothing_fits_names_the_smallest_peak():
     base = parse_scenario({**UNIFORM, "hardware": {"preset": "v100", "accelerator": {"memory_bytes": "100 MB"}}})
-    options = PlanOptions(devices=2, schedules=("gpipe", "1f1b"), micro_batches=(1, 8))
+    options = PlanOptions(devices=2, schedules=("gpipe", "1f1b"), micro_batches=(1, 8), reserve=0.0)
     search = plan(base, options)
     assert not search.ranked and search.smallest_peak is not None
     least = min(max(simulate(base.with_updates(o), "auto").device_peak_memory_bytes.values())
@@ -215,7 +218,7 @@ def test_bad_options_are_one_line(capsys, scenario_file):
 def test_plan_command_outputs(capsys, scenario_file, tmp_path):
     html_path, csv_path = tmp_path / "p.html", tmp_path / "p.csv"
     argv = ["plan", str(scenario_file), "--devices", "2", "--schedules", "gpipe,1f1b", "--top", "3",
-            "--html", str(html_path), "--csv", str(csv_path)]
+            "--html", str(html_path), "--csv", str(csv_path), "--set", "hardware.accelerator.memory_bytes=4 GB"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "samples/s" in out and "limiter" in out and "configurations/s" in out
@@ -224,12 +227,13 @@ def test_plan_command_outputs(capsys, scenario_file, tmp_path):
     assert "throughput (samples/s)" in page.replace("\\u002f", "/")
     rows = list(csv.DictReader(csv_path.open()))
     assert rows and rows[0]["rank"] == "1"
-    assert main([*argv[:8], "--json"]) == 0
+    assert main([*argv[:8], *argv[-2:], "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["ranked"]) == 3
-    best = data["ranked"][0]
-    assert best["throughput_samples_per_s"] >= data["ranked"][1]["throughput_samples_per_s"]
-    assert best["limiter"] in ("bubble", "imbalance", "memory", "communication")
+    best = data["pick"]
+    assert best == data["ranked"][0] and best["tied"]
+    assert best["limiter"] in ("bubble", "imbalance", "memory", "communication", "compute")
+    assert data["tie"] == 0.05 and data["reserve"] == 0.06
 
 
 def test_plan_command_nothing_fits_exits_1(capsys, scenario_file):

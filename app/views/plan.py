@@ -13,9 +13,10 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import PARTITION_METHODS, parse_scenario
 from gpipe_sim import charts as plots
 from gpipe_sim.studies.plan_report import (
-    COLUMNS, counts_text, entry_row, nothing_fits_text, pareto_figure, search_figures,
+    COLUMNS, choice_text, config_text, counts_text, entry_row, memory_text, nothing_fits_text, pareto_figure,
+    search_figures,
 )
-from gpipe_sim.studies.planner import AXES, DEFAULT_PARTITIONS, PlanOptions, PlanSearch, plan
+from gpipe_sim.studies.planner import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, PlanSearch, plan
 from gpipe_app.ui_form import PREFIX, scenario_form
 from gpipe_app.ui_run import MAX_GANTT_BARS, label_error, show_elapsed, show_metrics, simulate_cached
 
@@ -25,7 +26,7 @@ MAX_DEVICES = 4096
 @st.cache_data(max_entries=16, show_spinner="Searching the configurations...")
 def _search(scenario_json: str, options_json: str) -> PlanSearch:
     options = json.loads(options_json)
-    for key in ("schedules", "partitions"):
+    for key in ("schedules", "partitions", "stages"):
         if options.get(key) is not None:
             options[key] = tuple(options[key])
     return plan(parse_scenario(json.loads(scenario_json)), PlanOptions(**options))
@@ -68,6 +69,24 @@ with st.expander("Search space", expanded=False):
     partitions = st.multiselect("partitions", list(PARTITION_METHODS), default=list(DEFAULT_PARTITIONS),
                                 key="plan.partitions",
                                 help="memory and fit run a partition search per configuration (slower).")
+    s1, s2, s3 = st.columns(3)
+    tie = s1.number_input("tie (% of the fastest step)", min_value=0.0, max_value=100.0, step=1.0,
+                          value=100 * TIE, key="plan.tie",
+                          help="Step times this close to the fastest are a tie (the model's error, docs/accuracy.md): "
+                               "the simplest configuration, then the one with most free memory, is picked.")
+    reserve = s2.number_input("memory reserve (%)", min_value=0.0, max_value=99.0, step=1.0,
+                              value=100 * DEFAULT_RESERVE, key="plan.reserve",
+                              help="Kept free on each device for the CUDA context, communicator buffers and "
+                                   "fragmentation (a hardware reserving more keeps its own).")
+    headroom = s3.number_input("headroom (% left free)", min_value=0.0, max_value=99.0, step=1.0, value=0.0,
+                               key="plan.headroom")
+    k1, k2, k3 = st.columns(3)
+    min_k = k1.number_input("fewest stages K", min_value=1, max_value=MAX_DEVICES, step=1, value=1,
+                            key="plan.min_stages")
+    max_k = k2.number_input("most stages K", min_value=1, max_value=MAX_DEVICES, step=1, value=MAX_DEVICES,
+                            key="plan.max_stages")
+    even = k3.checkbox("even M only", value=False, key="plan.even",
+                       help="Only micro-batch counts that divide the per-replica batch (others are marked *).")
 if not schedules or not partitions:
     st.error("Choose at least one schedule and one partition method.", icon=":material/error:")
     st.stop()
@@ -77,7 +96,10 @@ question["pipeline"].update({"stages": 1, "data_parallel": 1, "micro_batches": 1
                              "schedule": "gpipe"})  # a valid base: the planner replaces these
 question["hardware"] = {k: v for k, v in question["hardware"].items() if k not in ("stage_to_device", "placement")}
 options = {"devices": int(devices), "fewer_devices": bool(fewer), "top": int(top),
-           "schedules": list(schedules), "partitions": list(partitions)}
+           "schedules": list(schedules), "partitions": list(partitions), "tie": float(tie) / 100,
+           "reserve": float(reserve) / 100, "headroom": float(headroom) / 100, "even_micro_batches": bool(even),
+           "stages": None if (int(min_k), int(max_k)) == (1, MAX_DEVICES)
+           else list(range(int(min_k), min(int(max_k), int(devices)) + 1))}
 try:
     base = parse_scenario(question)
     search = _search(json.dumps(base.to_dict(), sort_keys=True), json.dumps(options, sort_keys=True))
@@ -85,7 +107,7 @@ except GpipeError as exc:
     st.error(label_error(str(exc)), icon=":material/error:")
     st.stop()
 
-st.caption(counts_text(search))
+st.caption(memory_text(search) + ". " + counts_text(search))
 if not search.ranked:
     st.warning(nothing_fits_text(search), icon=":material/memory:")
     if search.enumerated == 0:
@@ -95,13 +117,14 @@ if not search.ranked:
     st.stop()
 
 figures = search_figures(search)
-rows = [entry_row(i + 1, e, figures) for i, e in enumerate(search.distinct[: int(top)])]
+rows = [entry_row(i + 1, e, figures) for i, e in enumerate(search.order[: int(top)])]
 st.subheader("Ranked configurations")
 st.dataframe(pd.DataFrame(rows, columns=list(COLUMNS)), hide_index=True, key="plan.table")
-labels = {f"#{i + 1}: " + ", ".join(f"{k}={e.get(k)}" for k in AXES): i
-          for i, e in enumerate(search.distinct[: int(top)])}
+st.caption(choice_text(search) + ("; * after M: it does not divide the per-replica batch"
+                                  if any(not e.even for e in search.order[: int(top)]) else ""))
+labels = {f"#{i + 1}: " + config_text(e): i for i, e in enumerate(search.order[: int(top)])}
 choice = st.selectbox("configuration", list(labels), key="plan.choice")
-chosen = search.distinct[labels[choice]]
+chosen = search.order[labels[choice]]
 st.plotly_chart(pareto_figure(search.simulated_entries, search.front, search.capacity_bytes, chosen),
                 key="plan.pareto")
 
@@ -112,9 +135,10 @@ show_metrics(scenario, result)
 st.button("Open in Explore", key="plan.open", icon=":material/insights:", on_click=_open_in_explore,
           args=(chosen.overrides,), help="Load this configuration into the form and show it in Explore.")
 p = scenario.pipeline
-fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS, stages=p.stages,
-                                  title=f"Schedule timeline ({p.schedule}, D={p.data_parallel}, K={p.stages}, "
-                                        f"v={p.chunks}, M={p.micro_batches})")
+title = (f"Timeline (data parallel with gradient accumulation, D={p.data_parallel}, M={p.micro_batches})"
+         if p.stages == 1 else f"Schedule timeline ({p.schedule}, D={p.data_parallel}, K={p.stages}, "
+                               f"v={p.chunks}, M={p.micro_batches})")
+fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS, stages=p.stages, title=title)
 st.plotly_chart(fig, key="plan.gantt")
 if bars.note:
     st.caption(bars.note)

@@ -436,7 +436,7 @@ def _flatten(plan: Plan) -> Program:
     program (each step works on the index array of the actions it concerns).
 
     Links: a directed device pair within a node (`hardware.link`, or `links[r]` between ranks r
-    and r+1), or a device's port to the network for traffic between nodes (`hardware.network`).
+    and r+1), or the sender's network port (its own or its node's NIC: `Hardware.network_ports`).
     """
     steps = plan.steps
     D, K, M, C = plan.replicas, len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks)
@@ -486,7 +486,7 @@ def _flatten(plan: Plan) -> Program:
     which = np.where(between, len(pair_links) - 1, which)
     serialization[remote] = out[keys[remote] // M // 2, mb[remote]] / bandwidth[which]
     latency[remote] = pair_latency[which]
-    link_key = np.where(between, n_dev * n_dev + a, a * n_dev + b)  # a node's traffic leaves by its port
+    link_key = np.where(between, n_dev * n_dev + hardware.network_ports(a, per_node), a * n_dev + b)
 
     collective, group_links, group_seconds = _collectives(plan, c, dmap, per_node, network)
     users_key = np.concatenate([link_key, group_links[:, 1]])
@@ -529,9 +529,11 @@ def _collectives(plan: Plan, c, dmap: np.ndarray, per_node: int, network) -> tup
         ring = [int(dmap[d * K + chunk.rank]) for d in range(D)]
         nodes = {device // per_node for device in ring}
         ln = hardware.link if len(nodes) == 1 else network
-        seconds.append(ring_allreduce_seconds(chunk.params * dtype_bytes, D, ln.bandwidth, ln.latency_s))
+        bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth()
+        seconds.append(ring_allreduce_seconds(chunk.params * dtype_bytes, D, bandwidth, ln.latency_s))
         for a, b in zip(ring, ring[1:] + ring[:1]):
-            if a != b:
-                key = a * n_dev + b if a // per_node == b // per_node else n_dev * n_dev + a
-                rows.append((chunk.index, key))
+            if a != b and a // per_node == b // per_node:
+                rows.append((chunk.index, a * n_dev + b))
+            elif a != b:  # leaving the node: the sender's port, or every NIC of its node
+                rows.extend((chunk.index, n_dev * n_dev + port) for port in hardware.ring_ports(a, per_node))
     return collective, np.asarray(rows, dtype=np.int64).reshape(-1, 2), np.asarray(seconds)

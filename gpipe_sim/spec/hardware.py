@@ -60,6 +60,25 @@ class Link(_Strict):
     latency_s: Seconds = 0.0
 
 
+class Network(Link):
+    """The network joining nodes. `per: device` (the default): every device has its own port of
+    `bandwidth` to it. `per: node`: each node has `nics` ports (NICs) of `bandwidth` each, shared
+    by its devices: device i of a node of P sends through NIC i * nics // P, so the devices on one
+    NIC take turns (one 200 Gb/s NIC per node of 8: `{bandwidth: 200 Gb/s, per: node, nics: 1}`).
+    Pipeline sends between nodes use the sender's port; an all-reduce ring between nodes runs, as
+    NCCL's channels do, as `nics` rings side by side (at `nics` x `bandwidth`), holding every NIC
+    of the nodes it leaves. Traffic inside a node uses `link`."""
+
+    per: Literal["device", "node"] = "device"
+    nics: DeviceCount = 1  # NICs per node (per: node only)
+
+    @model_validator(mode="after")
+    def _nics_per_node_only(self) -> "Network":
+        if self.per == "device" and self.nics != 1:
+            raise ValueError("nics: NICs per node are given with per: node (per: device gives each device a port)")
+        return self
+
+
 class Host(_Strict):
     """Host time per pipeline action, spent on the stage's own timeline before it can go on.
 
@@ -93,11 +112,46 @@ class Hardware(_Strict):
     links: tuple[Link, ...] | None = Field(None, max_length=MAX_STAGES)  # per consecutive stage pair (K-1)
     stage_to_device: tuple[DeviceId, ...] | None = Field(None, max_length=MAX_STAGES)
     # A cluster: devices 0..N-1 in nodes of `devices_per_node` (None: one node); `network` joins
-    # nodes (bandwidth per device), `link` devices within a node. `placement[d][r]`: the device of
+    # nodes (a port per device, or `per: node` NICs shared by a node's devices), `link` devices
+    # within a node. `placement[d][r]`: the device of
     # replica d's rank r (default: Megatron-LM's order, replicas of a stage on neighbouring devices).
     devices_per_node: DeviceCount | None = None
-    network: Link | None = None
+    network: Network | None = None
     placement: tuple[tuple[DeviceId, ...], ...] | None = Field(None, max_length=MAX_STAGES)
+
+    @model_validator(mode="after")
+    def _nics_fit_the_node(self) -> "Hardware":
+        net = self.network
+        if net is not None and net.per == "node" and self.devices_per_node is not None \
+                and net.nics > self.devices_per_node:
+            raise ValueError(f"network.nics: {net.nics} NICs for nodes of {self.devices_per_node} devices "
+                             "(at most one per device)")
+        return self
+
+    def network_ports(self, devices: Any, per_node: int) -> Any:
+        """The network port each device (an int or an integer numpy array) sends through to
+        other nodes: its own (the device id) with a port per device; else its node's NIC,
+        node * nics + (index in the node) * nics // per_node. Ports number less than devices."""
+        net = self.network
+        if net is None or net.per == "device":
+            return devices
+        nics = min(net.nics, per_node)
+        return (devices // per_node) * nics + (devices % per_node) * nics // per_node
+
+    def network_ring_bandwidth(self) -> float:
+        """Bandwidth of an all-reduce ring between nodes: the network's, times the NICs per node
+        with `per: node` (one ring per NIC)."""
+        net = self.network or self.link
+        return net.bandwidth * (net.nics if isinstance(net, Network) and net.per == "node" else 1)
+
+    def ring_ports(self, device: int, per_node: int) -> list[int]:
+        """The network ports an all-reduce ring leaving `device`'s node holds: the device's own
+        port, or every NIC of its node with `per: node`."""
+        net = self.network
+        if net is None or net.per == "device":
+            return [device]
+        nics = min(net.nics, per_node)
+        return [(device // per_node) * nics + k for k in range(nics)]
 
     def link_between(self, stage: int) -> Link:
         """The link carrying transfers between stage `stage` and stage `stage + 1` (`link` where

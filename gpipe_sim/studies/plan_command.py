@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.spec.overrides import add_set_option
+from gpipe_sim.spec.units import parse_quantity
 
 MAX_DEVICES = 1 << 17
 
@@ -34,6 +36,39 @@ def _names(flag: str, text: str | None, cast: Callable[[str], Any] = str) -> tup
         return tuple(cast(item) for item in items)
     except ValueError:
         raise ScenarioError(f"{flag}: expected comma-separated whole numbers, got {text[:40]!r}") from None
+
+
+def _share(flag: str, text: str | None, memory_bytes: float = math.inf) -> float | None:
+    """A share option: "5%", "0.05", or (with `memory_bytes`) a size such as "4 GiB" read as
+    that share of the device's memory; ScenarioError naming the option otherwise."""
+    if text is None:
+        return None
+    raw = str(text).strip()
+    try:
+        if raw.endswith("%"):
+            return float(raw[:-1]) / 100.0
+        return float(raw)
+    except ValueError:
+        pass
+    if math.isfinite(memory_bytes):
+        try:
+            return parse_quantity(raw, "bytes") / memory_bytes
+        except ValueError:
+            pass
+    raise ScenarioError(f"{flag}: expected a share such as 5% or 0.05"
+                        f"{' or a size such as 4 GiB' if math.isfinite(memory_bytes) else ''}, got {raw[:40]!r}")
+
+
+def _stages(text: str | None) -> tuple[int, ...] | None:
+    """--stages: "1,2,4" or a range "2-8" (or both: "1,4-8")."""
+    if text is None:
+        return None
+    out: list[int] = []
+    for item in (part.strip() for part in text.split(",")):
+        low, _, high = item.partition("-")
+        first = _count("--stages", low, 1, MAX_DEVICES)
+        out.extend(range(first, _count("--stages", high, first, MAX_DEVICES) + 1) if high else [first])
+    return tuple(sorted(set(out)))
 
 
 def _progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
@@ -66,22 +101,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
     2 on bad input (one line naming the option)."""
     from gpipe_sim.spec.command_scenario import load_command_scenario
     from gpipe_sim.studies.plan_report import plan_json, plan_text, write_csv, write_html
-    from gpipe_sim.studies.planner import PlanOptions, device_pairs, plan
+    from gpipe_sim.studies.planner import DEFAULT_RESERVE, TIE, PlanOptions, check_options, device_pairs, plan
 
     devices = _count("--devices", args.devices)
     top = _count("--top", args.top, 1, 10_000)
     max_chunks = _count("--max-chunks", args.max_chunks, 1, 64)
+    scenario = load_command_scenario(args.scenario, args.set)
+    reserve = _share("--reserve", args.reserve, scenario.hardware.accelerator.memory_bytes)
     options = PlanOptions(
         devices=devices, fewer_devices=args.fewer_devices, schedules=_names("--schedules", args.schedules),
         remat=_names("--remat", args.remat), partitions=_names("--partitions", args.partitions),
         zero=_names("--zero", args.zero, int), max_chunks=max_chunks, top=top,
         micro_batches=_names("--micro-batches", args.micro_batches, int), powers_of_two=args.powers_of_two,
+        stages=_stages(args.stages), even_micro_batches=args.even_m,
+        tie=TIE if args.tie is None else _share("--tie", args.tie),
+        reserve=DEFAULT_RESERVE if reserve is None else reserve,
+        headroom=_share("--headroom", args.headroom) or 0.0,
     )
-    scenario = load_command_scenario(args.scenario, args.set)
+    check_options(options)
     if not device_pairs(scenario, options):
         raise ScenarioError(
-            f"--devices: no D x K = {devices:,} suits this scenario (K at most its layers, D dividing the "
-            f"global batch of {scenario.pipeline.batch_size}); try --fewer-devices")
+            f"--devices: no D x K = {devices:,} suits this scenario (K at most its layers"
+            f"{', K in --stages' if options.stages else ''}, D dividing the global batch of "
+            f"{scenario.pipeline.batch_size}); try --fewer-devices")
     update, stop = _progress() if not args.quiet else (None, lambda: None)
     try:
         search = plan(scenario, options, progress=update)
@@ -115,7 +157,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fewer-devices", action="store_true", help="also configurations on fewer devices")
     p.add_argument("--top", default="10", help="configurations shown (default 10)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--csv", metavar="FILE", help="write every simulated configuration as CSV")
+    p.add_argument("--csv", metavar="FILE", help="write every configuration considered as CSV: its figures, "
+                                                 "or why it was pruned or refused")
     p.add_argument("--html", metavar="FILE", help="write an HTML report: the table and the Pareto chart")
     p.add_argument("--schedules", help="comma-separated schedule names (default: every registered one)")
     p.add_argument("--remat", help="comma-separated remat modes (default: none,except_last,always)")
@@ -125,6 +168,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-chunks", default="4", help="largest v tried for multi-chunk schedules (default 4)")
     p.add_argument("--micro-batches", help="comma-separated M values (default: every M the batch allows)")
     p.add_argument("--powers-of-two", action="store_true", help="K and D powers of two only")
+    p.add_argument("--stages", help="K values tried: comma-separated, ranges allowed (e.g. 1,2,4 or 2-8)")
+    p.add_argument("--even-m", action="store_true",
+                   help="only M dividing the per-replica batch (else uneven M are marked * in the table)")
+    p.add_argument("--tie", help="step times within this share of the fastest are a tie, broken toward the "
+                                 "simplest configuration, then memory headroom (default 5%%: the model's error, "
+                                 "docs/accuracy.md)")
+    p.add_argument("--reserve", help="memory per device kept free of the simulated peak for the CUDA context, "
+                                     "communicator buffers and fragmentation: a share or a size (default 6%%; "
+                                     "a hardware reserving as much already is kept)")
+    p.add_argument("--headroom", help="minimum share of the usable memory left free by a configuration "
+                                      "(default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_set_option(p)
     p.set_defaults(func=cmd_plan)

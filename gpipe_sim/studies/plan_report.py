@@ -7,20 +7,22 @@ import html
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
-
-import plotly.graph_objects as go
+from typing import TYPE_CHECKING, Any, Sequence
 
 from gpipe_sim.api import model_figures
 from gpipe_sim.results.result import NO_FIGURES, ModelFigures
 from gpipe_sim.spec.units import format_bytes, format_seconds
-from gpipe_sim.studies.planner import AXES, PlanEntry, PlanSearch
+from gpipe_sim.studies.planner import AXES, DATA_PARALLEL, Candidate, PlanEntry, PlanSearch
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 GIB = 2.0**30
-COLUMNS = ("rank", "D", "K", "v", "M", "schedule", "remat", "partition", "zero", "step", "samples/s",
+COLUMNS = ("rank", "D", "K", "v", "M", "schedule", "remat", "partition", "zero", "step", "vs fastest", "samples/s",
            "per device", "tokens/s", "TFLOP/s/dev", "MFU", "bubble", "exposed AR", "peak / capacity", "limiter",
            "alike")
 _LEFT = {"schedule", "remat", "partition", "peak / capacity", "limiter", "alike"}  # the rest: right-justified
+UNEVEN = "*"  # after M in the table: M does not divide the per-replica batch
 
 
 def search_figures(search: PlanSearch) -> ModelFigures:
@@ -51,12 +53,48 @@ def entry_row(rank: int, e: PlanEntry, figures: ModelFigures | None = None) -> l
     layers timed in seconds)."""
     q = entry_figures(e, figures)
     tokens, tflops, mfu = q["tokens_per_s"], q["tflops_per_device"], q["mfu"]
-    return [str(rank), *(str(e.get(k)) for k in AXES), format_seconds(e.step_time_s),
+    return [str(rank), *(_axis_text(e, k) for k in AXES), format_seconds(e.step_time_s),
+            f"+{e.vs_fastest:.1%}" if e.vs_fastest > 0 else "fastest",
             f"{e.throughput_samples_per_s:,.2f}", f"{e.throughput_per_device:,.2f}",
             "-" if tokens is None else f"{tokens:,.0f}", "-" if tflops is None else f"{tflops:,.1f}",
             "-" if mfu is None else f"{mfu:.1%}", f"{e.bubble_fraction:.1%}", format_seconds(e.exposed_allreduce_s),
             _peak_text(e), e.limiter,
             f"+{e.alike}" if e.alike else ""]
+
+
+def _axis_text(e: PlanEntry, key: str) -> str:
+    """An axis as the table shows it: "-" where K=1 has none, M marked when uneven."""
+    value = e.shown(key)
+    if value is None:
+        return "-"
+    return f"{value}{UNEVEN}" if key == "M" and not e.even else str(value)
+
+
+def choice_text(search: PlanSearch) -> str:
+    """What the first rows are and why the first is the pick."""
+    o = search.options
+    if not search.order:
+        return ""
+    return (f"rows 1-{search.tied} are within {o.tie:.0%} of the fastest step, the model's error "
+            f"(docs/accuracy.md), so a tie: ordered simplest first (fewer stages, no re-computation, no "
+            f"ZeRO, v=1, even M, plainer schedule), then by memory headroom; row 1 is the pick"
+            if search.tied > 1 else "row 1 is the fastest; nothing else is within "
+            f"{o.tie:.0%} of its step")
+
+
+def memory_text(search: PlanSearch) -> str:
+    """The capacity the search held configurations to: reserve and headroom."""
+    o = search.options
+    accel = search.base.hardware.accelerator
+    if not math.isfinite(search.capacity_bytes):
+        return "memory: unlimited"
+    reserved = accel.memory_bytes - search.capacity_bytes
+    text = (f"memory: {format_bytes(search.capacity_bytes)} usable of {format_bytes(accel.memory_bytes)} per "
+            f"device ({format_bytes(reserved)} reserved for the CUDA context, communicator buffers and "
+            f"fragmentation: --reserve {o.reserve:.0%} or the hardware's own)")
+    if o.headroom > 0:
+        text += f"; at least {o.headroom:.0%} of it left free (--headroom): peak <= {format_bytes(search.limit_bytes)}"
+    return text
 
 
 def counts_text(search: PlanSearch) -> str:
@@ -73,7 +111,7 @@ def nothing_fits_text(search: PlanSearch) -> str:
     least = search.smallest_peak
     if least is None:
         return f"no configuration of the {search.enumerated:,} enumerated could be simulated (capacity {cap})"
-    config = ", ".join(f"{k}={least.get(k)}" for k in AXES)
+    config = config_text(least)
     return (f"no configuration fits: the smallest peak is {format_bytes(least.peak_memory_bytes)} per device "
             f"against a capacity of {cap} ({config}); try more devices, a smaller batch or another dtype")
 
@@ -84,12 +122,17 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
     lines = [f"plan: {search.options.devices} device{'s' if search.options.devices != 1 else ''}"
              f"{' or fewer' if search.options.fewer_devices else ''}, global batch {search.base.pipeline.batch_size}, "
              f"{figures.parameters:,} parameters"]
-    if search.distinct:
-        rows = [list(COLUMNS)] + [entry_row(i + 1, e, figures) for i, e in enumerate(search.distinct[:top])]
+    lines.append(memory_text(search))
+    if search.order:
+        rows = [list(COLUMNS)] + [entry_row(i + 1, e, figures) for i, e in enumerate(search.order[:top])]
         widths = [max(len(r[j]) for r in rows) for j in range(len(COLUMNS))]
         for r in rows:
             lines.append("  ".join(cell.ljust(w) if name in _LEFT else cell.rjust(w)
                                    for name, cell, w in zip(COLUMNS, r, widths)).rstrip())
+        lines.append(choice_text(search))
+        if any(not e.even for e in search.order[:top]):
+            lines.append(f"{UNEVEN}: M does not divide the per-replica batch: micro-batches differ by one sample "
+                         "(--even-m: only M that divide it)")
     else:
         lines.append(nothing_fits_text(search))
     lines.append(counts_text(search))
@@ -109,39 +152,97 @@ def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
         "infeasible": search.infeasible, "seconds": search.seconds,
         "configs_per_second": search.configs_per_second,
         **figures.to_dict(),  # parameters, model_flops_per_step, tokens_per_step, peak_flops_per_device
-        "ranked": [entry_dict(e, figures) for e in search.distinct[:top]],
+        "tie": o.tie, "reserve": o.reserve, "headroom": o.headroom, "limit_bytes": _finite(search.limit_bytes),
+        "tied": search.tied, "pick": entry_dict(search.pick, figures) if search.pick else None,
+        "ranked": [entry_dict(e, figures) for e in search.order[:top]],
         "pareto_front": [entry_dict(e, figures) for e in search.front],
         "nothing_fits": None if search.ranked else nothing_fits_text(search),
         "notes": list(search.notes),
     }
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def plan_json(search: PlanSearch, top: int = 10) -> str:
     return json.dumps(plan_dict(search, top), indent=2, allow_nan=False)
 
 
-def write_csv(search: PlanSearch, path: str | Path) -> None:
-    """Every simulated configuration (fitting ones first, in rank order), one row each."""
-    fitting = search.ranked
-    others = [e for e in search.simulated_entries if not e.fits]
+CSV_AXES = ("D", "K", "v", "M", "schedule", "remat", "partition", "zero")
+
+
+def _reason(code: str, figure: float, limit: float) -> str:
+    """A pruned configuration's reason, in words."""
+    if code == "memory":
+        return f"memory bound: needs at least {format_bytes(figure)} per device > {format_bytes(limit)}"
+    if code == "bound":
+        return f"step-time bound: at least {format_seconds(figure)} > {format_seconds(limit)} (top and tie found)"
+    if code == "preferred":
+        return f"within the tie (step <= {format_seconds(limit)}) but simpler tied configurations rank before it"
+    if code.startswith("infeasible:"):
+        return "does not compile: " + code.split(":", 1)[1].strip()
+    return code
+
+
+def _candidate_axes(c: Candidate) -> dict[str, Any]:
+    axes = dict(zip(CSV_AXES, c.axes()))
+    if c.stages == 1:
+        axes.update(schedule=DATA_PARALLEL, v=None, partition=None)
+    return axes
+
+
+def csv_rows(search: PlanSearch) -> list[dict[str, Any]]:
+    """One row per configuration considered: the simulated ones with their figures (fitting ones
+    first, in the table's order, ranked), then the pruned ones with the reason, then the ones
+    the space refused (for every remat, partition and ZeRO)."""
     figures = search_figures(search)
-    rows = [entry_dict(e, figures) for e in [*fitting, *others]]
-    keys = list(rows[0]) if rows else [*AXES, "step_time_s", "throughput_samples_per_s"]
+    shown = {id(e) for e in search.order}
+    fitting = search.order + [e for e in search.ranked if id(e) not in shown]
+    rows = [{"rank": i + 1 if i < len(search.order) else "", "status": "fits",
+             "reason": "tied with the fastest" if e.tied else "", **entry_dict(e, figures)}
+            for i, e in enumerate(fitting)]
+    for e in search.simulated_entries:
+        if not e.fits:
+            over = e.peak_memory_bytes > search.capacity_bytes
+            reason = (f"does not fit: peak {format_bytes(e.peak_memory_bytes)} > {format_bytes(search.capacity_bytes)}"
+                      if over else f"leaves less than the {search.options.headroom:.0%} headroom")
+            rows.append({"rank": "", "status": "simulated", "reason": reason, **entry_dict(e, figures)})
+    for i in sorted(search.pruned):
+        rows.append({"rank": "", "status": "pruned", "reason": _reason(*search.pruned[i]),
+                     **_candidate_axes(search.candidates[i])})
+    for D, K, v, M, name, why in search.rejected:
+        rows.append({"rank": "", "status": "refused", "reason": why, "D": D, "K": K, "v": v, "M": M,
+                     "schedule": name, "remat": "any", "partition": "any", "zero": "any"})
+    return rows
+
+
+def write_csv(search: PlanSearch, path: str | Path) -> None:
+    """Every configuration considered (`csv_rows`), one row each."""
+    rows = csv_rows(search)
+    keys: list[str] = ["rank", "status", "reason", *CSV_AXES]
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
     with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["rank", *keys])
+        writer = csv.DictWriter(handle, fieldnames=keys, restval="")
         writer.writeheader()
-        for i, row in enumerate(rows):
-            writer.writerow({"rank": i + 1 if i < len(fitting) else "", **row})
+        writer.writerows(rows)
 
 
-def _config_text(e: PlanEntry) -> str:
-    return ", ".join(f"{k}={e.get(k)}" for k in AXES)
+def config_text(e: PlanEntry) -> str:
+    """The configuration in words: "D=16, K=1, data parallel, M=16, remat=none, zero=0" at K=1."""
+    if e.data_parallel_only:
+        return (f"D={e.get('D')}, K=1, data parallel, M={e.get('M')}{'' if e.even else UNEVEN}, "
+                f"remat={e.get('remat')}, zero={e.get('zero')}")
+    return ", ".join(f"{k}={_axis_text(e, k)}" for k in AXES)
 
 
 def pareto_figure(entries: Sequence[PlanEntry], front: Sequence[PlanEntry], capacity_bytes: float,
                   chosen: PlanEntry | None = None) -> go.Figure:
     """Throughput (samples/s) against peak memory per device (GiB) of every simulated configuration,
     the Pareto front drawn as a line, the capacity as a vertical line; hover shows the configuration."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     for fits, name, color in ((True, "fits", "#4c78a8"), (False, "over capacity", "#bbbbbb")):
         part = [e for e in entries if e.fits == fits]
@@ -149,19 +250,19 @@ def pareto_figure(entries: Sequence[PlanEntry], front: Sequence[PlanEntry], capa
             fig.add_trace(go.Scattergl(
                 x=[e.peak_memory_bytes / GIB for e in part], y=[e.throughput_samples_per_s for e in part],
                 mode="markers", name=name, marker={"color": color, "size": 6, "opacity": 0.6},
-                text=[_config_text(e) for e in part],
+                text=[config_text(e) for e in part],
                 hovertemplate="%{text}<br>peak %{x:.2f} GiB<br>%{y:.2f} samples/s<extra></extra>"))
     if front:
         fig.add_trace(go.Scatter(
             x=[e.peak_memory_bytes / GIB for e in front], y=[e.throughput_samples_per_s for e in front],
             mode="lines+markers", name="Pareto front", line={"color": "#e45756", "shape": "hv"},
-            marker={"size": 9}, text=[_config_text(e) for e in front],
+            marker={"size": 9}, text=[config_text(e) for e in front],
             hovertemplate="%{text}<br>peak %{x:.2f} GiB<br>%{y:.2f} samples/s<extra>front</extra>"))
     if chosen is not None:
         fig.add_trace(go.Scatter(
             x=[chosen.peak_memory_bytes / GIB], y=[chosen.throughput_samples_per_s], mode="markers",
             name="chosen", marker={"symbol": "star", "size": 16, "color": "#f58518"},
-            text=[_config_text(chosen)], hovertemplate="%{text}<extra>chosen</extra>"))
+            text=[config_text(chosen)], hovertemplate="%{text}<extra>chosen</extra>"))
     if math.isfinite(capacity_bytes) and capacity_bytes > 0:
         fig.add_vline(x=capacity_bytes / GIB, line_dash="dash", line_color="#54a24b",
                       annotation_text=f"capacity {format_bytes(capacity_bytes)}", annotation_position="top left")
@@ -190,22 +291,24 @@ def padded_range(values: Sequence[float], pad: float = 0.06) -> list[float] | No
 def plan_html(search: PlanSearch, top: int = 10, title: str = "gpipe-sim plan") -> str:
     """A self-contained page: the ranked table, the counts and the Pareto chart (plotly inlined)."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
-    if search.distinct:
+    if search.order:
         figures = search_figures(search)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in entry_row(i + 1, e, figures))
                        + "</tr>"
-                       for i, e in enumerate(search.distinct[:top]))
-        table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                       for i, e in enumerate(search.order[:top]))
+        table = (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                 f"<p>{html.escape(choice_text(search))}</p>")
     else:
         table = f"<p><b>{html.escape(nothing_fits_text(search))}</b></p>"
     chart = pareto_figure(search.simulated_entries, search.front, search.capacity_bytes,
-                          search.best).to_html(full_html=False, include_plotlyjs=True)
+                          search.pick).to_html(full_html=False, include_plotlyjs=True)
     notes = "".join(f"<p>note: {html.escape(n)}</p>" for n in search.notes)
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f4f4f4}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"<p>{html.escape(plan_text(search, 0).splitlines()[0])}</p>{table}"
+            f"<p>{html.escape(plan_text(search, 0).splitlines()[0])}</p>"
+            f"<p>{html.escape(memory_text(search))}</p>{table}"
             f"<p>{html.escape(counts_text(search))}</p>{notes}{chart}</body></html>")
 
 

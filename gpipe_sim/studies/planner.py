@@ -15,19 +15,20 @@ from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.results.result import Result
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.studies.planner_bounds import (
-    CostTable, Work, candidate_work, chunk_placement, held_memory_bound, held_samples, memory_lower_bound,
-    min_max_partition, program_step_bound, quick_counts, step_lower_bound,
+    CostTable, Work, candidate_work, chunk_placement, coarse_bounds, held_memory_bound, held_samples,
+    memory_lower_bound, min_max_partition, program_step_bound, quick_counts, step_lower_bound,
 )
 from gpipe_sim.studies.planner_space import (
-    AXES, DEFAULT_PARTITIONS, Candidate, PlanOptions, candidate_space, check_options, device_pairs,
-    enumerate_candidates,
+    AXES, DATA_PARALLEL, DATA_PARALLEL_SCHEDULE, DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, Candidate, PlanOptions,
+    candidate_space, check_options, device_pairs, enumerate_candidates,
 )
 
 __all__ = [
-    "AXES", "DEFAULT_PARTITIONS", "LIMITERS", "MEMORY_LIMITED", "NEGLIGIBLE_LOSS", "Candidate", "CostTable",
+    "AXES", "DATA_PARALLEL", "DATA_PARALLEL_SCHEDULE", "DEFAULT_PARTITIONS", "DEFAULT_RESERVE", "LIMITERS", "MEMORY_LIMITED", "NEGLIGIBLE_LOSS", "Candidate", "CostTable",
     "PlanEntry", "PlanOptions", "PlanSearch", "candidate_space", "check_options", "collapse_alike", "device_pairs",
     "enumerate_candidates", "held_memory_bound", "held_samples", "limiter_of", "memory_lower_bound",
-    "min_max_partition", "pareto_front", "plan", "program_step_bound", "step_lower_bound",
+    "min_max_partition", "pareto_front", "plan", "preference", "program_step_bound", "reserved_base",
+    "step_lower_bound", "TIE",
 ]
 
 LIMITERS = ("bubble", "imbalance", "memory", "communication", "compute")
@@ -53,6 +54,9 @@ class PlanEntry:
     limiter: str
     result: Result | None = None  # kept for the top entries only
     alike: int = 0  # other configurations with the same figures (one compiled program under other names)
+    even: bool = True  # M divides the per-replica batch (else micro-batches differ by one sample)
+    vs_fastest: float = 0.0  # step time over the fastest fitting one's, less 1
+    tied: bool = False  # within the tie of the fastest (`PlanOptions.tie`)
 
     @property
     def signature(self) -> tuple[Any, ...]:
@@ -70,9 +74,22 @@ class PlanEntry:
         """An axis of the configuration by its short name (D, K, v, M, schedule, remat, partition, zero)."""
         return self.overrides[AXES[key]]
 
+    @property
+    def data_parallel_only(self) -> bool:
+        """K=1: data parallelism with gradient accumulation, no pipeline."""
+        return self.overrides["pipeline.stages"] == 1
+
+    def shown(self, key: str) -> Any:
+        """An axis as reports show it: at K=1 the schedule is "data parallel" and v, the
+        partition are None (no pipeline, one chunk)."""
+        if self.data_parallel_only and key in ("schedule", "v", "partition"):
+            return DATA_PARALLEL if key == "schedule" else None
+        return self.get(key)
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain figures (JSON-ready; no Result)."""
-        out: dict[str, Any] = {short: self.overrides[name] for short, name in AXES.items()}
+        """Plain figures (JSON-ready; no Result); the axes as `shown`."""
+        out: dict[str, Any] = {short: self.shown(short) for short in AXES}
+        out.update(even_micro_batches=self.even, vs_fastest=self.vs_fastest, tied=self.tied)
         out.update(
             step_time_s=self.step_time_s, throughput_samples_per_s=self.throughput_samples_per_s,
             throughput_per_device=self.throughput_per_device, devices=self.devices,
@@ -89,8 +106,12 @@ class PlanSearch:
     """What the search found: `ranked` (every fitting configuration simulated, best throughput
     first), `distinct` (the same with configurations of equal signature collapsed into the first
     enumerated, its `alike` counting the others; its first `options.top` are exactly an exhaustive
-    sweep's), the counts, the Pareto front of throughput against peak memory over everything
-    simulated, and the time taken."""
+    sweep's), `order` (what reports show: the distinct configurations within the tie of the
+    fastest, by `preference`, then the others by throughput; its first is the `pick`), the
+    counts, the Pareto front of throughput against peak memory over everything simulated, and
+    the time taken. `base` is the scenario searched: the one given with the reserve applied.
+    `candidates`, `pruned` (index -> (reason code, figure, threshold)) and `rejected` ((D, K, v,
+    M, schedule, reason) the space refused) account for every configuration considered."""
 
     base: Scenario
     options: PlanOptions
@@ -105,13 +126,25 @@ class PlanSearch:
     pruned_by_bound: int
     infeasible: int
     seconds: float
-    capacity_bytes: float
+    capacity_bytes: float  # per device, after the reserve
     smallest_peak: PlanEntry | None = None  # when nothing fits: the configuration needing the least
     notes: list[str] = field(default_factory=list)
+    order: list[PlanEntry] = field(default_factory=list)
+    tied: int = 0  # how many of `order` (its first) are within the tie of the fastest
+    limit_bytes: float = math.inf  # the peak a configuration may reach: capacity less the headroom
+    candidates: list[Candidate] = field(default_factory=list)
+    pruned: dict[int, tuple[str, float, float]] = field(default_factory=dict)
+    rejected: list[tuple[Any, ...]] = field(default_factory=list)
 
     @property
     def best(self) -> PlanEntry | None:
+        """The fastest fitting configuration."""
         return self.ranked[0] if self.ranked else None
+
+    @property
+    def pick(self) -> PlanEntry | None:
+        """What the planner proposes: of the configurations tied with the fastest, the preferred."""
+        return self.order[0] if self.order else None
 
     @property
     def configs_per_second(self) -> float:
@@ -138,16 +171,18 @@ def limiter_of(result: Result) -> str:
     return worst if losses[worst] >= NEGLIGIBLE_LOSS else "compute"
 
 
-def _entry(index: int, cand: Candidate, result: Result) -> PlanEntry:
-    """The entry of a candidate simulated as `result` (which it keeps)."""
+def _entry(index: int, cand: Candidate, result: Result, limit: float = math.inf) -> PlanEntry:
+    """The entry of a candidate simulated as `result` (which it keeps); it fits when the result
+    does and its peak is at most `limit` (the capacity less the headroom)."""
     peak = max(result.device_peak_memory_bytes.values(), default=0.0)
+    share = result.batch_size // cand.data_parallel
     return PlanEntry(
         index=index, overrides=cand.overrides(), step_time_s=result.step_time_s,
         throughput_samples_per_s=result.throughput_samples_per_s, devices=cand.devices,
         bubble_fraction=result.bubble_fraction, imbalance_fraction=result.imbalance_fraction,
         exposed_allreduce_s=result.exposed_allreduce_s, peak_memory_bytes=peak,
-        capacity_bytes=result.memory_capacity_bytes, fits=result.fits_in_memory,
-        limiter=limiter_of(result), result=result,
+        capacity_bytes=result.memory_capacity_bytes, fits=result.fits_in_memory and peak <= limit,
+        limiter=limiter_of(result), result=result, even=share % cand.micro_batches == 0,
     )
 
 
@@ -158,7 +193,7 @@ def _copy_entry(entry: PlanEntry, index: int, cand: Candidate) -> PlanEntry:
                      bubble_fraction=entry.bubble_fraction, imbalance_fraction=entry.imbalance_fraction,
                      exposed_allreduce_s=entry.exposed_allreduce_s, peak_memory_bytes=entry.peak_memory_bytes,
                      capacity_bytes=entry.capacity_bytes, fits=entry.fits, limiter=entry.limiter,
-                     result=entry.result)
+                     result=entry.result, even=entry.even)
 
 
 def pareto_front(entries: Sequence[PlanEntry]) -> list[PlanEntry]:
@@ -204,54 +239,120 @@ def _dedup_key(cand: Candidate, counts: Sequence[int]) -> tuple[Any, ...]:
 # the search
 
 
-def _bounded_queue(costs: CostTable, candidates: Sequence[Candidate]
-                   ) -> tuple[list[tuple[float, int, list[int] | None]], int]:
-    """(step-time lower bound, index, layer counts where known without compiling) of every
-    candidate whose memory lower bound fits the capacity, sorted by bound then index; and how many
-    the memory bound dropped. The bounds depend on the schedule only through its placement, and
-    are computed once per distinct set of what they depend on."""
+def reserved_base(base: Scenario, options: PlanOptions) -> Scenario:
+    """`base` with at least `options.reserve` of each device's memory held back: its usable share
+    lowered to 1 - reserve where it is above (a hardware that already leaves as much is kept)."""
+    accel = base.hardware.accelerator
+    usable = 1.0 - options.reserve
+    if not math.isfinite(accel.memory_bytes) or accel.usable_memory_fraction <= usable:
+        return base
+    return base.with_updates({"hardware.accelerator.usable_memory_fraction": usable})
+
+
+_REMAT_ORDER = {"none": 0, "except_last": 1, "always": 2}
+# The schedules an engineer reaches for first: the plain pipelines, then zero-bubble, then chunked.
+_SCHEDULE_ORDER = ("1f1b", "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "interleaved_zb", "looped_bfs",
+                   "zbv", "dualpipev", "naive")
+
+
+def structure(cand: Candidate, batch: int) -> tuple[Any, ...]:
+    """The part of `preference` known before simulating: fewer stages, no re-computation, no
+    ZeRO, one chunk per rank, even micro-batches, the plainer schedule and partition."""
+    name = cand.schedule
+    rank = _SCHEDULE_ORDER.index(name) if name in _SCHEDULE_ORDER else len(_SCHEDULE_ORDER)
+    even = (batch // cand.data_parallel) % cand.micro_batches == 0
+    return (cand.stages, _REMAT_ORDER.get(cand.remat, 3), cand.zero, cand.chunks, not even, rank,
+            cand.partition != "uniform")
+
+
+def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
+    """How tied configurations are ordered, simplest and roomiest first: `structure`, then the
+    lower peak memory, the shorter step and the enumeration order."""
+    return (*structure(Candidate.from_overrides(e.overrides), batch), e.peak_memory_bytes, e.step_time_s, e.index)
+
+
+# a queued candidate: (step-time lower bound, index, layer counts where known, refined)
+_Queued = tuple[float, int, "list[int] | None", bool]
+
+
+def _coarse_queue(costs: CostTable, candidates: Sequence[Candidate], pruned: dict[int, tuple[str, float, float]]
+                  ) -> list[_Queued]:
+    """Every candidate whose partition-free memory bound fits (the others noted in `pruned`),
+    with its coarse step-time bound (`coarse_bounds`: they depend on D, M, remat, ZeRO, K and v
+    only, computed once per such group), as a heap."""
     works: dict[Any, Work] = {}
-    bound_cache: dict[Any, tuple[float, float]] = {}
-    queue = []
-    pruned = 0
+    bounds: dict[Any, tuple[float, float]] = {}
+    queue: list[_Queued] = []
     for i, cand in enumerate(candidates):
         wkey = (cand.data_parallel, cand.micro_batches, cand.remat, cand.zero)
-        w = works.get(wkey)
+        key = (wkey, cand.stages, cand.chunks)
+        got = bounds.get(key)
+        if got is None:
+            w = works.get(wkey)
+            if w is None:
+                w = works[wkey] = candidate_work(costs, cand)
+            got = bounds[key] = coarse_bounds(costs, cand, w)
+        mem, step = got
+        if mem > costs.capacity:
+            pruned[i] = ("memory", mem, costs.capacity)
+        else:
+            queue.append((step, i, None, False))
+    heapq.heapify(queue)
+    return queue
+
+
+class _Refiner:
+    """The finer bounds of a candidate (with the layer counts of its partition where known
+    without compiling), computed once per distinct set of what they depend on."""
+
+    def __init__(self, costs: CostTable) -> None:
+        self.costs = costs
+        self.works: dict[Any, Work] = {}
+        self.cache: dict[Any, tuple[float, float]] = {}
+
+    def __call__(self, cand: Candidate) -> tuple[float, float, list[int] | None]:
+        """(memory bound, step-time bound, counts or None)."""
+        costs = self.costs
+        wkey = (cand.data_parallel, cand.micro_batches, cand.remat, cand.zero)
+        w = self.works.get(wkey)
         if w is None:
-            w = works[wkey] = candidate_work(costs, cand)
+            w = self.works[wkey] = candidate_work(costs, cand)
         counts = quick_counts(costs, cand, w.largest)
         bkey = (wkey, cand.stages, cand.chunks, chunk_placement(cand), None if counts is None else tuple(counts))
-        bounds = bound_cache.get(bkey)
-        if bounds is None:
-            bounds = bound_cache[bkey] = (memory_lower_bound(costs, cand, counts),
-                                          step_lower_bound(costs, cand, counts, w))
-        mem, step = bounds
-        if mem > costs.capacity:
-            pruned += 1
-            continue
-        queue.append((step, i, counts))
-    queue.sort(key=lambda q: (q[0], q[1]))
-    return queue, pruned
+        got = self.cache.get(bkey)
+        if got is None:
+            got = self.cache[bkey] = (memory_lower_bound(costs, cand, counts),
+                                      step_lower_bound(costs, cand, counts, w))
+        return got[0], got[1], counts
 
 
 class _Ranking:
-    """The search's state: every entry recorded, the simulated ones by `_dedup_key`, and the step
-    times of the `top` best fitting signatures, whose worst is the threshold a bound must beat."""
+    """The search's state: every entry recorded, the simulated ones by `_dedup_key`, the step
+    times of the `top` best fitting signatures (whose worst is the threshold a bound must beat)
+    and the fastest."""
 
     def __init__(self, top: int) -> None:
         self.top = top
         self.entries: list[PlanEntry] = []
         self.seen: dict[Any, PlanEntry] = {}
+        self.pruned: dict[int, tuple[str, float, float]] = {}  # index -> (reason, figure, threshold)
         self._best_steps: list[float] = []  # max-heap (negated) of the top fitting step times, one per signature
         self._signatures: set[tuple[Any, ...]] = set()
+        self.fastest = math.inf
+        self.fixed: float | None = None  # while ties are resolved: the tie's limit
 
     def threshold(self) -> float:
-        """The `top`-th best fitting step time found (inf until `top` signatures fit)."""
+        """The `top`-th best fitting step time found (inf until `top` signatures fit); while
+        ties are resolved, the fastest's step time plus the tie."""
+        if self.fixed is not None:
+            return self.fixed
         return -self._best_steps[0] if len(self._best_steps) >= self.top else math.inf
 
     def record(self, entry: PlanEntry) -> None:
         """Keep the entry; a fitting one of a new signature may lower the threshold."""
         self.entries.append(entry)
+        if entry.fits:
+            self.fastest = min(self.fastest, entry.step_time_s)
         if entry.fits and entry.signature not in self._signatures:
             self._signatures.add(entry.signature)
             if len(self._best_steps) < self.top:
@@ -271,29 +372,38 @@ def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, can
             counts: list[int] | None) -> str:
     """Decide one queued candidate and record any entry it gives: "reused" (its plan was simulated
     already), "memory" (a finer memory bound exceeds the capacity), "infeasible" (it does not
-    compile), "bound" (a finer step-time bound is above the threshold) or "simulated"."""
+    compile), "bound" (a finer step-time bound is above the threshold) or "simulated"; the
+    reason of the pruned ones noted in `ranking.pruned`."""
     cap = costs.capacity
     key = _dedup_key(cand, counts) if counts is not None else None
     if ranking.reuse(key, index, cand):
         return "reused"
     try:
-        if held_memory_bound(costs, cand, counts) > cap:
+        held = held_memory_bound(costs, cand, counts)
+        if held > cap:
+            ranking.pruned[index] = ("memory", held, cap)
             return "memory"
         plan_ = compile_plan(base.with_updates(cand.overrides()))
-    except GpipeError:
+    except GpipeError as exc:
+        ranking.pruned[index] = ("infeasible:" + str(exc).split("\n")[0], math.nan, math.nan)
         return "infeasible"
     if counts is None:
         counts = plan_.layer_counts
         key = _dedup_key(cand, counts)
         if ranking.reuse(key, index, cand):
             return "reused"
-        if memory_lower_bound(costs, cand, counts) > cap:
-            return "memory"
-        if step_lower_bound(costs, cand, counts) > ranking.threshold():
+        for what, bound, limit in (("memory", memory_lower_bound(costs, cand, counts), cap),
+                                   ("bound", step_lower_bound(costs, cand, counts), ranking.threshold()),
+                                   ("bound", program_step_bound(costs, cand, plan_), ranking.threshold())):
+            if bound > limit:
+                ranking.pruned[index] = (what, bound, limit)
+                return what
+    else:
+        bound = program_step_bound(costs, cand, plan_)
+        if bound > ranking.threshold():
+            ranking.pruned[index] = ("bound", bound, ranking.threshold())
             return "bound"
-    if program_step_bound(costs, cand, plan_) > ranking.threshold():
-        return "bound"
-    entry = _entry(index, cand, _simulate(plan_))
+    entry = _entry(index, cand, _simulate(plan_), cap)
     ranking.seen[key] = entry
     ranking.record(entry)
     return "simulated"
@@ -303,44 +413,136 @@ def plan(base: Scenario, options: PlanOptions, *,
          progress: Callable[[int, int], None] | None = None) -> PlanSearch:
     """Search the space of `enumerate_candidates` for the fastest configurations that fit.
 
-    Candidates whose memory lower bound exceeds the capacity are dropped unsimulated; the rest are
-    simulated (`compile_plan` + the fast evaluator, as `gpipe_sim.api.simulate(..., "auto")`) in the
-    order of their step-time lower bound, and a candidate whose bound is above the `top`-th best
-    step found is skipped (all later ones too, before compiling). Both bounds are proven below the
-    simulator's own figures, so the top `top` are the ones an exhaustive sweep finds. Candidates
-    whose partition comes out equal to one already simulated reuse its figures.
+    The base is searched with at least `options.reserve` of each device's memory held back
+    (`reserved_base`); a configuration fits when its peak leaves `options.headroom` of that free.
+    Candidates whose memory lower bound exceeds it are dropped unsimulated; the rest are
+    simulated (`compile_plan` + the fast evaluator, as `gpipe_sim.api.simulate(..., "auto")`) in
+    the order of their step-time lower bound (a coarse one first, refined with the partition's
+    counts when it comes up), and a candidate whose bound is above the threshold (the `top`-th
+    best step found, or the fastest's plus the tie where higher) is skipped (all later ones
+    too). Both bounds are proven below the simulator's own figures, so the top `top` are the
+    ones an exhaustive sweep finds, and so is every configuration within the tie of the fastest.
+    Candidates whose partition comes out equal to one already simulated reuse its figures.
     `progress(done, total)` is called as candidates are decided."""
     t0 = time.perf_counter()
-    candidates = candidate_space(base, options)
+    base = reserved_base(base, options)
+    rejected: list[tuple[Any, ...]] = []
+    candidates = candidate_space(base, options, rejected)
     costs = CostTable(base)
-    total = len(candidates)
-    queue, pruned_mem = _bounded_queue(costs, candidates)
-    outcomes: Counter[str] = Counter(memory=pruned_mem)
-    done = pruned_mem
-    if progress:
-        progress(done, total)
+    costs.capacity *= 1.0 - options.headroom
     ranking = _Ranking(options.top)
-    for n, (bound, i, counts) in enumerate(queue):
+    queue = _coarse_queue(costs, candidates, ranking.pruned)
+    outcomes: Counter[str] = Counter(memory=len(ranking.pruned))
+    refine = _Refiner(costs)
+    _run_queue(base, costs, ranking, candidates, queue, refine, outcomes, progress)
+    if options.tie > 0 and math.isfinite(ranking.fastest):
+        _resolve_ties(base, costs, ranking, candidates, refine, outcomes, options)
+    search = _finish(base, options, candidates, costs, ranking.entries, outcomes, t0)
+    search.pruned, search.rejected = ranking.pruned, rejected
+    return search
+
+
+def _run_queue(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate],
+               queue: list[_Queued], refine: _Refiner, outcomes: Counter[str],
+               progress: Callable[[int, int], None] | None) -> None:
+    """Decide the queued candidates in the order of their bounds (a coarse one refined when it
+    comes up first) until the least bound is above the threshold; the rest pruned by it."""
+    total = len(candidates)
+    if progress:
+        progress(total - len(queue), total)
+    while queue:
+        bound, i, counts, refined = heapq.heappop(queue)
         if bound > ranking.threshold():
-            outcomes["bound"] += len(queue) - n
+            queue.append((bound, i, counts, refined))
             break
-        done += 1
-        if progress and done % 64 == 0:
-            progress(done, total)
+        if not refined:
+            mem, step, counts = refine(candidates[i])
+            if mem > costs.capacity:
+                ranking.pruned[i] = ("memory", mem, costs.capacity)
+                outcomes["memory"] += 1
+            else:
+                heapq.heappush(queue, (step, i, counts, True))
+            continue
         outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
+        if progress and sum(outcomes.values()) % 64 == 0:
+            progress(total - len(queue), total)
+    limit = ranking.threshold()
+    for bound, i, _, _ in queue:
+        ranking.pruned[i] = ("bound", bound, limit)
+    outcomes["bound"] += len(queue)
     if progress:
         progress(total, total)
-    return _finish(base, options, candidates, costs, ranking.entries, outcomes, t0)
+
+
+def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate],
+                  refine: _Refiner, outcomes: Counter[str], options: PlanOptions) -> None:
+    """Simulate what the tie needs: the candidates pruned by a bound within the tie of the
+    fastest, by `structure` (the preferred first), until `top` distinct tied configurations of
+    the groups done are known (a later group's cannot rank before them); the rest noted
+    "preferred" (others tied rank before them)."""
+    batch = base.pipeline.batch_size
+    limit = ranking.fixed = ranking.fastest * (1.0 + options.tie)
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (what, bound, _) in ranking.pruned.items():
+        if what == "bound" and bound <= limit:
+            groups.setdefault(structure(candidates[i], batch), []).append(i)
+    for e in ranking.entries:
+        if e.fits and e.step_time_s <= limit:
+            groups.setdefault(structure(Candidate.from_overrides(e.overrides), batch), [])
+    tied: set[tuple[Any, ...]] = set()
+    for key in sorted(groups):
+        if len(tied) >= options.top:
+            for i in groups[key]:
+                ranking.pruned[i] = ("preferred", math.nan, limit)
+            continue
+        for i in sorted(groups[key]):
+            del ranking.pruned[i]
+            outcomes["bound"] -= 1
+            mem, step, counts = refine(candidates[i])
+            if mem > costs.capacity or step > limit:
+                what = "memory" if mem > costs.capacity else "bound"
+                ranking.pruned[i] = (what, mem if what == "memory" else step,
+                                     costs.capacity if what == "memory" else limit)
+                outcomes[what] += 1
+                continue
+            outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
+        tied |= {e.signature for e in ranking.entries if e.fits and e.step_time_s <= limit
+                 and structure(Candidate.from_overrides(e.overrides), batch) == key}
+    ranking.fixed = None
+
+
+def _ordered(ranked: list[PlanEntry], distinct: list[PlanEntry], tie: float, batch: int
+             ) -> tuple[list[PlanEntry], int]:
+    """The entries as reports show them: those within the tie of the fastest by `preference`
+    (one per signature, the preferred name, `alike` counting the others), then the other
+    distinct ones by throughput; and how many are tied. Sets `vs_fastest` and `tied`."""
+    if not ranked:
+        return [], 0
+    fastest = min(e.step_time_s for e in ranked)
+    for e in ranked:
+        e.vs_fastest = e.step_time_s / fastest - 1.0 if fastest > 0 else 0.0
+        e.tied = e.step_time_s <= fastest * (1.0 + tie)
+    kept: dict[tuple[Any, ...], PlanEntry] = {}
+    for e in sorted((e for e in ranked if e.tied), key=lambda e: preference(e, batch)):
+        first = kept.get(e.signature)
+        if first is None:
+            kept[e.signature] = e
+            e.alike = 0
+        else:
+            first.alike += 1
+    tied = list(kept.values())
+    return tied + [e for e in distinct if not e.tied], len(tied)
 
 
 def _finish(base: Scenario, options: PlanOptions, candidates: list[Candidate], costs: CostTable,
             entries: list[PlanEntry], outcomes: Counter[str], t0: float) -> PlanSearch:
-    """The `PlanSearch` of the recorded entries: ranked and collapsed, Results dropped outside the
-    top of each, the smallest peak searched for when nothing fits; `seconds` since `t0`."""
+    """The `PlanSearch` of the recorded entries: ranked, collapsed and ordered, Results dropped
+    outside the top of each, the smallest peak searched for when nothing fits; `seconds` since `t0`."""
     top = options.top
     ranked = sorted((e for e in entries if e.fits), key=lambda e: (-e.throughput_samples_per_s, e.index))
     distinct = collapse_alike(ranked)
-    keep = {id(e) for e in ranked[:top]} | {id(e) for e in distinct[:top]}
+    order, tied = _ordered(ranked, distinct, options.tie, base.pipeline.batch_size)
+    keep = {id(e) for e in ranked[:top]} | {id(e) for e in distinct[:top]} | {id(e) for e in order[:top]}
     for e in entries:
         if id(e) not in keep:
             e.result = None
@@ -348,7 +550,9 @@ def _finish(base: Scenario, options: PlanOptions, candidates: list[Candidate], c
         base=base, options=options, ranked=ranked, distinct=distinct, simulated_entries=entries,
         front=pareto_front(entries), enumerated=len(candidates), simulated=outcomes["simulated"],
         reused=outcomes["reused"], pruned_by_memory=outcomes["memory"], pruned_by_bound=outcomes["bound"],
-        infeasible=outcomes["infeasible"], seconds=time.perf_counter() - t0, capacity_bytes=costs.capacity,
+        infeasible=outcomes["infeasible"], seconds=time.perf_counter() - t0,
+        capacity_bytes=base.hardware.accelerator.usable_memory_bytes, order=order, tied=tied,
+        limit_bytes=costs.capacity, candidates=candidates,
     )
     if not ranked:
         search.smallest_peak = _smallest_peak(base, candidates, entries, costs, search.notes)

@@ -73,7 +73,7 @@ class CostTable:
             ring = [r * D + d for d in range(D)]  # Megatron-LM's order: a stage's replicas side by side
             within = len({device // per_node for device in ring}) == 1
             links = [hw.link, network] if placed else [hw.link if within else network]
-            bandwidth = max(ln.bandwidth for ln in links)
+            bandwidth = max(hw.network_ring_bandwidth() if ln is network else ln.bandwidth for ln in links)
             latency = min(ln.latency_s for ln in links)
             out.append((ring_allreduce_seconds(self.dtype_bytes, D, bandwidth, 0.0),
                         ring_allreduce_seconds(0.0, D, math.inf, latency)))
@@ -137,20 +137,43 @@ class Work:
 
 def candidate_work(costs: CostTable, cand: Candidate) -> Work:
     """The candidate's `Work`: it depends on D, M, remat and ZeRO only (not K, v, the schedule
-    or the partition), so one serves every candidate sharing those four."""
+    or the partition), so one serves every candidate sharing those four. Micro-batches of the
+    same size and re-computation are summed once, times their number."""
     D, M = cand.data_parallel, cand.micro_batches
     remat, zero = cand.remat, cand.zero
-    sizes = micro_batch_sizes(costs.base.pipeline.batch_size // D, M)
+    size, extra = divmod(costs.base.pipeline.batch_size // D, M)  # as `micro_batch_sizes` splits
+    sizes = [size + 1] * (extra > 0) + [size] * (extra < M)
     update = costs.update / (D if zero else 1)
+    groups: dict[tuple[int, float], int] = {}
+    # the first `extra` micro-batches have one sample more; only the step's last micro-batch
+    # (the last of its range) may re-compute otherwise than the others ("except_last")
+    for first, last, b in ((0, extra, size + 1), (extra, M, size)):
+        for m, count in ((first, last - first - 1), (last - 1, 1)):
+            if count > 0 and last > first:
+                key = (b, 0.0 if saves_activations(remat, m, M) else 1.0)  # type: ignore[arg-type]
+                groups[key] = groups.get(key, 0) + count
     work, trail = update, update
-    for m, b in enumerate(sizes):
+    for (b, recompute), n in sorted(groups.items()):
         tt = costs.times(b)
         back = np.minimum(tt[:, 1], tt[:, 2] + tt[:, 3])
-        recompute = 0.0 if saves_activations(remat, m, M) else 1.0  # type: ignore[arg-type]
-        work = work + tt[:, 0] * (1.0 + recompute) + back
-        trail = trail + tt[:, 3]
+        work = work + n * (tt[:, 0] * (1.0 + recompute) + back)
+        trail = trail + n * tt[:, 3]
     small = costs.times(min(sizes))
     return Work(work, trail, small[:, 0].copy(), np.minimum(small[:, 1], small[:, 2]), max(sizes), min(sizes))
+
+
+def coarse_bounds(costs: CostTable, cand: Candidate, work: Work) -> tuple[float, float]:
+    """(memory, step time) below `memory_lower_bound` and `step_lower_bound` for any partition
+    and schedule: they depend on D, M, remat, ZeRO, K and v only. The memory one is the first
+    term of `memory_lower_bound` without counts (the mean of a rank's static bytes and the
+    activations of one micro-batch per chunk); the step one the first terms of
+    `step_lower_bound`: the mean busy time of a rank and one micro-batch's forward and backward
+    chain."""
+    D, K, v = cand.data_parallel, cand.stages, cand.chunks
+    static = costs.params.sum() * costs.static_per_param(D, cand.zero)
+    memory = (static + float(costs.act.sum()) * work.largest / v) / K
+    step = max(float(work.work.sum()) / K, float(work.forward.sum() + work.backward.sum()))
+    return memory * _SLACK, step * _SLACK
 
 
 def chunk_placement(cand: Candidate) -> tuple[int, ...]:

@@ -13,6 +13,19 @@ from gpipe_sim.spec import limits
 from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, Scenario
 
 DEFAULT_PARTITIONS = ("uniform", "time")
+# Step times within this share of the fastest are a tie: the model cannot tell them apart
+# (docs/accuracy.md: the executor's step time within a median 2.2% at K=2 and 7.6% at K=4; on
+# vTrain's A100 rows the predicted best costs a median 0%, at worst 7.1%, against the measured best).
+TIE = 0.05
+# Memory held back on each device beyond the simulated peak, as a share of its memory: the CUDA
+# context, cuBLAS/NCCL workspaces and buffers and the caching allocator's fragmentation (our
+# estimate, as the h100-sxm preset's 6%); a hardware whose usable share already leaves as much is
+# unchanged.
+DEFAULT_RESERVE = 0.06
+# K=1: one stage, no pipeline; every schedule runs it as gradient accumulation, and this one (a
+# forward and its backward per micro-batch) holds the fewest activations. Shown as "data parallel".
+DATA_PARALLEL_SCHEDULE = "1f1b"
+DATA_PARALLEL = "data parallel"
 # the axes of a configuration: short name -> the dotted scenario field it overrides (in this order)
 AXES = {"D": "pipeline.data_parallel", "K": "pipeline.stages", "v": "pipeline.chunks",
         "M": "pipeline.micro_batches", "schedule": "pipeline.schedule", "remat": "pipeline.remat",
@@ -37,6 +50,11 @@ class PlanOptions:
     top: int = 10  # the ranking that must be exact: the bound never skips a candidate that enters it
     micro_batches: tuple[int, ...] | None = None  # None: every M the batch allows (1 .. batch / D)
     powers_of_two: bool = False  # K and D powers of two only (a narrower space for large N)
+    stages: tuple[int, ...] | None = None  # K values tried (None: every K)
+    even_micro_batches: bool = False  # only M dividing the per-replica batch (else uneven M are marked)
+    tie: float = TIE  # step times within this share of the fastest are a tie (broken by `preference`)
+    reserve: float = DEFAULT_RESERVE  # share of each device's memory kept free of the simulated peak
+    headroom: float = 0.0  # share of the usable capacity (after the reserve) that must stay free
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +77,11 @@ class Candidate:
     def devices(self) -> int:
         """D * K."""
         return self.data_parallel * self.stages
+
+    @property
+    def data_parallel_only(self) -> bool:
+        """K=1: plain data parallelism with gradient accumulation, no pipeline schedule."""
+        return self.stages == 1
 
     def clears(self, field_name: str) -> bool:
         """Whether the candidate overrides the base's hardware field (e.g. "hardware.placement") with None."""
@@ -110,6 +133,12 @@ def check_options(options: PlanOptions) -> None:
         raise ScenarioError(f"--max-chunks: must be >= 1, got {options.max_chunks}")
     if options.top < 1:
         raise ScenarioError(f"--top: must be >= 1, got {options.top}")
+    if options.stages is not None and (not options.stages or any(k < 1 for k in options.stages)):
+        raise ScenarioError(f"--stages: expected whole numbers >= 1, got {options.stages}")
+    for flag, value, high in (("--tie", options.tie, 1.0), ("--reserve", options.reserve, 0.99),
+                              ("--headroom", options.headroom, 0.99)):
+        if not (isinstance(value, (int, float)) and 0.0 <= value <= high):
+            raise ScenarioError(f"{flag}: expected a share between 0 and {high:g} (e.g. 5%), got {value!r}")
 
 
 def device_pairs(base: Scenario, options: PlanOptions) -> list[tuple[int, int]]:
@@ -124,6 +153,8 @@ def device_pairs(base: Scenario, options: PlanOptions) -> list[tuple[int, int]]:
         for K in _divisors(n):
             D = n // K
             if options.powers_of_two and (K & (K - 1) or D & (D - 1)):
+                continue
+            if options.stages is not None and K not in options.stages:
                 continue
             if K <= layers and batch % D == 0 and D <= batch:
                 pairs.append((D, K))
@@ -150,14 +181,21 @@ def _cleared_hardware(base: Scenario, D: int, K: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def candidate_space(base: Scenario, options: PlanOptions) -> list[Candidate]:
+def candidate_space(base: Scenario, options: PlanOptions,
+                    rejected: list[tuple[Any, ...]] | None = None) -> list[Candidate]:
     """Every configuration in the space that the schema and the schedule families accept, in a
     stable order: D*K, K, schedule (registry order), v, M, remat, partition, zero. Hardware fields
     of the base that do not fit a (D, K) (an explicit placement, per-pair links) are cleared.
 
+    K=1 is data parallelism (gradient accumulation): one configuration per (M, remat, zero), run
+    as `DATA_PARALLEL_SCHEDULE` with v=1 and the first partition method (one chunk: every method
+    gives it every layer), whatever `options.schedules` says. With `options.even_micro_batches`,
+    only M dividing the per-replica batch.
+
     Which (K, M, v) a family accepts is its own `problem` check; the schema's rules are checked
     once per (D, K, v, schedule) by validating a scenario, and its M rules (M <= batch / D, the
-    pass limit) per M. ScenarioError when the options are malformed (`check_options`)."""
+    pass limit) per M. Where `rejected` is a list, each (D, K, v, M, schedule, reason) refused is
+    appended to it. ScenarioError when the options are malformed (`check_options`)."""
     check_options(options)
     from gpipe_sim.spec.layers import layer_count
 
@@ -171,17 +209,30 @@ def candidate_space(base: Scenario, options: PlanOptions) -> list[Candidate]:
         share = batch // D
         zeros = options.zero if options.zero is not None else ((0, 1) if D > 1 else (0,))
         Ms = [m for m in (options.micro_batches or range(1, share + 1)) if 1 <= m <= share]
+        if options.even_micro_batches:
+            Ms = [m for m in Ms if share % m == 0]
         cleared = _cleared_hardware(base, D, K)
-        for name in names:
-            family = SCHEDULES[name]
-            for v in range(1, options.max_chunks + 1):
-                if K * v > layers:
-                    break
-                accepted = [M for M in Ms if K * v * M * D <= limits.MAX_PASSES and family.problem(K, M, v) is None]
-                accepted = _schema_accepts(base, D, K, v, name, accepted, cleared)
-                out.extend(Candidate(D, K, v, M, name, remat, partition, zero, cleared)
-                           for M, remat, partition, zero in itertools.product(accepted, remats, partitions, zeros))
+        groups = [(DATA_PARALLEL_SCHEDULE, 1, partitions[:1])] if K == 1 else \
+            [(name, v, partitions) for name in names for v in range(1, options.max_chunks + 1) if K * v <= layers]
+        for name, v, parts in groups:
+            accepted = _family_accepts(SCHEDULES[name], D, K, v, name, Ms, rejected)
+            accepted = _schema_accepts(base, D, K, v, name, accepted, cleared, rejected)
+            out.extend(Candidate(D, K, v, M, name, remat, partition, zero, cleared)
+                       for M, remat, partition, zero in itertools.product(accepted, remats, parts, zeros))
     return out
+
+
+def _family_accepts(family: Any, D: int, K: int, v: int, name: str, Ms: list[int],
+                    rejected: list[tuple[Any, ...]] | None) -> list[int]:
+    """The Ms the pass limit and the schedule family accept; the others noted in `rejected`."""
+    accepted = []
+    for M in Ms:
+        problem = ("over the pass limit" if K * v * M * D > limits.MAX_PASSES else family.problem(K, M, v))
+        if problem is None:
+            accepted.append(M)
+        elif rejected is not None:
+            rejected.append((D, K, v, M, name, f"invalid for the schedule: {problem}"))
+    return accepted
 
 
 def enumerate_candidates(base: Scenario, options: PlanOptions) -> list[dict[str, Any]]:
@@ -194,21 +245,29 @@ def enumerate_candidates(base: Scenario, options: PlanOptions) -> list[dict[str,
 
 
 def _schema_accepts(base: Scenario, D: int, K: int, v: int, name: str, Ms: list[int],
-                    cleared: tuple[str, ...]) -> list[int]:
+                    cleared: tuple[str, ...], rejected: list[tuple[Any, ...]] | None = None) -> list[int]:
     """The Ms of a (D, K, v, schedule) group the schema accepts: one validation for the group
-    (its other rules do not depend on M), each M on its own if that one fails."""
+    (its other rules do not depend on M), each M on its own if that one fails (those refused
+    noted in `rejected` with the schema's message)."""
     if not Ms:
         return Ms
 
-    def ok(M: int) -> bool:
+    def problem(M: int) -> str | None:
         try:
             base.with_updates({"pipeline.data_parallel": D, "pipeline.stages": K, "pipeline.chunks": v,
                                "pipeline.micro_batches": M, "pipeline.schedule": name,
                                **{field_name: None for field_name in cleared}})
-        except GpipeError:
-            return False
-        return True
+        except GpipeError as exc:
+            return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None
 
-    if ok(Ms[0]) and ok(Ms[-1]):
+    if problem(Ms[0]) is None and problem(Ms[-1]) is None:
         return Ms
-    return [M for M in Ms if ok(M)]
+    accepted = []
+    for M in Ms:
+        why = problem(M)
+        if why is None:
+            accepted.append(M)
+        elif rejected is not None:
+            rejected.append((D, K, v, M, name, f"refused by the scenario schema: {why}"))
+    return accepted
