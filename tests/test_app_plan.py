@@ -49,7 +49,7 @@ def test_plan_page_ranks_and_plots():
 
 
 def test_pareto_figure_y_range_lies_within_the_padded_data():
-    from gpipe_sim.studies.plan_report import padded_range
+    from gpipe_sim.planner.report import padded_range
 
     assert padded_range([100.0, 110.0, 105.0]) == pytest.approx([99.4, 110.6])
     assert padded_range([50.0, 50.0]) == pytest.approx([47.0, 53.0])  # all equal: padded by their size

@@ -17,7 +17,7 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import parse_scenario
-from gpipe_sim.studies.planner import (
+from gpipe_sim.planner.search import (
     DATA_PARALLEL_SCHEDULE, Candidate, CostTable, PlanEntry, PlanOptions, candidate_space, enumerate_candidates,
     held_memory_bound, memory_lower_bound, pareto_front, plan, program_step_bound, reserved_base, step_lower_bound,
 )

@@ -12,9 +12,9 @@ import yaml
 
 from gpipe_sim.cli import main
 from gpipe_sim.spec.scenario import parse_scenario
-from gpipe_sim.studies.plan_report import csv_rows, plan_dict, plan_html, plan_text
-from gpipe_sim.studies.planner import TIE, PlanEntry, PlanOptions, plan
-from gpipe_sim.studies.planner import _ordered as ordered
+from gpipe_sim.planner.report import csv_rows, plan_dict, plan_html, plan_text
+from gpipe_sim.planner.search import TIE, PlanEntry, PlanOptions, plan
+from gpipe_sim.planner.search import _ordered as ordered
 
 UNIFORM = {
     "model": {"preset": "uniform", "layers": 6, "params_per_layer": 20_000_000},

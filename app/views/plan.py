@@ -12,11 +12,11 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import PARTITION_METHODS, parse_scenario
 from gpipe_sim import charts as plots
-from gpipe_sim.studies.plan_report import (
+from gpipe_sim.planner.report import (
     COLUMNS, choice_text, config_text, counts_text, entry_row, memory_text, nothing_fits_text, pareto_figure,
     search_figures,
 )
-from gpipe_sim.studies.planner import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, PlanSearch, plan
+from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, PlanSearch, plan
 from gpipe_app.ui_form import PREFIX, scenario_form
 from gpipe_app.ui_run import MAX_GANTT_BARS, label_error, show_elapsed, show_metrics, simulate_cached
 

@@ -204,7 +204,7 @@ def _plan_options(options: CheckOptions, devices: int | None = None) -> Any:
     """The planner's options for this check: D*K up to `options.devices` (or exactly `devices`),
     and `top` above any space's size, so that the planner's step-time bound skips nothing and it
     ranks every configuration."""
-    from gpipe_sim.studies.planner import PlanOptions
+    from gpipe_sim.planner.search import PlanOptions
 
     explicit = None if isinstance(options.micro_batches, str) else tuple(options.micro_batches)
     return PlanOptions(devices=devices or options.devices, fewer_devices=devices is None, schedules=options.schedules,
@@ -222,7 +222,7 @@ def _keeps_m(options: CheckOptions, overrides: dict[str, Any], batch: int) -> bo
 def candidates(base: Scenario, options: CheckOptions) -> list[dict[str, Any]]:
     """The planner's configurations for this machine (`enumerate_candidates`, D*K <= devices),
     those with the M the check runs."""
-    from gpipe_sim.studies.planner import enumerate_candidates
+    from gpipe_sim.planner.search import enumerate_candidates
 
     batch = base.pipeline.batch_size
     return [o for o in enumerate_candidates(base, _plan_options(options)) if _keeps_m(options, o, batch)]
@@ -259,7 +259,7 @@ def predictions(scenarios: dict[int, Scenario], options: CheckOptions, configs: 
     runs on it for D*K = n, and the rankings of the device counts merge by predicted throughput
     (what one ranking over all of them gives when each device count has its own profile);
     restricted to `configs` (the M the check runs)."""
-    from gpipe_sim.studies.planner import plan
+    from gpipe_sim.planner.search import plan
 
     wanted = {_key(o) for o in configs}
     out = []
@@ -393,7 +393,7 @@ class PlanCheck:
 
 def check_options(options: CheckOptions) -> None:
     """GpipeError naming the option for values the check cannot run (before any work starts)."""
-    from gpipe_sim.studies.planner import check_options as planner_options_check
+    from gpipe_sim.planner.search import check_options as planner_options_check
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if not 1 <= options.devices <= cores:

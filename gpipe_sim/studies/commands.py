@@ -107,6 +107,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", default=None, help="folder of paper experiment files (default: scenarios/paper)")
     p.set_defaults(func=_cmd_paper)
 
-    from gpipe_sim.studies.plan_command import register as register_plan
+    from gpipe_sim.planner.command import register as register_plan
 
     register_plan(subparsers)

@@ -17,7 +17,7 @@ from gpipe_sim.schedule.lower import build_schedule, saves_activations
 from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
 from gpipe_sim.spec.layers import build_layers
 from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.studies.planner_space import Candidate
+from gpipe_sim.planner.space import Candidate
 
 _SLACK = 1.0 - 1e-9  # bounds are sums in another order than the simulator's: keep them strictly below
 # program column codes (`Plan.program.kind`) the bounds read

@@ -14,11 +14,11 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.results.result import Result
 from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.studies.planner_bounds import (
+from gpipe_sim.planner.bounds import (
     CostTable, Work, candidate_work, chunk_placement, coarse_bounds, held_memory_bound, held_samples,
     memory_lower_bound, min_max_partition, program_step_bound, quick_counts, step_lower_bound,
 )
-from gpipe_sim.studies.planner_space import (
+from gpipe_sim.planner.space import (
     AXES, DATA_PARALLEL, DATA_PARALLEL_SCHEDULE, DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, Candidate, PlanOptions,
     candidate_space, check_options, device_pairs, enumerate_candidates,
 )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
-from gpipe_sim.studies.planner import PlanOptions, PlanSearch, plan
+from gpipe_sim.planner.search import PlanOptions, PlanSearch, plan
 
 # The question: a 24-layer GPT (d_model 2048, seq 2048) on 8 A100-80GB, global batch 64.
 GPT_8: dict[str, Any] = {

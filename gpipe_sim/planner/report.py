@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from gpipe_sim.api import model_figures
 from gpipe_sim.results.result import NO_FIGURES, ModelFigures
 from gpipe_sim.spec.units import format_bytes, format_seconds
-from gpipe_sim.studies.planner import AXES, DATA_PARALLEL, Candidate, PlanEntry, PlanSearch
+from gpipe_sim.planner.search import AXES, DATA_PARALLEL, Candidate, PlanEntry, PlanSearch
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

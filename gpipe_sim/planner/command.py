@@ -100,8 +100,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Exit 0 with the ranked table; 1 when no configuration fits (the smallest peak is named);
     2 on bad input (one line naming the option)."""
     from gpipe_sim.spec.command_scenario import load_command_scenario
-    from gpipe_sim.studies.plan_report import plan_json, plan_text, write_csv, write_html
-    from gpipe_sim.studies.planner import DEFAULT_RESERVE, TIE, PlanOptions, check_options, device_pairs, plan
+    from gpipe_sim.planner.report import plan_json, plan_text, write_csv, write_html
+    from gpipe_sim.planner.search import DEFAULT_RESERVE, TIE, PlanOptions, check_options, device_pairs, plan
 
     devices = _count("--devices", args.devices)
     top = _count("--top", args.top, 1, 10_000)
@@ -188,7 +188,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_plan_bench(args: argparse.Namespace) -> int:
-    from gpipe_sim.studies.plan_bench import run_plan_benchmark
+    from gpipe_sim.planner.bench import run_plan_benchmark
 
     sys.stdout.write(run_plan_benchmark() + "\n")
     return 0
