@@ -1,1 +1,1 @@
-"""Studies built on the core: sweeps, largest-model search, the paper's tables, plots, reports, benchmarks."""
+"""Studies on the core: the GPipe paper, the largest model that fits, vTrain's A100 runs, the benchmark; their commands."""
