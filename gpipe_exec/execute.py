@@ -22,7 +22,10 @@ RANK_OVERHEAD_BYTES = 0.5 * 2**30  # a rank's interpreter, torch and gloo, befor
 
 def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
-    whose layers build on the meta device."""
+    whose layers build on the meta device, without tensor parallelism (the simulator's alone)."""
+    if scenario.pipeline.tensor_parallel > 1:
+        raise ScenarioError(f"pipeline.tensor_parallel: {scenario.pipeline.tensor_parallel}: gpipe-exec runs "
+                            "T = 1 only (tensor parallelism is simulated, not executed)")
     check_buildable(scenario.model)
     try:
         boundary_shapes(scenario.model, scenario.training.dtype, 0, 0.0)

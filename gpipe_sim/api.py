@@ -10,6 +10,7 @@ from gpipe_sim.engines.simpy_engine import run_simpy
 from gpipe_sim.engines.fast import contention_free, evaluate_fast
 from gpipe_sim.plan.memory import memory_profile
 from gpipe_sim.plan.compile import Plan, compile_plan
+from gpipe_sim.plan.tensor_parallel import rank_tp_comm_seconds
 from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize
 from gpipe_sim.spec.layers import build_layers
 from gpipe_sim.spec.model import LayerSpec, TransformerModel
@@ -34,7 +35,8 @@ def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None)
     sample), re-computation not counted (None where a layer has no FLOPs); tokens per step = batch
     x seq_len for the transformer preset (None for models without tokens); the accelerator's peak
     FLOP/s for the training dtype (the highest given where that dtype has none, as the cost model
-    does). `layers`: the plan's, where built already."""
+    does). `layers`: the plan's, where built already (the whole model's: not split over tensor
+    parallelism)."""
     if layers is None:
         layers = build_layers(scenario.model, scenario.training.dtype_bytes)
     batch = scenario.pipeline.batch_size
@@ -72,7 +74,8 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
         source=source,
         peak_memory_bytes=peak_memory_bytes,
         memory_breakdown=memory_breakdown,
-        figures=model_figures(plan.scenario, plan.layers),
+        figures=model_figures(plan.scenario, plan.layers if plan.scenario.pipeline.tensor_parallel == 1 else None),
+        tp_comm_s=rank_tp_comm_seconds(plan),
     )
 
 

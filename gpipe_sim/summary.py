@@ -39,7 +39,11 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     head.add_row("model", f"{model.preset}, {describe_layer_count(model)}")
     head.add_row("hardware", f"{scenario.hardware.preset or 'custom'}: {scenario.hardware.accelerator.name}")
     head.add_row("pipeline", f"K={p.stages} v={p.chunks} M={p.micro_batches} batch={p.batch_size} "
-                             f"schedule={p.schedule_name} remat={p.remat} partition={p.partition}")
+                             f"schedule={p.schedule_name} remat={p.remat} partition={p.partition}"
+                             + (f" D={p.data_parallel}" if p.data_parallel > 1 else "")
+                             + (f" T={p.tensor_parallel}" if p.tensor_parallel > 1 else ""))
+    if p.tensor_parallel > 1:
+        head.add_row("tensor parallel", tensor_parallel_text(scenario, result))
     head.add_row("step time", format_seconds(result.step_time_s))
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
     for name, text in quoted_figures_rows(result):
@@ -70,12 +74,29 @@ def summary_text(scenario: Scenario, result: Result) -> str:
             continue
         over = s.peak_memory_bytes > result.memory_capacity_bytes
         table.add_row(
-            str(s.index), s.layers_text, str(s.device), format_seconds(s.busy_s),
+            str(s.index), s.layers_text, _devices(s.device, result.tensor_parallel), format_seconds(s.busy_s),
             format_bytes(s.param_bytes), format_bytes(s.state_bytes),
             format_bytes(s.peak_activation_bytes),
             format_bytes(s.peak_memory_bytes) + (" !" if over else ""),
         )
     return render(head, table)
+
+
+def _devices(first: int, tp: int) -> str:
+    """A rank's devices: its one, or the T consecutive ones from `first`."""
+    return str(first) if tp <= 1 else f"{first}-{first + tp - 1}"
+
+
+def tensor_parallel_text(scenario: Scenario, result: Result) -> str:
+    """T, whether sequence parallel, and the collectives' seconds inside the busiest rank's passes."""
+    p = scenario.pipeline
+    busiest = max(result.stages, key=lambda s: s.busy_s)
+    share = busiest.tp_comm_s / busiest.busy_s if busiest.busy_s > 0 else 0.0
+    kind = "reduce-scatter + all-gather" if p.sequence_parallel else "all-reduce"
+    return (f"T={p.tensor_parallel}{' with sequence parallelism' if p.sequence_parallel else ''} "
+            f"({result.num_devices} devices = T x K x D); {kind} in the passes: "
+            f"{format_seconds(busiest.tp_comm_s)} of rank {busiest.index}'s {format_seconds(busiest.busy_s)} "
+            f"busy ({share:.0%}; per rank: --json stages[].tp_comm_s)")
 
 
 def parameters_short(parameters: int) -> str:

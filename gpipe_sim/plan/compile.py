@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
+from gpipe_sim.plan.tensor_parallel import total_devices, with_tensor_parallel
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScheduleError
@@ -66,6 +67,10 @@ class ChunkPlan:
     # Of its saved bytes, those freed when its input-gradient pass ends (what only that pass reads:
     # the layers' freed_after_input_pass_bytes_per_sample x samples; none on the model's first chunk).
     freed_after_input_bytes: np.ndarray | None = None
+    # Of its passes' seconds, the tensor-parallel collectives' per micro-batch (forward: in each
+    # forward and re-computation; backward: in each full backward or input pass); None at T = 1.
+    tp_forward_s: np.ndarray | None = None
+    tp_backward_s: np.ndarray | None = None
 
     @property
     def layer_count(self) -> int:
@@ -136,7 +141,8 @@ class Plan:
     num_devices: int = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "num_devices", len(set(self.device_map)))
+        object.__setattr__(self, "num_devices", total_devices(len(set(self.device_map)),
+                                                              self.scenario.pipeline.tensor_parallel))
 
     @property
     def replicas(self) -> int:
@@ -162,7 +168,7 @@ class Plan:
         """Each chunk's layers and rank and each rank's device, as a Result records them."""
         return Layout(tuple((c.first_layer, c.last_layer) for c in self.chunks),
                       tuple(c.rank for c in self.chunks), self.device_map[:len(self.ranks)],
-                      self.num_devices, self.replicas)
+                      self.num_devices, self.replicas, self.scenario.pipeline.tensor_parallel)
 
     @property
     def analytic_bubble_fraction(self) -> float:
@@ -208,7 +214,8 @@ def compile_plan(scenario: Scenario) -> Plan:
     """Build the layer table, partition it into K*v chunks, place and cost them, build the programs."""
     p, training, accel = scenario.pipeline, scenario.training, scenario.hardware.accelerator
     dtype, dtype_bytes = training.dtype, training.dtype_bytes
-    layers = build_layers(scenario.model, dtype_bytes, accel.dropout_mask_bytes(dtype_bytes))
+    layers = build_layers(scenario.model, dtype_bytes, accel.dropout_mask_bytes(dtype_bytes),
+                          p.tensor_parallel, p.sequence_parallel)
     M = p.micro_batches
     sizes = micro_batch_sizes(p.batch_size // p.data_parallel, M)  # one replica's share
     largest = max(sizes)
@@ -277,6 +284,7 @@ def compile_plan(scenario: Scenario) -> Plan:
             )
         )
         first += count
+    chunks = with_tensor_parallel(scenario, chunks, sizes)
     ranks = _rank_plans(scenario, schedule, layers, chunks)
     return Plan(scenario, schedule, tuple(layers), tuple(chunks), ranks, tuple(sizes), scenario.device_map)
 

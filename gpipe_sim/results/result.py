@@ -67,6 +67,7 @@ class Layout:
     device_map: tuple[int, ...]  # per pipeline rank (of replica 0)
     num_devices: int = 0  # every device of the step, all replicas (0: those of `device_map`)
     replicas: int = 1  # D: data-parallel replicas of the pipeline
+    tensor_parallel: int = 1  # T: devices per rank (num_devices counts all of them)
 
     def chunks_of(self, rank: int) -> list[int]:
         return [c for c, r in enumerate(self.chunk_rank) if r == rank]
@@ -118,6 +119,7 @@ class StageResult:
     param_bytes: float
     state_bytes: float = 0.0
     exposed_allreduce_s: float = 0.0  # waiting for the data-parallel reductions before the update
+    tp_comm_s: float = 0.0  # of its passes, the seconds in tensor-parallel collectives over the step
     memory_breakdown: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -131,6 +133,7 @@ class StageResult:
             "device": self.device, "busy_s": self.busy_s, "peak_activation_bytes": self.peak_activation_bytes,
             "peak_memory_bytes": self.peak_memory_bytes, "param_bytes": self.param_bytes,
             "state_bytes": self.state_bytes, "exposed_allreduce_s": self.exposed_allreduce_s,
+            "tp_comm_s": self.tp_comm_s,
             **({"memory_breakdown": dict(self.memory_breakdown)} if self.memory_breakdown else {}),
         }
 
@@ -148,6 +151,7 @@ class StageResult:
             peak_memory_bytes=float(d["peak_memory_bytes"]), param_bytes=float(d["param_bytes"]),
             state_bytes=float(d.get("state_bytes", 0.0)),
             exposed_allreduce_s=float(d.get("exposed_allreduce_s", 0.0)),
+            tp_comm_s=float(d.get("tp_comm_s", 0.0)),
             memory_breakdown={str(k): float(v) for k, v in (d.get("memory_breakdown") or {}).items()},
         )
 
@@ -235,7 +239,8 @@ class Result:
     source: str = "simulated"
     chunks: list[ChunkResult] = field(default_factory=list)
     data_parallel: int = 1  # D replicas of the pipeline; `stages` are replica 0's ranks
-    num_devices: int = 0
+    num_devices: int = 0  # every device: T x K x D
+    tensor_parallel: int = 1  # T devices per rank (bytes and times are each device's)
     # Per rank: (times, activation bytes held from each time on); optional.
     memory_timeline: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     figures: ModelFigures | None = None  # parameters, model FLOPs, tokens and peak (None: not known)
@@ -311,6 +316,7 @@ class Result:
             "imbalance_fraction": self.imbalance_fraction,
             "busiest_idle_fraction": self.busiest_idle_fraction,
             "data_parallel": self.data_parallel,
+            "tensor_parallel": self.tensor_parallel,
             "num_devices": self.num_devices,
             "throughput_per_device": self.throughput_per_device,
             "exposed_allreduce_s": self.exposed_allreduce_s,
@@ -354,6 +360,7 @@ class Result:
             source=str(d.get("source", "simulated")),
             chunks=[ChunkResult.from_dict(c) for c in d.get("chunks", [])],
             data_parallel=int(d.get("data_parallel", 1)),
+            tensor_parallel=int(d.get("tensor_parallel", 1)),
             num_devices=int(d.get("num_devices", 0)),
             memory_timeline=[
                 (np.asarray(m["time_s"], dtype=float), np.asarray(m["activation_bytes"], dtype=float))
@@ -379,7 +386,8 @@ def analytic_bubble(stages: int, micro_batches: int, chunks: int = 1) -> float:
 def _stage_results(layout: Layout, busy: np.ndarray, exposed: np.ndarray, peak_activation_bytes: Sequence[float],
                    param_bytes: Sequence[float], state_bytes: Sequence[float],
                    peak_memory_bytes: Sequence[float] | None,
-                   memory_breakdown: Sequence[dict[str, float]] | None) -> list[StageResult]:
+                   memory_breakdown: Sequence[dict[str, float]] | None,
+                   tp_comm_s: Sequence[float] | None = None) -> list[StageResult]:
     """Each pipeline rank of replica 0: its chunks, busy and exposed all-reduce time, static bytes
     and peaks (static + peak activations unless `peak_memory_bytes` gives the rank's peak)."""
     stages = []
@@ -395,6 +403,7 @@ def _stage_results(layout: Layout, busy: np.ndarray, exposed: np.ndarray, peak_a
                 peak_memory_bytes=(params + states + float(peak_activation_bytes[k]) if peak_memory_bytes is None
                                    else float(peak_memory_bytes[k])),
                 param_bytes=params, state_bytes=states, exposed_allreduce_s=float(exposed[k]),
+                tp_comm_s=float(tp_comm_s[k]) if tp_comm_s is not None else 0.0,
                 memory_breakdown=dict(memory_breakdown[k]) if memory_breakdown is not None else {},
             )
         )
@@ -418,16 +427,19 @@ def summarize(
     peak_memory_bytes: Sequence[float] | None = None,
     memory_breakdown: Sequence[dict[str, float]] | None = None,
     figures: ModelFigures | None = None,
+    tp_comm_s: Sequence[float] | None = None,
 ) -> Result:
     """Compute a Result from a timeline: the one definition of step time, throughput and bubble.
 
     `peak_activation_bytes` is per rank; `chunk_peak_activation_bytes`, `param_bytes` and
     `state_bytes` are per chunk. Step time is the last action's end (the timeline starts at 0).
     `peak_memory_bytes` and `memory_breakdown` (per rank) replace static + peak activations where
-    given (transients, or a measurement of memory in all). `figures` (what the model and batch fix)
+    given (transients, or a measurement of memory in all). `tp_comm_s`: per rank, the seconds of
+    its passes in tensor-parallel collectives. `figures` (what the model and batch fix)
     give the parameters, tokens/s, TFLOP/s per device and MFU.
     The bubble fraction is the share of device time idle within the step:
-    1 - (compute seconds of all ranks) / (devices x step).
+    1 - (compute seconds of all ranks) / (devices x step), a rank's compute keeping its T devices
+    (tensor parallelism) busy.
     """
     K, C = len(layout.device_map), len(layout.chunk_rank)
     step = float(timeline.end_s.max()) if len(timeline) else 0.0
@@ -440,7 +452,7 @@ def summarize(
     waits = first & (timeline.kind == Kind.RECV) & (timeline.micro_batch < 0)
     exposed = np.bincount(timeline.rank[waits], weights=(timeline.end_s - timeline.start_s)[waits], minlength=K)
     devices = layout.num_devices or len(set(layout.device_map))
-    bubble = 1.0 - float(busy.sum()) / (devices * step) if step > 0 else 0.0
+    bubble = 1.0 - float(busy.sum()) * layout.tensor_parallel / (devices * step) if step > 0 else 0.0
     chunks = [
         ChunkResult(index=c, rank=int(layout.chunk_rank[c]), layers=tuple(layout.chunk_layers[c]),
                     busy_s=float(chunk_busy[c]), peak_activation_bytes=float(chunk_peak_activation_bytes[c]),
@@ -448,7 +460,7 @@ def summarize(
         for c in range(C)
     ]
     stages = _stage_results(layout, busy, exposed, peak_activation_bytes, param_bytes, state_bytes,
-                            peak_memory_bytes, memory_breakdown)
+                            peak_memory_bytes, memory_breakdown, tp_comm_s)
     if device_peak_memory_bytes is None:
         device_peak_memory_bytes = {}
         for s in stages:
@@ -469,6 +481,7 @@ def summarize(
         source=source,
         chunks=chunks,
         data_parallel=layout.replicas,
+        tensor_parallel=layout.tensor_parallel,
         num_devices=devices,
         figures=figures,
     )

@@ -128,6 +128,7 @@ BatchSize = Annotated[int, _integer(low=1, high=limits.MAX_BATCH, what="samples"
 StageCount = Annotated[int, _integer(low=1, high=limits.MAX_STAGES, what="stages")]
 ReplicaCount = Annotated[int, _integer(low=1, high=limits.MAX_STAGES, what="replicas")]
 DeviceCount = Annotated[int, _integer(low=1, high=limits.MAX_DEVICE_ID + 1, what="devices")]
+TensorParallel = Annotated[int, _integer(low=1, high=1024, what="devices per rank")]
 ChunkCount = Annotated[int, _integer(low=1, high=limits.MAX_CHUNKS, what="chunks per rank")]
 MicroBatchCount = Annotated[int, _integer(low=1, high=limits.MAX_PASSES, what="micro-batches")]
 PartCount = Annotated[int, _integer(low=1, high=limits.MAX_LAYERS, what="layers")]

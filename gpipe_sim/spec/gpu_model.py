@@ -45,6 +45,9 @@ class GpuTables(_Strict):
     flash_backward_ratio: float = Field(2.5, ge=0)  # its backward / its forward
     # Bytes an optimizer step moves, as a multiple of one read of the weights, gradients and
     # states and one write of the weights and states, by torch.optim's implementation.
+    # The share of a link's bandwidth the tensor-parallel ring collectives (NCCL's) achieve between
+    # the devices of a node (gpipe_sim.plan.tensor_parallel); the data-parallel rings take the link's.
+    collective_efficiency: Fraction = 1.0
     step_traffic: dict[OptimizerStep, float] = Field(
         default_factory=lambda: {"for_loop": 2.5, "foreach": 2.5, "fused": 1.0})
 

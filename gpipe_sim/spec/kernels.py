@@ -82,36 +82,42 @@ def _elementwise(name: str, elements: float, p: int, reads: int = 1, writes: int
 
 
 def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropout: bool, p: int,
-                      mask: int) -> LayerKernels:
+                      mask: int, tp: int = 1, sequence_parallel: bool = False) -> LayerKernels:
     """A pre-LayerNorm GPT block as torch runs it (the zoo's Block): LN, QKV, attention, output
-    projection, dropout + residual, LN, fc1, GeLU, fc2, dropout + residual."""
+    projection, dropout + residual, LN, fc1, GeLU, fc2, dropout + residual. On one of `tp` devices
+    (Megatron-LM's split): QKV and fc1 column-parallel (n / T), the projection and fc2 row-parallel
+    (k / T), heads / T; LayerNorms, dropouts and residual adds on whole tokens unless
+    `sequence_parallel` (then on s / T of them)."""
     hd = d // heads
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
-    tok = float(s * d)
-    qkv, qkv_b = linear("qkv", s, d, 3 * d)
-    proj, proj_b = linear("proj", s, d, d)
-    fc1, fc1_b = linear("fc1", s, d, f)
-    fc2, fc2_b = linear("fc2", s, f, d)
+    full = float(s * d)
+    tok = full / tp if sequence_parallel else full
+    a = heads // tp
+    qkv, qkv_b = linear("qkv", s, d, 3 * d // tp)
+    proj, proj_b = linear("proj", s, d // tp, d)
+    fc1, fc1_b = linear("fc1", s, d, f // tp)
+    fc2, fc2_b = linear("fc2", s, f // tp, d)
     drop = (lambda name, n: [_elementwise(name, n, p, 1, 1, mask)]) if dropout else (lambda name, n: [])
     fwd += [_elementwise("ln1", tok, p), qkv]
     bwd_attn: list[Kernel]
     if attention == "flash":
-        fwd += [Flash(heads, s, hd)]
-        bwd_attn = [Flash(heads, s, hd, backward=True)]
+        fwd += [Flash(a, s, hd)]
+        bwd_attn = [Flash(a, s, hd, backward=True)]
     else:
-        scores = float(heads * s * s)
-        fwd += [Gemm("scores", s, s, hd, heads, "batch"), _elementwise("mask+softmax", scores, p, 1, 1, 1),
-                *drop("attn.dropout", scores), Gemm("context", s, hd, s, heads, "batch")]
-        bwd_attn = [Gemm("context.dgrad_p", s, s, hd, heads, "batch"), Gemm("context.dgrad_v", s, hd, s, heads, "batch"),
+        scores = float(a * s * s)
+        fwd += [Gemm("scores", s, s, hd, a, "batch"), _elementwise("mask+softmax", scores, p, 1, 1, 1),
+                *drop("attn.dropout", scores), Gemm("context", s, hd, s, a, "batch")]
+        bwd_attn = [Gemm("context.dgrad_p", s, s, hd, a, "batch"), Gemm("context.dgrad_v", s, hd, s, a, "batch"),
                     *drop("attn.dropout.bwd", scores), _elementwise("softmax.bwd", scores, p, 2, 1),
-                    Gemm("scores.dgrad_q", s, hd, s, heads, "batch"), Gemm("scores.dgrad_k", s, hd, s, heads, "batch")]
-    fwd += [_elementwise("heads.copy", 3 * tok, p), proj, *drop("dropout1", tok), _elementwise("residual1", tok, p, 2, 1),
-            _elementwise("ln2", tok, p), fc1, _elementwise("gelu", float(s * f), p), fc2, *drop("dropout2", tok),
-            _elementwise("residual2", tok, p, 2, 1)]
-    bwd += [*drop("dropout2.bwd", tok), *fc2_b, _elementwise("gelu.bwd", float(s * f), p, 2, 1), *fc1_b,
+                    Gemm("scores.dgrad_q", s, hd, s, a, "batch"), Gemm("scores.dgrad_k", s, hd, s, a, "batch")]
+    heads_copy = 3 * full / tp
+    fwd += [_elementwise("heads.copy", heads_copy, p), proj, *drop("dropout1", tok),
+            _elementwise("residual1", tok, p, 2, 1), _elementwise("ln2", tok, p), fc1,
+            _elementwise("gelu", float(s * f) / tp, p), fc2, *drop("dropout2", tok), _elementwise("residual2", tok, p, 2, 1)]
+    bwd += [*drop("dropout2.bwd", tok), *fc2_b, _elementwise("gelu.bwd", float(s * f) / tp, p, 2, 1), *fc1_b,
             _elementwise("ln2.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1), *drop("dropout1.bwd", tok),
-            *proj_b, _elementwise("heads.copy.bwd", 3 * tok, p), *bwd_attn, *qkv_b,
+            *proj_b, _elementwise("heads.copy.bwd", heads_copy, p), *bwd_attn, *qkv_b,
             _elementwise("ln1.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1)]
     return LayerKernels(tuple(fwd), tuple(bwd), tensors=12)
 
@@ -138,15 +144,18 @@ CROSS_ENTROPY_FORWARD_BYTES = 20.0
 CROSS_ENTROPY_BACKWARD_BYTES = 36.0
 
 
-def lm_head(d: int, v: int, s: int, p: int) -> LayerKernels:
+def lm_head(d: int, v: int, s: int, p: int, norm_share: int = 1) -> LayerKernels:
     """Final LayerNorm, the vocabulary projection and the cross-entropy loss. `v`: the padded
     vocabulary (TransformerModel.padded_vocab): the GEMM's n and the logits' width, as Megatron-LM
-    and nanoGPT run them (an odd n such as GPT-2's 50257 runs far below a GEMM's usual efficiency)."""
+    and nanoGPT run them (an odd n such as GPT-2's 50257 runs far below a GEMM's usual efficiency);
+    split over tensor parallelism, one device's share of it. `norm_share`: the LayerNorm runs on
+    1 / norm_share of the tokens (sequence parallelism)."""
     out, out_b = linear("logits", s, d, v)
     logits = float(s * v)
-    fwd = (_elementwise("ln", float(s * d), p), out, MemOp("cross_entropy", logits * CROSS_ENTROPY_FORWARD_BYTES))
+    norm = float(s * d) / norm_share if norm_share > 1 else float(s * d)
+    fwd = (_elementwise("ln", norm, p), out, MemOp("cross_entropy", logits * CROSS_ENTROPY_FORWARD_BYTES))
     bwd = (MemOp("cross_entropy.bwd", logits * CROSS_ENTROPY_BACKWARD_BYTES), *out_b,
-           _elementwise("ln.bwd", float(s * d), p, 3, 1))
+           _elementwise("ln.bwd", norm, p, 3, 1))
     return LayerKernels(fwd, bwd, tensors=3)
 
 

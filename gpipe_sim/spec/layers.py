@@ -6,6 +6,7 @@ import math
 from typing import Any, Callable
 
 from gpipe_sim.spec import kernels as K
+from gpipe_sim.spec.tensor_parallel import split_vocab
 from gpipe_sim.spec.model import (
     AmoebaNetModel,
     ConvNetModel,
@@ -36,9 +37,14 @@ def _builder(preset: str) -> Callable[[ModelBuilder], ModelBuilder]:
     return register
 
 
-def build_layers(model: ModelSpec, dtype_bytes: int = 4, mask_bytes: int = 1) -> list[LayerSpec]:
+def build_layers(model: ModelSpec, dtype_bytes: int = 4, mask_bytes: int = 1, tensor_parallel: int = 1,
+                 sequence_parallel: bool = False) -> list[LayerSpec]:
     """The model's ordered layer list; sizes in bytes use `dtype_bytes` per element of an
-    activation and `mask_bytes` per element of a dropout mask (`Accelerator.dropout_mask_bytes`)."""
+    activation and `mask_bytes` per element of a dropout mask (`Accelerator.dropout_mask_bytes`).
+    With `tensor_parallel` T > 1 (the transformer preset: `tensor_parallel_problem` refuses the
+    others), each layer as one of its T devices holds and runs it."""
+    if tensor_parallel > 1:
+        return _transformer(model, dtype_bytes, mask_bytes, tensor_parallel, sequence_parallel)  # type: ignore[arg-type]
     return _BUILDERS[model.preset](model, dtype_bytes, mask_bytes)
 
 
@@ -123,21 +129,39 @@ def _table(model: TableModel, dtype_bytes: int, mask_bytes: int) -> list[LayerSp
 _NORM_STATS = 8
 
 
+def _share(amount: int, parts: int) -> float:
+    """One of `parts` equal shares of `amount` (exactly `amount` for one part)."""
+    return amount // parts if amount % parts == 0 else amount / parts
+
+
 @_builder("transformer")
-def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
+def _transformer(model: TransformerModel, p: int, m: int, tp: int = 1, sequence_parallel: bool = False) -> list[LayerSpec]:
     """Saved bytes as torch's autograd keeps them for the zoo's modules (pre-LayerNorm GPT block;
     Korthikanti et al. 2022's 34sbh + 5as^2b with 1-byte masks at p = 2, plus LayerNorm statistics),
-    with masks of `m` bytes an element where the model has dropout."""
-    # The vocabulary as the tables, the logits and the head's GEMM have it: padded (`vocab_multiple`).
-    d, f, s, a, v = model.d_model, model.d_ff, model.seq_len, model.heads, model.padded_vocab
+    with masks of `m` bytes an element where the model has dropout. With `tp` > 1, one device's
+    share under Megatron-LM's tensor parallelism: what the split divides over T (the GEMMs'
+    weights, heads, the vocabulary, the activations inside attention and the MLP), the rest whole
+    (LayerNorms, biases of row-parallel GEMMs, the activations at block boundaries) unless
+    `sequence_parallel`, which shards those activations too (Korthikanti et al.'s 34sbh/t)."""
+    r = tp if sequence_parallel and tp > 1 else 1  # the share of the replicated activations
+    # The vocabulary as the tables, the logits and the head's GEMM have it: padded (`vocab_multiple`,
+    # times T when split, as Megatron-LM pads), one device's rows.
+    d, f, s, a = model.d_model, model.d_ff, model.seq_len, model.heads
+    v = (model.padded_vocab if tp == 1 else split_vocab(model, tp)) // tp
     mask = m if model.dropout > 0 else 0
-    # Embedding: token and learned position tables; saves the token ids and its dropout's mask.
-    embed = _layer(
+    return [_embedding(model, p, mask, v, r), *_blocks(model, p, mask, tp, r), _head(d, s, v, p, r)]
+
+
+def _embedding(model: TransformerModel, p: int, mask: int, v: int, r: int) -> LayerSpec:
+    """Token and learned position tables (the token table's `v` rows of one device); saves the
+    token ids and its dropout's mask."""
+    d, s = model.d_model, model.seq_len
+    return _layer(
         name="embedding",
         params=v * d + s * d,
         largest_tensor_params=max(v, s) * d,  # the token table or the positions
-        activation_bytes_per_sample=8.0 * s + s * d * mask,
-        output_bytes_per_sample=float(s * d * p),
+        activation_bytes_per_sample=8.0 * s + _share(s * d * mask, r),
+        output_bytes_per_sample=float(_share(s * d * p, r)),
         # the token lookup before the position add; the token table's gradient before accumulation
         transient_bytes_per_sample=float(s * d * p),
         transient_bytes=float(v * d * p),
@@ -147,52 +171,61 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
         kernels=3,
         ops=K.embedding(v, d, s, model.dropout > 0, p, mask),
     )
-    # Block: attention (QKV, scores, context, projection) and MLP, pre-LayerNorm.
-    block_params = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
-    matmul_flops = 2.0 * s * (4 * d * d + 2 * d * f) + 4.0 * s * s * d
-    # Saved for backward, every block: both LayerNorms' inputs, outputs and statistics; the MLP's
-    # fc1 output and GeLU output; the masks of the two residual branches' dropouts; Q, K, V and the
-    # attention's output (the projection's input). Standard attention also keeps the softmax
-    # output (a*s*s) and, with dropout, its mask and the dropped-out probabilities; flash keeps the
-    # log-sum-exp (fp32, a*s) instead.
-    per_token = 8 * d * p + 2 * _NORM_STATS + 2 * f * p + 2 * d * mask
-    if model.attention == "flash":
-        per_token += 4 * a
-    else:
-        per_token += a * s * (p + (p + mask if mask else 0))
+
+
+def _blocks(model: TransformerModel, p: int, mask: int, tp: int, r: int) -> list[LayerSpec]:
+    """The `layers` identical blocks: attention (QKV, scores, context, projection) and MLP,
+    pre-LayerNorm; on one of `tp` devices, replicated activations shared over `r` of them."""
+    d, f, s, a = model.d_model, model.d_ff, model.seq_len, model.heads
+    # the split weights and the column-parallel biases over T; the row-parallel biases (projection,
+    # fc2) and both LayerNorms whole
+    block_params = (4 * d * d + 3 * d + 2 * d * f + f) // tp + d + d + 4 * d
+    matmul_flops = (2.0 * s * (4 * d * d + 2 * d * f) + 4.0 * s * s * d) / tp
+    # Saved for backward, every block: both LayerNorms' inputs, outputs and statistics and the masks
+    # of the two residual branches' dropouts (replicated); Q, K, V, the attention's output (the
+    # projection's input), the MLP's fc1 output and GeLU output (split). Standard attention also
+    # keeps the softmax output (a*s*s) and, with dropout, its mask and the dropped-out
+    # probabilities; flash keeps the log-sum-exp (fp32, a*s) instead.
+    attention = 4 * a if model.attention == "flash" else a * s * (p + (p + mask if mask else 0))
+    per_token = _share(4 * d * p + 2 * _NORM_STATS + 2 * d * mask, r) + (4 * d * p + 2 * f * p + attention) // tp
     # Transient: standard attention's scores before the softmax (the product and its masked copy),
     # and in backward the gradients of the probabilities and the scores; flash's fused kernels
     # need about the gradient of Q, K and V beside the gradient flowing in. Fixed: the largest
     # weight's gradient before it is added to the accumulated one.
-    transient = (2.0 * a * s * s * p if model.attention == "standard" else 4.0 * s * d * p)
-    # Gradients the input pass keeps for the weight pass: at the outputs of QKV, the projection,
-    # fc1 and fc2 and of both LayerNorms.
+    transient = (2.0 * a * s * s * p if model.attention == "standard" else 4.0 * s * d * p) / tp
+    # Gradients the input pass keeps for the weight pass: at the outputs of QKV and fc1 (split), of
+    # the projection, fc2 and both LayerNorms (replicated).
     block = dict(
         transient_bytes_per_sample=transient,
-        transient_bytes=float(max(3 * d * d, d * f) * p),
+        transient_bytes=float(max(3 * d * d, d * f) * p) / tp,
         params=block_params,
-        largest_tensor_params=max(3 * d * d, d * f),
+        largest_tensor_params=max(3 * d * d, d * f) // tp,
         activation_bytes_per_sample=float(s * per_token),
-        output_bytes_per_sample=float(s * d * p),
-        kept_for_weight_bytes_per_sample=float(s * p * (7 * d + f)),
+        output_bytes_per_sample=float(_share(s * d * p, r)),
+        kept_for_weight_bytes_per_sample=float(s * p * ((3 * d + f) // tp + _share(4 * d, r))),
         forward_flops_per_sample=matmul_flops,
         backward_flops_per_sample=2.0 * matmul_flops,
         # a weight matmul's input and weight gradients each cost its forward; the attention
         # scores and context (4 s^2 d) have no weights: both their gradients are the input's
-        backward_input_flops_per_sample=2.0 * s * (4 * d * d + 2 * d * f) + 8.0 * s * s * d,
+        backward_input_flops_per_sample=(2.0 * s * (4 * d * d + 2 * d * f) + 8.0 * s * s * d) / tp,
         # flash fuses the scores, scaling, mask, softmax, dropout and context product into one
         kernels=14 if model.attention == "standard" else 9,
-        ops=K.transformer_block(d, f, s, a, model.attention, model.dropout > 0, p, mask),
+        ops=K.transformer_block(d, f, s, a, model.attention, model.dropout > 0, p, mask, tp, r > 1),
     )
-    blocks = [_layer(name=f"block{i}", **block) for i in range(model.layers)]
-    # Head: LayerNorm (input, statistics, output) and the loss's fp32 log-softmax and target ids.
-    head = _layer(
+    return [_layer(name=f"block{i}", **block) for i in range(model.layers)]
+
+
+def _head(d: int, s: int, v: int, p: int, r: int) -> LayerSpec:
+    """LayerNorm (input, statistics, output; whole unless shared over `r`) and the projection on
+    one device's `v` vocabulary rows, with the loss's fp32 log-softmax and target ids."""
+    norm = _share(2 * d * p + _NORM_STATS, r)
+    return _layer(
         name="head",
         params=d * v + 2 * d,
         largest_tensor_params=d * v,
-        activation_bytes_per_sample=float(s * (2 * d * p + _NORM_STATS + 4 * v + 8)),
+        activation_bytes_per_sample=float(s * (norm + 4 * v + 8)),
         output_bytes_per_sample=4.0,
-        kept_for_weight_bytes_per_sample=float(s * p * (v + d)),
+        kept_for_weight_bytes_per_sample=float(s * p * (v + _share(d, r))),
         freed_after_input_pass_bytes_per_sample=4.0 * s * v,  # the log-softmax: the input pass's alone
         # the logits (and their fp32 copy for the loss when narrower), in backward the gradients
         # of the log-softmax's input and of the logits; the projection's weight gradient
@@ -201,9 +234,8 @@ def _transformer(model: TransformerModel, p: int, m: int) -> list[LayerSpec]:
         forward_flops_per_sample=2.0 * s * d * v,
         backward_flops_per_sample=4.0 * s * d * v,
         kernels=5,
-        ops=K.lm_head(d, v, s, p),
+        ops=K.lm_head(d, v, s, p, r),
     )
-    return [embed, *blocks, head]
 
 
 def _loss_bytes(classes: int) -> float:

@@ -16,13 +16,15 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.schedule.torch_csv import MAX_CSV_BYTES, TorchSchedule, parse_torch_csv
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.fields import (
-    BatchSize, ChunkCount, MicroBatchCount, PartCount, ReplicaCount, StageCount, _Strict, whole_number,
+    BatchSize, ChunkCount, MicroBatchCount, PartCount, ReplicaCount, StageCount, TensorParallel, _Strict,
+    whole_number,
 )
 from gpipe_sim.spec.files import read_data_file, read_text_file, shown_path
 from gpipe_sim.spec.validation import describe_error, did_you_mean, error_location, user_key, valid_keys
 from gpipe_sim.spec.hardware import Hardware, megatron_placement
 from gpipe_sim.spec.layers import describe_layer_count, layer_count
 from gpipe_sim.spec.overrides import blame, parse_overrides
+from gpipe_sim.spec.tensor_parallel import tensor_parallel_problem
 from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"  # package data
@@ -69,6 +71,10 @@ class Pipeline(_Strict):
     stages: StageCount = 4  # K: pipeline ranks (devices in the pipeline)
     chunks: ChunkCount = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
     data_parallel: ReplicaCount = 1  # D: replicas of the K-rank pipeline, the global batch split over them
+    # T: each rank's layers split over T devices the Megatron way (gpipe_sim.spec.tensor_parallel);
+    # sequence_parallel: the replicated activations (layernorms, residuals) sharded over them too.
+    tensor_parallel: TensorParallel = 1
+    sequence_parallel: bool = False
     micro_batches: MicroBatchCount = 8
     batch_size: BatchSize = 64
     schedule: str | CsvSchedule = "gpipe"
@@ -96,6 +102,13 @@ class Pipeline(_Strict):
             shown = _shown(value)
             raise ValueError(f"unknown schedule {shown} (choose from {', '.join(SCHEDULES)}, "
                              "or give {csv: PATH} for a schedule in torch's CSV format)")
+        return value
+
+    @field_validator("tensor_parallel")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"{value} is not a power of two (1, 2, 4, 8, ...)")
         return value
 
     @field_validator("partition", mode="before")
@@ -260,17 +273,23 @@ class Scenario(_Strict):
                 raise ValueError("hardware.placement: give either placement or stage_to_device, not both")
         elif D > 1 and device_map is not None:
             raise ValueError("hardware.stage_to_device: with data_parallel > 1 give hardware.placement instead")
+        problem = tensor_parallel_problem(self.model, p.tensor_parallel, self.hardware)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
     def device_map(self) -> tuple[int, ...]:
         """Which device runs each global rank d*K + r (replica d, pipeline rank r): `hardware.placement`,
-        else `stage_to_device` (one replica), else Megatron-LM's order (the identity for one replica)."""
+        else `stage_to_device` (one replica), else Megatron-LM's order (the identity for one replica).
+        With tensor parallelism T a rank occupies T consecutive devices and this is the first of
+        them (Megatron-LM's order: tensor-parallel ranks innermost, so a rank's T devices share a node)."""
         if self.hardware.placement is not None:
             return tuple(device for row in self.hardware.placement for device in row)
         if self.hardware.stage_to_device is not None:
             return self.hardware.stage_to_device
-        return tuple(d for row in megatron_placement(self.pipeline.stages, self.pipeline.data_parallel) for d in row)
+        T = self.pipeline.tensor_parallel
+        return tuple(T * d for row in megatron_placement(self.pipeline.stages, self.pipeline.data_parallel) for d in row)
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as plain data (YAML/JSON-ready), with presets resolved."""

@@ -1,0 +1,93 @@
+"""Tensor parallelism as Megatron-LM runs it: what it needs of a scenario and the collectives it adds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gpipe_sim.spec.model import ModelSpec, TransformerModel
+
+# A reduce-scatter or an all-gather of B bytes moves half what a ring all-reduce of B bytes moves
+# ((T-1)/T x B each way against 2(T-1)/T x B) in half its steps.
+ALL_REDUCE = 1.0
+HALF = 0.5
+# Bytes per token of each of the vocabulary-parallel cross-entropy's three all-reduces (fp32: the
+# logits' maximum, the sum of exponentials and the target's logit).
+_LOSS_REDUCES = 3
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """One layer's tensor-parallel collectives on a sample, per pass: (all-reduces' worth, bytes) pairs.
+    The backward ones reduce input gradients, so they belong to a split backward's input pass."""
+
+    forward: tuple[tuple[float, float], ...] = ()
+    backward: tuple[tuple[float, float], ...] = ()
+
+
+def split_vocab(model: TransformerModel, tp: int) -> int:
+    """The vocabulary rows as the split tables hold them: padded to a multiple of vocab_multiple x T,
+    as Megatron-LM pads (--make-vocab-size-divisible-by times the tensor-parallel size); T = 1:
+    `padded_vocab`."""
+    multiple = model.vocab_multiple * tp
+    return -(-model.vocab // multiple) * multiple
+
+
+def tensor_parallel_problem(model: ModelSpec, tp: int, hardware: Any) -> str | None:
+    """One line naming the field where `tp` devices per rank cannot split this model or fit this
+    hardware; None where they can (always at T = 1)."""
+    if tp == 1:
+        return None
+    if not isinstance(model, TransformerModel):
+        return (f"pipeline.tensor_parallel: {tp} needs the transformer preset (model.preset is "
+                f"{model.preset}): only its layers are split the Megatron way")
+    for field, value in (("model.heads", model.heads), ("model.d_ff", model.d_ff)):
+        if value % tp:
+            return f"{field}: {value:,} does not split over pipeline.tensor_parallel {tp} (give a multiple of {tp})"
+    per_node = hardware.devices_per_node
+    if per_node is not None and (tp > per_node or per_node % tp):
+        return (f"pipeline.tensor_parallel: {tp} devices per rank do not tile nodes of "
+                f"{per_node} (hardware.devices_per_node); a rank's devices share a node")
+    ids = [d for row in (hardware.placement or ()) for d in row] + list(hardware.stage_to_device or ())
+    odd = next((d for d in ids if d % tp), None)
+    if odd is not None:
+        where = "placement" if hardware.placement else "stage_to_device"
+        return (f"hardware.{where}: device {odd} is not a multiple of {tp}: with tensor_parallel {tp} "
+                f"each rank takes {tp} consecutive devices, from the one given")
+    return None
+
+
+def transformer_collectives(model: TransformerModel, tp: int, sequence_parallel: bool,
+                            dtype_bytes: int) -> list[Collectives]:
+    """Per layer of the transformer preset (embedding, blocks, head): the collectives of its
+    forward and backward on one sample, none at T = 1. A block all-reduces its attention's and its
+    MLP's row-parallel outputs in the forward and its two column-parallel inputs' gradients in
+    the backward (sequence parallel: a reduce-scatter plus an all-gather each, the same bytes);
+    the vocabulary-parallel embedding all-reduces its output (reduce-scatters it); the head's
+    input gradient is all-reduced (its input all-gathered and its gradient reduce-scattered), and
+    its cross-entropy all-reduces three fp32 figures per token."""
+    empty = Collectives()
+    if tp == 1:
+        return [empty] * (model.layers + 2)
+    act = float(model.seq_len * model.d_model * dtype_bytes)
+    loss = tuple((ALL_REDUCE, 4.0 * model.seq_len) for _ in range(_LOSS_REDUCES))
+    if sequence_parallel:
+        embed = Collectives(forward=((HALF, act),))
+        block = Collectives(forward=((HALF, act),) * 4, backward=((HALF, act),) * 4)
+        head = Collectives(forward=((HALF, act), *loss), backward=((HALF, act),))
+    else:
+        embed = Collectives(forward=((ALL_REDUCE, act),))
+        block = Collectives(forward=((ALL_REDUCE, act),) * 2, backward=((ALL_REDUCE, act),) * 2)
+        head = Collectives(forward=loss, backward=((ALL_REDUCE, act),))
+    return [embed, *([block] * model.layers), head]
+
+
+def collective_seconds(ops: tuple[tuple[float, float], ...], samples: float, tp: int, bandwidth: float,
+                       latency_s: float) -> float:
+    """Ring collectives among `tp` devices on a micro-batch of `samples`: an all-reduce of B bytes
+    takes 2(T-1)/T x B / bandwidth + 2(T-1) x latency, a reduce-scatter or all-gather half that."""
+    if tp <= 1 or not ops:
+        return 0.0
+    steps = 2 * (tp - 1)
+    return math.fsum(share * (steps / tp * nbytes * samples / bandwidth + steps * latency_s) for share, nbytes in ops)

@@ -1,0 +1,148 @@
+"""Tensor parallelism (issue 27): the split's exact figures, its collectives, T = 1 unchanged, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from gpipe_sim.api import simulate
+from gpipe_sim.cli import main
+from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.spec.kernels import Gemm
+from gpipe_sim.spec.layers import build_layers
+from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.spec.tensor_parallel import split_vocab
+
+D, F, S, A = 1024, 4096, 512, 16
+MODEL = {"preset": "transformer", "layers": 4, "d_model": D, "d_ff": F, "heads": A, "seq_len": S,
+         "vocab": 50257, "dropout": 0.1}
+BW, LAT = 100e9, 5e-6
+
+
+def _scenario(tp: int = 1, sp: bool = False, **pipeline):
+    return parse_scenario({
+        "model": MODEL,
+        "hardware": {"preset": "a100-80gb", "devices_per_node": 8,
+                     "link": {"bandwidth": BW, "latency_s": LAT}, "accelerator": {"gpu": {"collective_efficiency": 1.0}}},
+        "pipeline": {"stages": 2, "micro_batches": 4, "batch_size": 8, "schedule": "1f1b", "tensor_parallel": tp,
+                     "sequence_parallel": sp, **pipeline},
+        "training": {"optimizer": "adam", "dtype": "bf16"},
+    })
+
+
+def _gemm_flops(kernels) -> float:
+    return sum(2.0 * math.prod(k.shape(1)) for k in kernels if isinstance(k, Gemm))
+
+
+def test_t2_halves_a_blocks_gemms_and_weights():
+    model = _scenario().model
+    whole, half = build_layers(model, 2, 1)[1], build_layers(model, 2, 1, 2)[1]
+    assert _gemm_flops(half.ops.forward) == pytest.approx(_gemm_flops(whole.ops.forward) / 2)
+    assert _gemm_flops(half.ops.backward) == pytest.approx(_gemm_flops(whole.ops.backward) / 2)
+    assert half.forward_flops_per_sample == whole.forward_flops_per_sample / 2
+    # the weights and column-parallel biases split; the row-parallel biases and LayerNorms whole
+    assert half.params == (4 * D * D + 3 * D + 2 * D * F + F) // 2 + 6 * D
+    assert whole.params == 4 * D * D + 9 * D + 2 * D * F + F
+    qkv = next(k for k in half.ops.forward if isinstance(k, Gemm) and k.name == "qkv")
+    fc2 = next(k for k in half.ops.forward if isinstance(k, Gemm) and k.name == "fc2")
+    assert (qkv.n, fc2.k) == (3 * D // 2, F // 2)
+
+
+def test_vocabulary_split_as_megatron_pads_it():
+    model = _scenario().model
+    for tp in (2, 4, 8):
+        v = split_vocab(model, tp)
+        assert v % (128 * tp) == 0 and v >= 50257
+        embed, *_, head = build_layers(model, 2, 1, tp)
+        assert embed.params == v // tp * D + S * D
+        assert head.params == D * v // tp + 2 * D
+    assert split_vocab(model, 8) == 51200
+
+
+def test_sequence_parallel_shards_layernorm_activations():
+    model = _scenario().model
+    whole, tp2, sp2 = (build_layers(model, 2, 1, t, sp)[1] for t, sp in ((1, False), (2, False), (2, True)))
+    replicated = S * (4 * D * 2 + 2 * 8 + 2 * D * 1)  # LayerNorms' inputs, outputs, statistics; masks
+    split = whole.activation_bytes_per_sample - replicated
+    assert tp2.activation_bytes_per_sample == replicated + split / 2
+    assert sp2.activation_bytes_per_sample == (replicated + split) / 2
+    assert sp2.output_bytes_per_sample == tp2.output_bytes_per_sample / 2
+
+
+def test_t1_changes_nothing():
+    a, b = simulate(_scenario()), simulate(_scenario(sp=True))
+    assert a.step_time_s == b.step_time_s and a.num_devices == 2 and a.tensor_parallel == 1
+    assert all(s.tp_comm_s == 0.0 for s in a.stages)
+    plan = compile_plan(_scenario())
+    assert all(c.tp_forward_s is None for c in plan.chunks)
+
+
+def test_four_all_reduces_per_block():
+    """T=2, one block per chunk's comparison: a block adds 2 all-reduces of b*s*d*dtype bytes to
+    its forward and 2 to its backward, each 2(T-1)/T x bytes / bandwidth + 2(T-1) x latency."""
+    plan = compile_plan(_scenario(2, partition=[3, 3]))
+    b = 2  # samples per micro-batch
+    ring = 2 * (2 - 1) / 2 * b * S * D * 2 / BW + 2 * (2 - 1) * LAT
+    loss = 3 * (2 * (2 - 1) / 2 * b * S * 4 / BW + 2 * LAT)
+    first, second = plan.chunks  # embedding + 2 blocks | 2 blocks + head
+    assert first.tp_forward_s[0] == pytest.approx(ring + 2 * 2 * ring)
+    assert first.tp_backward_s[0] == pytest.approx(2 * 2 * ring)
+    assert second.tp_forward_s[0] == pytest.approx(2 * 2 * ring + loss)
+    assert second.tp_backward_s[0] == pytest.approx(2 * 2 * ring + ring)
+    result = simulate(_scenario(2, partition=[3, 3]))
+    assert result.num_devices == 4 and result.stages[1].device == 2
+    # 1f1b with remat: every micro-batch's forward, re-computation and backward
+    assert result.stages[0].tp_comm_s == pytest.approx(4 * (2 * first.tp_forward_s[0] + first.tp_backward_s[0]))
+    seq = compile_plan(_scenario(2, True, partition=[3, 3]))
+    assert seq.chunks[0].tp_backward_s[0] == pytest.approx(first.tp_backward_s[0])  # same bytes
+
+
+def test_memory_per_device_divides_weights_and_states():
+    one, two = compile_plan(_scenario(partition=[3, 3])), compile_plan(_scenario(2, partition=[3, 3]))
+    blocks = [one.layers[i].params - two.layers[i].params for i in (1, 2)]
+    assert all(b > 0 for b in blocks)
+    assert two.chunks[0].param_bytes < 0.55 * one.chunks[0].param_bytes
+    assert two.chunks[0].state_bytes / two.chunks[0].param_bytes == one.chunks[0].state_bytes / one.chunks[0].param_bytes
+
+
+def test_figures_count_the_whole_model_and_every_device():
+    one, two = simulate(_scenario()), simulate(_scenario(2))
+    assert one.parameters == two.parameters
+    assert two.devices == 4
+    assert 0.0 <= two.bubble_fraction < 1.0
+
+
+def test_json_and_summary(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_scenario(4).to_dict()))
+    assert main(["simulate", str(path), "--json", "--no-timeline"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tensor_parallel"] == 4 and out["num_devices"] == 8 and out["stages"][0]["tp_comm_s"] > 0
+    assert main(["simulate", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "T=4" in text and "all-reduce in the passes" in text
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["pipeline.tensor_parallel=3"], "pipeline.tensor_parallel: 3 is not a power of two"),
+    (["pipeline.tensor_parallel=16"], "pipeline.tensor_parallel: 16 devices per rank do not tile nodes of 8"),
+    (["model.heads=2", "pipeline.tensor_parallel=4"], "model.heads: 2 does not split over pipeline.tensor_parallel 4"),
+    (["model.d_ff=4100", "pipeline.tensor_parallel=8"], "model.d_ff: 4,100 does not split"),
+    (["model.preset=uniform", "pipeline.tensor_parallel=2"], "pipeline.tensor_parallel: 2 needs the transformer preset"),
+])
+def test_hostile_input_is_one_line(tmp_path, capsys, sets, message):
+    path = tmp_path / "s.yaml"
+    data = _scenario().to_dict()
+    if "model.preset=uniform" in sets:
+        data["model"] = {"preset": "uniform", "layers": 8}
+        sets = sets[1:]
+    path.write_text(yaml.safe_dump(data))
+    argv = ["simulate", str(path)]
+    for item in sets:
+        argv += ["--set", item]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
