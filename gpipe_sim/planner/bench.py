@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.planner.report import config_text
 from gpipe_sim.planner.search import PlanOptions, PlanSearch, plan
 
 # The question: a 24-layer GPT (d_model 2048, seq 2048) on 8 A100-80GB, global batch 64.
@@ -56,8 +57,7 @@ CASES = (
 def _line(case: BenchCase, search: PlanSearch) -> str:
     best = search.best
     pick = ("nothing fits" if best is None else
-            f"best D={best.get('D')} K={best.get('K')} v={best.get('v')} M={best.get('M')} {best.get('schedule')} "
-            f"remat={best.get('remat')} zero={best.get('zero')}: {best.throughput_samples_per_s:,.1f} samples/s")
+            f"best {config_text(best)}: {best.throughput_samples_per_s:,.1f} samples/s")
     verdict = "within" if search.seconds <= case.target_s else "OVER"
     return (f"{case.label}\n  {search.seconds:.2f} s ({verdict} the {case.target_s:g} s target), "
             f"{search.enumerated:,} configurations ({search.configs_per_second:,.0f}/s): {search.simulated:,} simulated, "
