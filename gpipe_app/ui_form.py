@@ -20,7 +20,9 @@ from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, PARTITION_METHODS, REMAT_M
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS
 from gpipe_app.ui_data import read_layer_table
-from gpipe_app.ui_scenario import KEPT_TABLE as _KEPT_TABLE, PREFIX, finish_boxes, form_base, upload_box
+from gpipe_app.ui_scenario import (
+    KEPT_TABLE as _KEPT_TABLE, PREFIX, TENSOR_PARALLEL_CHOICES, finish_boxes, form_base, upload_box,
+)
 MODEL_CLASSES = {
     cls.model_fields["preset"].default: cls
     for cls in (TransformerModel, UniformModel, MlpModel, ConvNetModel, AmoebaNetModel)
@@ -260,6 +262,15 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
                                key=_init(PREFIX + "pipeline.data_parallel", bp.get("data_parallel", 1)),
                                help="Replicas of the K-rank pipeline (D x K devices); the global batch is "
                                     "split evenly over them and each chunk's gradients are all-reduced.")
+    t1p, t2p = pipe_box.columns([3, 2])
+    tensor = t1p.selectbox("tensor parallel T", TENSOR_PARALLEL_CHOICES,
+                           key=_init(PREFIX + "pipeline.tensor_parallel", int(bp.get("tensor_parallel", 1))),
+                           help="Each rank's layers split over T devices of one node the Megatron way "
+                                "(T x K x D devices; transformer preset), with two all-reduces in the "
+                                "forward and two in the backward of every block on the node's link.")
+    seq_par = t2p.checkbox("sequence parallel", key=_init(PREFIX + "pipeline.sequence_parallel",
+                                                          bool(bp.get("sequence_parallel", False))),
+                           help="Shard the LayerNorm and residual activations over the T devices too.")
     remat = pipe_box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
                                help="always: every forward keeps only its input and is re-computed "
                                     "before backward (GPipe); none: keep all activations.")
@@ -301,7 +312,8 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
         "model": model,
         "hardware": hardware,
         "pipeline": {"stages": stages, "chunks": chunks, "data_parallel": replicas, "micro_batches": micro,
-                     "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition},
+                     "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition,
+                     **({"tensor_parallel": int(tensor), "sequence_parallel": bool(seq_par)} if tensor > 1 else {})},
         "training": {"optimizer": optimizer, "dtype": dtype, "zero": int(zero), "optimizer_step": step},
     }
     finish_boxes(notice_box, file_box, data)

@@ -71,6 +71,7 @@ FIELD_LABELS: dict[str, str] = {
     "pipeline.stages": "stages K", "pipeline.micro_batches": "micro-batches M",
     "pipeline.chunks": "chunks per rank v", "pipeline.batch_size": "mini-batch size",
     "pipeline.schedule": "schedule", "pipeline.remat": "re-materialization", "pipeline.partition": "partition",
+    "pipeline.tensor_parallel": "tensor parallel T", "pipeline.sequence_parallel": "sequence parallel",
     "training.optimizer": "optimizer", "training.dtype": "dtype", "model.preset": "model preset",
     "model": "model", "hardware.preset": "hardware preset", "hardware.stage_to_device": "rank → device map",
     "hardware.accelerator.efficiency": "compute efficiency", "hardware.accelerator.memory_bytes": "device memory",
@@ -202,10 +203,12 @@ def show_metrics(scenario: Scenario, result: Result, box: Any = st, reference: R
                   delta_color="inverse", help="The share of the step the busiest rank idles: the "
                   "pipeline's own fill and drain, what the analytic bubble describes.")
     p = scenario.pipeline
-    if p.data_parallel > 1:
+    if p.data_parallel > 1 or p.tensor_parallel > 1:
         dp = box.columns(3)
-        dp[0].metric("Devices", f"{r.num_devices} ({p.data_parallel} x {p.stages})",
-                     help="D data-parallel replicas of the K-rank pipeline.")
+        shape = f"{p.data_parallel} x {p.stages}" if p.tensor_parallel == 1 else \
+            f"T={p.tensor_parallel} x K={p.stages} x D={p.data_parallel}"
+        dp[0].metric("Devices", f"{r.num_devices} ({shape})",
+                     help="D data-parallel replicas of the K-rank pipeline, each rank on T devices.")
         dp[1].metric("Throughput per device", compact_number(r.throughput_per_device),
                      delta(r.throughput_per_device, ref and ref.throughput_per_device, "rate"))
         dp[2].metric("Exposed all-reduce", duration_text(r.exposed_allreduce_s),

@@ -37,6 +37,9 @@ UPLOAD_KEY = "upload.scenario"
 SHOWN_FIELDS = 6  # fields named in the "not held" warning, then a count
 
 
+TENSOR_PARALLEL_CHOICES = (1, 2, 4, 8, 16, 32, 64)  # the form's tensor-parallel sizes
+
+
 def form_base(default: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """The scenario data the form initialises its widgets from: the last opened file's, else `default()`."""
     base = st.session_state.get(BASE)
@@ -66,6 +69,8 @@ def _form_ready(data: dict[str, Any]) -> dict[str, Any]:
         pipeline["schedule"] = "gpipe"
     if pipeline.get("partition") not in PARTITION_METHODS:
         pipeline["partition"] = "uniform"
+    if pipeline.get("tensor_parallel", 1) not in TENSOR_PARALLEL_CHOICES:
+        pipeline["tensor_parallel"] = 1
     hardware = base.setdefault("hardware", {})
     if hardware.get("preset") not in hardware_presets():  # custom: its figures over a preset's
         hardware["preset"] = "ideal"

@@ -36,6 +36,7 @@ RESULT_COLUMNS = (
     "stage_peak_memory_bytes",
     "stage_peak_activation_bytes",
     "stage_param_bytes",
+    "max_stage_tp_comm_s",
 )
 STATUS_COLUMNS = ("sweep.index", "sweep.key", "status", "error", "elapsed_s")
 RUNS_DIR = "runs"
@@ -100,6 +101,7 @@ def result_columns(scenario: Scenario, engine: str) -> dict[str, Any]:
         "stage_peak_memory_bytes": [s.peak_memory_bytes for s in stages],
         "stage_peak_activation_bytes": [s.peak_activation_bytes for s in stages],
         "stage_param_bytes": [s.param_bytes for s in stages],
+        "max_stage_tp_comm_s": max(s.tp_comm_s for s in stages),  # tensor-parallel collectives
     }
 
 
