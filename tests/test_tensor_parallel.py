@@ -151,6 +151,6 @@ def test_hostile_input_is_one_line(tmp_path, capsys, sets, message):
 def test_sweep_axis_over_tensor_parallel():
     from gpipe_sim.sweeps.runner import result_columns
 
-    rows = [result_columns(_scenario(tp)) for tp in (1, 2, 4)]
+    rows = [result_columns(_scenario(tp), "auto") for tp in (1, 2, 4)]
     assert [r["num_devices"] for r in rows] == [2, 4, 8]
     assert rows[0]["max_stage_tp_comm_s"] == 0.0 < rows[1]["max_stage_tp_comm_s"] < rows[2]["max_stage_tp_comm_s"]
