@@ -154,3 +154,13 @@ def test_sweep_axis_over_tensor_parallel():
     rows = [result_columns(_scenario(tp), "auto") for tp in (1, 2, 4)]
     assert [r["num_devices"] for r in rows] == [2, 4, 8]
     assert rows[0]["max_stage_tp_comm_s"] == 0.0 < rows[1]["max_stage_tp_comm_s"] < rows[2]["max_stage_tp_comm_s"]
+
+
+def test_vtrain_tp_study_figures():
+    from gpipe_sim.studies.vtrain_tp import CALIBRATION_TP_CSV, tp_study
+
+    if not CALIBRATION_TP_CSV.exists():
+        pytest.skip("no shared/reference/vtrain-a100/calibration_tp.csv")
+    figures = tp_study(by_tp=False)["all"]  # docs/accuracy.md: 7.9%, 23.5%, tau 0.96
+    assert figures["rows"] == 400 and figures["median_error"] < 0.09 and figures["p90_error"] < 0.25
+    assert figures["tau_median"] >= 0.9
