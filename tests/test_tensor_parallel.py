@@ -164,3 +164,11 @@ def test_vtrain_tp_study_figures():
     figures = tp_study(by_tp=False)["all"]  # docs/accuracy.md: 7.9%, 23.5%, tau 0.96
     assert figures["rows"] == 400 and figures["median_error"] < 0.09 and figures["p90_error"] < 0.25
     assert figures["tau_median"] >= 0.9
+
+
+def test_executor_refuses_tensor_parallel_in_one_line():
+    from gpipe_exec.execute import check_model
+    from gpipe_sim.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="pipeline.tensor_parallel: 2: gpipe-exec runs T = 1 only"):
+        check_model(_scenario(2))
