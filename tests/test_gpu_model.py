@@ -71,14 +71,15 @@ def test_h100_blocks_held_out():
 def test_vtrain_calibration_half_within_stated_bounds():
     """docs/accuracy.md's figures: the issue's 50257 padded to 50304 by the preset's default
     vocab_multiple (what Megatron's GEMMs run), the same as giving 50304, and unpadded
-    (vocab_multiple 1: the unaligned head makes every row slower, the ranking holds)."""
+    (vocab_multiple 1: the unaligned head makes every row slower, the ranking mostly holds)."""
     from gpipe_sim.studies.vtrain import vtrain_study
 
     padded = vtrain_study()
-    assert padded["median_error"] < 0.10 and padded["p90_error"] < 0.23 and padded["tau_median"] >= 0.8
+    assert padded["median_error"] < 0.05 and padded["p90_error"] < 0.15
+    assert padded["tau_median"] >= 0.9 and padded["tau_min"] >= 0.5 and padded["regret_max"] < 0.05
     assert vtrain_study(vocab=50304) == padded
     unpadded = vtrain_study(vocab_multiple=1)
-    assert unpadded["median_error"] > 0.3 and unpadded["tau_median"] >= 0.9 and unpadded["regret_max"] < 0.1
+    assert unpadded["median_error"] > 0.3 and unpadded["tau_median"] >= 0.9 and unpadded["regret_max"] < 0.15
 
 
 def test_measured_timings_win_over_kernel_tables():

@@ -84,7 +84,8 @@ class Host(_Strict):
 
     What a real runtime costs beyond the kernels and the wire: dispatching an action, issuing a
     send (before its transfer starts), completing a receive (after its data arrives). Zero on
-    every preset; `gpipe-exec calibrate` measures them for the executor on this machine.
+    every preset but a100-80gb (Megatron-DeepSpeed's synchronous pipeline p2p, fitted to vTrain's
+    rows); `gpipe-exec calibrate` measures them for the executor on this machine.
     """
 
     action_s: Seconds = 0.0  # per compute action (forward, recompute, backward, update)

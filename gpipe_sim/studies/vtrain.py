@@ -62,6 +62,10 @@ def read_rows(path: Path = CALIBRATION_CSV) -> list[Row]:
 # preset does the same by default (model.vocab_multiple, 128). `--vocab-multiple 1` prices the
 # unpadded 50257 (an odd GEMM n, ~0.2 of a GEMM's usual efficiency on an H100).
 VOCAB = 50257
+# Megatron-DeepSpeed steps Adam with apex's FusedAdam (multi-tensor, one fused kernel per list of
+# tensors): torch's `fused` step as the kernel tables price it (`step_traffic`), not the preset
+# default `foreach` (torch.optim's, which moves about three times the bytes).
+OPTIMIZER_STEP = "fused"
 
 
 def scenario_data(row: Row, hardware: str = "a100-80gb", vocab: int = VOCAB,
@@ -78,7 +82,7 @@ def scenario_data(row: Row, hardware: str = "a100-80gb", vocab: int = VOCAB,
                      "micro_batches": row.global_batch // (row.dp * row.micro_batch),
                      "batch_size": row.global_batch, "schedule": "1f1b", "remat": "always",
                      "partition": "uniform" if row.layers % row.pp == 0 else "time"},
-        "training": {"optimizer": "adam", "dtype": "bf16"},
+        "training": {"optimizer": "adam", "dtype": "bf16", "optimizer_step": OPTIMIZER_STEP},
     }
 
 
@@ -147,6 +151,39 @@ def vtrain_study(path: Path = CALIBRATION_CSV, overrides: dict[str, Any] | None 
     return accuracy(rows, [predict(r, overrides, vocab, vocab_multiple) for r in rows])
 
 
+def group_table(path: Path = CALIBRATION_CSV, overrides: dict[str, Any] | None = None,
+                vocab: int = VOCAB, vocab_multiple: int | None = None) -> list[dict[str, Any]]:
+    """Per (model, GPUs, global batch) group: its Kendall tau and regret, and each row's
+    configuration, measured and predicted seconds (measured order), worst regret first."""
+    rows = read_rows(path)
+    predicted = [predict(r, overrides, vocab, vocab_multiple) for r in rows]
+    groups: dict[tuple, list[tuple[Row, float]]] = {}
+    for r, p in zip(rows, predicted):
+        groups.setdefault(r.group, []).append((r, p))
+    out = []
+    for (hidden, layers, gpus, batch), items in groups.items():
+        items.sort(key=lambda item: item[0].measured_s)
+        meas, pred = [r.measured_s for r, _ in items], [p for _, p in items]
+        out.append({"hidden": hidden, "layers": layers, "gpus": gpus, "global_batch": batch,
+                    "tau": kendall_tau(meas, pred), "regret": meas[pred.index(min(pred))] / min(meas) - 1,
+                    "rows": [{"pp": r.pp, "dp": r.dp, "micro_batch": r.micro_batch,
+                              "micro_batches": r.global_batch // (r.dp * r.micro_batch),
+                              "measured_s": r.measured_s, "predicted_s": p} for r, p in items]})
+    out.sort(key=lambda g: (-g["regret"], g["tau"]))
+    return out
+
+
+def _print_groups(groups: list[dict[str, Any]]) -> None:
+    print("groups (worst regret first; rows in measured order)")
+    for g in groups:
+        print(f"  hidden {g['hidden']} layers {g['layers']} GPUs {g['gpus']} batch {g['global_batch']}: "
+              f"tau {g['tau']:.2f} regret {g['regret']:.1%}")
+        for r in g["rows"]:
+            print(f"    PP {r['pp']} DP {r['dp']} mb {r['micro_batch']} M {r['micro_batches']}: measured "
+                  f"{r['measured_s'] * 1e3:.1f} ms, predicted {r['predicted_s'] * 1e3:.1f} ms "
+                  f"({r['predicted_s'] / r['measured_s']:.2f})")
+
+
 def block_check(path: Path = BLOCK_JSONL, hardware: str = "h100-sxm") -> dict[str, float]:
     """Per-block forward and forward+backward, predicted by the preset's kernel tables against the
     measured pre-LN GPT blocks (flash attention, dropout 0.1): held out, never fitted to."""
@@ -189,9 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocab-multiple", type=int, default=None,
                         help="pad the vocabulary to a multiple of this (default the preset's 128, as Megatron: "
                              "50257 -> 50304; 1: unpadded)")
+    parser.add_argument("--groups", action="store_true",
+                        help="also each (model, GPUs, global batch) group's tau, regret and rows")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     out: dict[str, Any] = {"vtrain_a100": vtrain_study(args.csv, vocab=args.vocab, vocab_multiple=args.vocab_multiple)}
+    if args.groups:
+        out["vtrain_a100_groups"] = group_table(args.csv, vocab=args.vocab, vocab_multiple=args.vocab_multiple)
     if args.before:
         out["vtrain_a100_roofline"] = vtrain_study(args.csv, ROOFLINE, args.vocab, args.vocab_multiple)
     if args.blocks.exists():
@@ -201,7 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
     else:
         for title, figures in out.items():
-            _print(title, figures)
+            if title == "vtrain_a100_groups":
+                _print_groups(figures)
+            else:
+                _print(title, figures)
     return 0
 
 
