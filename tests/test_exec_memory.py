@@ -338,8 +338,9 @@ def test_optimizer_step_follows_the_accelerator_unless_given() -> None:
         return parse_scenario({"hardware": {"preset": hardware},
                                "training": {"optimizer": optimizer, "optimizer_step": given}}).optimizer_step
 
-    assert (step("cpu"), step("v100"), step("tpuv3")) == ("for_loop", "foreach", "fused")
+    assert (step("cpu"), step("v100"), step("tpuv3")) == ("for_loop", "fused", "fused")
     assert step("tpuv3", "rmsprop") == "for_loop"  # no fused RMSprop step: the default falls back
+    assert step("h100-sxm", "rmsprop") == "foreach"  # torch's on CUDA
     assert step("v100", given="fused") == "fused"
 
 

@@ -30,8 +30,13 @@ class Accelerator(_Strict):
     # fused dropout); "dtype", the scaled noise in the activations' own type (torch on CPU).
     dropout_masks: Literal["bool", "dtype"] = "bool"
     # How the framework's optimizer steps by default (gpipe_sim.spec.scenario.OPTIMIZER_STEPS):
-    # torch's "foreach" on CUDA, "for_loop" on CPU; "fused" where a compiler fuses the update (XLA).
-    optimizer_step: Literal["for_loop", "foreach", "fused"] = "foreach"
+    # "fused" on GPUs, as large-model training steps (apex's FusedAdam in Megatron-LM and
+    # DeepSpeed, torch's fused=True; gpipe-exec then steps so too), and where a compiler fuses the
+    # update (XLA); "for_loop" on CPU, torch's default there.
+    optimizer_step: Literal["for_loop", "foreach", "fused"] = "fused"
+    # How an optimizer with no fused step (RMSprop) steps where the default is fused: torch's
+    # "foreach" on CUDA; "for_loop" on the TPUs.
+    unfused_optimizer_step: Literal["for_loop", "foreach"] = "foreach"
     # Kernel-level tables (gpipe_sim.spec.gpu_model): where given, a preset layer's time is the
     # sum of its kernels' and `efficiency`/`kernel_overhead_s` are not used for it.
     gpu: GpuTables | None = None

@@ -199,12 +199,14 @@ class Scenario(_Strict):
     @property
     def optimizer_step(self) -> str:
         """How the optimizer's step runs (OPTIMIZER_STEPS): the training section's choice, else the
-        accelerator's default (for_loop where that has no fused step for this optimizer)."""
+        accelerator's default (its `unfused_optimizer_step` where that is fused and this optimizer
+        has no fused step)."""
         step = self.training.optimizer_step
         if step == "default":
-            step = self.hardware.accelerator.optimizer_step
+            accel = self.hardware.accelerator
+            step = accel.optimizer_step
             if step == "fused" and self.training.optimizer not in FUSED_OPTIMIZERS:
-                step = "for_loop"
+                step = accel.unfused_optimizer_step
         return step
 
     @model_validator(mode="after")

@@ -62,12 +62,6 @@ def read_rows(path: Path = CALIBRATION_CSV) -> list[Row]:
 # preset does the same by default (model.vocab_multiple, 128). `--vocab-multiple 1` prices the
 # unpadded 50257 (an odd GEMM n, ~0.2 of a GEMM's usual efficiency on an H100).
 VOCAB = 50257
-# Megatron-DeepSpeed steps Adam with apex's FusedAdam (multi-tensor, one fused kernel per list of
-# tensors): torch's `fused` step as the kernel tables price it (`step_traffic`), not the preset
-# default `foreach` (torch.optim's, which moves about three times the bytes).
-OPTIMIZER_STEP = "fused"
-
-
 def scenario_data(row: Row, hardware: str = "a100-80gb", vocab: int = VOCAB,
                   vocab_multiple: int | None = None) -> dict[str, Any]:
     """The scenario a row stands for (issue 24's definition); `vocab_multiple` None: the preset's."""
@@ -82,7 +76,8 @@ def scenario_data(row: Row, hardware: str = "a100-80gb", vocab: int = VOCAB,
                      "micro_batches": row.global_batch // (row.dp * row.micro_batch),
                      "batch_size": row.global_batch, "schedule": "1f1b", "remat": "always",
                      "partition": "uniform" if row.layers % row.pp == 0 else "time"},
-        "training": {"optimizer": "adam", "dtype": "bf16", "optimizer_step": OPTIMIZER_STEP},
+        # Megatron-DeepSpeed steps Adam with apex's FusedAdam: the GPU presets' default step (fused)
+        "training": {"optimizer": "adam", "dtype": "bf16"},
     }
 
 
