@@ -113,6 +113,16 @@ def test_candidates_are_the_enumerated_overrides():
       "pipeline": {**UNIFORM["pipeline"], "batch_size": 4}},
      PlanOptions(devices=4, max_chunks=2, top=5, remat=("except_last", "always"),
                  schedules=("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv"))),
+    # tensor parallelism T in {1, 2, 4} over nodes of 2 or 4 joined by a slower network: the
+    # collectives priced inside the passes, the split layers' memory, with and without sequence parallelism
+    ({**TRANSFORMER, "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "50 MB"},
+                                  "devices_per_node": 2, "network": {"bandwidth": "2 GB/s"}}},
+     PlanOptions(devices=4, max_chunks=2, micro_batches=(1, 2, 4), top=5, remat=("none", "always"),
+                 schedules=("gpipe", "1f1b", "zb_h1", "interleaved_1f1b"))),
+    ({**TRANSFORMER, "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "45 MB"},
+                                  "devices_per_node": 4}},
+     PlanOptions(devices=4, fewer_devices=True, max_chunks=2, micro_batches=(2, 4), top=5, remat=("none",),
+                 schedules=("1f1b", "zbv"), sequence_parallel=True)),
 ])
 def test_planner_matches_brute_force_and_bounds_hold(data, options):
     """The planner's top entries are the brute-force sweep's (the best exactly), some candidates do
@@ -130,6 +140,8 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
     got = [e.throughput_samples_per_s for e in search.ranked[:options.top]]
     assert got == pytest.approx(fitting[:options.top], rel=1e-12)
     assert search.pruned_by_bound + search.pruned_by_memory > 0
+    assert {Candidate.from_overrides(o).tensor_parallel for o, _ in brute} == set(
+        search.options.tensor_parallel or {c.tensor_parallel for c in search.candidates})
     # the distinct ranking: brute force's fitting results collapsed by (D, K, M, ZeRO, step, peak)
     groups: dict[tuple, float] = {}
     for o, r in brute:

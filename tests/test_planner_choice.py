@@ -102,8 +102,8 @@ def test_k1_is_named_data_parallel_everywhere(tmp_path):
     assert dp and all(e.get("schedule") == "1f1b" and e.get("v") == 1 for e in dp)  # what runs
     text = plan_text(search, 50)
     rows = [line.split() for line in text.splitlines() if line.strip().split(" ")[0].isdigit()]
-    k1 = [r for r in rows if r[2] == "1"]
-    assert k1 and all(r[3] == "-" and r[5:7] == ["data", "parallel"] for r in k1)
+    k1 = [r for r in rows if r[3] == "1"]  # rank, T, D, K, v, M, schedule
+    assert k1 and all(r[1] == "1" and r[4] == "-" and r[6:8] == ["data", "parallel"] for r in k1)
     data = plan_dict(search, 50)
     assert all(r["schedule"] == "data parallel" and r["v"] is None for r in data["ranked"] if r["K"] == 1)
     assert "data parallel" in plan_html(search, 50)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -16,7 +16,9 @@ from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
 from gpipe_sim.schedule.lower import build_schedule, saves_activations
 from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
 from gpipe_sim.spec.layers import build_layers
+from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.spec.tensor_parallel import collective_seconds, transformer_collectives
 from gpipe_sim.planner.space import Candidate
 
 _SLACK = 1.0 - 1e-9  # bounds are sums in another order than the simulator's: keep them strictly below
@@ -27,15 +29,19 @@ _COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
 
 
 class CostTable:
-    """Per-layer costs of the base model, built once and reused by every candidate's bounds:
-    seconds per micro-batch size, static bytes per (D, ZeRO), activation bytes per sample."""
+    """Per-layer costs of the base model split over T devices per rank (the base's T unless
+    given), built once and reused by every candidate's bounds: seconds per micro-batch size (the
+    tensor-parallel collectives included), static bytes per (D, ZeRO), activation bytes per
+    sample. A candidate of another T is bounded with that T's table (`of`)."""
 
-    def __init__(self, base: Scenario) -> None:
+    def __init__(self, base: Scenario, tensor_parallel: int | None = None) -> None:
         self.base = base
-        t = base.training
+        t, p = base.training, base.pipeline
+        self.tp = p.tensor_parallel if tensor_parallel is None else tensor_parallel
         self.accel = base.hardware.accelerator
         self.dtype, self.dtype_bytes = t.dtype, t.dtype_bytes
-        self.layers = build_layers(base.model, self.dtype_bytes, self.accel.dropout_mask_bytes(self.dtype_bytes))
+        self.layers = build_layers(base.model, self.dtype_bytes, self.accel.dropout_mask_bytes(self.dtype_bytes),
+                                   self.tp, p.sequence_parallel)
         self.L = len(self.layers)
         self.params = np.array([float(layer.params) for layer in self.layers])
         self.act = np.array([float(layer.activation_bytes_per_sample) for layer in self.layers])
@@ -43,17 +49,80 @@ class CostTable:
         self.update = np.array([update_seconds([layer], self.accel, self.dtype_bytes, bpp) for layer in self.layers])
         self.capacity = self.accel.usable_memory_bytes
         self._times: dict[int, np.ndarray] = {}
+        self._compute: dict[int, np.ndarray] = {}
+        self._terms: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+        self.params_sum, self.act_sum = float(self.params.sum()), float(self.act.sum())
         self.cache: dict[Any, float] = {}  # partition-free bounds by the axes they depend on
+        self._tables: dict[int, CostTable] = {self.tp: self}
+        self._collectives = self._tp_collectives()
+
+    def of(self, cand: Candidate) -> "CostTable":
+        """The table of the candidate's T (this one, or one built once per T with this capacity)."""
+        T = cand.tensor_parallel
+        table = self._tables.get(T)
+        if table is None:
+            table = self._tables[T] = CostTable(self.base, T)
+            table.capacity, table._tables = self.capacity, self._tables
+        return table
+
+    def _tp_collectives(self) -> list[tuple[Any, Any]] | None:
+        """Per layer, its (forward, backward) collectives (`transformer_collectives`); None at T = 1."""
+        if self.tp == 1 or not isinstance(self.base.model, TransformerModel):
+            return None
+        comms = transformer_collectives(self.base.model, self.tp, self.base.pipeline.sequence_parallel,
+                                        self.dtype_bytes)
+        return [(c.forward, c.backward) for c in comms]
+
+    def tp_seconds(self, b: int) -> np.ndarray:
+        """[layer, (forward, backward)] seconds of the tensor-parallel collectives on b samples,
+        at least what `with_tensor_parallel` adds to a pass: the faster of `link` and `network`
+        (a rank's T devices share a node, so the simulator takes `link`)."""
+        if self._collectives is None:
+            return np.zeros((self.L, 2))
+        hw = self.base.hardware
+        gpu = self.accel.gpu
+        share = gpu.collective_efficiency if gpu is not None else 1.0
+        links = [hw.link] + ([hw.network] if hw.network is not None else [])
+        bandwidth = max(ln.bandwidth for ln in links) * share
+        latency = min(ln.latency_s for ln in links)
+        return np.array([[collective_seconds(ops, b, self.tp, bandwidth, latency) for ops in pair]
+                         for pair in self._collectives], dtype=float).reshape(self.L, 2)
 
     def times(self, b: int) -> np.ndarray:
-        """[layer, (forward, backward, backward input, backward weight)] seconds for b samples."""
+        """[layer, (forward, backward, backward input, backward weight)] seconds for b samples, the
+        tensor-parallel collectives in the forward, backward and backward input as the simulator
+        prices them inside each pass."""
         cached = self._times.get(b)
+        if cached is None:
+            cached = self.compute_times(b).copy()
+            if self._collectives is not None:
+                tp = self.tp_seconds(b)
+                cached[:, 0] += tp[:, 0]
+                cached[:, 1] += tp[:, 1]
+                cached[:, 2] += tp[:, 1]
+            self._times[b] = cached
+        return cached
+
+    def pass_terms(self, b: int, recompute: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, for one micro-batch of b samples: its forward (twice when re-computed) plus
+        the cheaper of a full or split backward, and its weight-gradient pass."""
+        key = (b, recompute)
+        got = self._terms.get(key)
+        if got is None:
+            tt = self.times(b)
+            back = np.minimum(tt[:, 1], tt[:, 2] + tt[:, 3])
+            got = self._terms[key] = (tt[:, 0] * (1.0 + recompute) + back, tt[:, 3])
+        return got
+
+    def compute_times(self, b: int) -> np.ndarray:
+        """`times` without the collectives: the kernels alone (what the "time" partition weighs)."""
+        cached = self._compute.get(b)
         if cached is None:
             rows = []
             for layer in self.layers:
                 f, bk = layer_seconds(layer, b, self.accel, self.dtype, self.dtype_bytes)
                 rows.append((f, bk, *split_backward_seconds(layer, b, bk)))
-            cached = self._times[b] = np.array(rows, dtype=float).reshape(self.L, 4)
+            cached = self._compute[b] = np.array(rows, dtype=float).reshape(self.L, 4)
         return cached
 
     def allreduce(self, cand: Candidate) -> tuple[np.ndarray, np.ndarray]:
@@ -61,16 +130,17 @@ class CostTable:
         of a chunk's gradients, `ring_allreduce_seconds` over the link `compile_plan` gives that
         ring: `link` when the replicas of the rank share a node, else `network`; the faster of the
         two where the candidate keeps an explicit placement of the base."""
-        D, K = cand.data_parallel, cand.stages
+        D, K, T = cand.data_parallel, cand.stages, cand.tensor_parallel
         if D <= 1:
             return np.zeros(K), np.zeros(K)
         hw = self.base.hardware
         network = hw.network or hw.link
         placed = hw.placement is not None and not cand.clears("hardware.placement")
-        per_node = hw.devices_per_node or D * K
+        per_node = hw.devices_per_node or T * D * K
         out = []
         for r in range(K):
-            ring = [r * D + d for d in range(D)]  # Megatron-LM's order: a stage's replicas side by side
+            # Megatron-LM's order: a stage's replicas side by side, each on T devices
+            ring = [T * (r * D + d) for d in range(D)]
             within = len({device // per_node for device in ring}) == 1
             links = [hw.link, network] if placed else [hw.link if within else network]
             bandwidth = max(hw.network_ring_bandwidth() if ln is network else ln.bandwidth for ln in links)
@@ -91,7 +161,8 @@ class CostTable:
         if C < 2 or (hw.placement is not None and not cand.clears("hardware.placement")) or \
                 (hw.stage_to_device is not None and not cand.clears("hardware.stage_to_device")):
             return np.zeros(max(C - 1, 0))
-        per_node = hw.devices_per_node or D * cand.stages
+        T = cand.tensor_parallel
+        per_node = hw.devices_per_node or T * D * cand.stages
         network = hw.network or hw.link
         # a boundary follows any layer but the last
         least = min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1]) * samples
@@ -100,7 +171,7 @@ class CostTable:
             a, b = placement[j], placement[j + 1]
             if a == b:
                 continue
-            if (a * D) // per_node != (b * D) // per_node:
+            if (T * a * D) // per_node != (T * b * D) // per_node:
                 ln = network
             else:
                 ln = hw.link_between(min(a, b)) if abs(a - b) == 1 else hw.link
@@ -114,8 +185,8 @@ class CostTable:
         return t.dtype_bytes + t.dtype_bytes + sharded
 
     def time_weights(self, largest: int, remat: str) -> list[float]:
-        """What the "time" partition balances, as `compile_plan` computes it."""
-        tt = self.times(largest)
+        """What the "time" partition balances, as `compile_plan` computes it (kernels only)."""
+        tt = self.compute_times(largest)
         factor = 0.0 if remat == "none" else 1.0
         return (tt[:, 0] * (1 + factor) + tt[:, 1]).tolist()
 
@@ -134,11 +205,22 @@ class Work:
     largest: int  # samples in the largest micro-batch
     smallest: int  # samples in the smallest micro-batch
 
+    @cached_property
+    def total(self) -> float:
+        """Compute seconds of a replica over every layer."""
+        return float(self.work.sum())
+
+    @cached_property
+    def chain(self) -> float:
+        """One micro-batch's forward and backward through every layer."""
+        return float(self.forward.sum() + self.backward.sum())
+
 
 def candidate_work(costs: CostTable, cand: Candidate) -> Work:
     """The candidate's `Work`: it depends on D, M, remat and ZeRO only (not K, v, the schedule
     or the partition), so one serves every candidate sharing those four. Micro-batches of the
     same size and re-computation are summed once, times their number."""
+    costs = costs.of(cand)
     D, M = cand.data_parallel, cand.micro_batches
     remat, zero = cand.remat, cand.zero
     size, extra = divmod(costs.base.pipeline.batch_size // D, M)  # as `micro_batch_sizes` splits
@@ -154,10 +236,9 @@ def candidate_work(costs: CostTable, cand: Candidate) -> Work:
                 groups[key] = groups.get(key, 0) + count
     work, trail = update, update
     for (b, recompute), n in sorted(groups.items()):
-        tt = costs.times(b)
-        back = np.minimum(tt[:, 1], tt[:, 2] + tt[:, 3])
-        work = work + n * (tt[:, 0] * (1.0 + recompute) + back)
-        trail = trail + n * tt[:, 3]
+        per_pass, weight = costs.pass_terms(b, recompute)
+        work = work + n * per_pass
+        trail = trail + n * weight
     small = costs.times(min(sizes))
     return Work(work, trail, small[:, 0].copy(), np.minimum(small[:, 1], small[:, 2]), max(sizes), min(sizes))
 
@@ -169,10 +250,11 @@ def coarse_bounds(costs: CostTable, cand: Candidate, work: Work) -> tuple[float,
     activations of one micro-batch per chunk); the step one the first terms of
     `step_lower_bound`: the mean busy time of a rank and one micro-batch's forward and backward
     chain."""
+    costs = costs.of(cand)
     D, K, v = cand.data_parallel, cand.stages, cand.chunks
-    static = costs.params.sum() * costs.static_per_param(D, cand.zero)
-    memory = (static + float(costs.act.sum()) * work.largest / v) / K
-    step = max(float(work.work.sum()) / K, float(work.forward.sum() + work.backward.sum()))
+    static = costs.params_sum * costs.static_per_param(D, cand.zero)
+    memory = (static + costs.act_sum * work.largest / v) / K
+    step = max(work.total / K, work.chain)
     return memory * _SLACK, step * _SLACK
 
 
@@ -238,6 +320,7 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
     once (`held_samples`) instead of one micro-batch: static(rank) + the most its chunks hold at
     one moment (or, where the moments are too many to list, the most one chunk holds); exactly
     minimised over the partitions (per chunk) when the counts are not given."""
+    costs = costs.of(cand)
     D, K = cand.data_parallel, cand.stages
     static = costs.params * costs.static_per_param(D, cand.zero)
     h, per_rank = held_samples(cand, costs.base.pipeline.batch_size)
@@ -276,6 +359,7 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
     (S + A/v)/K for the fullest of K ranks, and at least the static + act of any one chunk,
     minimised over the partitions (exactly, by `min_max_partition`) when the counts are not given.
     """
+    costs = costs.of(cand)
     D, K, v = cand.data_parallel, cand.stages, cand.chunks
     M = cand.micro_batches
     largest = max(micro_batch_sizes(costs.base.pipeline.batch_size // D, M))
@@ -315,6 +399,7 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
     Every chain also crosses the chunk boundaries before c* (each way): + the transfer time of
     each (`CostTable.hops`). Without counts, the per-rank terms (at least those of c* alone) are
     minimised over the partitions exactly (`min_max_partition`)."""
+    costs = costs.of(cand)
     w = work or candidate_work(costs, cand)
     K, v = cand.stages, cand.chunks
     T = float(w.work.sum())
@@ -364,6 +449,7 @@ def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
     (or full backward) pass one micro-batch still goes backward through those chunks while the
     rank runs what follows in its program. With D > 1, the all-reduce of the chunk of the rank's
     last backward pass starts after it, and the update waits for it."""
+    costs = costs.of(cand)
     prog = plan_.program
     K, C = len(plan_.ranks), len(plan_.chunks)
     compute = np.isin(prog.kind, _COMPUTE_CODES)
@@ -405,6 +491,7 @@ def quick_counts(costs: CostTable, cand: Candidate, largest: int) -> list[int] |
     """The layer counts of a "uniform" or "time" partition without compiling (as compile resolves
     them, timing micro-batches of `largest` samples); None for the methods that need the
     schedule's memory table."""
+    costs = costs.of(cand)
     method = cand.partition
     if method not in ("uniform", "time"):
         return None

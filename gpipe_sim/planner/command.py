@@ -59,16 +59,26 @@ def _share(flag: str, text: str | None, memory_bytes: float = math.inf) -> float
                         f"{' or a size such as 4 GiB' if math.isfinite(memory_bytes) else ''}, got {raw[:40]!r}")
 
 
-def _stages(text: str | None) -> tuple[int, ...] | None:
-    """--stages: "1,2,4" or a range "2-8" (or both: "1,4-8")."""
+def _stages(text: str | None, flag: str = "--stages") -> tuple[int, ...] | None:
+    """--stages (or --tensor-parallel): "1,2,4" or a range "2-8" (or both: "1,4-8")."""
     if text is None:
         return None
     out: list[int] = []
     for item in (part.strip() for part in text.split(",")):
         low, _, high = item.partition("-")
-        first = _count("--stages", low, 1, MAX_DEVICES)
-        out.extend(range(first, _count("--stages", high, first, MAX_DEVICES) + 1) if high else [first])
+        first = _count(flag, low, 1, MAX_DEVICES)
+        out.extend(range(first, _count(flag, high, first, MAX_DEVICES) + 1) if high else [first])
     return tuple(sorted(set(out)))
+
+
+def _tensor_parallel(text: str | None) -> tuple[int, ...] | None:
+    """--tensor-parallel: T values ("1,2,4") or a range ("1-8": its powers of two)."""
+    values = _stages(text, "--tensor-parallel")
+    if values is None:
+        return None
+    if text is not None and "-" in text:
+        values = tuple(t for t in values if not t & (t - 1)) or values
+    return values
 
 
 def _progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
@@ -101,7 +111,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     2 on bad input (one line naming the option)."""
     from gpipe_sim.spec.command_scenario import load_command_scenario
     from gpipe_sim.planner.report import plan_json, plan_text, write_csv, write_html
-    from gpipe_sim.planner.search import DEFAULT_RESERVE, TIE, PlanOptions, check_options, device_pairs, plan
+    from gpipe_sim.planner.search import DEFAULT_RESERVE, TIE, PlanOptions, check_options, device_layouts, plan
 
     devices = _count("--devices", args.devices)
     top = _count("--top", args.top, 1, 10_000)
@@ -117,11 +127,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         tie=TIE if args.tie is None else _share("--tie", args.tie),
         reserve=DEFAULT_RESERVE if reserve is None else reserve,
         headroom=_share("--headroom", args.headroom) or 0.0,
+        tensor_parallel=_tensor_parallel(args.tensor_parallel), sequence_parallel=args.sequence_parallel,
     )
     check_options(options)
-    if not device_pairs(scenario, options):
+    if not device_layouts(scenario, options):
         raise ScenarioError(
-            f"--devices: no D x K = {devices:,} suits this scenario (K at most its layers"
+            f"--devices: no T x D x K = {devices:,} suits this scenario (K at most its layers"
             f"{', K in --stages' if options.stages else ''}, D dividing the global batch of "
             f"{scenario.pipeline.batch_size}); try --fewer-devices")
     update, stop = _progress() if not args.quiet else (None, lambda: None)
@@ -149,7 +160,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `plan` to the gpipe-sim command line."""
     p = subparsers.add_parser(
-        "plan", help="the fastest configurations (D x K, v, M, schedule, remat, partition, ZeRO) that fit N devices",
+        "plan", help="the fastest configurations (T x D x K, v, M, schedule, remat, partition, ZeRO) that fit N devices",
         description="Search every configuration of the scenario's model, hardware and global batch on N devices "
                     "and rank those that fit by throughput. Exit status 1 when none fits.")
     p.add_argument("scenario", nargs="?", help="scenario YAML (default: scenarios/default.yaml)")
@@ -179,6 +190,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                      "a hardware reserving as much already is kept)")
     p.add_argument("--headroom", help="minimum share of the usable memory left free by a configuration "
                                       "(default 0)")
+    p.add_argument("--tensor-parallel", metavar="T",
+                   help="T values tried: comma-separated or a range of powers of two (e.g. 1,2 or 1-8; default: "
+                        "1 and every power of two up to a node's devices that divides the model's heads and d_ff)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="configurations with T > 1 use sequence parallelism (default: the scenario's setting)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_set_option(p)
     p.set_defaults(func=cmd_plan)

@@ -13,12 +13,15 @@ from gpipe_sim.api import model_figures
 from gpipe_sim.results.result import NO_FIGURES, ModelFigures
 from gpipe_sim.spec.units import format_bytes, format_seconds
 from gpipe_sim.planner.search import AXES, DATA_PARALLEL, Candidate, PlanEntry, PlanSearch
+from gpipe_sim.planner.tp_choice import searched_tp, tp_text
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 GIB = 2.0**30
-COLUMNS = ("rank", "D", "K", "v", "M", "schedule", "remat", "partition", "zero", "step", "vs fastest", "samples/s",
+# the axes as the table, CSV and configuration text show them: T first (devices = T x D x K)
+SHOWN_AXES = ("T", "D", "K", "v", "M", "schedule", "remat", "partition", "zero")
+COLUMNS = ("rank", "T", "D", "K", "v", "M", "schedule", "remat", "partition", "zero", "step", "vs fastest", "samples/s",
            "per device", "tokens/s", "TFLOP/s/dev", "MFU", "bubble", "exposed AR", "peak / capacity", "limiter",
            "alike")
 _LEFT = {"schedule", "remat", "partition", "peak / capacity", "limiter", "alike"}  # the rest: right-justified
@@ -53,7 +56,7 @@ def entry_row(rank: int, e: PlanEntry, figures: ModelFigures | None = None) -> l
     layers timed in seconds)."""
     q = entry_figures(e, figures)
     tokens, tflops, mfu = q["tokens_per_s"], q["tflops_per_device"], q["mfu"]
-    return [str(rank), *(_axis_text(e, k) for k in AXES), format_seconds(e.step_time_s),
+    return [str(rank), *(_axis_text(e, k) for k in SHOWN_AXES), format_seconds(e.step_time_s),
             f"+{e.vs_fastest:.1%}" if e.vs_fastest > 0 else "fastest",
             f"{e.throughput_samples_per_s:,.2f}", f"{e.throughput_per_device:,.2f}",
             "-" if tokens is None else f"{tokens:,.0f}", "-" if tflops is None else f"{tflops:,.1f}",
@@ -76,7 +79,8 @@ def choice_text(search: PlanSearch) -> str:
     if not search.order:
         return ""
     return (f"rows 1-{search.tied} are within {o.tie:.0%} of the fastest step, the model's error "
-            f"(docs/accuracy.md), so a tie: ordered simplest first (fewer stages, no re-computation, no "
+            f"(docs/accuracy.md), so a tie: ordered simplest first (T=1, then smaller T, fewer stages, no "
+            f"re-computation, no "
             f"ZeRO, v=1, even M, plainer schedule), then by memory headroom; row 1 is the pick"
             if search.tied > 1 else "row 1 is the fastest; nothing else is within "
             f"{o.tie:.0%} of its step")
@@ -121,7 +125,7 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
     figures = search_figures(search)
     lines = [f"plan: {search.options.devices} device{'s' if search.options.devices != 1 else ''}"
              f"{' or fewer' if search.options.fewer_devices else ''}, global batch {search.base.pipeline.batch_size}, "
-             f"{figures.parameters:,} parameters"]
+             f"{figures.parameters:,} parameters{_tp_header(search)}"]
     lines.append(memory_text(search))
     if search.order:
         rows = [list(COLUMNS)] + [entry_row(i + 1, e, figures) for i, e in enumerate(search.order[:top])]
@@ -130,6 +134,9 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
             lines.append("  ".join(cell.ljust(w) if name in _LEFT else cell.rjust(w)
                                    for name, cell, w in zip(COLUMNS, r, widths)).rstrip())
         lines.append(choice_text(search))
+        why_t = tp_text(search, config_text)
+        if why_t:
+            lines.append(why_t)
         if any(not e.even for e in search.order[:top]):
             lines.append(f"{UNEVEN}: M does not divide the per-replica batch: micro-batches differ by one sample "
                          "(--even-m: only M that divide it)")
@@ -138,6 +145,15 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
     lines.append(counts_text(search))
     lines.extend(f"note: {n}" for n in search.notes)
     return "\n".join(lines)
+
+
+def _tp_header(search: PlanSearch) -> str:
+    """", T in 1, 2, 4 (sequence parallel)" when the search tried T > 1."""
+    values = searched_tp(search)
+    if len(values) < 2:
+        return ""
+    sp = " (sequence parallel)" if search.base.pipeline.sequence_parallel else ""
+    return f", T in {', '.join(map(str, values))}{sp}"
 
 
 def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
@@ -153,6 +169,8 @@ def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
         "configs_per_second": search.configs_per_second,
         **figures.to_dict(),  # parameters, model_flops_per_step, tokens_per_step, peak_flops_per_device
         "tie": o.tie, "reserve": o.reserve, "headroom": o.headroom, "limit_bytes": _finite(search.limit_bytes),
+        "tensor_parallel": searched_tp(search),
+        "sequence_parallel": search.base.pipeline.sequence_parallel, "why_tensor_parallel": tp_text(search, config_text) or None,
         "tied": search.tied, "pick": entry_dict(search.pick, figures) if search.pick else None,
         "ranked": [entry_dict(e, figures) for e in search.order[:top]],
         "pareto_front": [entry_dict(e, figures) for e in search.front],
@@ -169,7 +187,7 @@ def plan_json(search: PlanSearch, top: int = 10) -> str:
     return json.dumps(plan_dict(search, top), indent=2, allow_nan=False)
 
 
-CSV_AXES = ("D", "K", "v", "M", "schedule", "remat", "partition", "zero")
+CSV_AXES = SHOWN_AXES
 
 
 def _reason(code: str, figure: float, limit: float) -> str:
@@ -186,7 +204,7 @@ def _reason(code: str, figure: float, limit: float) -> str:
 
 
 def _candidate_axes(c: Candidate) -> dict[str, Any]:
-    axes = dict(zip(CSV_AXES, c.axes()))
+    axes = dict(zip(AXES, c.axes()))
     if c.stages == 1:
         axes.update(schedule=DATA_PARALLEL, v=None, partition=None)
     return axes
@@ -211,8 +229,9 @@ def csv_rows(search: PlanSearch) -> list[dict[str, Any]]:
     for i in sorted(search.pruned):
         rows.append({"rank": "", "status": "pruned", "reason": _reason(*search.pruned[i]),
                      **_candidate_axes(search.candidates[i])})
-    for D, K, v, M, name, why in search.rejected:
-        rows.append({"rank": "", "status": "refused", "reason": why, "D": D, "K": K, "v": v, "M": M,
+    for D, K, v, M, name, why, *rest in search.rejected:
+        rows.append({"rank": "", "status": "refused", "reason": why, "T": rest[0] if rest else 1,
+                     "D": D, "K": K, "v": v, "M": M,
                      "schedule": name, "remat": "any", "partition": "any", "zero": "any"})
     return rows
 
@@ -230,11 +249,11 @@ def write_csv(search: PlanSearch, path: str | Path) -> None:
 
 
 def config_text(e: PlanEntry) -> str:
-    """The configuration in words: "D=16, K=1, data parallel, M=16, remat=none, zero=0" at K=1."""
+    """The configuration in words: "T=1, D=16, K=1, data parallel, M=16, remat=none, zero=0" at K=1."""
     if e.data_parallel_only:
-        return (f"D={e.get('D')}, K=1, data parallel, M={e.get('M')}{'' if e.even else UNEVEN}, "
+        return (f"T={e.get('T')}, D={e.get('D')}, K=1, data parallel, M={e.get('M')}{'' if e.even else UNEVEN}, "
                 f"remat={e.get('remat')}, zero={e.get('zero')}")
-    return ", ".join(f"{k}={_axis_text(e, k)}" for k in AXES)
+    return ", ".join(f"{k}={_axis_text(e, k)}" for k in SHOWN_AXES)
 
 
 def pareto_figure(entries: Sequence[PlanEntry], front: Sequence[PlanEntry], capacity_bytes: float,
@@ -297,7 +316,7 @@ def plan_html(search: PlanSearch, top: int = 10, title: str = "gpipe-sim plan") 
                        + "</tr>"
                        for i, e in enumerate(search.order[:top]))
         table = (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-                 f"<p>{html.escape(choice_text(search))}</p>")
+                 f"<p>{html.escape(choice_text(search))}</p><p>{html.escape(tp_text(search, config_text))}</p>")
     else:
         table = f"<p><b>{html.escape(nothing_fits_text(search))}</b></p>"
     chart = pareto_figure(search.simulated_entries, search.front, search.capacity_bytes,

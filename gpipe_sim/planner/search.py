@@ -1,9 +1,10 @@
-"""The planner: the fastest configuration (D x K, v, M, schedule, remat, partition, ZeRO) that fits N devices."""
+"""The planner: the fastest configuration (T x D x K, v, M, schedule, remat, partition, ZeRO) that fits N devices."""
 
 from __future__ import annotations
 
 import heapq
 import math
+import operator
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,88 +19,22 @@ from gpipe_sim.planner.bounds import (
     CostTable, Work, candidate_work, chunk_placement, coarse_bounds, held_memory_bound, held_samples,
     memory_lower_bound, min_max_partition, program_step_bound, quick_counts, step_lower_bound,
 )
+from gpipe_sim.planner.entries import (
+    LIMITERS, MEMORY_LIMITED, NEGLIGIBLE_LOSS, PlanEntry, _copy_entry, _entry, collapse_alike, limiter_of,
+    pareto_front,
+)
 from gpipe_sim.planner.space import (
     AXES, DATA_PARALLEL, DATA_PARALLEL_SCHEDULE, DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, Candidate, PlanOptions,
-    candidate_space, check_options, device_pairs, enumerate_candidates,
+    candidate_space, check_options, device_layouts, device_pairs, enumerate_candidates, tensor_parallel_values,
 )
 
 __all__ = [
     "AXES", "DATA_PARALLEL", "DATA_PARALLEL_SCHEDULE", "DEFAULT_PARTITIONS", "DEFAULT_RESERVE", "LIMITERS", "MEMORY_LIMITED", "NEGLIGIBLE_LOSS", "Candidate", "CostTable",
-    "PlanEntry", "PlanOptions", "PlanSearch", "candidate_space", "check_options", "collapse_alike", "device_pairs",
+    "PlanEntry", "PlanOptions", "PlanSearch", "candidate_space", "check_options", "collapse_alike", "device_layouts", "device_pairs",
     "enumerate_candidates", "held_memory_bound", "held_samples", "limiter_of", "memory_lower_bound",
     "min_max_partition", "pareto_front", "plan", "preference", "program_step_bound", "reserved_base",
-    "step_lower_bound", "TIE",
+    "step_lower_bound", "tensor_parallel_values", "TIE",
 ]
-
-LIMITERS = ("bubble", "imbalance", "memory", "communication", "compute")
-MEMORY_LIMITED = 0.9  # a configuration whose peak is at least this share of the capacity is memory-limited
-NEGLIGIBLE_LOSS = 0.05  # device-time losses below this share of the step: the configuration is compute-bound
-
-
-@dataclass
-class PlanEntry:
-    """One simulated configuration: its overrides of the base scenario and its figures."""
-
-    index: int  # position in `enumerate_candidates` order
-    overrides: dict[str, Any]
-    step_time_s: float
-    throughput_samples_per_s: float
-    devices: int
-    bubble_fraction: float
-    imbalance_fraction: float
-    exposed_allreduce_s: float
-    peak_memory_bytes: float
-    capacity_bytes: float
-    fits: bool
-    limiter: str
-    result: Result | None = None  # kept for the top entries only
-    alike: int = 0  # other configurations with the same figures (one compiled program under other names)
-    even: bool = True  # M divides the per-replica batch (else micro-batches differ by one sample)
-    vs_fastest: float = 0.0  # step time over the fastest fitting one's, less 1
-    tied: bool = False  # within the tie of the fastest (`PlanOptions.tie`)
-
-    @property
-    def signature(self) -> tuple[Any, ...]:
-        """What tells configurations apart in the ranking: D, K, M, ZeRO and the figures. Names that
-        compile to the same program (at K=1 most schedules, v and remat modes) share one signature."""
-        return (self.overrides["pipeline.data_parallel"], self.overrides["pipeline.stages"],
-                self.overrides["pipeline.micro_batches"], self.overrides["training.zero"],
-                float(f"{self.step_time_s:.12g}"), float(f"{self.peak_memory_bytes:.12g}"))
-
-    @property
-    def throughput_per_device(self) -> float:
-        return self.throughput_samples_per_s / max(1, self.devices)
-
-    def get(self, key: str) -> Any:
-        """An axis of the configuration by its short name (D, K, v, M, schedule, remat, partition, zero)."""
-        return self.overrides[AXES[key]]
-
-    @property
-    def data_parallel_only(self) -> bool:
-        """K=1: data parallelism with gradient accumulation, no pipeline."""
-        return self.overrides["pipeline.stages"] == 1
-
-    def shown(self, key: str) -> Any:
-        """An axis as reports show it: at K=1 the schedule is "data parallel" and v, the
-        partition are None (no pipeline, one chunk)."""
-        if self.data_parallel_only and key in ("schedule", "v", "partition"):
-            return DATA_PARALLEL if key == "schedule" else None
-        return self.get(key)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain figures (JSON-ready; no Result); the axes as `shown`."""
-        out: dict[str, Any] = {short: self.shown(short) for short in AXES}
-        out.update(even_micro_batches=self.even, vs_fastest=self.vs_fastest, tied=self.tied)
-        out.update(
-            step_time_s=self.step_time_s, throughput_samples_per_s=self.throughput_samples_per_s,
-            throughput_per_device=self.throughput_per_device, devices=self.devices,
-            bubble_fraction=self.bubble_fraction, imbalance_fraction=self.imbalance_fraction,
-            exposed_allreduce_s=self.exposed_allreduce_s, peak_memory_bytes=self.peak_memory_bytes,
-            capacity_bytes=self.capacity_bytes if math.isfinite(self.capacity_bytes) else None,
-            fits=self.fits, limiter=self.limiter, alike=self.alike,
-        )
-        return out
-
 
 @dataclass
 class PlanSearch:
@@ -152,76 +87,6 @@ class PlanSearch:
         return self.enumerated / self.seconds if self.seconds > 0 else float("inf")
 
 
-# ---------------------------------------------------------------------------------------------
-# entries
-
-
-def limiter_of(result: Result) -> str:
-    """What limits a configuration: "memory" when its peak is at least 90% of the capacity, else
-    the largest loss of device time: the pipeline's own idle time ("bubble"), uneven ranks
-    ("imbalance") or waiting for the data-parallel all-reduce ("communication"); "compute" when
-    each of those is under 5% of the step (only faster devices or fewer FLOPs help)."""
-    peak = max(result.device_peak_memory_bytes.values(), default=0.0)
-    if math.isfinite(result.memory_capacity_bytes) and peak >= MEMORY_LIMITED * result.memory_capacity_bytes:
-        return "memory"
-    comm = result.exposed_allreduce_s / result.step_time_s if result.step_time_s > 0 else 0.0
-    losses = {"bubble": max(0.0, result.busiest_idle_fraction - comm),
-              "imbalance": result.imbalance_fraction, "communication": comm}
-    worst = max(losses, key=lambda k: losses[k])
-    return worst if losses[worst] >= NEGLIGIBLE_LOSS else "compute"
-
-
-def _entry(index: int, cand: Candidate, result: Result, limit: float = math.inf) -> PlanEntry:
-    """The entry of a candidate simulated as `result` (which it keeps); it fits when the result
-    does and its peak is at most `limit` (the capacity less the headroom)."""
-    peak = max(result.device_peak_memory_bytes.values(), default=0.0)
-    share = result.batch_size // cand.data_parallel
-    return PlanEntry(
-        index=index, overrides=cand.overrides(), step_time_s=result.step_time_s,
-        throughput_samples_per_s=result.throughput_samples_per_s, devices=cand.devices,
-        bubble_fraction=result.bubble_fraction, imbalance_fraction=result.imbalance_fraction,
-        exposed_allreduce_s=result.exposed_allreduce_s, peak_memory_bytes=peak,
-        capacity_bytes=result.memory_capacity_bytes, fits=result.fits_in_memory and peak <= limit,
-        limiter=limiter_of(result), result=result, even=share % cand.micro_batches == 0,
-    )
-
-
-def _copy_entry(entry: PlanEntry, index: int, cand: Candidate) -> PlanEntry:
-    """`entry`'s figures (and Result) under another candidate that compiles to the same plan."""
-    return PlanEntry(index=index, overrides=cand.overrides(), step_time_s=entry.step_time_s,
-                     throughput_samples_per_s=entry.throughput_samples_per_s, devices=entry.devices,
-                     bubble_fraction=entry.bubble_fraction, imbalance_fraction=entry.imbalance_fraction,
-                     exposed_allreduce_s=entry.exposed_allreduce_s, peak_memory_bytes=entry.peak_memory_bytes,
-                     capacity_bytes=entry.capacity_bytes, fits=entry.fits, limiter=entry.limiter,
-                     result=entry.result, even=entry.even)
-
-
-def pareto_front(entries: Sequence[PlanEntry]) -> list[PlanEntry]:
-    """The entries no other beats on both throughput (higher) and peak memory (lower), by peak."""
-    front: list[PlanEntry] = []
-    best = -math.inf
-    for e in sorted(entries, key=lambda e: (e.peak_memory_bytes, -e.throughput_samples_per_s, e.index)):
-        if e.throughput_samples_per_s > best:
-            front.append(e)
-            best = e.throughput_samples_per_s
-    return front
-
-
-def collapse_alike(ranked: Sequence[PlanEntry]) -> list[PlanEntry]:
-    """`ranked` with every entry whose signature an earlier (better, or equal and first enumerated)
-    entry has dropped; the kept entry's `alike` counts the dropped ones. The threshold of the search
-    counts signatures, so the first `top` of this list are exact too."""
-    kept: dict[tuple[Any, ...], PlanEntry] = {}
-    for e in sorted(ranked, key=lambda e: (-e.throughput_samples_per_s, e.index)):
-        first = kept.get(e.signature)
-        if first is None:
-            e.alike = 0
-            kept[e.signature] = e
-        else:
-            first.alike += 1
-    return list(kept.values())
-
-
 def _simulate(plan_: Plan) -> Result:
     """What `gpipe_sim.api.simulate(scenario, "auto")` gives: the fast evaluator, exact where no
     device or link is shared, else the SimPy engine."""
@@ -241,7 +106,10 @@ def _dedup_key(cand: Candidate, counts: Sequence[int]) -> tuple[Any, ...]:
 
 def reserved_base(base: Scenario, options: PlanOptions) -> Scenario:
     """`base` with at least `options.reserve` of each device's memory held back: its usable share
-    lowered to 1 - reserve where it is above (a hardware that already leaves as much is kept)."""
+    lowered to 1 - reserve where it is above (a hardware that already leaves as much is kept);
+    with `options.sequence_parallel`, sequence parallelism on (it changes nothing at T = 1)."""
+    if options.sequence_parallel and not base.pipeline.sequence_parallel:
+        base = base.with_updates({"pipeline.sequence_parallel": True})
     accel = base.hardware.accelerator
     usable = 1.0 - options.reserve
     if not math.isfinite(accel.memory_bytes) or accel.usable_memory_fraction <= usable:
@@ -256,12 +124,13 @@ _SCHEDULE_ORDER = ("1f1b", "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "inter
 
 
 def structure(cand: Candidate, batch: int) -> tuple[Any, ...]:
-    """The part of `preference` known before simulating: fewer stages, no re-computation, no
-    ZeRO, one chunk per rank, even micro-batches, the plainer schedule and partition."""
+    """The part of `preference` known before simulating: no tensor parallelism (then the smaller
+    T), fewer stages, no re-computation, no ZeRO, one chunk per rank, even micro-batches, the
+    plainer schedule and partition."""
     name = cand.schedule
     rank = _SCHEDULE_ORDER.index(name) if name in _SCHEDULE_ORDER else len(_SCHEDULE_ORDER)
     even = (batch // cand.data_parallel) % cand.micro_batches == 0
-    return (cand.stages, _REMAT_ORDER.get(cand.remat, 3), cand.zero, cand.chunks, not even, rank,
+    return (cand.tensor_parallel, cand.stages, _REMAT_ORDER.get(cand.remat, 3), cand.zero, cand.chunks, not even, rank,
             cand.partition != "uniform")
 
 
@@ -275,28 +144,32 @@ def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
 _Queued = tuple[float, int, "list[int] | None", bool]
 
 
+# a candidate's (T, D, M, remat, ZeRO) and (K, v): what its coarse bounds depend on
+_WORK_KEY = operator.itemgetter(8, 0, 3, 5, 7)
+_SHAPE_KEY = operator.itemgetter(1, 2)
+
+
 def _coarse_queue(costs: CostTable, candidates: Sequence[Candidate], pruned: dict[int, tuple[str, float, float]]
                   ) -> list[_Queued]:
     """Every candidate whose partition-free memory bound fits (the others noted in `pruned`),
-    with its coarse step-time bound (`coarse_bounds`: they depend on D, M, remat, ZeRO, K and v
-    only, computed once per such group), as a heap."""
-    works: dict[Any, Work] = {}
-    bounds: dict[Any, tuple[float, float]] = {}
+    with its coarse step-time bound (`coarse_bounds`: they depend on T, D, M, remat, ZeRO, K and
+    v only, computed once per such group), as a heap."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, key in enumerate(map(_WORK_KEY, candidates)):
+        groups.setdefault(key, []).append(i)
     queue: list[_Queued] = []
-    for i, cand in enumerate(candidates):
-        wkey = (cand.data_parallel, cand.micro_batches, cand.remat, cand.zero)
-        key = (wkey, cand.stages, cand.chunks)
-        got = bounds.get(key)
-        if got is None:
-            w = works.get(wkey)
-            if w is None:
-                w = works[wkey] = candidate_work(costs, cand)
-            got = bounds[key] = coarse_bounds(costs, cand, w)
-        mem, step = got
-        if mem > costs.capacity:
-            pruned[i] = ("memory", mem, costs.capacity)
-        else:
-            queue.append((step, i, None, False))
+    cap = costs.capacity
+    for members in groups.values():
+        w = candidate_work(costs, candidates[members[0]])
+        shapes: dict[tuple[int, int], list[int]] = {}
+        for i in members:
+            shapes.setdefault(_SHAPE_KEY(candidates[i]), []).append(i)
+        for indices in shapes.values():
+            mem, step = coarse_bounds(costs, candidates[indices[0]], w)
+            if mem > cap:
+                pruned.update((i, ("memory", mem, cap)) for i in indices)
+            else:
+                queue.extend((step, i, None, False) for i in indices)
     heapq.heapify(queue)
     return queue
 
@@ -313,7 +186,7 @@ class _Refiner:
     def __call__(self, cand: Candidate) -> tuple[float, float, list[int] | None]:
         """(memory bound, step-time bound, counts or None)."""
         costs = self.costs
-        wkey = (cand.data_parallel, cand.micro_batches, cand.remat, cand.zero)
+        wkey = (cand.tensor_parallel, cand.data_parallel, cand.micro_batches, cand.remat, cand.zero)
         w = self.works.get(wkey)
         if w is None:
             w = self.works[wkey] = candidate_work(costs, cand)

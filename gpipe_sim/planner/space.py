@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.schedule import SCHEDULES
@@ -29,7 +29,9 @@ DATA_PARALLEL = "data parallel"
 # the axes of a configuration: short name -> the dotted scenario field it overrides (in this order)
 AXES = {"D": "pipeline.data_parallel", "K": "pipeline.stages", "v": "pipeline.chunks",
         "M": "pipeline.micro_batches", "schedule": "pipeline.schedule", "remat": "pipeline.remat",
-        "partition": "pipeline.partition", "zero": "training.zero"}
+        "partition": "pipeline.partition", "zero": "training.zero", "T": "pipeline.tensor_parallel"}
+# T = 1 where an overrides dict (written before T was an axis) does not name it
+_OPTIONAL_AXES = {"pipeline.tensor_parallel": 1}
 # hardware fields of the base a candidate may clear (override with None), in this order
 CLEARABLE = ("hardware.placement", "hardware.stage_to_device", "hardware.links")
 
@@ -55,12 +57,16 @@ class PlanOptions:
     tie: float = TIE  # step times within this share of the fastest are a tie (broken by `preference`)
     reserve: float = DEFAULT_RESERVE  # share of each device's memory kept free of the simulated peak
     headroom: float = 0.0  # share of the usable capacity (after the reserve) that must stay free
+    # T values tried (None: every power of two up to a node's devices that the model splits; T=1 always)
+    tensor_parallel: tuple[int, ...] | None = None
+    sequence_parallel: bool = False  # T > 1 with sequence parallelism (else the scenario's own setting)
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One configuration of the space: D replicas of a K-stage pipeline of v chunks per stage, M
-    micro-batches, and the schedule, remat mode, partition method and ZeRO stage; `cleared` names
+class Candidate(NamedTuple):
+    """One configuration of the space (an immutable named tuple, cheap to make by the hundred
+    thousand): D replicas of a K-stage pipeline of v chunks per stage, M
+    micro-batches, the schedule, remat mode, partition method and ZeRO stage, and T devices per
+    rank (tensor parallelism); `cleared` names
     the hardware fields of the base (of `CLEARABLE`) that no longer fit D x K and are set to None."""
 
     data_parallel: int  # D
@@ -71,12 +77,13 @@ class Candidate:
     remat: str
     partition: str
     zero: int
+    tensor_parallel: int = 1  # T
     cleared: tuple[str, ...] = ()
 
     @property
     def devices(self) -> int:
-        """D * K."""
-        return self.data_parallel * self.stages
+        """T * D * K."""
+        return self.tensor_parallel * self.data_parallel * self.stages
 
     @property
     def data_parallel_only(self) -> bool:
@@ -89,8 +96,7 @@ class Candidate:
 
     def axes(self) -> tuple[Any, ...]:
         """The values of the axes, in `AXES` order."""
-        return (self.data_parallel, self.stages, self.chunks, self.micro_batches, self.schedule,
-                self.remat, self.partition, self.zero)
+        return tuple(self[:9])
 
     def overrides(self) -> dict[str, Any]:
         """The dotted overrides of the base scenario that make this configuration: the axes in
@@ -102,12 +108,12 @@ class Candidate:
     @classmethod
     def from_overrides(cls, overrides: Mapping[str, Any]) -> "Candidate":
         """The candidate whose `overrides()` equal these: every `AXES` field, plus hardware fields
-        of `CLEARABLE` set to None; ValueError on a missing axis or any other key."""
-        missing = [name for name in AXES.values() if name not in overrides]
+        of `CLEARABLE` set to None (T may be left out: 1); ValueError on a missing axis or any other key."""
+        missing = [name for name in AXES.values() if name not in overrides and name not in _OPTIONAL_AXES]
         other = [k for k in overrides if k not in AXES.values() and not (k in CLEARABLE and overrides[k] is None)]
         if missing or other:
             raise ValueError(f"not a planner candidate: missing {missing}, unexpected {other}")
-        return cls(*(overrides[name] for name in AXES.values()),
+        return cls(*(overrides.get(name, _OPTIONAL_AXES.get(name)) for name in AXES.values()),
                    cleared=tuple(k for k in overrides if k in CLEARABLE))
 
 
@@ -133,6 +139,9 @@ def check_options(options: PlanOptions) -> None:
         raise ScenarioError(f"--max-chunks: must be >= 1, got {options.max_chunks}")
     if options.top < 1:
         raise ScenarioError(f"--top: must be >= 1, got {options.top}")
+    if options.tensor_parallel is not None and (not options.tensor_parallel or any(
+            isinstance(t, bool) or not isinstance(t, int) or t < 1 or t & (t - 1) for t in options.tensor_parallel)):
+        raise ScenarioError(f"--tensor-parallel: expected powers of two (1, 2, 4, 8, ...), got {options.tensor_parallel}")
     if options.stages is not None and (not options.stages or any(k < 1 for k in options.stages)):
         raise ScenarioError(f"--stages: expected whole numbers >= 1, got {options.stages}")
     for flag, value, high in (("--tie", options.tie, 1.0), ("--reserve", options.reserve, 0.99),
@@ -141,13 +150,15 @@ def check_options(options: PlanOptions) -> None:
             raise ScenarioError(f"{flag}: expected a share between 0 and {high:g} (e.g. 5%), got {value!r}")
 
 
-def device_pairs(base: Scenario, options: PlanOptions) -> list[tuple[int, int]]:
-    """(D, K) pairs with D*K = N (or <= N with `fewer_devices`) that the batch and layers allow."""
+def device_pairs(base: Scenario, options: PlanOptions, tensor_parallel: int = 1) -> list[tuple[int, int]]:
+    """(D, K) pairs with T x D x K = N (or <= N with `fewer_devices`) that the batch and layers allow."""
     from gpipe_sim.spec.layers import layer_count
 
     layers = layer_count(base.model)
     batch = base.pipeline.batch_size
-    counts = range(1, options.devices + 1) if options.fewer_devices else [options.devices]
+    T = tensor_parallel
+    counts = range(1, options.devices // T + 1) if options.fewer_devices else \
+        ([options.devices // T] if options.devices % T == 0 else [])
     pairs = []
     for n in counts:
         for K in _divisors(n):
@@ -161,20 +172,43 @@ def device_pairs(base: Scenario, options: PlanOptions) -> list[tuple[int, int]]:
     return pairs
 
 
+def tensor_parallel_values(base: Scenario, options: PlanOptions) -> list[int]:
+    """The T the planner tries: 1, and each power of two up to a node's devices (all N where the
+    hardware has no nodes) that the model splits (the transformer preset, T dividing its heads and
+    d_ff: `tensor_parallel_problem`); only those of `options.tensor_parallel` where given."""
+    from types import SimpleNamespace
+
+    from gpipe_sim.spec.tensor_parallel import tensor_parallel_problem
+
+    hw = base.hardware
+    # the candidate places itself (an explicit device map of the base is cleared for another T)
+    placed = SimpleNamespace(devices_per_node=hw.devices_per_node, placement=None, stage_to_device=None)
+    most = min(options.devices, hw.devices_per_node or options.devices)
+    out = [1] + [1 << i for i in range(1, most.bit_length())
+                 if tensor_parallel_problem(base.model, 1 << i, placed) is None]
+    return [t for t in out if options.tensor_parallel is None or t in options.tensor_parallel]
+
+
+def device_layouts(base: Scenario, options: PlanOptions) -> list[tuple[int, int, int]]:
+    """(T, D, K) with T x D x K = N (or fewer): `device_pairs` for each of `tensor_parallel_values`."""
+    return [(T, D, K) for T in tensor_parallel_values(base, options) for D, K in device_pairs(base, options, T)]
+
+
 def _divisors(n: int) -> list[int]:
     small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
     return sorted(set(small + [n // k for k in small]))
 
 
-def _cleared_hardware(base: Scenario, D: int, K: int) -> tuple[str, ...]:
-    """Hardware fields of the base that no longer fit D x K, to be cleared so the candidate places
-    itself (Megatron-LM's order over D*K devices), in `CLEARABLE` order."""
+def _cleared_hardware(base: Scenario, D: int, K: int, T: int = 1) -> tuple[str, ...]:
+    """Hardware fields of the base that no longer fit T x D x K, to be cleared so the candidate
+    places itself (Megatron-LM's order over its devices), in `CLEARABLE` order."""
     hw, p = base.hardware, base.pipeline
     out: list[str] = []
-    same = (D, K) == (p.data_parallel, p.stages)
+    same_t = T == p.tensor_parallel
+    same = (D, K) == (p.data_parallel, p.stages) and same_t
     if hw.placement is not None and not same:
         out.append("hardware.placement")
-    if hw.stage_to_device is not None and not (same or (D == 1 and len(hw.stage_to_device) == K)):
+    if hw.stage_to_device is not None and not (same or (same_t and D == 1 and len(hw.stage_to_device) == K)):
         out.append("hardware.stage_to_device")
     if hw.links is not None and len(hw.links) != K - 1:
         out.append("hardware.links")
@@ -184,8 +218,9 @@ def _cleared_hardware(base: Scenario, D: int, K: int) -> tuple[str, ...]:
 def candidate_space(base: Scenario, options: PlanOptions,
                     rejected: list[tuple[Any, ...]] | None = None) -> list[Candidate]:
     """Every configuration in the space that the schema and the schedule families accept, in a
-    stable order: D*K, K, schedule (registry order), v, M, remat, partition, zero. Hardware fields
-    of the base that do not fit a (D, K) (an explicit placement, per-pair links) are cleared.
+    stable order: T, D*K, K, schedule (registry order), v, M, remat, partition, zero (T from
+    `tensor_parallel_values`). Hardware fields of the base that do not fit a (T, D, K) (an
+    explicit placement, per-pair links) are cleared.
 
     K=1 is data parallelism (gradient accumulation): one configuration per (M, remat, zero), run
     as `DATA_PARALLEL_SCHEDULE` with v=1 and the first partition method (one chunk: every method
@@ -194,8 +229,8 @@ def candidate_space(base: Scenario, options: PlanOptions,
 
     Which (K, M, v) a family accepts is its own `problem` check; the schema's rules are checked
     once per (D, K, v, schedule) by validating a scenario, and its M rules (M <= batch / D, the
-    pass limit) per M. Where `rejected` is a list, each (D, K, v, M, schedule, reason) refused is
-    appended to it. ScenarioError when the options are malformed (`check_options`)."""
+    pass limit) per M. Where `rejected` is a list, each (D, K, v, M, schedule, reason, T) refused
+    is appended to it. ScenarioError when the options are malformed (`check_options`)."""
     check_options(options)
     from gpipe_sim.spec.layers import layer_count
 
@@ -205,33 +240,34 @@ def candidate_space(base: Scenario, options: PlanOptions,
     remats = options.remat if options.remat is not None else REMAT_MODES
     partitions = options.partitions if options.partitions is not None else DEFAULT_PARTITIONS
     out: list[Candidate] = []
-    for D, K in device_pairs(base, options):
+    for T, D, K in device_layouts(base, options):
         share = batch // D
         zeros = options.zero if options.zero is not None else ((0, 1) if D > 1 else (0,))
         Ms = [m for m in (options.micro_batches or range(1, share + 1)) if 1 <= m <= share]
         if options.even_micro_batches:
             Ms = [m for m in Ms if share % m == 0]
-        cleared = _cleared_hardware(base, D, K)
+        cleared = _cleared_hardware(base, D, K, T)
         groups = [(DATA_PARALLEL_SCHEDULE, 1, partitions[:1])] if K == 1 else \
             [(name, v, partitions) for name in names for v in range(1, options.max_chunks + 1) if K * v <= layers]
         for name, v, parts in groups:
-            accepted = _family_accepts(SCHEDULES[name], D, K, v, name, Ms, rejected)
-            accepted = _schema_accepts(base, D, K, v, name, accepted, cleared, rejected)
-            out.extend(Candidate(D, K, v, M, name, remat, partition, zero, cleared)
+            accepted = _family_accepts(SCHEDULES[name], (D, K, v, T), name, Ms, rejected)
+            accepted = _schema_accepts(base, (D, K, v, T), name, accepted, cleared, rejected)
+            out.extend(Candidate(D, K, v, M, name, remat, partition, zero, T, cleared)
                        for M, remat, partition, zero in itertools.product(accepted, remats, parts, zeros))
     return out
 
 
-def _family_accepts(family: Any, D: int, K: int, v: int, name: str, Ms: list[int],
+def _family_accepts(family: Any, layout: tuple[int, int, int, int], name: str, Ms: list[int],
                     rejected: list[tuple[Any, ...]] | None) -> list[int]:
-    """The Ms the pass limit and the schedule family accept; the others noted in `rejected`."""
+    """The Ms the pass limit and the schedule family accept for (D, K, v, T); the others noted in `rejected`."""
+    D, K, v, T = layout
     accepted = []
     for M in Ms:
         problem = ("over the pass limit" if K * v * M * D > limits.MAX_PASSES else family.problem(K, M, v))
         if problem is None:
             accepted.append(M)
         elif rejected is not None:
-            rejected.append((D, K, v, M, name, f"invalid for the schedule: {problem}"))
+            rejected.append((D, K, v, M, name, f"invalid for the schedule: {problem}", T))
     return accepted
 
 
@@ -239,16 +275,17 @@ def enumerate_candidates(base: Scenario, options: PlanOptions) -> list[dict[str,
     """`candidate_space` as dotted overrides of the base scenario (`Candidate.overrides`, e.g.
     {"pipeline.data_parallel": 1, "pipeline.stages": 2, "pipeline.chunks": 1,
     "pipeline.micro_batches": 4, "pipeline.schedule": "1f1b", "pipeline.remat": "none",
-    "pipeline.partition": "time", "training.zero": 0}, with cleared hardware fields as None), in
+    "pipeline.partition": "time", "training.zero": 0, "pipeline.tensor_parallel": 1}, with cleared hardware fields as None), in
     the same order."""
     return [c.overrides() for c in candidate_space(base, options)]
 
 
-def _schema_accepts(base: Scenario, D: int, K: int, v: int, name: str, Ms: list[int],
+def _schema_accepts(base: Scenario, layout: tuple[int, int, int, int], name: str, Ms: list[int],
                     cleared: tuple[str, ...], rejected: list[tuple[Any, ...]] | None = None) -> list[int]:
-    """The Ms of a (D, K, v, schedule) group the schema accepts: one validation for the group
+    """The Ms of a (D, K, v, T) layout and schedule the schema accepts: one validation for the group
     (its other rules do not depend on M), each M on its own if that one fails (those refused
     noted in `rejected` with the schema's message)."""
+    D, K, v, T = layout
     if not Ms:
         return Ms
 
@@ -256,7 +293,7 @@ def _schema_accepts(base: Scenario, D: int, K: int, v: int, name: str, Ms: list[
         try:
             base.with_updates({"pipeline.data_parallel": D, "pipeline.stages": K, "pipeline.chunks": v,
                                "pipeline.micro_batches": M, "pipeline.schedule": name,
-                               **{field_name: None for field_name in cleared}})
+                               "pipeline.tensor_parallel": T, **{field_name: None for field_name in cleared}})
         except GpipeError as exc:
             return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None
@@ -269,5 +306,5 @@ def _schema_accepts(base: Scenario, D: int, K: int, v: int, name: str, Ms: list[
         if why is None:
             accepted.append(M)
         elif rejected is not None:
-            rejected.append((D, K, v, M, name, f"refused by the scenario schema: {why}"))
+            rejected.append((D, K, v, M, name, f"refused by the scenario schema: {why}", T))
     return accepted
