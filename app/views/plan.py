@@ -14,7 +14,7 @@ from gpipe_sim.spec.scenario import PARTITION_METHODS, parse_scenario
 from gpipe_sim import charts as plots
 from gpipe_sim.planner.report import (
     COLUMNS, choice_text, config_text, counts_text, entry_row, memory_text, nothing_fits_text, pareto_figure,
-    search_figures,
+    search_figures, tp_text,
 )
 from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, PlanSearch, plan
 from gpipe_app.ui_form import PREFIX, scenario_form
@@ -26,7 +26,7 @@ MAX_DEVICES = 4096
 @st.cache_data(max_entries=16, show_spinner="Searching the configurations...")
 def _search(scenario_json: str, options_json: str) -> PlanSearch:
     options = json.loads(options_json)
-    for key in ("schedules", "partitions", "stages"):
+    for key in ("schedules", "partitions", "stages", "tensor_parallel"):
         if options.get(key) is not None:
             options[key] = tuple(options[key])
     return plan(parse_scenario(json.loads(scenario_json)), PlanOptions(**options))
@@ -53,11 +53,12 @@ if notice:
     st.stop()
 if data is None:
     st.stop()
-st.caption("The form's model, hardware and training set the question; the planner searches D x K = N, "
+st.caption("The form's model, hardware and training set the question; the planner searches T x D x K = N, "
            "chunks v, micro-batches M, every schedule, re-materialization, partition and ZeRO, keeps what "
            "fits in memory and ranks it by throughput.")
 c1, c2, c3 = st.columns(3)
-form_devices = int(data["pipeline"]["stages"]) * int(data["pipeline"]["data_parallel"])
+form_devices = (int(data["pipeline"]["stages"]) * int(data["pipeline"]["data_parallel"])
+                * int(data["pipeline"].get("tensor_parallel", 1)))
 devices = c1.number_input("devices N", min_value=1, max_value=MAX_DEVICES, step=1,
                           value=min(max(form_devices, 1), MAX_DEVICES), key="plan.devices")
 batch = c2.number_input("global batch", min_value=1, max_value=1_000_000, step=1,
@@ -87,17 +88,24 @@ with st.expander("Search space", expanded=False):
                             key="plan.max_stages")
     even = k3.checkbox("even M only", value=False, key="plan.even",
                        help="Only micro-batch counts that divide the per-replica batch (others are marked *).")
-if not schedules or not partitions:
-    st.error("Choose at least one schedule and one partition method.", icon=":material/error:")
+    tensor_parallel = st.multiselect(
+        "tensor parallel T", [1, 2, 4, 8, 16], default=[1, 2, 4, 8, 16], key="plan.tensor_parallel",
+        help="T devices per pipeline rank (devices = T x D x K); only the powers of two that fit a node and "
+             "divide the model's heads and d_ff are tried (the transformer preset).")
+    sequence = st.checkbox("sequence parallel (T > 1)", key="plan.sequence_parallel",
+                           value=bool(data["pipeline"].get("sequence_parallel", False)))
+if not schedules or not partitions or not tensor_parallel:
+    st.error("Choose at least one schedule, partition method and T.", icon=":material/error:")
     st.stop()
 
 question = {**data, "pipeline": {**data["pipeline"], "batch_size": int(batch)}}
 question["pipeline"].update({"stages": 1, "data_parallel": 1, "micro_batches": 1, "chunks": 1,
-                             "schedule": "gpipe"})  # a valid base: the planner replaces these
+                             "schedule": "gpipe", "tensor_parallel": 1})  # a valid base: the planner replaces these
 question["hardware"] = {k: v for k, v in question["hardware"].items() if k not in ("stage_to_device", "placement")}
 options = {"devices": int(devices), "fewer_devices": bool(fewer), "top": int(top),
            "schedules": list(schedules), "partitions": list(partitions), "tie": float(tie) / 100,
-           "reserve": float(reserve) / 100, "headroom": float(headroom) / 100, "even_micro_batches": bool(even),
+           "reserve": float(reserve) / 100, "tensor_parallel": sorted(int(t) for t in tensor_parallel),
+           "sequence_parallel": bool(sequence), "headroom": float(headroom) / 100, "even_micro_batches": bool(even),
            "stages": None if (int(min_k), int(max_k)) == (1, MAX_DEVICES)
            else list(range(int(min_k), min(int(max_k), int(devices)) + 1))}
 try:
@@ -120,7 +128,8 @@ figures = search_figures(search)
 rows = [entry_row(i + 1, e, figures) for i, e in enumerate(search.order[: int(top)])]
 st.subheader("Ranked configurations")
 st.dataframe(pd.DataFrame(rows, columns=list(COLUMNS)), hide_index=True, key="plan.table")
-st.caption(choice_text(search) + ("; * after M: it does not divide the per-replica batch"
+why = " ".join(t for t in (choice_text(search), tp_text(search, config_text)) if t)
+st.caption(why + ("; * after M: it does not divide the per-replica batch"
                                   if any(not e.even for e in search.order[: int(top)]) else ""))
 labels = {f"#{i + 1}: " + config_text(e): i for i, e in enumerate(search.order[: int(top)])}
 choice = st.selectbox("configuration", list(labels), key="plan.choice")
