@@ -30,13 +30,17 @@ def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
 def _kept_out(search: PlanSearch, T: int, pick: PlanEntry | None) -> str:
     """Why no configuration of this T fits or was simulated: the least memory one needs, or the
     step-time bound that every simulated-free one is at least."""
-    memory, bound = [], []
+    memory, bound, preferred = [], [], 0
     for i, (code, figure, _) in search.pruned.items():
         if search.candidates[i].tensor_parallel == T:
-            (memory if code == "memory" else bound if code in ("bound", "preferred") else []).append(figure)
+            preferred += code == "preferred"
+            (memory if code == "memory" else bound if code == "bound" else []).append(figure)
     memory += [e.peak_memory_bytes for e in search.simulated_entries if e.get("T") == T and not e.fits]
     bound = [b for b in bound if math.isfinite(b)]
     cap = format_bytes(search.limit_bytes)
+    if preferred:
+        return (f"not simulated: {preferred:,} configurations may be within the tie of the fastest, but "
+                "simpler tied ones (a smaller T first) rank before them")
     if bound:
         least = min(bound)
         versus = f" ({least / pick.step_time_s - 1.0:+.1%} on the pick)" if pick and pick.step_time_s > 0 else ""
