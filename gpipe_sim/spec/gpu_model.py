@@ -8,7 +8,7 @@ from typing import Any, Literal, Sequence
 from pydantic import Field, PrivateAttr
 
 from gpipe_sim.spec.fields import Fraction, Seconds, _Strict
-from gpipe_sim.spec.kernels import Flash, Gemm, Kernel, LayerKernels, MemOp
+from gpipe_sim.spec.kernels import Flash, Gemm, Kernel, LayerKernels, MemOp, Softmax
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 OptimizerStep = Literal["for_loop", "foreach", "fused"]
@@ -109,6 +109,8 @@ def kernel_seconds(kernel: Kernel, samples: int, dtype: str, p: int, peak_flops:
         return gemm_seconds(kernel, samples, dtype, p, peak_flops, bandwidth, t)
     if isinstance(kernel, Flash):
         return flash_seconds(kernel, samples, dtype, peak_flops, t)
+    if isinstance(kernel, Softmax):
+        return math.fsum(memory_seconds(b, bandwidth, t) for b in kernel.kernel_bytes(samples))
     assert isinstance(kernel, MemOp)
     return memory_seconds(kernel.bytes_per_sample * samples + kernel.bytes_fixed, bandwidth, t)
 
@@ -117,7 +119,8 @@ def pass_seconds(kernels: Sequence[Kernel], samples: int, dtype: str, p: int, pe
                  bandwidth: float, t: GpuTables, host_factor: float = 1.0) -> float:
     """A pass over `kernels`: max(the GPU's time, the host's time to issue them)."""
     gpu = math.fsum(kernel_seconds(k, samples, dtype, p, peak_flops, bandwidth, t) for k in kernels)
-    return max(gpu, len(kernels) * t.host_issue_s * host_factor)
+    launches = sum(k.launches(samples) if isinstance(k, Softmax) else 1 for k in kernels)
+    return max(gpu, launches * t.host_issue_s * host_factor)
 
 
 def layer_pass_seconds(recipe: LayerKernels, samples: int, dtype: str, p: int, peak_flops: dict[str, float],

@@ -54,7 +54,49 @@ class Flash:
         return full / 2 if self.causal else full
 
 
-Kernel = Union[Gemm, MemOp, Flash]
+# Bytes per score element of Megatron-LM's unfused softmax (FusedScaleMaskSoftmax.forward_torch_softmax
+# and autograd's backward of it), 16-bit scores: forward the cast to fp32 (2 + 4), the scale (4 + 4),
+# masked_fill_ (4 + 4 + the 1-byte mask), softmax (4 + 4), the cast back (4 + 2); backward the
+# gradient's cast (2 + 4), softmax's backward (4 + 4 + 4), the mask's (4 + 4 + 1), the scale's
+# (4 + 4) and the cast back (4 + 2): five kernels each way where the fused kernel is one.
+UNFUSED_SOFTMAX_BYTES = ((6.0, 8.0, 9.0, 8.0, 6.0), (6.0, 12.0, 9.0, 8.0, 6.0))
+# Megatron's fused softmax kernels take samples x heads in blocks of 4 (is_kernel_available:
+# "attn_batches % 4 == 0", the warps a thread block gives one row each).
+FUSED_SOFTMAX_BATCHES = 4
+
+
+@dataclass(frozen=True)
+class Softmax:
+    """Attention's scale + causal mask + softmax (its backward with `backward`) over one device's
+    `heads` s x s score matrices a sample, as Megatron-LM runs it: one fused kernel
+    (scaled_upper_triang_masked_softmax) when the micro-batch's samples x heads is a multiple of
+    FUSED_SOFTMAX_BATCHES, else torch's fallback, five fp32 kernels (UNFUSED_SOFTMAX_BYTES). Whole
+    heads (T = 1, or heads / T a multiple of 4) are always fused; 16 heads over T = 8 at micro-batch
+    1 are not. Priced so for the tensor-parallel split (Megatron-LM's layers) only: at T = 1 a
+    block is the zoo's, torch's own softmax, one kernel."""
+
+    heads: int
+    seq: int
+    p: int
+    mask: int = 1
+    backward: bool = False
+
+    def fused(self, samples: int) -> bool:
+        return (max(1, samples) * self.heads) % FUSED_SOFTMAX_BATCHES == 0
+
+    def launches(self, samples: int) -> int:
+        """Kernels the host issues for it on a micro-batch of `samples`."""
+        return 1 if self.fused(samples) else len(UNFUSED_SOFTMAX_BYTES[self.backward])
+
+    def kernel_bytes(self, samples: int) -> tuple[float, ...]:
+        """Bytes each of its kernels reads and writes on a micro-batch of `samples`."""
+        elements = float(self.heads * self.seq * self.seq * max(1, samples))
+        if self.fused(samples):
+            return (elements * (3 * self.p if self.backward else 2 * self.p + self.mask),)
+        return tuple(elements * b for b in UNFUSED_SOFTMAX_BYTES[self.backward])
+
+
+Kernel = Union[Gemm, MemOp, Flash, Softmax]
 
 
 @dataclass(frozen=True)
@@ -106,10 +148,13 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
         bwd_attn = [Flash(a, s, hd, backward=True)]
     else:
         scores = float(a * s * s)
-        fwd += [Gemm("scores", s, s, hd, a, "batch"), _elementwise("mask+softmax", scores, p, 1, 1, 1),
+        # split over T (Megatron-LM's layers), its fused softmax and that kernel's fallback
+        softmax = Softmax(a, s, p) if tp > 1 else _elementwise("mask+softmax", scores, p, 1, 1, 1)
+        softmax_bwd = Softmax(a, s, p, backward=True) if tp > 1 else _elementwise("softmax.bwd", scores, p, 2, 1)
+        fwd += [Gemm("scores", s, s, hd, a, "batch"), softmax,
                 *drop("attn.dropout", scores), Gemm("context", s, hd, s, a, "batch")]
         bwd_attn = [Gemm("context.dgrad_p", s, s, hd, a, "batch"), Gemm("context.dgrad_v", s, hd, s, a, "batch"),
-                    *drop("attn.dropout.bwd", scores), _elementwise("softmax.bwd", scores, p, 2, 1),
+                    *drop("attn.dropout.bwd", scores), softmax_bwd,
                     Gemm("scores.dgrad_q", s, hd, s, a, "batch"), Gemm("scores.dgrad_k", s, hd, s, a, "batch")]
     heads_copy = 3 * full / tp
     fwd += [_elementwise("heads.copy", heads_copy, p), proj, *drop("dropout1", tok),
