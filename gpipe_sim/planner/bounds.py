@@ -153,8 +153,10 @@ class CostTable:
     def hops(self, cand: Candidate, samples: int, placement: Sequence[int]) -> np.ndarray:
         """Per chunk boundary j (chunk j -> j+1): seconds at least that a micro-batch of `samples`
         takes to cross it (serialization at the least output size of a layer a chunk can end with, plus latency) over
-        the link `compile_plan` gives replica 0's ranks (Megatron-LM's order); 0 on one device, and
-        0 everywhere where the candidate keeps an explicit device map of the base."""
+        the link `compile_plan` gives replica 0's ranks (Megatron-LM's order), plus the host's time to
+        send and to receive it (`hardware.host`: send_s, recv_s and a copy at each end, on the
+        ranks' own timelines, as compile prices them); 0 on one device, and 0 everywhere where the
+        candidate keeps an explicit device map of the base."""
         hw = self.base.hardware
         D = cand.data_parallel
         C = len(placement)
@@ -166,6 +168,7 @@ class CostTable:
         network = hw.network or hw.link
         # a boundary follows any layer but the last
         least = min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1]) * samples
+        host = hw.host.send_s + hw.host.recv_s + 2 * least / hw.host.copy_bandwidth
         out = np.zeros(C - 1)
         for j in range(C - 1):
             a, b = placement[j], placement[j + 1]
@@ -175,7 +178,7 @@ class CostTable:
                 ln = network
             else:
                 ln = hw.link_between(min(a, b)) if abs(a - b) == 1 else hw.link
-            out[j] = least / ln.bandwidth + ln.latency_s
+            out[j] = least / ln.bandwidth + ln.latency_s + host
         return out
 
     def static_per_param(self, D: int, zero: int) -> float:
