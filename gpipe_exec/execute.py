@@ -13,6 +13,7 @@ from gpipe_exec.zoo import check_buildable
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError, ScenarioError, first_line
 from gpipe_sim.plan.compile import Plan, compile_plan
+from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.results.result import Result
 from gpipe_sim.spec.model import ModelSpec
 from gpipe_sim.spec.scenario import Scenario
@@ -22,10 +23,11 @@ RANK_OVERHEAD_BYTES = 0.5 * 2**30  # a rank's interpreter, torch and gloo, befor
 
 def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
-    whose layers build on the meta device, without tensor parallelism (the simulator's alone)."""
-    if scenario.pipeline.tensor_parallel > 1:
-        raise ScenarioError(f"pipeline.tensor_parallel: {scenario.pipeline.tensor_parallel}: gpipe-exec runs "
-                            "T = 1 only (tensor parallelism is simulated, not executed)")
+    whose layers build on the meta device; with tensor parallelism, without sequence parallelism
+    (the simulator's alone)."""
+    if scenario.pipeline.tensor_parallel > 1 and scenario.pipeline.sequence_parallel:
+        raise ScenarioError("pipeline.sequence_parallel: gpipe-exec runs tensor parallelism without it "
+                            "(sequence parallelism is simulated, not executed)")
     check_buildable(scenario.model)
     try:
         boundary_shapes(scenario.model, scenario.training.dtype, 0, 0.0)
@@ -47,9 +49,21 @@ def check_layout(plan: Plan, device: str | None = None, predicted: Result | None
     """ScenarioError (one line) unless the plan's ranks can run on this machine's devices (see
     `check_runnable`; `predicted`: the plan's simulated result, where the caller has it)."""
     if device_type(device) == "cuda":
-        check_gpu_layout(plan.device_map, torch.cuda.device_count())
+        check_gpu_processes(plan, torch.cuda.device_count())
     else:
         check_host_memory(plan, predicted=predicted)
+
+
+def check_gpu_processes(plan: Plan, gpus: int) -> None:
+    """ScenarioError (one line) unless every process has a GPU here, and, with tensor parallelism,
+    one of its own (a pass's collectives need all T devices of a rank running at once: NCCL, one
+    process per GPU)."""
+    T = plan.scenario.pipeline.tensor_parallel
+    processes = process_devices(plan.device_map, T)
+    check_gpu_layout(processes, gpus)
+    if T > 1 and len(set(processes)) < len(processes):
+        raise ScenarioError(f"hardware.stage_to_device: with tensor_parallel {T} every rank needs {T} GPUs of "
+                            "its own (gpipe-exec runs several stages on one GPU only without tensor parallelism)")
 
 
 def host_available_bytes() -> float | None:
@@ -72,10 +86,12 @@ def check_host_memory(plan: Plan, available: float | None = None, predicted: Res
     if available is None:
         return
     stages = (predicted or simulate_plan(plan)).stages  # replica 0's; every replica holds as much
-    needed = plan.replicas * (sum(s.peak_memory_bytes for s in stages) + RANK_OVERHEAD_BYTES * len(stages))
+    T = plan.scenario.pipeline.tensor_parallel  # a rank's T processes each hold its per-device peak
+    needed = plan.replicas * T * (sum(s.peak_memory_bytes for s in stages) + RANK_OVERHEAD_BYTES * len(stages))
     if needed > available:
         gib = 2.0**30
-        what = f"{len(stages)} stages" + (f" x {plan.replicas} replicas" if plan.replicas > 1 else "")
+        what = (f"{len(stages)} stages" + (f" x {T} tensor-parallel devices" if T > 1 else "")
+                + (f" x {plan.replicas} replicas" if plan.replicas > 1 else ""))
         raise ScenarioError(
             f"model: running these {what} here needs about {needed / gib:.1f} GiB "
             f"(weights, gradients, optimizer states and peak activations, as gpipe_sim predicts), "
@@ -97,5 +113,5 @@ def run_plan(plan: Plan, *, model: ModelSpec | None = None, steps: int = 5, warm
     if steps < 1 or warmup < 0:
         raise GpipeError(f"steps must be >= 1 and warm-up >= 0, got {steps} and {warmup}")
     job = job_for(plan, model=model, steps=steps, warmup=warmup, seed=seed, dropout=dropout)
-    output = launch([job], plan.device_map, options)[0]
+    output = launch([job], process_devices(plan.device_map, plan.scenario.pipeline.tensor_parallel), options)[0]
     return measured_result(plan, output)

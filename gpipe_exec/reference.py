@@ -14,7 +14,9 @@ from gpipe_sim.spec.scenario import Scenario
 def reference_step(scenario: Scenario, *, seed: int = 0, dropout: float | None = 0.0,
                    steps: int = 1) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """Parameters and gradients after `steps` plain steps, keyed like `RankRunner.params`."""
-    model = build_model(scenario.model, seed=seed, dropout=dropout, dtype=scenario.training.dtype)
+    # the vocabulary padded as the scenario's T devices split it (T = 1: as always)
+    model = build_model(scenario.model, seed=seed, dropout=dropout, dtype=scenario.training.dtype,
+                        tensor_parallel=scenario.pipeline.tensor_parallel)
     update = Update(list(model.parameters()), scenario)
     x, y = make_batch(scenario.model, scenario.pipeline.batch_size, seed=seed,
                       dtype=scenario.training.dtype)

@@ -12,6 +12,7 @@ from torch import nn
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.spec.layers import build_layers, layer_count
 from gpipe_sim.spec.model import ConvNetModel, MlpModel, ModelSpec, TransformerModel
+from gpipe_sim.spec.tensor_parallel import split_vocab
 
 ZOO_PRESETS = ("mlp", "transformer", "convnet")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -41,7 +42,8 @@ class Block(nn.Module):
     def __init__(self, d_model: int, d_ff: int, heads: int, seq_len: int, dropout: float,
                  attention: str = "standard") -> None:
         super().__init__()
-        self.heads = heads
+        self.heads = heads  # this device's: heads / T on a tensor-parallel rank
+        self.heads_major = False  # the QKV rows' order (see forward; runtime.tensor_parallel)
         self.flash = attention == "flash"
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
@@ -56,13 +58,18 @@ class Block(nn.Module):
                              persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
+        b, s, _ = x.shape
+        qkv = self.qkv(self.ln1(x))
+        width = qkv.shape[-1] // 3  # d, or d / T of a tensor-parallel rank's heads
+        if self.heads_major:  # rows (head, q|k|v, dim), as tensor_parallel lays them out for a split
+            q, k, v = qkv.view(b, s, self.heads, 3, width // self.heads).unbind(3)
+        else:
+            q, k, v = qkv.view(b, s, 3, self.heads, width // self.heads).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash:
-            context = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d)
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, width)
         else:
-            context = self._attention(q, k, v, s).transpose(1, 2).reshape(b, s, d)
+            context = self._attention(q, k, v, s).transpose(1, 2).reshape(b, s, width)
         x = x + self.drop(self.proj(context))
         return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
 
@@ -120,11 +127,12 @@ class ConvHead(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
-def _transformer_layer(m: TransformerModel, i: int, dropout: float) -> nn.Module:
+def _transformer_layer(m: TransformerModel, i: int, dropout: float, tp: int = 1) -> nn.Module:
+    # the vocabulary padded as T devices split it (gpipe_sim.spec.tensor_parallel.split_vocab)
     if i == 0:
-        return Embedding(m.padded_vocab, m.seq_len, m.d_model, dropout)
+        return Embedding(split_vocab(m, tp), m.seq_len, m.d_model, dropout)
     if i == m.layers + 1:
-        return Head(m.d_model, m.padded_vocab)
+        return Head(m.d_model, split_vocab(m, tp))
     return Block(m.d_model, m.d_ff, m.heads, m.seq_len, dropout, m.attention)
 
 
@@ -172,14 +180,16 @@ def check_buildable(model: ModelSpec) -> None:
 
 
 def build_layer(model: ModelSpec, index: int, *, seed: int = 0, dropout: float | None = None,
-                dtype: str = "fp32") -> nn.Module:
+                dtype: str = "fp32", tensor_parallel: int = 1) -> nn.Module:
     """Layer `index` of the model, initialised from `seed + index` (the same in every process).
-    `dropout` overrides the model's own rate (`model.dropout`, where it has one)."""
+    `dropout` overrides the model's own rate (`model.dropout`, where it has one); `tensor_parallel`
+    T pads a transformer's vocabulary as T devices split it (the layer is still whole)."""
     check_buildable(model)
     p = getattr(model, "dropout", DEFAULT_DROPOUT) if dropout is None else dropout
+    extra = {"tp": tensor_parallel} if tensor_parallel > 1 else {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed * 100_003 + index)
-        layer = _LAYER_BUILDERS[model.preset](model, index, p)
+        layer = _LAYER_BUILDERS[model.preset](model, index, p, **extra)
     return layer.to(TORCH_DTYPES[dtype])
 
 

@@ -166,12 +166,14 @@ def test_vtrain_tp_study_figures():
     assert figures["tau_median"] >= 0.9
 
 
-def test_executor_refuses_tensor_parallel_in_one_line():
+def test_executor_takes_tensor_parallel_but_not_sequence_parallel():
+    # gpipe-exec runs T > 1 (tests/test_exec_tensor_parallel.py); sequence parallelism is simulated only
     from gpipe_exec.execute import check_model
     from gpipe_sim.errors import ScenarioError
 
-    with pytest.raises(ScenarioError, match="pipeline.tensor_parallel: 2: gpipe-exec runs T = 1 only"):
-        check_model(_scenario(2))
+    check_model(_scenario(2))
+    with pytest.raises(ScenarioError, match="pipeline.sequence_parallel: gpipe-exec runs tensor parallelism with"):
+        check_model(_scenario(2, sp=True))
 
 
 def test_megatron_softmax_falls_back_where_samples_x_heads_is_not_a_multiple_of_4():

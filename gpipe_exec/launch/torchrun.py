@@ -12,6 +12,7 @@ from gpipe_exec.measure.steps import measured_result
 from gpipe_exec.runtime.job import job_for
 from gpipe_exec.launch.spawn import LaunchOptions, run_rank
 from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.spec.scenario import load_scenario
 
 
@@ -27,13 +28,14 @@ def torchrun_main(argv: Sequence[str] | None = None) -> int:
     scenario = load_scenario(args.scenario)
     plan = compile_plan(scenario)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != plan.num_ranks:
-        sys.stderr.write(f"gpipe-exec: error: the plan has {plan.num_ranks} ranks (pipeline.stages x "
-                         f"pipeline.data_parallel), torchrun started {world} processes\n")
+    T = scenario.pipeline.tensor_parallel  # one process per device: T per rank
+    if world != plan.num_ranks * T:
+        sys.stderr.write(f"gpipe-exec: error: the plan has {plan.num_ranks * T} processes (pipeline.stages x "
+                         f"pipeline.data_parallel x pipeline.tensor_parallel), torchrun started {world}\n")
         return 2
     job = job_for(plan, steps=args.steps, warmup=args.warmup)
     options = LaunchOptions(threads=args.threads, pin=False)
-    out = run_rank(rank, world, [job], plan.device_map, options)
+    out = run_rank(rank, world, [job], process_devices(plan.device_map, T), options)
     if rank == 0:
         measurement = measured_result(plan, out[0])
         sys.stdout.write(measurement.result.to_json(timeline=args.json) + "\n")

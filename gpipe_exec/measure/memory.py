@@ -20,6 +20,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from gpipe_exec.measure.meters import local_data
+
 # Categories a storage is counted under (`breakdown`): static state, then what the step's actions made.
 PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER = "parameters", "buffers", "gradients", "optimizer_states"
 INPUTS, RECEIVE_BUFFERS = "inputs", "receive_buffers"  # the data and targets; buffers receives land in
@@ -57,6 +59,7 @@ class StorageTracker(TorchDispatchMode):
             self.by_category[category] -= nbytes
 
     def _count(self, t: torch.Tensor, category: str, move: bool) -> None:
+        t = local_data(t)  # a DTensor: its local shard
         if t.device.type == "meta" or t.is_sparse:
             return
         storage = t.untyped_storage()

@@ -10,10 +10,22 @@ from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+
+def local_data(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this process holds: a wrapper subclass's inner data (a DTensor's local shard,
+    a collective's pending result), else `t` itself."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return local_data(getattr(t, names[0]))
+    return t
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes of a tensor's elements (a view counts its own elements, not its whole storage)."""
+    """Bytes of a tensor's elements (a view counts its own elements, not its whole storage; a
+    DTensor its local shard's)."""
+    t = local_data(t)
     return t.numel() * t.element_size()
 
 
@@ -41,6 +53,7 @@ class SavedBytesMeter:
         for module in modules:
             for t in [*module.parameters(), *module.buffers()]:
                 self.static_ids.add(id(t))
+                t = local_data(t)
                 if t.device.type != "meta":
                     self.static.add(t.untyped_storage().data_ptr())
         self.parent = parent
@@ -54,12 +67,14 @@ class SavedBytesMeter:
     def _is_static(self, t: torch.Tensor) -> bool:
         if id(t) in self.static_ids or (t._base is not None and id(t._base) in self.static_ids):
             return True
+        t = local_data(t)
         return t.device.type != "meta" and t.untyped_storage().data_ptr() in self.static
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if self._current is not None and not self._is_static(t):
             nbytes = tensor_bytes(t)
-            key = (t.data_ptr(), nbytes) if t.device.type != "meta" else (id(t), -1)
+            mine = local_data(t)
+            key = (mine.data_ptr(), nbytes) if mine.device.type != "meta" else (id(t), -1)
             if key in self._packed:
                 return t
             self._packed.add(key)

@@ -37,9 +37,12 @@ from gpipe_exec.runtime.chunk import Chunk
 from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.measure.records import StepRecord
 from gpipe_exec.runtime.job import Job
+from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_parameters, split_chunk,
+                                                vocab_parallel_loss)
 from gpipe_exec.runtime.update import Update, ZeroShardUpdate
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
+from gpipe_sim.schedule.global_program import process_program, tensor_parallel_rank
 from gpipe_sim.spec.model import ModelSpec
 
 
@@ -181,23 +184,27 @@ class RankRunner:
         model = job.model or sc.model
         self.rank, self.device, self.clock = rank, device, clock
         self.K, self.M, self.C, self.D = len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks), plan.replicas
-        self.replica, self.pipeline_rank = divmod(rank, self.K)
+        self.T = sc.pipeline.tensor_parallel
+        # Process g*T + t runs program rank g = d*K + r (pipeline rank r's program for replica d)
+        # on its tensor-parallel rank t; its transfers go to the same t of the peer rank.
+        self.program_rank, self.tp_rank = tensor_parallel_rank(rank, self.T)
+        self.replica, self.pipeline_rank = divmod(self.program_rank, self.K)
         if self.replica >= self.D:
-            raise ExecutionError(f"global rank {rank} is outside {self.D} replicas of {self.K} ranks")
-        # Global rank d*K + r runs pipeline rank r's program for replica d: the plan's slice.
-        mine = plan.steps.rank(rank)
+            raise ExecutionError(f"global rank {rank} is outside {self.D} replicas of {self.K} ranks x {self.T}")
+        mine = process_program(plan.steps, rank, self.T)
         self.actions, self.tags = mine.actions, mine.message
         dtype = sc.training.dtype
+        self.mesh = device_mesh(device.type, self.D, self.K, self.T) if self.T > 1 else None
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
-        self.chunks: dict[int, Chunk] = {}
-        for index in plan.ranks[self.pipeline_rank].chunks:
-            first, last = plan.chunks[index].first_layer, plan.chunks[index].last_layer
-            layers = build_layers_range(model, first, last, seed=job.seed, dropout=job.dropout, dtype=dtype)
-            self.chunks[index] = Chunk(index, self.C, first, torch.nn.Sequential(*layers).to(device), device,
-                                       loss_sum, sc.pipeline.batch_size, parent_meter=self.meter,
-                                       weight_pass=job.weight_pass)
-        params = [q for ch in self.chunks.values() for q in ch.module.parameters()]
-        self.dp_group = data_parallel_groups(self.K, self.D)[self.pipeline_rank] if self.D > 1 else None
+        self.chunks = self._build_chunks(model)
+        # what the optimizer, the reductions and the memory meter step: each DTensor's local shard
+        self.shards = {c: LocalShards(list(ch.module.parameters())) for c, ch in self.chunks.items()}
+        params = [q for shards in self.shards.values() for q in shards.local]
+        if self.D == 1:
+            self.dp_group = None
+        else:
+            self.dp_group = (self.mesh["dp"].get_group() if self.mesh is not None
+                             else data_parallel_groups(self.K, self.D)[self.pipeline_rank])
         self.zero: ZeroShardUpdate | None = None
         self.update: Update | ZeroShardUpdate
         if self.D > 1 and sc.training.zero:
@@ -220,7 +227,10 @@ class RankRunner:
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = _Comm(rank, split, staged=device.type == "cuda" and dist.get_backend() == "gloo")
         self._buffers: dict[int, torch.Tensor] = {}
-        self.lock = device_lock(rank, plan.device_map) if device.type == "cpu" and job.device_lock else None
+        # (With T > 1 a pass's collectives wait for the rank's other devices: a device lock shared
+        # with another rank could hold one of them back while it holds the lock, so none is taken.)
+        self.lock = (device_lock(rank, plan.device_map) if device.type == "cpu" and job.device_lock and self.T == 1
+                     else None)
         # One handler per kind: each runs its action and says what it ran (kind, chunk, micro-batch).
         self.handlers: dict[Kind, Callable[[int, Action], tuple[Kind, int, int]]] = {
             Kind.FORWARD: self._forward,
@@ -235,6 +245,23 @@ class RankRunner:
         }
         self._state = _StepState()
         self._record = StepRecord()
+
+    def _build_chunks(self, model: ModelSpec) -> dict[int, Chunk]:
+        """This rank's chunks, each layer built whole from its seed, then split over the rank's T
+        devices (runtime.tensor_parallel), its last chunk's loss the vocabulary-parallel one."""
+        plan, job, sc = self.job.plan, self.job, self.scenario
+        loss = loss_sum if self.mesh is None else vocab_parallel_loss(self.mesh["tp"])
+        chunks: dict[int, Chunk] = {}
+        for index in plan.ranks[self.pipeline_rank].chunks:
+            first, last = plan.chunks[index].first_layer, plan.chunks[index].last_layer
+            layers = build_layers_range(model, first, last, seed=job.seed, dropout=job.dropout,
+                                        dtype=sc.training.dtype, tensor_parallel=self.T)
+            module = torch.nn.Sequential(*layers).to(self.device)
+            if self.mesh is not None:
+                split_chunk(module, self.mesh["tp"])
+            chunks[index] = Chunk(index, self.C, first, module, self.device, loss, sc.pipeline.batch_size,
+                                  parent_meter=self.meter, weight_pass=job.weight_pass)
+        return chunks
 
     # -- buffers and receives ------------------------------------------------------------------
 
@@ -319,11 +346,9 @@ class RankRunner:
         return Kind.SEND, a.chunk, a.micro_batch
 
     def _chunk_grads(self, c: int) -> list[torch.Tensor]:
-        params = list(self.chunks[c].module.parameters())
-        for q in params:
-            if q.grad is None:
-                q.grad = torch.zeros_like(q)
-        return [q.grad for q in params]
+        """Chunk c's gradients as this process holds them (a DTensor's: its local shard), made
+        zeros where a parameter has none yet."""
+        return self.shards[c].grads()
 
     def _allreduce(self, i: int, a: Action) -> tuple[Kind, int, int]:
         """Start the sum of chunk a.chunk's gradients over its D replicas (one flat bucket)."""
@@ -362,6 +387,8 @@ class RankRunner:
         return Kind.RECV, a.chunk, a.micro_batch
 
     def _update(self, i: int, a: Action) -> tuple[Kind, int, int]:
+        for shards in self.shards.values():
+            shards.sync()
         self.update.step()  # ZeRO-1's all-gather follows, out of the device lock (`step`)
         return Kind.UPDATE, -1, -1
 
@@ -402,7 +429,8 @@ class RankRunner:
             ch.reset()
         self.meter.reset()
         # Dropout draws from a per-(job seed, step, rank) stream: runs are reproducible.
-        torch.manual_seed(1_000_003 * self.job.seed + 1009 * step + self.rank)
+        # (Per program rank: a rank's T devices draw the same masks for the activations they all hold.)
+        torch.manual_seed(1_000_003 * self.job.seed + 1009 * step + self.program_rank)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         with ExitStack() as stack:
@@ -491,6 +519,10 @@ class RankRunner:
         """This rank's parameters and gradients, keyed by their name in the whole model."""
         out: dict[str, Any] = {}
         for ch in self.chunks.values():
+            if self.mesh is not None:  # gathered whole from the rank's T devices (a collective)
+                heads = self.scenario.model.heads  # type: ignore[attr-defined]
+                out.update(full_parameters(ch.named_parameters(), heads))
+                continue
             for key, p in ch.named_parameters().items():
                 out[key] = (p.detach().cpu().clone(), None if p.grad is None else p.grad.detach().cpu().clone())
         return out
@@ -507,15 +539,17 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
         "records": records[job.warmup:],
         "memory": memory,
         "params": params,
-        "chunks": {c: {"param_count": sum(q.numel() for q in ch.module.parameters()),
-                       "param_bytes": sum(tensor_bytes(q) for q in ch.module.parameters())}
-                   for c, ch in runner.chunks.items()},
+        # this device's (a DTensor's local shard)
+        "chunks": {c: {"param_count": sum(q.numel() for q in shards.local),
+                       "param_bytes": sum(tensor_bytes(q) for q in shards.local)}
+                   for c, shards in runner.shards.items()},
     }
     world = dist.get_world_size()
     gathered: list[Any] = [None] * world if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
     if rank != 0:
         return {}
-    return {"tag": job.tag, "ranks": gathered, "kinds": list(ACTION_KINDS)}
+    # A rank's timeline and memory are its t = 0 device's (its T devices run the same program).
+    return {"tag": job.tag, "ranks": gathered[::runner.T], "kinds": list(ACTION_KINDS)}
 
 

@@ -128,3 +128,38 @@ def _stack(parts: list[dict[str, np.ndarray]]) -> ProgramColumns:
         rank=np.repeat(np.arange(len(parts), dtype=np.int32), lengths),
         **{name: np.concatenate([p[name] for p in parts]) for name in _COLUMNS},
     )
+
+
+# Tensor parallelism (`pipeline.tensor_parallel` T): program rank g runs on T processes (devices),
+# process g*T + t for t = 0 .. T-1 (Megatron-LM's order, tensor-parallel innermost: the
+# process grid is (replica, pipeline rank, tensor-parallel rank), row-major). Every one of them
+# runs g's program; a transfer goes to the same t of the peer rank. The simulator prices the T
+# devices of a rank as one (device_map names the first, `Scenario.device_map`); the executor runs
+# one process per device, and its measured timeline is each rank's t = 0 process.
+
+def tensor_parallel_process(g: int, t: int, tp: int) -> int:
+    """The process (and device offset) of program rank g's tensor-parallel rank t of `tp`."""
+    return g * tp + t
+
+
+def tensor_parallel_rank(process: int, tp: int) -> tuple[int, int]:
+    """(program rank g, tensor-parallel rank t) of a process: the inverse of `tensor_parallel_process`."""
+    return divmod(process, tp)
+
+
+def process_program(program: GlobalProgram, process: int, tp: int) -> RankProgram:
+    """The slice a process runs: its program rank's actions, each transfer's peer the same
+    tensor-parallel rank t of the peer's program rank (message ids unchanged: a pair of processes
+    exchanges exactly what their program ranks exchange)."""
+    g, t = tensor_parallel_rank(process, tp)
+    mine = program.rank(g)
+    if tp == 1:
+        return mine
+    actions = tuple(a._replace(peer=tensor_parallel_process(a.peer, t, tp)) if a.peer >= 0 else a
+                    for a in mine.actions)
+    return RankProgram(process, actions, mine.message)
+
+
+def process_devices(device_map: tuple[int, ...] | list[int], tp: int) -> list[int]:
+    """The device of every process: program rank g's first device (`Scenario.device_map`) + t."""
+    return [device_map[g] + t for g in range(len(device_map)) for t in range(tp)]

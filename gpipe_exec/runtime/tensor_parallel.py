@@ -1,0 +1,158 @@
+"""Tensor parallelism on a rank: the (dp, pp, tp) mesh, Megatron's split of the layers, the vocabulary-parallel loss."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from gpipe_exec.zoo import Block, Embedding, Head
+
+MESH_DIMS = ("dp", "pp", "tp")
+
+_MESH: tuple[Any, tuple[int, int, int], DeviceMesh] | None = None  # (default group, shape, mesh)
+
+
+def device_mesh(device_type: str, D: int, K: int, T: int) -> DeviceMesh:
+    """The processes as a (dp, pp, tp) mesh (process d*K*T + k*T + t, as
+    `gpipe_sim.schedule.global_program.tensor_parallel_process` numbers them), made once per
+    default group and shape (collective: every process makes it, in the same order)."""
+    global _MESH
+    default = dist.distributed_c10d._get_default_group()
+    if _MESH is None or _MESH[0] is not default or _MESH[1] != (D, K, T):
+        _MESH = (default, (D, K, T), init_device_mesh(device_type, (D, K, T), mesh_dim_names=MESH_DIMS))
+    return _MESH[2]
+
+
+def heads_major_rows(d_model: int, heads: int) -> torch.Tensor:
+    """The QKV rows reordered from (q|k|v, head, dim) to (head, q|k|v, dim), so that a contiguous
+    split of the rows gives each device whole heads with their queries, keys and values (Megatron's
+    layout); its argsort restores the model's order."""
+    return torch.arange(3 * d_model).view(3, heads, d_model // heads).transpose(0, 1).reshape(-1)
+
+
+def _split_block(block: Block, mesh: DeviceMesh, T: int) -> None:
+    """Megatron's split of a block: QKV and fc1 column-parallel, the projection and fc2 row-parallel
+    (an all-reduce of each output in the forward, of each column-parallel input's gradient in the
+    backward), heads / T per device."""
+    rows = heads_major_rows(block.qkv.in_features, block.heads)
+    with torch.no_grad():
+        block.qkv.weight.copy_(block.qkv.weight[rows])
+        block.qkv.bias.copy_(block.qkv.bias[rows])
+    parallelize_module(block, mesh, {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
+                                     "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    block.heads //= T
+    block.heads_major = True
+
+
+def split_layer(layer: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """The layer split over the mesh's T devices (in place): a block the Megatron way, the
+    embedding's table over the vocabulary (row-parallel, its output all-reduced), the head's
+    projection over the vocabulary (column-parallel: each device keeps its logits' share for
+    `vocab_parallel_loss`). Whatever is not split (LayerNorms, biases of row-parallel GEMMs, the
+    position table) stays whole on every device, with equal gradients."""
+    T = mesh.size()
+    if isinstance(layer, Block):
+        _split_block(layer, mesh, T)
+    elif isinstance(layer, Embedding):
+        parallelize_module(layer, mesh, {"tokens": RowwiseParallel(input_layouts=Replicate())})
+    elif isinstance(layer, Head):
+        parallelize_module(layer, mesh, {"out": ColwiseParallel()})
+    else:
+        raise TypeError(f"tensor parallelism splits transformer layers, not {type(layer).__name__}")
+    return layer
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron-LM's cross-entropy over logits split by the vocabulary: three all-reduces forward
+    (the maximum, the sum of exponentials, the target's logit), none backward."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, first: int, group: Any) -> torch.Tensor:
+        peak = logits.max(-1).values
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - peak[:, None]
+        exp = shifted.exp()
+        total = exp.sum(-1)
+        dist.all_reduce(total, group=group)
+        mine = (target >= first) & (target < first + logits.shape[-1])
+        local = (target - first).clamp(0, logits.shape[-1] - 1)
+        picked = shifted.gather(1, local[:, None])[:, 0] * mine
+        dist.all_reduce(picked, group=group)
+        ctx.save_for_backward(exp.div_(total[:, None]), mine, local)
+        return total.log() - picked
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        softmax, mine, local = ctx.saved_tensors
+        out = softmax.scatter_add(1, local[:, None], -mine.to(softmax.dtype)[:, None])
+        return out.mul_(grad[:, None]), None, None, None
+
+
+def vocab_parallel_loss(mesh: DeviceMesh) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]:
+    """`zoo.loss_sum` on this device's share of the logits (vocabulary rows t*V/T ..): the same sum."""
+    group, t = mesh.get_group(), mesh.get_local_rank()
+
+    def loss_sum(output: torch.Tensor, target: torch.Tensor, batch_size: int) -> torch.Tensor:
+        logits = output.reshape(-1, output.shape[-1]).float()
+        per_token = _VocabParallelCrossEntropy.apply(logits, target.reshape(-1), t * logits.shape[-1], group)
+        return per_token.sum() / (batch_size * output.shape[1])
+
+    return loss_sum
+
+
+class LocalShards:
+    """The rank's parameters as the optimizer, the data-parallel reduction and the memory meter see
+    them: a DTensor's local shard as a plain parameter sharing its storage (updated in place, so the
+    module sees every step), its gradient the local shard of the DTensor's; other parameters as they
+    are. `sync` points the shards' gradients at the parameters' current ones (autograd may replace them)."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.local = [nn.Parameter(p.to_local(), requires_grad=False) if isinstance(p, DTensor) else p
+                      for p in params]
+
+    def sync(self) -> None:
+        for p, mine in zip(self.params, self.local):
+            if mine is not p:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                elif p.grad.placements != p.placements:
+                    # DTensor's backward may leave a gradient whole (the vocabulary-split tables'):
+                    # this device keeps its shard (a slice of a replicated one, no communication)
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+                mine.grad = p.grad.to_local()
+
+    def grads(self) -> list[torch.Tensor]:
+        """Every local gradient, zeros where a parameter has none yet (kept, so reductions land in it)."""
+        self.sync()
+        for q in self.local:
+            if q.grad is None:
+                q.grad = torch.zeros_like(q)
+        return [q.grad for q in self.local]  # type: ignore[misc]
+
+
+def full_parameters(named: dict[str, nn.Parameter], heads: int
+                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Every parameter and its gradient whole (gathered from the T devices: a collective every
+    device of the rank calls, in the same order), QKV rows back in the model's order (`heads`:
+    the model's), on the CPU."""
+    out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    for key, p in named.items():
+        whole = [t.full_tensor() if isinstance(t, DTensor) else t for t in (p.detach(), p.grad)]
+        if key.endswith(("qkv.weight", "qkv.bias")):
+            order = torch.argsort(heads_major_rows(whole[0].shape[0] // 3, heads))
+            whole = [None if t is None else t[order] for t in whole]
+        out[key] = (whole[0].cpu().clone(), None if whole[1] is None else whole[1].cpu().clone())
+    return out
+
+
+def split_chunk(module: nn.Sequential, mesh: DeviceMesh) -> None:
+    """Split every layer of a chunk over the mesh's T devices (`split_layer`)."""
+    for layer in module:
+        split_layer(layer, mesh)

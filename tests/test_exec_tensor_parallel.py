@@ -1,0 +1,152 @@
+"""Tensor parallelism in the executor: T x K (x D) processes on gloo, gradients equal to plain training."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpipe_exec.execute import check_model, check_runnable  # noqa: E402
+from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
+from gpipe_exec.measure.steps import step_timelines  # noqa: E402
+from gpipe_exec.reference import reference_step  # noqa: E402
+from gpipe_exec.runtime.job import job_for  # noqa: E402
+from gpipe_sim.errors import ScenarioError  # noqa: E402
+from gpipe_sim.plan.compile import compile_plan  # noqa: E402
+from gpipe_sim.schedule import Kind  # noqa: E402
+from gpipe_sim.schedule.global_program import (process_devices, process_program,  # noqa: E402
+                                               tensor_parallel_rank)
+from gpipe_sim.spec.scenario import Scenario, parse_scenario  # noqa: E402
+
+# vocab 23 padded to 24 rows (T = 1) or 32 (T = 2: a multiple of vocab_multiple x T), split 16 + 16:
+# the targets fall in both devices' halves
+MODEL = dict(preset="transformer", layers=4, d_model=16, d_ff=32, heads=2, seq_len=6, vocab=23, vocab_multiple=8)
+OPTIONS = LaunchOptions(comm_timeout_s=60, run_timeout_s=900)
+
+
+class Case(NamedTuple):
+    T: int
+    K: int
+    M: int
+    schedule: str
+    remat: str = "none"
+    v: int = 1
+    D: int = 1
+    zero: int = 0
+    optimizer: str = "sgd"
+
+    @property
+    def world(self) -> int:
+        return self.T * self.K * self.D
+
+
+def scenario(case: Case) -> Scenario:
+    return parse_scenario({
+        "model": MODEL, "hardware": {"preset": "cpu"},
+        "pipeline": {"stages": case.K, "chunks": case.v, "micro_batches": case.M, "batch_size": 8,
+                     "schedule": case.schedule, "remat": case.remat, "data_parallel": case.D,
+                     "tensor_parallel": case.T},
+        "training": {"optimizer": case.optimizer, "zero": case.zero}})
+
+
+def run_cases(world: int, cases: list[Case], steps: int = 1) -> list[tuple[Case, dict[str, Any]]]:
+    """One launch of `world` processes running every case; each case's whole parameters and
+    gradients (gathered from its T devices by each rank's t = 0 process)."""
+    plans, jobs = [], []
+    for case in cases:
+        assert case.world == world, case
+        plan = check_runnable(scenario(case))
+        plans.append(plan)
+        jobs.append(job_for(plan, steps=steps, warmup=0, dropout=0.0, return_params=True, tag=str(case)))
+    outs = launch(jobs, list(range(world)), OPTIONS)
+    results = []
+    for case, plan, out in zip(cases, plans, outs):
+        assert len(step_timelines(plan, out)) == steps, case  # each rank ran its program, as planned
+        params: dict[str, Any] = {}
+        for rank in out["ranks"]:
+            params.update(rank["params"])
+        results.append((case, params))
+    return results
+
+
+def assert_equal_to_reference(results: list[tuple[Case, dict[str, Any]]], steps: int = 1) -> None:
+    for case, got in results:
+        ref = reference_step(scenario(case._replace(K=1, v=1, schedule="gpipe", remat="none", D=1, zero=0)),
+                             steps=steps)
+        assert got.keys() == ref.keys(), case
+        for name, (param, grad) in ref.items():
+            torch.testing.assert_close(got[name][1], grad, rtol=1e-5, atol=1e-5, msg=f"grad {name}: {case}")
+            torch.testing.assert_close(got[name][0], param, rtol=1e-5, atol=1e-5, msg=f"param {name}: {case}")
+
+
+def test_a_process_per_device_sends_to_the_same_tensor_parallel_rank() -> None:
+    plan = compile_plan(scenario(Case(T=2, K=2, M=2, schedule="1f1b")))
+    assert process_devices(plan.device_map, 2) == [0, 1, 2, 3]
+    for process in range(4):
+        g, t = tensor_parallel_rank(process, 2)
+        mine = process_program(plan.steps, process, 2)
+        assert [a.kind for a in mine.actions] == [a.kind for a in plan.steps.rank(g).actions]
+        peers = {a.peer for a in mine.actions if a.kind in (Kind.SEND, Kind.RECV)}
+        assert peers == {(1 - g) * 2 + t}
+
+
+def test_sequence_parallel_is_refused_in_one_line() -> None:
+    sc = scenario(Case(T=2, K=1, M=1, schedule="gpipe")).with_updates({"pipeline.sequence_parallel": True})
+    with pytest.raises(ScenarioError, match="pipeline.sequence_parallel: gpipe-exec runs tensor parallelism with"):
+        check_model(sc)
+
+
+def test_one_process_t1_k1() -> None:
+    assert_equal_to_reference(run_cases(1, [Case(1, 1, 2, "gpipe"), Case(1, 1, 4, "1f1b", "always")]))
+
+
+def test_two_processes_t2_k1_and_t1_k2() -> None:
+    cases = [Case(2, 1, 2, s, r) for s in ("gpipe", "1f1b") for r in ("none", "always")]
+    cases += [Case(1, 2, 3, "gpipe"), Case(1, 2, 4, "1f1b", "always")]
+    assert_equal_to_reference(run_cases(2, cases, steps=2), steps=2)
+
+
+def test_four_processes_t2_k2_every_schedule_family_and_data_parallel() -> None:
+    cases = [Case(2, 2, 3, "gpipe", "always"), Case(2, 2, 4, "1f1b"),
+             Case(2, 2, 4, "interleaved_1f1b", "always", v=2), Case(2, 2, 4, "zb_h1"),
+             Case(2, 2, 4, "zbv", "except_last", v=2),
+             Case(2, 1, 2, "1f1b", "always", D=2, zero=1, optimizer="momentum"), Case(2, 1, 4, "gpipe", D=2)]
+    assert_equal_to_reference(run_cases(4, cases, steps=2), steps=2)
+
+
+def test_validate_t2_predicts_from_the_preset_and_measures_memory() -> None:
+    from gpipe_exec.checks.validate import validate
+
+    sc = scenario(Case(T=2, K=1, M=2, schedule="1f1b"))
+    v = validate(sc, steps=1, warmup=1, options=OPTIONS, calibrate=False)
+    assert v.measured.result.step_time_s > 0 and v.predicted.step_time_s > 0
+    errors = v.relative_error
+    assert errors["stage0.accounting.peak_activation_bytes"] < 0.01
+    assert errors["stage0.peak_memory_bytes"] < 0.10, errors
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 4,
+                    reason="needs four CUDA devices (NCCL runs one process per GPU: T=2 x K=2)")
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved_1f1b", 2)])
+def test_nccl_t2_k2_equals_plain_training(schedule: str, v: int) -> None:
+    case = Case(2, 2, 4, schedule, "always", v=v)
+    sc = scenario(case).with_updates({"hardware.preset": "a100-80gb"})
+    plan = check_runnable(sc, "cuda")
+    job = job_for(plan, steps=1, warmup=0, dropout=0.0, return_params=True)
+    out = launch([job], process_devices(plan.device_map, 2), LaunchOptions(comm_timeout_s=60, device="cuda"))[0]
+    step_timelines(plan, out)
+    got: dict[str, Any] = {}
+    for rank in out["ranks"]:
+        got.update(rank["params"])
+    assert_equal_to_reference([(case, got)])
+
+
+def test_tensor_parallel_ranks_on_a_shared_gpu_are_refused_in_one_line() -> None:
+    from gpipe_exec.execute import check_gpu_processes
+
+    plan = compile_plan(scenario(Case(2, 2, 2, "1f1b")).with_updates({"hardware.stage_to_device": [0, 0]}))
+    with pytest.raises(ScenarioError, match="hardware.stage_to_device: with tensor_parallel 2"):
+        check_gpu_processes(plan, gpus=8)
