@@ -43,18 +43,22 @@ class Row:
         return self.hidden, self.layers, self.gpus, self.global_batch
 
 
-def read_rows(path: Path = CALIBRATION_CSV) -> list[Row]:
-    """The CSV's rows without tensor parallelism."""
+def read_csv_rows(path: Path) -> list[Row]:
+    """Every row of a vTrain ground-truth CSV (iteration time in seconds)."""
     rows = []
     with open(path) as f:
         for rec in csv.reader(line for line in f if not line.startswith("#")):
             if not rec:
                 continue
             g, gb, mb, h, a, L, s, tp, dp, pp, ms = rec
-            if int(tp) == 1:
-                rows.append(Row(int(g), int(gb), int(mb), int(h), int(a), int(L), int(s), 1, int(dp), int(pp),
-                                float(ms) / 1e3))
+            rows.append(Row(int(g), int(gb), int(mb), int(h), int(a), int(L), int(s), int(tp), int(dp), int(pp),
+                            float(ms) / 1e3))
     return rows
+
+
+def read_rows(path: Path = CALIBRATION_CSV) -> list[Row]:
+    """The CSV's rows without tensor parallelism."""
+    return [row for row in read_csv_rows(path) if row.tp == 1]
 
 
 # GPT-2's vocabulary, as issue 24 defines a row. Megatron-LM pads it to a multiple of 128

@@ -4,7 +4,6 @@ with T = 2, 4, 8 (python -m gpipe_sim.studies.vtrain_tp)."""
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -12,23 +11,15 @@ from typing import Any, Sequence
 
 from gpipe_sim.api import simulate
 from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.studies.vtrain import REFERENCE, VOCAB, Row, accuracy, predict, read_rows, scenario_data
+from gpipe_sim.studies.vtrain import (REFERENCE, VOCAB, Row, accuracy, predict, read_csv_rows, read_rows,
+                                      scenario_data)
 
 CALIBRATION_TP_CSV = REFERENCE / "vtrain-a100" / "calibration_tp.csv"
 
 
 def read_tp_rows(path: Path = CALIBRATION_TP_CSV) -> list[Row]:
     """The CSV's rows with tensor parallelism (T > 1)."""
-    rows = []
-    with open(path) as f:
-        for rec in csv.reader(line for line in f if not line.startswith("#")):
-            if not rec:
-                continue
-            g, gb, mb, h, a, L, s, tp, dp, pp, ms = rec
-            if int(tp) > 1:
-                rows.append(Row(int(g), int(gb), int(mb), int(h), int(a), int(L), int(s), int(tp), int(dp),
-                                int(pp), float(ms) / 1e3))
-    return rows
+    return [row for row in read_csv_rows(path) if row.tp > 1]
 
 
 def tp_scenario_data(row: Row, vocab: int = VOCAB) -> dict[str, Any]:
