@@ -262,15 +262,15 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
                                key=_init(PREFIX + "pipeline.data_parallel", bp.get("data_parallel", 1)),
                                help="Replicas of the K-rank pipeline (D x K devices); the global batch is "
                                     "split evenly over them and each chunk's gradients are all-reduced.")
-    t1p, t2p = pipe_box.columns([3, 2])
-    tensor = t1p.selectbox("tensor parallel T", TENSOR_PARALLEL_CHOICES,
-                           key=_init(PREFIX + "pipeline.tensor_parallel", int(bp.get("tensor_parallel", 1))),
-                           help="Each rank's layers split over T devices of one node the Megatron way "
-                                "(T x K x D devices; transformer preset), with two all-reduces in the "
-                                "forward and two in the backward of every block on the node's link.")
-    seq_par = t2p.checkbox("sequence parallel", key=_init(PREFIX + "pipeline.sequence_parallel",
-                                                          bool(bp.get("sequence_parallel", False))),
-                           help="Shard the LayerNorm and residual activations over the T devices too.")
+    tensor = pipe_box.selectbox("tensor parallel T", TENSOR_PARALLEL_CHOICES,
+                                key=_init(PREFIX + "pipeline.tensor_parallel", int(bp.get("tensor_parallel", 1))),
+                                help="Each rank's layers split over T devices of one node the Megatron way "
+                                     "(T x K x D devices; transformer preset), with two all-reduces in the "
+                                     "forward and two in the backward of every block on the node's link.")
+    seq_par = pipe_box.checkbox("sequence parallel (T > 1)",
+                                key=_init(PREFIX + "pipeline.sequence_parallel", bool(bp.get("sequence_parallel", False))),
+                                help="Sequence parallelism: shard the LayerNorm and residual activations "
+                                     "over the T devices too.")
     remat = pipe_box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
                                help="always: every forward keeps only its input and is re-computed "
                                     "before backward (GPipe); none: keep all activations.")
