@@ -268,7 +268,8 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
                                      "(T x K x D devices; transformer preset), with two all-reduces in the "
                                      "forward and two in the backward of every block on the node's link.")
     seq_par = pipe_box.checkbox("sequence parallel (T > 1)",
-                                key=_init(PREFIX + "pipeline.sequence_parallel", bool(bp.get("sequence_parallel", False))),
+                                key=_init(PREFIX + "pipeline.sequence_parallel",
+                                          bool(bp.get("sequence_parallel", False))),
                                 help="Sequence parallelism: shard the LayerNorm and residual activations "
                                      "over the T devices too.")
     remat = pipe_box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
