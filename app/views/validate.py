@@ -126,7 +126,8 @@ if len(rounds) > 1:
 
 if len(v.predicted.timeline) or len(v.measured.timeline):
     fig, all_bars = plots.compare_timelines_figure(
-        [("predicted", v.predicted.timeline), ("measured", v.measured.timeline)], max_bars=MAX_GANTT_BARS)
+        [("predicted", v.predicted.timeline), ("measured", v.measured.timeline)], max_bars=MAX_GANTT_BARS,
+        stages=len(v.predicted.stages))  # rows named replica and rank where D > 1
     st.plotly_chart(fig, key="validate.gantt")
     notes = [b.note for b in all_bars if b.note]
     if notes:
