@@ -10,10 +10,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from gpipe_sim.api import result_from_times, run_engine
+from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.plan.compile import Plan, compile_plan
-from gpipe_sim.results.result import Result
+from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.planner.bounds import (
     CostTable, Work, candidate_work, chunk_placement, coarse_bounds, held_memory_bound, held_samples,
@@ -85,13 +84,6 @@ class PlanSearch:
     def configs_per_second(self) -> float:
         """Configurations decided (enumerated) per second of search."""
         return self.enumerated / self.seconds if self.seconds > 0 else float("inf")
-
-
-def _simulate(plan_: Plan) -> Result:
-    """What `gpipe_sim.api.simulate(scenario, "auto")` gives: the fast evaluator, exact where no
-    device or link is shared, else the SimPy engine."""
-    start, end = run_engine(plan_, "auto")
-    return result_from_times(plan_, start, end)
 
 
 def _dedup_key(cand: Candidate, counts: Sequence[int]) -> tuple[Any, ...]:
@@ -276,7 +268,7 @@ def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, can
         if bound > ranking.threshold():
             ranking.pruned[index] = ("bound", bound, ranking.threshold())
             return "bound"
-    entry = _entry(index, cand, _simulate(plan_), cap)
+    entry = _entry(index, cand, simulate_plan(plan_), cap)
     ranking.seen[key] = entry
     ranking.record(entry)
     return "simulated"
@@ -448,7 +440,7 @@ def _smallest_peak(base: Scenario, candidates: list[Candidate], entries: list[Pl
             notes.append(f"the smallest peak was searched among {limit} more configurations only")
             break
         try:
-            other = _entry(i, candidates[i], _simulate(compile_plan(base.with_updates(candidates[i].overrides()))))
+            other = _entry(i, candidates[i], simulate_plan(compile_plan(base.with_updates(candidates[i].overrides()))))
         except GpipeError:
             continue
         if best is None or (other.peak_memory_bytes, other.index) < (best.peak_memory_bytes, best.index):
