@@ -75,11 +75,8 @@ class SelfcheckRow:
     measured_step_s: float = float("nan")
     memory_error: float = float("nan")  # the largest |predicted - measured| / measured over the stages
     worst_stage_bytes: float = float("nan")
+    step_error: float = float("nan")  # |predicted - measured| / measured step (validate.relative_error)
     error: str = ""
-
-    @property
-    def step_error(self) -> float:
-        return abs(self.predicted_step_s - self.measured_step_s) / self.measured_step_s
 
 
 def run_selfcheck(cases: list[tuple[str, Scenario]], options: LaunchOptions, *, steps: int = 5,
@@ -98,11 +95,12 @@ def run_selfcheck(cases: list[tuple[str, Scenario]], options: LaunchOptions, *, 
         except (GpipeError, RuntimeError, ValueError) as exc:
             rows.append(SelfcheckRow(name, error=first_line(exc)))
             continue
-        stages = list(zip(v.predicted.stages, v.measured.result.stages))
-        errors = [abs(p.peak_memory_bytes - m.peak_memory_bytes) / m.peak_memory_bytes
-                  for p, m in stages if m.peak_memory_bytes > 0]
+        errors = v.relative_error  # validate's own comparison, the one `gpipe-exec validate` prints
+        stages = v.measured.result.stages
+        memory = [errors[f"stage{s.index}.peak_memory_bytes"] for s in stages if s.peak_memory_bytes > 0]
         rows.append(SelfcheckRow(name, v.predicted.step_time_s, v.measured.result.step_time_s,
-                                 max(errors, default=0.0), max(m.peak_memory_bytes for _, m in stages)))
+                                 max(memory, default=0.0), max(s.peak_memory_bytes for s in stages),
+                                 step_error=errors["step_time_s"]))
     return rows
 
 
