@@ -110,7 +110,9 @@ def measure_rows() -> list[dict[str, Any]]:
     if not torch.cuda.is_available():
         from gpipe_sim.errors import GpipeError
         raise GpipeError("--gpu-tables: no CUDA device (the kernel tables are measured on a GPU)")
-    torch.backends.cuda.matmul.allow_tf32 = False
+    from gpipe_exec.launch.devices import configure_cuda_math
+
+    configure_cuda_math()  # TF32 off, as the executor and the profiler run fp32
     return [device_row(torch), *gemm_rows(torch), *membound_rows(torch), *sdpa_rows(torch), *optimizer_rows(torch)]
 
 
