@@ -12,12 +12,11 @@ import plotly.graph_objects as go
 
 from gpipe_sim.results.result import analytic_bubble
 from gpipe_sim.charts.style import (
-    _DASHES, _SYMBOLS, category_colors, log_ticks, schedule_colors, tick_text,
+    _DASHES, _SYMBOLS, GIB, category_colors, log_ticks, schedule_colors, tick_text,
 )
 from gpipe_sim.sweeps.best import varying_inputs
 
 K, M = "pipeline.stages", "pipeline.micro_batches"
-GIB = 2.0**30
 MAX_TRACES = 24
 RESULT_PREFIXES = ("sweep.", "status", "error", "elapsed_s")
 
@@ -97,49 +96,56 @@ def _lines(ok: pd.DataFrame, x: str, y: str, colour: str | None, others: list[st
     return traces
 
 
+def _against(ok: pd.DataFrame, varying: list[str], x: str, y: str) -> tuple[go.Figure, str] | None:
+    """`y` against `x` (a varied input), one line and one colour per schedule (else K, else
+    another varying input), the other varying inputs in dashes and markers, on a log x axis
+    ticked at the values used; with what the colour stands for, in words. None when `x` is fixed."""
+    if x not in varying:
+        return None
+    colour = colour_axis(ok, varying, exclude=(x,))
+    others = [c for c in varying if c not in (x, colour)]
+    fig = go.Figure(_lines(ok, x, y, colour, others, varying))
+    _log_x(fig, ok[x])
+    return fig, "schedule" if colour == S else (colour.split(".")[-1] if colour else "configuration")
+
+
 def figure_step_time(ok: pd.DataFrame, varying: list[str]) -> go.Figure | None:
     """Step time against M, one line (and one colour) per schedule; K and the other varying
     inputs in dashes and markers."""
-    if M not in varying:
+    drawn = _against(ok, varying, M, "step_time_s")
+    if drawn is None:
         return None
-    colour = colour_axis(ok, varying, exclude=(M,))
-    others = [c for c in varying if c not in (M, colour)]
-    fig = go.Figure(_lines(ok, M, "step_time_s", colour, others, varying))
-    what = "schedule" if colour == S else (colour.split(".")[-1] if colour else "configuration")
+    fig, what = drawn
     fig.update_layout(title=f"Step time against M, one line per {what}", xaxis_title="micro-batches M",
                       yaxis_title="step time (s)")
-    _log_x(fig, ok[M])
     return fig
 
 
 def figure_bubble(ok: pd.DataFrame, varying: list[str]) -> go.Figure | None:
-    if M not in varying:
+    """The bubble fraction against M (as `figure_step_time`), with GPipe's (K-1)/(M+K-1) per K
+    as dotted reference lines, hidden until picked in the legend."""
+    drawn = _against(ok, varying, M, "bubble_fraction")
+    if drawn is None:
         return None
-    colour = colour_axis(ok, varying, exclude=(M,))
-    others = [c for c in varying if c not in (M, colour)]
-    fig = go.Figure(_lines(ok, M, "bubble_fraction", colour, others, varying))
-    ks = sorted(ok[K].unique())
+    fig, what = drawn
     ms = sorted(ok[M].unique())
-    for k in ks:
+    for k in sorted(ok[K].unique()):
         fig.add_trace(go.Scatter(
             x=ms, y=[analytic_bubble(int(k), int(m)) for m in ms], mode="lines", name=f"(K-1)/(M+K-1), K={k}",
             line={"dash": "dot", "width": 1, "color": "#888888"}, visible="legendonly",
         ))
-    what = "schedule" if colour == S else (colour.split(".")[-1] if colour else "configuration")
     fig.update_layout(title=f"Bubble fraction against M, one line per {what}", xaxis_title="micro-batches M",
                       yaxis_title="bubble fraction")
-    _log_x(fig, ms)
     return fig
 
 
 def figure_throughput(ok: pd.DataFrame, varying: list[str]) -> go.Figure | None:
-    if K not in varying:
+    """Throughput against K (as `figure_step_time`, against K)."""
+    drawn = _against(ok, varying, K, "throughput_samples_per_s")
+    if drawn is None:
         return None
-    colour = colour_axis(ok, varying, exclude=(K,))
-    others = [c for c in varying if c not in (K, colour)]
-    fig = go.Figure(_lines(ok, K, "throughput_samples_per_s", colour, others, varying))
+    fig, _ = drawn
     fig.update_layout(title="Throughput against K", xaxis_title="stages K", yaxis_title="samples / s")
-    _log_x(fig, ok[K])
     return fig
 
 
