@@ -535,7 +535,9 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
     params = runner.params() if job.return_params else None
     # after the timed steps, so that steady state (gradients, optimizer states, buffers) is measured
     memory = runner.step(job.warmup + job.steps, memory=True) if job.memory_step else None
-    mine = {
+    # A rank's timeline and memory are its t = 0 device's (its T devices run the same program, and
+    # `params` gathered every parameter whole on each): the others send rank 0 nothing to pickle.
+    mine = None if runner.tp_rank else {
         "records": records[job.warmup:],
         "memory": memory,
         "params": params,
@@ -549,7 +551,6 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
     if rank != 0:
         return {}
-    # A rank's timeline and memory are its t = 0 device's (its T devices run the same program).
     return {"tag": job.tag, "ranks": gathered[::runner.T], "kinds": list(ACTION_KINDS)}
 
 
