@@ -222,8 +222,9 @@ class RankRunner:
         self.inputs = [t.to(device) for t in torch.tensor_split(x, self.M)] if 0 in self.chunks else []
         self.targets = [t.to(device) for t in torch.tensor_split(y, self.M)] if self.C - 1 in self.chunks else []
         self.float_dtype = TORCH_DTYPES[dtype]
-        receives = [a for a in self.actions if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
-        self.shapes = boundary_shapes(model, dtype, job.seed, job.dropout) if receives else []
+        # the program's point-to-point receives (not the waits for all-reduces), in order
+        self.recv_at = [i for i, a in enumerate(self.actions) if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
+        self.shapes = boundary_shapes(model, dtype, job.seed, job.dropout) if self.recv_at else []
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = _Comm(rank, split, staged=device.type == "cuda" and dist.get_backend() == "gloo")
         self._buffers: dict[int, torch.Tensor] = {}
@@ -454,7 +455,7 @@ class RankRunner:
         tracker = meter if isinstance(meter, StorageTracker) else None
         rec = self._record = StepRecord()
         st = self._state = _StepState()
-        recv_at = [i for i, a in enumerate(acts) if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
+        recv_at = self.recv_at
         window = self.job.recv_window
         if window is None:
             window = 0 if self.device.type == "cuda" else len(recv_at)
