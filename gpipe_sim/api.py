@@ -45,8 +45,7 @@ def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None)
              else float(batch) * sum(float(f) + float(b) for f, b in per_sample))  # type: ignore[arg-type]
     model = scenario.model
     tokens = batch * model.seq_len if isinstance(model, TransformerModel) else None
-    peaks = scenario.hardware.accelerator.peak_flops
-    peak = peaks.get(scenario.training.dtype) or max(peaks.values())
+    peak = scenario.hardware.accelerator.peak_flops_for(scenario.training.dtype)
     return ModelFigures(parameters=int(sum(layer.params for layer in layers)), model_flops_per_step=flops,
                         tokens_per_step=tokens, peak_flops_per_device=float(peak))
 

@@ -38,8 +38,7 @@ def layer_seconds(
         return layer_pass_seconds(layer.ops, micro_batch, dtype, dtype_bytes, accelerator.peak_flops,
                                   accelerator.memory_bandwidth, accelerator.gpu)
     assert layer.forward_flops_per_sample is not None and layer.backward_flops_per_sample is not None
-    rate = accelerator.peak_flops.get(dtype) or max(accelerator.peak_flops.values())
-    rate *= accelerator.efficiency
+    rate = accelerator.peak_flops_for(dtype) * accelerator.efficiency
     param_bytes = layer.params * dtype_bytes
     traffic = param_bytes + (layer.output_bytes_per_sample + layer.activation_bytes_per_sample) * micro_batch
     overhead = layer.kernels * accelerator.kernel_overhead_s

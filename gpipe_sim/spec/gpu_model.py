@@ -60,7 +60,9 @@ class GpuTables(_Strict):
         return copied
 
 
-def _peak(peak_flops: dict[str, float], dtype: str) -> float:
+def peak_for(peak_flops: dict[str, float], dtype: str) -> float:
+    """The peak FLOP/s for `dtype` in `peak_flops`: its entry, else the highest given
+    (`Accelerator.peak_flops_for`: the cost model's rate and the MFU's denominator)."""
     return peak_flops.get(dtype) or max(peak_flops.values())
 
 
@@ -69,7 +71,7 @@ def gemm_seconds(g: Gemm, samples: int, dtype: str, p: int, peak_flops: dict[str
     """One (batched) GEMM: waves of tiles over the SMs, small-k and unaligned penalties, never
     faster than its operands' traffic or the kernel floor."""
     batch, m, n, k = g.shape(samples)
-    rate = _peak(peak_flops, dtype) * t.gemm_efficiency.get(dtype, max(t.gemm_efficiency.values()))  # type: ignore[call-overload]
+    rate = peak_for(peak_flops, dtype) * t.gemm_efficiency.get(dtype, max(t.gemm_efficiency.values()))  # type: ignore[call-overload]
     per_sm = rate / t.sms
     best = math.inf
     for rows, cols, share in t.gemm_tiles:
@@ -92,7 +94,7 @@ def flash_seconds(f: Flash, samples: int, dtype: str, peak_flops: dict[str, floa
     """Fused attention: tiles of 128 queries of one (sample, head) in waves over the SMs, at
     `flash_efficiency` of the 16-bit peak (fp32 inputs: the fp32 rate); the backward
     `flash_backward_ratio` times the forward."""
-    rate = _peak(peak_flops, dtype if dtype == "fp32" else "bf16") * t.flash_efficiency
+    rate = peak_for(peak_flops, dtype if dtype == "fp32" else "bf16") * t.flash_efficiency
     # one tile per 128 queries of a (sample, head), in waves over the SMs
     samples = max(1, samples)
     tiles = f.heads * samples * math.ceil(f.seq / 128)
@@ -127,7 +129,7 @@ def layer_pass_seconds(recipe: LayerKernels, samples: int, dtype: str, p: int, p
                        bandwidth: float, t: GpuTables) -> tuple[float, float]:
     """(forward, backward) seconds of a layer's kernels, costed once per (layer kernels, micro-batch
     size, dtype) on these tables."""
-    key = (recipe, samples, dtype, p, bandwidth, _peak(peak_flops, dtype))
+    key = (recipe, samples, dtype, p, bandwidth, peak_for(peak_flops, dtype))
     hit = t._cache.get(key)
     if hit is None:
         hit = (pass_seconds(recipe.forward, samples, dtype, p, peak_flops, bandwidth, t),

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gpipe_sim.spec.gpu_model import GpuTables
+from gpipe_sim.spec.gpu_model import GpuTables, peak_for
 from gpipe_sim.spec.fields import Bandwidth, DeviceCount, DeviceId, Flops, Fraction, PositiveBytes, Seconds, _Strict
 from gpipe_sim.spec.limits import MAX_STAGES
 
@@ -51,6 +51,11 @@ class Accelerator(_Strict):
     def dropout_mask_bytes(self, dtype_bytes: int) -> int:
         """Bytes a dropout mask keeps per element, for activations of `dtype_bytes` bytes."""
         return 1 if self.dropout_masks == "bool" else dtype_bytes
+
+    def peak_flops_for(self, dtype: str) -> float:
+        """The peak FLOP/s for `dtype`: its entry, else the highest given (the cost model's rate
+        and the MFU's denominator)."""
+        return peak_for(self.peak_flops, dtype)
 
     @property
     def usable_memory_bytes(self) -> float:
