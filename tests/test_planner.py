@@ -254,3 +254,17 @@ def test_plan_command_nothing_fits_exits_1(capsys, scenario_file):
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "no configuration fits" in out and "smallest peak" in out
+
+
+def test_k1_is_named_data_parallel_alike_for_entries_and_pruned_candidates():
+    """K=1 shows as "data parallel" with no v or partition, the same for a simulated entry (table,
+    JSON) and a pruned candidate (CSV): one rule, `Candidate.shown_axes`."""
+    entry = _entry(0, 1.0, 1.0)
+    cand = Candidate.from_overrides(entry.overrides)
+    expected = {"D": 1, "K": 1, "v": None, "M": 1, "schedule": "data parallel", "remat": "none",
+                "partition": None, "zero": 0, "T": 1}
+    assert cand.shown_axes() == expected
+    assert {k: entry.to_dict()[k] for k in expected} == expected
+    assert {k: entry.shown(k) for k in expected} == expected
+    piped = cand._replace(stages=2, data_parallel=1)
+    assert piped.shown_axes()["schedule"] == "gpipe" and piped.shown_axes()["v"] == 1

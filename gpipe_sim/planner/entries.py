@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 from gpipe_sim.results.result import Result
-from gpipe_sim.planner.space import AXES, DATA_PARALLEL, Candidate
+from gpipe_sim.planner.space import AXES, Candidate
 
 LIMITERS = ("bubble", "imbalance", "memory", "communication", "compute")
 MEMORY_LIMITED = 0.9  # a configuration whose peak is at least this share of the capacity is memory-limited
@@ -54,21 +55,24 @@ class PlanEntry:
         T; T is 1 where the overrides do not name it)."""
         return self.overrides[AXES[key]] if key != "T" else self.overrides.get(AXES[key], 1)
 
+    @cached_property
+    def candidate(self) -> Candidate:
+        """The configuration as a `Candidate` (made once from `overrides`)."""
+        return Candidate.from_overrides(self.overrides)
+
     @property
     def data_parallel_only(self) -> bool:
         """K=1: data parallelism with gradient accumulation, no pipeline."""
-        return self.overrides["pipeline.stages"] == 1
+        return self.candidate.data_parallel_only
 
     def shown(self, key: str) -> Any:
-        """An axis as reports show it: at K=1 the schedule is "data parallel" and v, the
-        partition are None (no pipeline, one chunk)."""
-        if self.data_parallel_only and key in ("schedule", "v", "partition"):
-            return DATA_PARALLEL if key == "schedule" else None
-        return self.get(key)
+        """An axis as reports show it (`Candidate.shown_axes`: at K=1 the schedule is "data
+        parallel" and v, the partition are None)."""
+        return self.candidate.shown_axes()[key]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain figures (JSON-ready; no Result); the axes as `shown`."""
-        out: dict[str, Any] = {short: self.shown(short) for short in AXES}
+        out: dict[str, Any] = self.candidate.shown_axes()
         out.update(even_micro_batches=self.even, vs_fastest=self.vs_fastest, tied=self.tied)
         out.update(
             step_time_s=self.step_time_s, throughput_samples_per_s=self.throughput_samples_per_s,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from gpipe_sim.api import model_figures
 from gpipe_sim.results.result import NO_FIGURES, ModelFigures
 from gpipe_sim.spec.units import format_bytes, format_seconds
-from gpipe_sim.planner.search import AXES, DATA_PARALLEL, Candidate, PlanEntry, PlanSearch
+from gpipe_sim.planner.search import PlanEntry, PlanSearch
 from gpipe_sim.planner.tp_choice import searched_tp, tp_text
 
 if TYPE_CHECKING:
@@ -203,13 +203,6 @@ def _reason(code: str, figure: float, limit: float) -> str:
     return code
 
 
-def _candidate_axes(c: Candidate) -> dict[str, Any]:
-    axes = dict(zip(AXES, c.axes()))
-    if c.stages == 1:
-        axes.update(schedule=DATA_PARALLEL, v=None, partition=None)
-    return axes
-
-
 def csv_rows(search: PlanSearch) -> list[dict[str, Any]]:
     """One row per configuration considered: the simulated ones with their figures (fitting ones
     first, in the table's order, ranked), then the pruned ones with the reason, then the ones
@@ -228,7 +221,7 @@ def csv_rows(search: PlanSearch) -> list[dict[str, Any]]:
             rows.append({"rank": "", "status": "simulated", "reason": reason, **entry_dict(e, figures)})
     for i in sorted(search.pruned):
         rows.append({"rank": "", "status": "pruned", "reason": _reason(*search.pruned[i]),
-                     **_candidate_axes(search.candidates[i])})
+                     **search.candidates[i].shown_axes()})
     for D, K, v, M, name, why, *rest in search.rejected:
         rows.append({"rank": "", "status": "refused", "reason": why, "T": rest[0] if rest else 1,
                      "D": D, "K": K, "v": v, "M": M,
@@ -251,7 +244,7 @@ def write_csv(search: PlanSearch, path: str | Path) -> None:
 def config_text(e: PlanEntry) -> str:
     """The configuration in words: "T=1, D=16, K=1, data parallel, M=16, remat=none, zero=0" at K=1."""
     if e.data_parallel_only:
-        return (f"T={e.get('T')}, D={e.get('D')}, K=1, data parallel, M={e.get('M')}{'' if e.even else UNEVEN}, "
+        return (f"T={e.get('T')}, D={e.get('D')}, K=1, {e.shown('schedule')}, M={e.get('M')}{'' if e.even else UNEVEN}, "
                 f"remat={e.get('remat')}, zero={e.get('zero')}")
     return ", ".join(f"{k}={_axis_text(e, k)}" for k in SHOWN_AXES)
 

@@ -129,7 +129,7 @@ def structure(cand: Candidate, batch: int) -> tuple[Any, ...]:
 def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
     """How tied configurations are ordered, simplest and roomiest first: `structure`, then the
     lower peak memory, the shorter step and the enumeration order."""
-    return (*structure(Candidate.from_overrides(e.overrides), batch), e.peak_memory_bytes, e.step_time_s, e.index)
+    return (*structure(e.candidate, batch), e.peak_memory_bytes, e.step_time_s, e.index)
 
 
 # a queued candidate: (step-time lower bound, index, layer counts where known, refined)
@@ -353,7 +353,7 @@ def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
             groups.setdefault(structure(candidates[i], batch), []).append(i)
     for e in ranking.entries:
         if e.fits and e.step_time_s <= limit:
-            groups.setdefault(structure(Candidate.from_overrides(e.overrides), batch), [])
+            groups.setdefault(structure(e.candidate, batch), [])
     tied: set[tuple[Any, ...]] = set()
     for key in sorted(groups):
         if len(tied) >= options.top:
@@ -372,7 +372,7 @@ def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
                 continue
             outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
         tied |= {e.signature for e in ranking.entries if e.fits and e.step_time_s <= limit
-                 and structure(Candidate.from_overrides(e.overrides), batch) == key}
+                 and structure(e.candidate, batch) == key}
     ranking.fixed = None
 
 

@@ -98,6 +98,14 @@ class Candidate(NamedTuple):
         """The values of the axes, in `AXES` order."""
         return tuple(self[:9])
 
+    def shown_axes(self) -> dict[str, Any]:
+        """The axes by short name (`AXES`) as reports show them: at K=1 (no pipeline, one chunk)
+        the schedule is "data parallel" and v and the partition are None."""
+        axes = dict(zip(AXES, self.axes()))
+        if self.data_parallel_only:
+            axes.update(schedule=DATA_PARALLEL, v=None, partition=None)
+        return axes
+
     def overrides(self) -> dict[str, Any]:
         """The dotted overrides of the base scenario that make this configuration: the axes in
         `AXES` order, then each cleared hardware field as None (a fresh dict on each call)."""
