@@ -71,8 +71,8 @@ def assert_bars_honest(t: Timeline, bars: "plots.GanttBars", max_bars: int) -> N
     at = np.searchsorted(seg_key * span + seg_start, key_b * span + bars.start_s, side="right") - 1
     assert np.all(at >= 0) and np.all(seg_key[at] == key_b)
     assert np.all(bars.end_s <= seg_end[at]), "a bar covers time where its rank ran no action of its kind"
-    # One lane (compute, send, recv) of one rank: bars never overlap.
-    lane = np.select([bars.kind == ACTION_KINDS.index("send"), bars.kind == ACTION_KINDS.index("recv")], [1, 2], 0)
+    # One lane (compute, send, recv, all-reduce: the chart's lanes) of one rank: bars never overlap.
+    lane = np.select([bars.kind == ACTION_KINDS.index(k) for k in ("send", "recv", "allreduce")], [1, 2, 3], 0)
     lane_key = bars.rank.astype(np.int64) * 4 + lane
     order = np.lexsort((bars.start_s, lane_key))
     same = lane_key[order][1:] == lane_key[order][:-1]
@@ -461,6 +461,22 @@ def test_data_parallel_reductions_get_a_lane_of_their_own():
     assert (bars.kind == ACTION_KINDS.index("allreduce")).any()
     low, _ = _LANES["allreduce"]
     assert low >= _COMPUTE_LANE[0] + _COMPUTE_LANE[1] and low >= sum(_LANES["send"]) - 1e-12
+
+
+def test_gantt_merges_data_parallel_timelines_honestly():
+    """D=2 with all-reduces, merged: every rank's kinds keep their busy time, all-reduces drawn in
+    their own lane (beside compute, as they run) and never over idle time; replica rows named."""
+    t = simulate(parse_scenario({
+        "model": {"preset": "uniform", "layers": 8}, "hardware": {"preset": "v100"},
+        "pipeline": {"stages": 4, "chunks": 2, "data_parallel": 2, "micro_batches": 8, "batch_size": 32,
+                     "schedule": "interleaved_1f1b", "remat": "always"}})).timeline
+    code = ACTION_KINDS.index("allreduce")
+    assert (t.kind == code).any()
+    fig, bars = plots.timeline_figure(t, stages=4, max_bars=60)
+    assert bars.merged
+    assert_bars_honest(t, bars, 60)
+    assert sorted(set(bars.rank[bars.kind == code].tolist())) == sorted(set(t.rank[t.kind == code].tolist()))
+    assert list(fig.layout.yaxis.ticktext) == [f"replica {d} · rank {r}" for d in range(2) for r in range(4)]
 
 
 def test_gantt_draws_each_replica_from_its_own_rows():
