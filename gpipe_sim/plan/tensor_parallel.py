@@ -38,15 +38,15 @@ def with_tensor_parallel(scenario: Scenario, chunks: Sequence[Any], sizes: Seque
     if tp == 1 or not isinstance(scenario.model, TransformerModel):
         return list(chunks)
     comms = transformer_collectives(scenario.model, tp, p.sequence_parallel, scenario.training.dtype_bytes)
-    samples = np.asarray(sizes, dtype=float)
+    distinct, size_index = np.unique(np.asarray(sizes, dtype=float), return_inverse=True)
     out = []
-    for chunk in chunks:
+    for chunk in chunks:  # priced once per distinct micro-batch size, as compile prices passes
         bandwidth, latency = tp_link(scenario, scenario.device_map[chunk.rank])
         own = comms[chunk.first_layer:chunk.last_layer + 1]
         fwd = tuple(op for c in own for op in c.forward)
         bwd = tuple(op for c in own for op in c.backward)
-        tp_f = np.array([collective_seconds(fwd, b, tp, bandwidth, latency) for b in samples])
-        tp_b = np.array([collective_seconds(bwd, b, tp, bandwidth, latency) for b in samples])
+        tp_f = np.array([collective_seconds(fwd, b, tp, bandwidth, latency) for b in distinct])[size_index]
+        tp_b = np.array([collective_seconds(bwd, b, tp, bandwidth, latency) for b in distinct])[size_index]
         out.append(dataclasses.replace(
             chunk, forward_s=chunk.forward_s + tp_f, backward_s=chunk.backward_s + tp_b,
             backward_input_s=chunk.backward_input_s + tp_b, tp_forward_s=tp_f, tp_backward_s=tp_b))
