@@ -16,7 +16,6 @@ from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
-from gpipe_sim.schedule.global_program import per_replica_messages
 from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
@@ -462,9 +461,7 @@ def _flatten(plan: Plan) -> Program:
     updates = np.flatnonzero(kind == Kind.UPDATE)
     duration[updates] = np.array([r.update_s for r in plan.ranks])[rank[updates] % K] + host.action_s
 
-    # a transfer's key in its replica (`ProgramColumns.message_keys`): replica d's ids are d*P + key
-    P, message = per_replica_messages(C, M), steps.message
-    keys = np.where((message >= 0) & (message < D * P), message - (rank // K).astype(np.int64) * P, -1)
+    keys = steps.keys  # a point-to-point transfer's key in its replica (-1 elsewhere)
     sends = np.flatnonzero(kind == Kind.SEND)
     recvs = np.flatnonzero((kind == Kind.RECV) & (keys >= 0))
     out = np.stack([ch.output_bytes for ch in plan.chunks])  # [chunk, micro-batch]

@@ -41,21 +41,10 @@ class GlobalProgram:
     """Every global rank's program (rank g = d*K + r runs pipeline rank r's for replica d) and the
     message id of each action (see the module docstring); `num_messages` bounds the ids."""
 
-    replicas: int
-    pipeline_ranks: int
-    micro_batches: int
     columns: ProgramColumns
     message: np.ndarray
     num_messages: int
-
-    @property
-    def num_ranks(self) -> int:
-        return self.replicas * self.pipeline_ranks
-
-    @property
-    def per_replica_messages(self) -> int:
-        """P: the point-to-point message ids of one replica (its keys are 0 .. P-1)."""
-        return per_replica_messages(int(self.columns.chunk.max(initial=0)) + 1, self.micro_batches)
+    keys: np.ndarray  # a point-to-point transfer's key in its replica (ProgramColumns.message_keys); -1 elsewhere
 
     def rank(self, g: int) -> RankProgram:
         """Global rank g's actions and message ids, what its process runs."""
@@ -81,7 +70,7 @@ def global_program(schedule: Schedule, replicas: int) -> GlobalProgram:
     waits = np.flatnonzero((cols.kind == Kind.RECV) & (cols.tensor == Tensor.REDUCED))
     message[waits] = D * P + cols.chunk[waits].astype(np.int64) * D + replica[waits]
     num_messages = D * P + (C * D if D > 1 else 0)
-    return GlobalProgram(D, K, M, cols, message, num_messages)
+    return GlobalProgram(cols, message, num_messages, keys)
 
 
 def with_collectives(columns: ProgramColumns) -> ProgramColumns:
