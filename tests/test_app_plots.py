@@ -262,6 +262,20 @@ def test_stage_memory_bars_add_up_to_the_peak_when_the_update_is_the_peak():
     assert "activations held" not in bars and all(s.peak_activation_bytes > 0 for s in result.stages)
 
 
+def test_stage_memory_bars_name_each_part_of_the_breakdown():
+    """Held tensors the breakdown names (sent outputs, all-reduce buckets, ZeRO shards) are bars of
+    their own, not lumped into "runtime buffers"; the bars still add up to each rank's peak."""
+    result = run(2, 4)
+    for s in result.stages:  # a peak at which an output waits to be sent
+        s.memory_breakdown["sent"] = 0.25 * s.memory_breakdown["activations"]
+        s.memory_breakdown["activations"] *= 0.75
+    fig = plots.stage_memory_figure(result)
+    bars = {t.name: np.asarray(t.y) * plots.GIB for t in fig.data if t.type == "bar"}
+    assert bars["sent"] == pytest.approx([s.memory_breakdown["sent"] for s in result.stages])
+    assert sum(bars.values()) == pytest.approx([s.peak_memory_bytes for s in result.stages])
+    assert "runtime buffers" not in bars or not np.any(bars["runtime buffers"] > 1e-6 * bars["sent"])
+
+
 def test_bubble_vs_m_curves_are_the_analytic_formula():
     fig = plots.bubble_vs_m_figure([2, 8], current_k=4, current_m=16, current_bubble=0.3, m_max=64)
     curves = {t.name: t for t in fig.data}

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from gpipe_sim.results.result import Result
-from gpipe_sim.charts.style import GIB, rank_colors, time_unit
+from gpipe_sim.charts.style import GIB, category_colors, rank_colors, time_unit
 
 
 def _memory_steps(times: np.ndarray, held: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -87,13 +87,20 @@ def stage_memory_figure(result: Result) -> go.Figure:
     at_peak = all("activations" in s.memory_breakdown for s in stages)
     held = [s.memory_breakdown["activations"] if at_peak else s.peak_activation_bytes for s in stages]
     temporaries = [s.memory_breakdown.get("transient", 0.0) if at_peak else 0.0 for s in stages]
-    rest = [max(s.peak_memory_bytes - s.param_bytes - s.state_bytes - h - t, 0.0)
-            for s, h, t in zip(stages, held, temporaries)]
+    # the breakdown's other named parts (sent tensors, all-reduce buckets, ZeRO shards...), each a bar;
+    # what is left is the step buffers
+    shown = {"parameters", "gradients_and_optimizer_states", "activations", "transient", "step_buffers"}
+    named = sorted({k for s in stages for k in s.memory_breakdown} - shown) if at_peak else []
+    extras = [(name.replace("_", " "), [s.memory_breakdown.get(name, 0.0) for s in stages], color)
+              for name, color in zip(named, category_colors(len(named) + 8)[8:])]
+    rest = [max(s.peak_memory_bytes - s.param_bytes - s.state_bytes - h - t - sum(v[i] for _, v, _ in extras), 0.0)
+            for i, (s, h, t) in enumerate(zip(stages, held, temporaries))]
     fig = go.Figure()
     parts = (("parameters", [s.param_bytes for s in stages], "#72B7B2"),
              ("gradients + optimizer states", [s.state_bytes for s in stages], "#EECA3B"),
              ("activations held" if at_peak else "peak activations", held, "#E45756"),
              ("temporaries (running pass or update)", temporaries, "#B279A2"),
+             *extras,
              ("runtime buffers" if at_peak else "temporaries and buffers", rest, "#9D755D"))
     for name, values, color in parts:
         if name != "parameters" and not any(values):
