@@ -73,7 +73,7 @@ def rank_tp_comm_seconds(plan: Any) -> list[float]:
 
 def total_devices(rank_devices: int, tp: int) -> int:
     """Every device of the step: T for each distinct rank device (a rank's T consecutive devices)."""
-    return rank_devices * tp if tp > 1 else rank_devices
+    return rank_devices * tp
 
 
 __all__ = ["rank_tp_comm_seconds", "tp_link", "total_devices", "with_tensor_parallel"]

@@ -147,7 +147,7 @@ def _transformer(model: TransformerModel, p: int, m: int, tp: int = 1, sequence_
     # The vocabulary as the tables, the logits and the head's GEMM have it: padded (`vocab_multiple`,
     # times T when split, as Megatron-LM pads), one device's rows.
     d, f, s, a = model.d_model, model.d_ff, model.seq_len, model.heads
-    v = (model.padded_vocab if tp == 1 else split_vocab(model, tp)) // tp
+    v = split_vocab(model, tp) // tp  # T = 1: padded_vocab
     mask = m if model.dropout > 0 else 0
     return [_embedding(model, p, mask, v, r), *_blocks(model, p, mask, tp, r), _head(d, s, v, p, r)]
 
