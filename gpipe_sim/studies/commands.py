@@ -10,10 +10,6 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.spec.overrides import add_set_option
 
 
-class InterruptedSweep(GpipeError):
-    """The sweep was interrupted; what finished is kept."""
-
-
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from gpipe_sim.sweeps import best_text, expand, load_sweep, run_sweep
     from gpipe_sim.sweeps.points import given_fields, notes_text
