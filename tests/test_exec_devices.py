@@ -67,11 +67,19 @@ def test_a_pass_takes_at_least_what_issuing_its_kernels_takes_the_host():
 def test_stamps_on_cpu_give_the_host_the_device_time():
     from gpipe_exec.profile import Stamps
 
+    import time
+
     stamps = Stamps(torch.device("cpu"), "wall")
     a = stamps.now()
-    sum(range(10000))
+    time.sleep(0.02)
     b = stamps.now()
     assert stamps.host_seconds(a, b) == stamps.seconds(a, b) > 0
+    assert 0.02 <= stamps.seconds(a, b) < 1.0  # a wall-clock interval, in seconds
+    # the thread's CPU clock does not count a sleep
+    thread = Stamps(torch.device("cpu"), "thread")
+    c = thread.now()
+    time.sleep(0.02)
+    assert thread.seconds(c, thread.now()) < 0.01
 
 
 def test_selfcheck_reports_each_case_and_a_summary():
