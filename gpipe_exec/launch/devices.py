@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from gpipe_exec.runtime.interpreter import stages_through_host
 from gpipe_sim.errors import ScenarioError
 
 DEVICE_ENV = "GPIPE_EXEC_DEVICE"
@@ -58,7 +59,8 @@ def transport(kind: str, device_map: Sequence[int], backend: str | None = None) 
     if chosen == "nccl" and shared:
         raise ScenarioError("hardware.stage_to_device: NCCL refuses two ranks on one GPU; leave the backend "
                             "to gpipe-exec (it joins such ranks over gloo) or give each stage its own GPU")
-    return Transport(chosen, staged=chosen == "gloo")
+    return Transport(chosen, staged=stages_through_host("cuda", chosen))
+
 
 
 def check_gpu_layout(device_map: Sequence[int], gpus: int) -> None:

@@ -94,6 +94,12 @@ def data_parallel_groups(K: int, D: int) -> list[Any]:
     return _DP_GROUPS[3]
 
 
+def stages_through_host(kind: str, backend: str) -> bool:
+    """Whether transfers between ranks on devices of `kind` over `backend` go through host memory
+    (`_Comm.staged`): gloo moves no CUDA tensors point to point."""
+    return kind == "cuda" and backend == "gloo"
+
+
 class _Comm:
     """Point-to-point transfers tagged by message key, with clear errors on peer failure.
 
@@ -226,7 +232,7 @@ class RankRunner:
         self.recv_at = [i for i, a in enumerate(self.actions) if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
         self.shapes = boundary_shapes(model, dtype, job.seed, job.dropout) if self.recv_at else []
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
-        self.comm = _Comm(rank, split, staged=device.type == "cuda" and dist.get_backend() == "gloo")
+        self.comm = _Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
         self._buffers: dict[int, torch.Tensor] = {}
         # (With T > 1 a pass's collectives wait for the rank's other devices: a device lock shared
         # with another rank could hold one of them back while it holds the lock, so none is taken.)
