@@ -465,9 +465,8 @@ def _flatten(plan: Plan) -> Program:
     sends = np.flatnonzero(kind == Kind.SEND)
     recvs = np.flatnonzero((kind == Kind.RECV) & (keys >= 0))
     out = np.stack([ch.output_bytes for ch in plan.chunks])  # [chunk, micro-batch]
-    for idx, fixed in ((sends, host.send_s), (recvs, host.recv_s)):
-        moved = out[keys[idx] // M // 2, mb[idx]]  # a message carries its boundary chunk's output
-        duration[idx] = fixed + moved / host.copy_bandwidth
+    for idx, seconds in ((sends, host.send_seconds), (recvs, host.recv_seconds)):
+        duration[idx] = seconds(out[keys[idx] // M // 2, mb[idx]])  # a message carries its boundary chunk's output
 
     hardware = plan.scenario.hardware
     dmap = np.asarray(plan.device_map, dtype=np.int64)

@@ -46,7 +46,8 @@ class CostTable:
         self.params = np.array([float(layer.params) for layer in self.layers])
         self.act = np.array([float(layer.activation_bytes_per_sample) for layer in self.layers])
         bpp = t.bytes_per_param
-        self.update = np.array([update_seconds([layer], self.accel, self.dtype_bytes, bpp) for layer in self.layers])
+        self.update = np.array([update_seconds([layer], self.accel, self.dtype_bytes, bpp, base.optimizer_step)
+                                for layer in self.layers])
         self.capacity = self.accel.usable_memory_bytes
         self._times: dict[int, np.ndarray] = {}
         self._compute: dict[int, np.ndarray] = {}
@@ -168,7 +169,7 @@ class CostTable:
         network = hw.network or hw.link
         # a boundary follows any layer but the last
         least = min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1]) * samples
-        host = hw.host.send_s + hw.host.recv_s + 2 * least / hw.host.copy_bandwidth
+        host = hw.host.send_seconds(least) + hw.host.recv_seconds(least)
         out = np.zeros(C - 1)
         for j in range(C - 1):
             a, b = placement[j], placement[j + 1]

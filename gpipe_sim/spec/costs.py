@@ -77,13 +77,12 @@ def _interpolate(layer: LayerSpec, micro_batch: int) -> tuple[float, float]:
 
 
 def update_seconds(
-    layers: list[LayerSpec], accelerator: Accelerator, dtype_bytes: int, bytes_per_param: int,
-    step: str | None = None,
+    layers: list[LayerSpec], accelerator: Accelerator, dtype_bytes: int, bytes_per_param: int, step: str,
 ) -> float:
     """Optimizer step for these layers: measured `update_s` where given, else memory-bound traffic
     (read weight, gradient and states; write weight and states) at the memory bandwidth; on an
-    accelerator with kernel tables, that traffic as the `step` implementation moves it (default:
-    the accelerator's `optimizer_step`) at the achieved bandwidth."""
+    accelerator with kernel tables, that traffic as the `step` implementation moves it
+    (`Scenario.optimizer_step`, as the executor steps) at the achieved bandwidth."""
     total = 0.0
     gpu = accelerator.gpu
     for layer in layers:
@@ -91,7 +90,7 @@ def update_seconds(
             total += layer.update_s
         elif layer.params and gpu is not None and isinstance(layer.ops, LayerKernels):
             traffic = bytes_per_param + (bytes_per_param - dtype_bytes)
-            total += step_seconds(layer.params, layer.ops.tensors, traffic, step or accelerator.optimizer_step,
+            total += step_seconds(layer.params, layer.ops.tensors, traffic, step,
                                   accelerator.memory_bandwidth, gpu)
         elif layer.params:
             traffic = layer.params * (bytes_per_param + (bytes_per_param - dtype_bytes))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+import numpy as np
+
 from pydantic import Field, field_validator, model_validator
 
 from gpipe_sim.spec.gpu_model import GpuTables, peak_for
@@ -111,6 +113,14 @@ class Host(_Strict):
     # per chunk and ZeRO-1's master shard, shard gradient and all-gather buffers: counted in each
     # rank's memory (gpipe_sim.plan.memory).
     step_buffers: bool = False
+
+    def send_seconds(self, nbytes: float | np.ndarray) -> float | np.ndarray:
+        """A send of `nbytes` on the sender's timeline: `send_s` plus its host copy."""
+        return self.send_s + nbytes / self.copy_bandwidth
+
+    def recv_seconds(self, nbytes: float | np.ndarray) -> float | np.ndarray:
+        """A receive of `nbytes` on the receiver's timeline once the data is there: `recv_s` plus its copy."""
+        return self.recv_s + nbytes / self.copy_bandwidth
 
 
 class Hardware(_Strict):
