@@ -138,7 +138,7 @@ st.plotly_chart(pareto_figure(search.simulated_entries, search.front, search.cap
                 key="plan.pareto")
 
 st.subheader(f"Configuration {choice.split(':')[0]}")
-scenario = base.with_updates(chosen.overrides)
+scenario = search.base.with_updates(chosen.overrides)  # the base as ranked: the planner's reserve held back
 result = simulate_cached(scenario)
 show_metrics(scenario, result)
 st.button("Open in Explore", key="plan.open", icon=":material/insights:", on_click=_open_in_explore,
