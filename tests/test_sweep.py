@@ -479,3 +479,25 @@ def test_log_ticks_are_the_values_used_or_their_powers_of_two():
     many = log_ticks(list(range(1, 65)))
     assert many == [1, 2, 4, 8, 16, 32, 64]
     assert len(set(category_colors(14))) == 14
+
+
+def test_report_bubble_references_are_each_schedules_own_analytic_bubble():
+    """The dotted reference lines come from the rows' analytic bubble (the schedule family's
+    formula), not GPipe's (K-1)/(M+K-1) for every schedule."""
+    import pandas as pd
+
+    from gpipe_sim.schedule import schedule_family
+    from gpipe_sim.sweeps.report import figure_bubble
+
+    rows = []
+    for schedule, v in (("gpipe", 1), ("interleaved_1f1b", 2)):
+        for m in (4, 8):
+            rows.append({"pipeline.schedule": schedule, "pipeline.stages": 4, "pipeline.chunks": v,
+                         "pipeline.micro_batches": m, "bubble_fraction": 0.5,
+                         "analytic_bubble_fraction": schedule_family(schedule).analytic_bubble(4, m, v)})
+    fig = figure_bubble(pd.DataFrame(rows), ["pipeline.schedule", "pipeline.micro_batches"])
+    refs = {t.name: list(t.y) for t in fig.data if t.name.startswith("analytic")}
+    interleaved = next(y for name, y in refs.items() if "interleaved_1f1b" in name)
+    assert interleaved == pytest.approx([3 / (2 * 4 + 3), 3 / (2 * 8 + 3)])
+    gpipe = next(y for name, y in refs.items() if "gpipe" in name)
+    assert gpipe == pytest.approx([3 / 7, 3 / 11])

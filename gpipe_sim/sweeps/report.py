@@ -10,7 +10,6 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from gpipe_sim.results.result import analytic_bubble
 from gpipe_sim.charts.style import (
     _DASHES, _SYMBOLS, GIB, category_colors, log_ticks, schedule_colors, tick_text,
 )
@@ -122,16 +121,19 @@ def figure_step_time(ok: pd.DataFrame, varying: list[str]) -> go.Figure | None:
 
 
 def figure_bubble(ok: pd.DataFrame, varying: list[str]) -> go.Figure | None:
-    """The bubble fraction against M (as `figure_step_time`), with GPipe's (K-1)/(M+K-1) per K
-    as dotted reference lines, hidden until picked in the legend."""
+    """The bubble fraction against M (as `figure_step_time`), with each (schedule, K, v)'s
+    analytic bubble as dotted reference lines (the rows' own `analytic_bubble_fraction`, the
+    schedule family's formula), hidden until picked in the legend."""
     drawn = _against(ok, varying, M, "bubble_fraction")
     if drawn is None:
         return None
     fig, what = drawn
-    ms = sorted(ok[M].unique())
-    for k in sorted(ok[K].unique()):
+    keys = [c for c in ("pipeline.schedule", K, "pipeline.chunks") if c in ok.columns]
+    for key, rows in ok.groupby(keys, dropna=False, sort=True):
+        line = rows.groupby(M, sort=True)["analytic_bubble_fraction"].first()
+        label = ", ".join(f"{c.split('.')[-1]}={v}" for c, v in zip(keys, key if isinstance(key, tuple) else (key,)))
         fig.add_trace(go.Scatter(
-            x=ms, y=[analytic_bubble(int(k), int(m)) for m in ms], mode="lines", name=f"(K-1)/(M+K-1), K={k}",
+            x=list(line.index), y=list(line.values), mode="lines", name=f"analytic, {label}",
             line={"dash": "dot", "width": 1, "color": "#888888"}, visible="legendonly",
         ))
     fig.update_layout(title=f"Bubble fraction against M, one line per {what}", xaxis_title="micro-batches M",
