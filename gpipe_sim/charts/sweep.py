@@ -58,8 +58,8 @@ def bubble_vs_m_figure(stages_list: Sequence[int], current_k: int, current_m: in
         marker=dict(size=15, symbol="star", color="crimson", line=dict(width=1, color="black")),
         hovertemplate="current<br>M=%{x}<br>bubble %{y:.4f}<extra></extra>",
     ))
-    ticks = [2**i for i in range(int(math.log2(m_max)) + 2) if 2**i <= 2 * m_max]
-    fig.update_xaxes(tickvals=ticks, ticktext=[str(t) for t in ticks])
+    ticks = log_ticks([x for trace in fig.data for x in (trace.x or ())])  # the M values drawn
+    fig.update_xaxes(tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
     what = schedule if chunks == 1 else f"{schedule}, v={chunks}"
     fig.update_layout(title=f"Bubble fraction against micro-batches M ({what})", xaxis_type="log",
                       xaxis_title="micro-batches M", yaxis_title="bubble fraction", height=380,
