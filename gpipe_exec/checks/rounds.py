@@ -9,8 +9,8 @@ from gpipe_exec.measure.steps import Measurement, measured_result
 
 from gpipe_exec.runtime.job import job_for
 from gpipe_exec.programs import with_schedule
-from gpipe_exec.profile import (ProfileOptions, average_tables, default_sizes, profile_model, profile_on_rank,
-                                table_scenario)
+from gpipe_exec.profile import (ProfileOptions, average_tables, default_sizes, profile_device, profile_model,
+                                profile_on_rank, table_scenario)
 from gpipe_exec.calibration.runtime import LinkFit, RuntimeFit
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.plan.compile import Plan, compile_plan, scenario_schedule
@@ -62,13 +62,35 @@ class Round(NamedTuple):
     table: dict[str, Any]  # the profile the prediction used
 
 
+def _profile_case(sc: Scenario, options: ProfileOptions, rank: int, alone: bool) -> dict[str, Any] | None:
+    """Rank 0's layer table of the case (None on the other ranks), every rank calling this at once:
+    profiled by every process at once (`profile_on_rank`; with tensor parallelism each pipeline
+    rank's T processes profile the layers split over them) and averaged (`average_tables`), or
+    with `alone` by rank 0 (with its T - 1 tensor-parallel peers) while the others wait."""
+    import torch.distributed as dist
+
+    from gpipe_exec.runtime.tensor_parallel import device_mesh
+
+    p = sc.pipeline
+    if not alone:
+        mine = profile_on_rank(sc, options, rank)
+        tables: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
+        dist.gather_object(mine, tables if rank == 0 else None, dst=0)
+        return average_tables(tables) if rank == 0 else None
+    if p.tensor_parallel == 1:
+        return profile_model(sc, options) if rank == 0 else None
+    device_mesh(profile_device(options.device).type, p.data_parallel, p.stages, p.tensor_parallel)  # collective
+    table = profile_on_rank(sc, options, rank) if rank < p.tensor_parallel else None
+    return table if rank == 0 else None
+
+
 def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> list[list[Round]] | None:
-    """A launch task, on every rank: `rounds` passes over `cases`; in each pass every case is
-    profiled (by every rank at once, as `profile_on_devices` does, their tables averaged
-    (`average_tables`), or with `alone` by rank 0 while the others wait), simulated by rank 0
-    with that profile and `calibration`, and run by
-    all ranks seconds later. Spread over the passes, a case's profiles and steps see the same mix
-    of machine states. Rank 0 returns each case's rounds."""
+    """A launch task, on every process: `rounds` passes over `cases`; in each pass every case is
+    profiled (`_profile_case`: by every process at once, or with `alone` by rank 0), simulated by
+    rank 0 with that profile and `calibration`, and run by all processes seconds later. Spread
+    over the passes, a case's profiles and steps see the same mix of machine states. With tensor
+    parallelism the processes are the T per pipeline rank the run has. Rank 0 returns each
+    case's rounds."""
     import torch.distributed as dist
 
     from gpipe_exec.runtime.interpreter import run_job
@@ -82,21 +104,14 @@ def compare_rounds(rank: int, device: Any, clock: Any, payload: dict[str, Any]) 
             options = dataclasses.replace(options, device=str(device))  # where this rank's stage runs
             if splits_backward(sc):
                 options = dataclasses.replace(options, split_backward=True)
-            if not payload["alone"]:
-                mine = profile_on_rank(sc, options, rank)
-                tables: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
-                dist.gather_object(mine, tables if rank == 0 else None, dst=0)
-                if rank == 0:
-                    table = average_tables(tables)
-            elif rank == 0:
-                table = profile_model(sc, options)
+            table = _profile_case(sc, options, rank, payload["alone"])
             box: list[Any] = [None]
             if rank == 0:
-                prediction = predict_with_profile(sc, table, payload["calibration"])
+                prediction = predict_with_profile(sc, table, payload["calibration"])  # type: ignore[arg-type]
                 box = [job_for(prediction.plan, model=sc.model, steps=payload["steps"], warmup=payload["warmup"])]
             dist.broadcast_object_list(box, src=0)
             output = run_job(box[0], rank, device, clock)
             if rank == 0:
                 out[i].append(Round(prediction.scenario, prediction.result,
-                                    measured_result(prediction.plan, output), table))
+                                    measured_result(prediction.plan, output), table))  # type: ignore[arg-type]
     return out if rank == 0 else None

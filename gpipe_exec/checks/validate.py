@@ -16,9 +16,7 @@ from gpipe_exec.execute import check_layout, check_model, check_runnable, run_pl
 from gpipe_exec.measure.steps import Measurement
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions
-from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.results.result import Result
 from gpipe_sim.results.validation import ValidationDocument
@@ -121,14 +119,14 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
              table: dict[str, Any] | None = None,
              progress: Callable[[str], None] | None = None) -> Validation:
     """Calibrate, then profile, simulate and execute `scenario` (`rounds` times, in one launch);
-    everything on this machine. With a `table`, that profile is used and the run is done once."""
+    everything on this machine. With a `table`, that profile is used and the run is done once (a
+    table profiled at the scenario's tensor_parallel T: the simulator refuses another in one
+    line). With T > 1 the profile is of the layers split over each rank's T processes, taken by
+    all processes at once (`profile_on_rank`), as the run runs them."""
     say = progress or (lambda _msg: None)
     if rounds < 1:
         raise GpipeError(f"rounds must be at least 1, got {rounds}")
     T = scenario.pipeline.tensor_parallel
-    if T > 1 and table is not None:
-        raise GpipeError("--table: a measured layer table has no tensor-parallel split; validate T > 1 "
-                         "without one (its prediction is the preset's, see `validate_preset`)")
     if table is None:  # before profiling: the model builds and (on CPU) its ranks fit in free memory
         check_runnable(scenario, options.device)
     device_map = process_devices(scenario.device_map, T)  # one process per device (T per rank)
@@ -139,9 +137,6 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
         if len(devices) < len(device_map) and T == 1:
             say("calibrating the runtime on the shared devices")
             calibration = calibrate_shared(calibration, scenario.device_map, options=options)
-    if T > 1:
-        return validate_preset(scenario, calibration, steps=steps, warmup=warmup, rounds=rounds,
-                               options=options, say=say)
     if table is not None:  # one compile and one simulation: the plan predicted is the plan run
         check_model(scenario)
         prediction = predict_with_profile(scenario, table, calibration)
@@ -152,28 +147,7 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
     say(f"profiling (every device at once), predicting and running: {rounds} round(s)")
     payload = {"cases": [scenario], "rounds": rounds, "steps": steps, "warmup": warmup, "alone": False,
                "profile": profile or ProfileOptions(threads=options.threads), "calibration": calibration}
-    done: list[Round] = launch(payload, scenario.device_map, options, task=compare_rounds)[0]
-    return combine_rounds(done, calibration)
-
-
-def validate_preset(scenario: Scenario, calibration: Calibration | None, *, steps: int, warmup: int,
-                    rounds: int, options: LaunchOptions, say: Callable[[str], None]) -> Validation:
-    """Tensor parallelism (T > 1): the prediction is the scenario's own (its hardware preset's
-    kernel costs, with this machine's calibrated link and host times), not a profile: the
-    profiler's per-layer table holds whole layers, and the simulator splits only its transformer
-    preset. The run is then repeated `rounds` times (one launch each)."""
-    updates: dict[str, Any] = dict(calibration.hardware_updates()) if calibration is not None else {}
-    updates["hardware.host.step_buffers"] = True  # the executor's receive buffers and data (RankRunner)
-    plan = compile_plan(scenario.with_updates(updates))
-    predicted = simulate_plan(plan)
-    run_scenario = scenario.with_updates({"pipeline.partition": plan.layer_counts})
-    done = []
-    for r in range(rounds):
-        say(f"running the pipeline (T={scenario.pipeline.tensor_parallel}; predicted from the preset), "
-            f"round {r + 1} of {rounds}")
-        check_layout(plan, options.device, predicted=predicted)
-        measured = run_plan(plan, steps=steps, warmup=warmup, options=options)
-        done.append(Round(run_scenario, predicted, measured, {}))
+    done: list[Round] = launch(payload, device_map, options, task=compare_rounds)[0]
     return combine_rounds(done, calibration)
 
 

@@ -7,7 +7,8 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpipe_exec.measure.meters import SavedBytesMeter, tensor_bytes
+from gpipe_exec.measure.meters import SavedBytesMeter, local_data, tensor_bytes
+from gpipe_exec.profiling.split import LossFn
 from gpipe_exec.zoo import loss_sum
 
 
@@ -18,19 +19,20 @@ def grad_like(out: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def forward_pass(layer: torch.nn.Module, x: torch.Tensor, last: bool, first: bool, target: torch.Tensor,
-                 batch: int, meter: SavedBytesMeter | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the layer's output, what its backward starts from: the loss on the model's `last` layer, else
-    the output) for input `x` detached (taking a gradient unless `first`), counted by `meter` if given."""
+                 batch: int, meter: SavedBytesMeter | None, loss: LossFn = loss_sum) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the layer's output, what its backward starts from: the `loss` on the model's `last` layer,
+    else the output) for input `x` detached (taking a gradient unless `first`), counted by `meter`
+    if given."""
     x = x.detach()
     if not first and x.is_floating_point():
         x.requires_grad_(True)
     if meter is not None:
         with meter.track(0):
             out = layer(x)
-            end = loss_sum(out, target, batch) if last else out
+            end = loss(out, target, batch) if last else out
     else:
         out = layer(x)
-        end = loss_sum(out, target, batch) if last else out
+        end = loss(out, target, batch) if last else out
     return out, end
 
 
@@ -43,19 +45,21 @@ def backward_pass(end: torch.Tensor, last: bool, grad: torch.Tensor | None) -> N
 
 
 def measure_layer_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
-                        last: bool, batch: int) -> tuple[dict[str, Any], torch.Tensor]:
+                        last: bool, batch: int, loss: LossFn = loss_sum) -> tuple[dict[str, Any], torch.Tensor]:
     """Parameters, FLOPs, output and saved bytes per sample of one layer at `batch` samples, and its
-    output detached. Runs on any device, the meta device included (allocating nothing there)."""
+    output detached. Runs on any device, the meta device included (allocating nothing there). A
+    split layer's (DTensor) parameters count as this process holds them: their local shards."""
     meter = SavedBytesMeter([layer])
     with FlopCounterMode(display=False) as counter:
-        out, end = forward_pass(layer, x[:batch], last, first, target[:batch], batch, meter)
+        out, end = forward_pass(layer, x[:batch], last, first, target[:batch], batch, meter, loss)
     forward_flops = counter.get_total_flops()
     with FlopCounterMode(display=False) as counter:
         backward_pass(end, last, None if last else grad_like(out, 0))
     layer.zero_grad(set_to_none=True)
+    sizes = [local_data(p).numel() for p in layer.parameters()]
     row = {
-        "params": int(sum(p.numel() for p in layer.parameters())),
-        "largest_tensor_params": int(max((p.numel() for p in layer.parameters()), default=0)),
+        "params": int(sum(sizes)),
+        "largest_tensor_params": int(max(sizes, default=0)),
         "activation_bytes_per_sample": meter.peak / batch,
         "output_bytes_per_sample": tensor_bytes(out) / batch,
         "forward_flops_per_sample": forward_flops / batch,
@@ -74,13 +78,13 @@ def split_saved_bytes(layer: torch.nn.Module, x: torch.Tensor, *, first: bool = 
     branch meets the input's path), and what I alone reads (`read_by_i_only`: freeable after I)."""
     from gpipe_exec.runtime.split_backward import backward_input, backward_weight
 
-    static = {t.untyped_storage().data_ptr() for t in [*layer.parameters(), *layer.buffers()]}
+    static = {local_data(t).untyped_storage().data_ptr() for t in [*layer.parameters(), *layer.buffers()]}
     saved: dict[int, torch.Tensor] = {}
     read: dict[str, set[int]] = {"I": set(), "W": set()}
     phase = ["F"]
 
     def pack(t: torch.Tensor) -> Any:
-        if t.untyped_storage().data_ptr() in static:
+        if local_data(t).untyped_storage().data_ptr() in static:
             return ("static", t)
         key = len(saved)
         saved[key] = t
@@ -102,8 +106,8 @@ def split_saved_bytes(layer: torch.nn.Module, x: torch.Tensor, *, first: bool = 
     params = [p for p in layer.parameters() if p.requires_grad]
     phase[0] = "I"
     _, work = backward_input(out, grad, x, params)
-    kept_storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for group in work.groups
-                     for saved_grads in group.grads for g in (saved_grads or ()) if g is not None}
+    kept_storages = {s.data_ptr(): s.nbytes() for group in work.groups for saved_grads in group.grads
+                     for g in (saved_grads or ()) if g is not None for s in (local_data(g).untyped_storage(),)}
     kept = sum(kept_storages.values())  # a gradient two meeting nodes keep (or views of one) counted once
     phase[0] = "W"
     backward_weight(work, params)
@@ -114,25 +118,25 @@ def split_saved_bytes(layer: torch.nn.Module, x: torch.Tensor, *, first: bool = 
 
 
 def saves_input_output(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
-                       last: bool) -> tuple[bool, bool]:
+                       last: bool, loss: LossFn = loss_sum) -> tuple[bool, bool]:
     """Whether the layer's forward saves (for backward) its input, and its output, themselves."""
     packed: set[int] = set()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if t.device.type != "meta":
-            packed.add(t.data_ptr())
+            packed.add(local_data(t).data_ptr())
         return t
 
     x = x.detach()
     if not first and x.is_floating_point():
         x.requires_grad_(True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out, _ = forward_pass(layer, x, last, first, target, x.shape[0], None)
-    return x.data_ptr() in packed, out.data_ptr() in packed
+        out, _ = forward_pass(layer, x, last, first, target, x.shape[0], None, loss)
+    return x.data_ptr() in packed, local_data(out).data_ptr() in packed
 
 
 def transient_parts(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
-                    last: bool, batch: int) -> tuple[float, float]:
+                    last: bool, batch: int, loss: LossFn = loss_sum) -> tuple[float, float]:
     """The most bytes the layer's forward, and its backward, at `batch` samples allocate beyond
     what they hold at their end: of the forward, the peak minus the bytes live after it (what it
     saves and its output, and the loss on the model's last layer, stay); of the backward, the peak
@@ -154,7 +158,7 @@ def transient_parts(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tenso
         tracker = pass_meter(x.device, [layer], [x, target])
         with tracker:
             tracker.mark()
-            out, end = forward_pass(layer, x, last, first, target, batch, None)
+            out, end = forward_pass(layer, x, last, first, target, batch, None, loss)
             forward = tracker.interval_peak - tracker.total
             grad = None if last else grad_like(out, 0)
             del out
@@ -176,7 +180,7 @@ class InputPassMemory(NamedTuple):
 
 
 def input_pass_memory(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, last: bool,
-                      batch: int) -> InputPassMemory:
+                      batch: int, loss: LossFn = loss_sum) -> InputPassMemory:
     """The layer's input-gradient pass (runtime.split_backward.backward_input, as the executor runs
     it) at `batch` samples, counted by a StorageTracker: the most it holds above what was live at
     its start (the gradients it keeps for the weight pass, its input's gradient, its temporaries:
@@ -195,7 +199,7 @@ def input_pass_memory(layer: torch.nn.Module, x: torch.Tensor, target: torch.Ten
             x = x.requires_grad_(True)
             out = layer(x)
             held = None if last else out.detach()  # the output itself stays (sent, or the next layer's input)
-            end = loss_sum(out, target, batch) if last else out
+            end = loss(out, target, batch) if last else out
             grad = None if last else grad_like(out, 0)
             del out
             tracker.mark()
@@ -212,9 +216,9 @@ def input_pass_memory(layer: torch.nn.Module, x: torch.Tensor, target: torch.Ten
 
 
 def transient_bytes(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
-                    last: bool, batch: int) -> float:
+                    last: bool, batch: int, loss: LossFn = loss_sum) -> float:
     """The larger of the layer's forward and backward transients at `batch` samples (`transient_parts`)."""
-    return max(transient_parts(layer, x, target, first=first, last=last, batch=batch))
+    return max(transient_parts(layer, x, target, first=first, last=last, batch=batch, loss=loss))
 
 
 def transient_fit(small: int, at_small: tuple[float, float], big: int,
@@ -239,22 +243,23 @@ def transient_fit(small: int, at_small: tuple[float, float], big: int,
 
 
 def _split_backward_figures(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool,
-                            last: bool, small: int, big: int, saved_per_sample: float) -> dict[str, float]:
+                            last: bool, small: int, big: int, saved_per_sample: float,
+                            loss: LossFn) -> dict[str, float]:
     """A trained layer's figures for split backwards (LayerSpec's `kept_for_weight_bytes_per_sample`,
     and but for the model's first layer, whose input pass does nothing, `input_pass_bytes_per_sample`
     at the worse of both sizes and `freed_after_input_pass_bytes_per_sample`, at most what it saves)."""
     kept = split_saved_bytes(layer, x[:big], first=first)["kept_gradients"]
     figures = {"kept_for_weight_bytes_per_sample": kept / big}
     if not first:
-        at = {b: input_pass_memory(layer, x, target, last=last, batch=b) for b in {small, big}}
+        at = {b: input_pass_memory(layer, x, target, last=last, batch=b, loss=loss) for b in sorted({small, big})}
         figures["input_pass_bytes_per_sample"] = max(m.peak / b for b, m in at.items())
         figures["freed_after_input_pass_bytes_per_sample"] = min(at[big].freed / big, saved_per_sample)
     return figures
 
 
 def measure_layer(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, first: bool, last: bool,
-                  small: int, big: int, meta: bool = False,
-                  after_saved_output: bool = False) -> tuple[dict[str, Any], torch.Tensor, bool]:
+                  small: int, big: int, meta: bool = False, after_saved_output: bool = False,
+                  loss: LossFn = loss_sum) -> tuple[dict[str, Any], torch.Tensor, bool]:
     """One layer's memory figures, the profiler's one entry point for them: (its LayerSpec row's
     bytes, FLOPs and parameters, its output detached (the next layer's input), whether its forward
     saves its output (the next layer's `after_saved_output`)). `x` and `target` hold `big` samples.
@@ -263,21 +268,23 @@ def measure_layer(layer: torch.nn.Module, x: torch.Tensor, target: torch.Tensor,
     transient at `small` and `big` (`transient_fit`), the input's bytes saved a second time when
     the previous layer saved its output (`after_saved_output`) and this one saves it as its input,
     and the split backward's (`_split_backward_figures`). The counts are of the storages tensors
-    own (SavedBytesMeter, StorageTracker), on any device; with `meta` nothing is allocated.
+    own (SavedBytesMeter, StorageTracker), on any device; with `meta` nothing is allocated. `loss`
+    ends the model's last layer's passes (a split head's: the vocabulary-parallel one); a split
+    layer's collectives run inside every pass, so all processes of its mesh measure it together.
     """
     if meta:
-        row, out = measure_layer_bytes(layer, x, target, first=first, last=last, batch=big)
+        row, out = measure_layer_bytes(layer, x, target, first=first, last=last, batch=big, loss=loss)
         return row, out, False
     fixed, per_sample = transient_fit(  # before the static pass, which leaves gradients behind
-        small, transient_parts(layer, x, target, first=first, last=last, batch=small),
-        big, transient_parts(layer, x, target, first=first, last=last, batch=big))
-    row, out = measure_layer_bytes(layer, x, target, first=first, last=last, batch=big)
+        small, transient_parts(layer, x, target, first=first, last=last, batch=small, loss=loss),
+        big, transient_parts(layer, x, target, first=first, last=last, batch=big, loss=loss))
+    row, out = measure_layer_bytes(layer, x, target, first=first, last=last, batch=big, loss=loss)
     row["transient_bytes_per_sample"] = per_sample
     row["transient_bytes"] = fixed
-    saves_input, saves_output = saves_input_output(layer, x[:big], target[:big], first=first, last=last)
+    saves_input, saves_output = saves_input_output(layer, x[:big], target[:big], first=first, last=last, loss=loss)
     if saves_input and after_saved_output:
         row["saved_with_previous_bytes_per_sample"] = tensor_bytes(x[:big]) / big
     if any(p.requires_grad for p in layer.parameters()):
         row.update(_split_backward_figures(layer, x, target, first=first, last=last, small=small, big=big,
-                                           saved_per_sample=row["activation_bytes_per_sample"]))
+                                           saved_per_sample=row["activation_bytes_per_sample"], loss=loss))
     return row, out, saves_output

@@ -14,9 +14,10 @@ from gpipe_exec.measure.allocator import cache_host_memory
 from gpipe_exec.measure.meters import tensor_bytes
 from gpipe_exec.profiling.memory import measure_layer
 from gpipe_exec.profiling.options import ProfileOptions
+from gpipe_exec.profiling.split import LayerBuilder, local_parameters
 from gpipe_exec.profiling.timing import Stamps, time_layers, time_update
 from gpipe_exec.runtime.update import Update
-from gpipe_exec.zoo import build_layer, check_buildable, make_batch
+from gpipe_exec.zoo import check_buildable, make_batch
 from gpipe_sim.spec.layers import layer_count
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.scenario import Scenario
@@ -58,30 +59,29 @@ def profile_device(name: str | None) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
 
 
-def _measure_layers(scenario: Scenario, options: ProfileOptions, x: torch.Tensor, y: torch.Tensor,
-                    sizes: Sequence[int], *, seed: int, dropout: float | None,
-                    progress: Progress | None) -> tuple[list[dict[str, Any]], list[torch.nn.Module]]:
-    """(each layer's row of memory figures (`measure_layer`), named; the layers built, on the
-    profile's device, to time: none with `options.meta`). Each layer takes its predecessor's
+def _measure_layers(builder: LayerBuilder, options: ProfileOptions, x: torch.Tensor, y: torch.Tensor,
+                    sizes: Sequence[int], progress: Progress | None
+                    ) -> tuple[list[dict[str, Any]], list[torch.nn.Module]]:
+    """(each layer's row of memory figures (`measure_layer`), named; the layers `builder` built, on
+    the profile's device, to time: none with `options.meta`). Each layer takes its predecessor's
     output; memory is measured at the largest of `sizes` and at the smallest (or half the largest)."""
     from gpipe_exec.zoo import layer_names
 
-    names = layer_names(scenario.model)
-    n = layer_count(scenario.model)
+    names = layer_names(builder.scenario.model)
+    n = layer_count(builder.scenario.model)
     big = max(sizes)
     small = min(sizes) if len(sizes) > 1 else max(1, big // 2)  # memory is measured at both
     device = x.device
     rows: list[dict[str, Any]] = []
     layers: list[torch.nn.Module] = []
-    h, after_saved_output = x, False
+    h, after_saved_output, loss = x, False, builder.loss()
     for i in range(n):
         if progress:
             progress(i, n + len(sizes), names[i])
-        with torch.device(device):
-            layer = build_layer(scenario.model, i, seed=seed, dropout=dropout, dtype=scenario.training.dtype)
-        layer.to(device)
+        layer = builder.build(i, device)
         row, h, after_saved_output = measure_layer(layer, h, y, first=i == 0, last=i == n - 1, small=small,
-                                                   big=big, meta=options.meta, after_saved_output=after_saved_output)
+                                                   big=big, meta=options.meta, after_saved_output=after_saved_output,
+                                                   loss=loss)
         rows.append({"name": names[i], **row})
         if not options.meta:
             layers.append(layer)
@@ -91,13 +91,14 @@ def _measure_layers(scenario: Scenario, options: ProfileOptions, x: torch.Tensor
 def _add_times(row: dict[str, Any], timings: list[dict[str, float]], layer: torch.nn.Module, scenario: Scenario,
                stamps: Stamps, options: ProfileOptions) -> None:
     """Complete a layer's row with its timings, the split backward's seconds per sample (at the
-    largest size, the least noisy per sample) and its optimizer update's seconds; check its format."""
+    largest size, the least noisy per sample) and its optimizer update's seconds (of the parameters
+    as this process holds them: a split layer's local shards); check its format."""
     row["timings"] = timings
     if options.split_backward:
         at_big = timings[-1]  # sizes are sorted: the largest last
         row["backward_input_s_per_sample"] = at_big["backward_input_s"] / at_big["micro_batch"]
         row["backward_weight_s_per_sample"] = at_big["backward_weight_s"] / at_big["micro_batch"]
-    params = list(layer.parameters())
+    params = local_parameters(layer)
     if params:
         row["update_s"] = time_update(Update(params, scenario).step, stamps, options.warmup, options.repeats)
     LayerSpec.model_validate(row)  # the row format gpipe_sim loads
@@ -105,8 +106,14 @@ def _add_times(row: dict[str, Any], timings: list[dict[str, float]], layer: torc
 
 def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions(), *, seed: int = 0,
                   dropout: float | None = None, progress: Progress | None = None,
-                  hold: Callable[[], ContextManager[None]] = nullcontext) -> dict[str, Any]:
+                  hold: Callable[[], ContextManager[None]] = nullcontext, mesh: Any = None) -> dict[str, Any]:
     """The model's per-layer table ({"layers": [...], "input_bytes_per_sample": ...}).
+
+    With `mesh` (the tensor-parallel DeviceMesh of a rank's T processes, which must all call this
+    at once), each layer is split over it as the executor splits it (`LayerBuilder`): every figure
+    is this process's (one device's share: local parameters, bytes and times with the DTensor
+    dispatch and the collectives inside), and the table says `tensor_parallel: T`, the only T
+    the simulator runs it at.
 
     Bytes and FLOPs are measured layer by layer (with `meta`, on the meta device, allocating
     nothing). Times are measured with the layers chained as a stage runs them: each repeat times
@@ -116,6 +123,8 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     `hold()` is held around each timed pass (see `profile_on_rank`).
     """
     check_buildable(scenario.model)
+    builder = LayerBuilder(scenario, seed, dropout, mesh)
+    builder.check(options.meta)
     torch.set_num_threads(max(1, options.threads))
     if options.cache_host_memory and not options.meta:
         cache_host_memory()
@@ -128,19 +137,22 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         configure_cuda_math()
     x, y = make_batch(scenario.model, big, seed=seed, dtype=scenario.training.dtype)
     x, y = x.to(device), y.to(device)
-    rows, layers = _measure_layers(scenario, options, x, y, sizes, seed=seed, dropout=dropout, progress=progress)
+    rows, layers = _measure_layers(builder, options, x, y, sizes, progress)
     table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
+    if builder.tensor_parallel > 1:
+        table["tensor_parallel"] = builder.tensor_parallel
     if options.meta:
         return table
     n = len(rows)
-    stamps = Stamps.for_profile(device, options)
+    stamps = Stamps.for_profile(device, options, collectives=builder.tensor_parallel > 1)
     accumulate = scenario.pipeline.micro_batches > 1 if options.accumulate is None else options.accumulate
 
     def on_size(j: int, b: int) -> None:
         if progress:
             progress(n + j, n + len(sizes), f"timing micro-batch {b}")
 
-    timings = time_layers(layers, x, y, sizes, stamps, options, accumulate=accumulate, hold=hold, on_size=on_size)
+    timings = time_layers(layers, x, y, sizes, stamps, options, accumulate=accumulate, hold=hold, on_size=on_size,
+                          loss=builder.loss(), agree=builder.agree)
     for row, timing, layer in zip(rows, timings, layers):
         _add_times(row, timing, layer, scenario, stamps, options)
     return table
@@ -187,10 +199,18 @@ def table_scenario(scenario: Scenario, table: dict[str, Any], updates: dict[str,
 
 
 def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> dict[str, Any]:
-    """This rank's profile of the whole model, run while every other rank profiles too: ranks that
-    share a device take turns under its device lock, a forward or backward pass each, as stages do."""
+    """This process's profile of the whole model, run while every other process profiles too:
+    ranks that share a device take turns under its device lock, a forward or backward pass each,
+    as stages do. With tensor parallelism (T > 1; `rank` is then a process, one of a pipeline
+    rank's T) the T processes of each pipeline rank profile the model split over them together,
+    on the job's (dp, pp, tp) mesh, and take no device lock, as the executor's ranks take none."""
     from gpipe_exec.runtime.device_lock import device_lock
+    from gpipe_exec.runtime.tensor_parallel import device_mesh
 
+    p = scenario.pipeline
+    if p.tensor_parallel > 1:
+        mesh = device_mesh(profile_device(options.device).type, p.data_parallel, p.stages, p.tensor_parallel)
+        return profile_model(scenario, options, mesh=mesh["tp"])
     lock = device_lock(rank, scenario.device_map)
     return profile_model(scenario, options, hold=nullcontext if lock is None else lock.hold)
 
@@ -202,13 +222,16 @@ def _profile_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -
 
 def profile_on_devices(scenario: Scenario, options: ProfileOptions = ProfileOptions(),
                        launch_options: Any = None) -> dict[str, Any]:
-    """Profile as the pipeline will run: one process per stage placed on the scenario's devices, all
-    profiling at once (sharing caches, memory bandwidth and the host; stages of one device taking
-    turns, see `profile_on_rank`); rank 0's table. `profile_model` profiles in this process alone.
+    """Profile as the pipeline will run: one process per stage (T per stage with tensor
+    parallelism) placed on the scenario's devices, all profiling at once (sharing caches, memory
+    bandwidth and the host; stages of one device taking turns, see `profile_on_rank`); process
+    0's table. `profile_model` profiles in this process alone (whole layers).
 
     Measured on 2 cores (convnet, K=4 on two shared cores, M=16): stage compute in the run was
     1.26-1.43x the profile taken by one process per device, 1.05-1.2x this one."""
     from gpipe_exec.launch.spawn import LaunchOptions, launch
+    from gpipe_sim.schedule.global_program import process_devices
 
     payload = {"scenario": scenario, "options": options}
-    return launch(payload, scenario.device_map, launch_options or LaunchOptions(), task=_profile_task)
+    devices = process_devices(scenario.device_map, scenario.pipeline.tensor_parallel)
+    return launch(payload, devices, launch_options or LaunchOptions(), task=_profile_task)

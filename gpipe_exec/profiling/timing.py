@@ -10,6 +10,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 
 from gpipe_exec.profiling.options import ProfileOptions
+from gpipe_exec.profiling.split import LossFn
 from gpipe_exec.zoo import loss_sum
 
 CLOCKS = ("thread", "wall")
@@ -18,6 +19,14 @@ OUTLIER_FACTOR = 3.0
 Hold = Callable[[], ContextManager[None]]
 # Per layer, in order: one timing per micro-batch size ({"micro_batch", "forward_s", "backward_s", ...}).
 LayerTimings = list[list[dict[str, float]]]
+# Whether to time another repeat, given this process's wish: the processes of a split layer's mesh
+# must agree (each repeat's passes are collectives among them); one process decides alone.
+Agree = Callable[[bool], bool]
+
+
+def alone(more: bool) -> bool:
+    """`Agree` for a profile run by one process: its own wish."""
+    return more
 
 
 class Stamps:
@@ -48,10 +57,12 @@ class Stamps:
         self._refill()
 
     @classmethod
-    def for_profile(cls, device: torch.device, options: ProfileOptions) -> "Stamps":
+    def for_profile(cls, device: torch.device, options: ProfileOptions, collectives: bool = False) -> "Stamps":
         """The clock a profile with `options` times on: `options.clock`, or wall time with more than
-        one thread (one thread's CPU time misses the work of torch's other intra-op threads)."""
-        return cls(device, options.clock if options.threads <= 1 else "wall")
+        one thread (one thread's CPU time misses the work of torch's other intra-op threads) or
+        with `collectives` inside the passes (split layers: the thread's CPU time misses its waits
+        for its peers, which a stage's pass waits as well)."""
+        return cls(device, options.clock if options.threads <= 1 and not collectives else "wall")
 
     def _refill(self) -> None:
         if self.cuda:
@@ -127,14 +138,15 @@ def time_update(step: Callable[[], Any], stamps: Stamps, warmup: int, repeats: i
 
 
 def chain_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor, batch: int,
-                stamps: Stamps, hold: Hold = nullcontext, host: list[list[float]] | None = None
-                ) -> tuple[list[float], list[float]]:
+                stamps: Stamps, hold: Hold = nullcontext, host: list[list[float]] | None = None,
+                loss: LossFn = loss_sum) -> tuple[list[float], list[float]]:
     """Per-layer forward and backward seconds of one pass through the chained layers, run as a
     stage runs them: one forward through all layers, then one autograd call for the backward,
     timed layer by layer by a hook on each layer's input gradient. (Timed as one backward call per
     layer instead, each call's fixed cost counted once per layer: on the convnet at 2 samples the
     layers' backward added up to 9% more than the chain's.) A layer no gradient reaches has 0 s of
-    backward. Each of the forward and the backward runs inside one `hold()`. With `host`, the
+    backward. Each of the forward and the backward runs inside one `hold()`; `loss` ends the
+    last layer's forward (a split head's: the vocabulary-parallel one). With `host`, the
     host's seconds to issue each layer's forward and backward are appended to it as two lists.
     (On CUDA, where the backward's per-layer hooks run on autograd's device thread, each layer's
     backward host time is its share of the whole backward call's by device time.)"""
@@ -156,7 +168,7 @@ def chain_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Te
                 h.register_hook(at(i))
             h = layer(h)
             if i == n - 1:
-                h = loss_sum(h, target[:batch], batch)
+                h = loss(h, target[:batch], batch)
             ticks.append(stamps.now())
         stamps.sync()
     for i in range(n):
@@ -183,7 +195,7 @@ def chain_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Te
 
 
 def split_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor, batch: int,
-                stamps: Stamps, hold: Hold = nullcontext) -> tuple[list[float], list[float]]:
+                stamps: Stamps, hold: Hold = nullcontext, loss: LossFn = loss_sum) -> tuple[list[float], list[float]]:
     """Per-layer seconds of the backward split in two, as the executor runs it for a zero-bubble
     schedule (`split_backward.backward_input` then `backward_weight`, "reuse" mode), one layer at
     a time: a forward through the layers, each taking its predecessor's output detached (so each
@@ -202,7 +214,7 @@ def split_times(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Te
                 h.requires_grad_(True)
             ins.append(h)
             out = layer(h)
-            outs.append(loss_sum(out, target[:batch], batch) if i == n - 1 else out)
+            outs.append(loss(out, target[:batch], batch) if i == n - 1 else out)
             h = out
     ti, tw = [0.0] * n, [0.0] * n
     grad: torch.Tensor | None = None
@@ -230,24 +242,24 @@ Sample = tuple[list[float], list[float]]  # per layer: (forward or I seconds, ba
 
 
 def _repeat(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor, batch: int, stamps: Stamps,
-            options: ProfileOptions, accumulate: bool, hold: Hold
+            options: ProfileOptions, accumulate: bool, hold: Hold, loss: LossFn, agree: Agree
             ) -> tuple[list[Sample], list[Sample], list[Sample]]:
     """The timed repeats at one size (chain times, split times with `options.split_backward`, and
     on CUDA the host's issue times of the chain): `options.warmup` untimed, then at least
     `options.repeats`, and on while the timed ones add up to less than `options.min_time_s` (at
-    most `options.max_repeats` timed)."""
+    most `options.max_repeats` timed), as long as `agree` does (before each repeat, untimed)."""
     samples: list[Sample] = []
     split_samples: list[Sample] = []
     host_samples: list[Sample] = []
     timed, r = 0.0, 0
-    while r < options.warmup + max(1, options.repeats) or (
-            timed < options.min_time_s and r < options.warmup + options.max_repeats):
+    while agree(r < options.warmup + max(1, options.repeats) or (
+            timed < options.min_time_s and r < options.warmup + options.max_repeats)):
         if not accumulate:
             for layer in layers:
                 layer.zero_grad(set_to_none=True)
         host: list[list[float]] | None = [] if stamps.cuda else None
-        times = chain_times(layers, x, target, batch, stamps, hold, host)
-        split = split_times(layers, x, target, batch, stamps, hold) if options.split_backward else None
+        times = chain_times(layers, x, target, batch, stamps, hold, host, loss)
+        split = split_times(layers, x, target, batch, stamps, hold, loss) if options.split_backward else None
         if r >= options.warmup:
             samples.append(times)
             if host is not None:
@@ -270,18 +282,21 @@ def _kept_with(samples: list[Sample], others: list[Sample]) -> list[Sample]:
 
 def time_layers(layers: list[torch.nn.Module], x: torch.Tensor, target: torch.Tensor, sizes: Sequence[int],
                 stamps: Stamps, options: ProfileOptions, *, accumulate: bool, hold: Hold = nullcontext,
-                on_size: Callable[[int, int], None] | None = None) -> LayerTimings:
+                on_size: Callable[[int, int], None] | None = None, loss: LossFn = loss_sum,
+                agree: Agree = alone) -> LayerTimings:
     """Per layer, one timing per micro-batch size of `sizes` (in their order): {"micro_batch",
     "forward_s", "backward_s"}, plus "backward_input_s" and "backward_weight_s" with
-    `options.split_backward` and on CUDA "forward_host_s" and "backward_host_s" (`chain_times`); each the layer's mean over the repeats `typical_repeats` keeps of
-    those `_repeat` runs. `x` and `target` hold at least max(sizes) samples. Without `accumulate`,
-    the layers' gradients are cleared before every repeat. `on_size(j, size)` is called before
-    the j-th size is timed."""
+    `options.split_backward` and on CUDA "forward_host_s" and "backward_host_s" (`chain_times`);
+    each the layer's mean over the repeats `typical_repeats` keeps of those `_repeat` runs. `x`
+    and `target` hold at least max(sizes) samples. Without `accumulate`, the layers' gradients are
+    cleared before every repeat. `on_size(j, size)` is called before the j-th size is timed;
+    `loss` ends the last layer's forward; split layers' processes time together, as `agree` says."""
     timings: LayerTimings = [[] for _ in layers]
     for j, b in enumerate(sizes):
         if on_size:
             on_size(j, b)
-        samples, split_samples, host_samples = _repeat(layers, x, target, b, stamps, options, accumulate, hold)
+        samples, split_samples, host_samples = _repeat(layers, x, target, b, stamps, options, accumulate, hold, loss,
+                                                       agree)
         steady, kept_split, kept_host = _kept(samples), _kept(split_samples), _kept_with(samples, host_samples)
         for i, timing in enumerate(timings):
             timing.append({

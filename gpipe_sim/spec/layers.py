@@ -41,10 +41,11 @@ def build_layers(model: ModelSpec, dtype_bytes: int = 4, mask_bytes: int = 1, te
                  sequence_parallel: bool = False) -> list[LayerSpec]:
     """The model's ordered layer list; sizes in bytes use `dtype_bytes` per element of an
     activation and `mask_bytes` per element of a dropout mask (`Accelerator.dropout_mask_bytes`).
-    With `tensor_parallel` T > 1 (the transformer preset: `tensor_parallel_problem` refuses the
-    others), each layer as one of its T devices holds and runs it."""
-    if tensor_parallel > 1:
-        return _transformer(model, dtype_bytes, mask_bytes, tensor_parallel, sequence_parallel)  # type: ignore[arg-type]
+    With `tensor_parallel` T > 1, each layer as one of its T devices holds and runs it: the
+    transformer preset's split here, a layer table's rows as they are (profiled at that T, as
+    `tensor_parallel_problem` requires; the other presets are refused there)."""
+    if tensor_parallel > 1 and isinstance(model, TransformerModel):
+        return _transformer(model, dtype_bytes, mask_bytes, tensor_parallel, sequence_parallel)
     return _BUILDERS[model.preset](model, dtype_bytes, mask_bytes)
 
 

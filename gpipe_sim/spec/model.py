@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.fields import Amount, BatchSize, Dimension, DropoutRate, Duration, Kernels, LayerCount, Params, _Strict
+from gpipe_sim.spec.fields import (Amount, BatchSize, Dimension, DropoutRate, Duration, Kernels, LayerCount, Params,
+                                   TensorParallel, _Strict)
 from gpipe_sim.spec.limits import MAX_DIMENSION, MAX_LAYERS
 from gpipe_sim.spec.files import read_data_file
 
@@ -208,6 +209,10 @@ class TableModel(_Strict):
     path: Annotated[str, Field(max_length=4096)] | None = None
     layers: tuple[LayerSpec, ...] = ()
     input_bytes_per_sample: Amount | None = None
+    # The tensor-parallel T it was profiled at (gpipe-exec profile with pipeline.tensor_parallel T):
+    # each row is one device's share of a layer split over T devices, its times with the split's
+    # collectives inside. A scenario runs it at that T only (spec.tensor_parallel_problem).
+    tensor_parallel: TensorParallel = 1
 
     @field_validator("layers", mode="before")
     @classmethod
@@ -250,5 +255,5 @@ def load_layer_table_file(path: Path) -> dict[str, Any]:
         data = {"layers": data}
     if not isinstance(data, dict) or "layers" not in data:
         raise ValueError(f"layer table {str(path)!r} must be a list of layers or have a `layers` key")
-    allowed = {"layers", "input_bytes_per_sample"}
+    allowed = {"layers", "input_bytes_per_sample", "tensor_parallel"}
     return {k: v for k, v in data.items() if k in allowed}

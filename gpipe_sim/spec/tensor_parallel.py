@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gpipe_sim.spec.model import ModelSpec, TransformerModel
+from gpipe_sim.spec.model import ModelSpec, TableModel, TransformerModel
 
 # A reduce-scatter or an all-gather of B bytes moves half what a ring all-reduce of B bytes moves
 # ((T-1)/T x B each way against 2(T-1)/T x B) in half its steps.
@@ -36,15 +36,22 @@ def split_vocab(model: TransformerModel, tp: int) -> int:
 
 def tensor_parallel_problem(model: ModelSpec, tp: int, hardware: Any) -> str | None:
     """One line naming the field where `tp` devices per rank cannot split this model or fit this
-    hardware; None where they can (always at T = 1)."""
+    hardware; None where they can. The transformer preset splits at any `tp` dividing its heads
+    and d_ff; a measured layer table runs at the T it was profiled at only (its rows are one
+    device's share: `TableModel.tensor_parallel`), T = 1 included; other presets at T = 1 only."""
+    if isinstance(model, TableModel) and model.tensor_parallel != tp:
+        return (f"model.tensor_parallel: the layer table was profiled at tensor_parallel {model.tensor_parallel} "
+                f"(its rows are one device's share) but pipeline.tensor_parallel is {tp}; profile it at {tp}")
     if tp == 1:
         return None
-    if not isinstance(model, TransformerModel):
+    if not isinstance(model, (TransformerModel, TableModel)):
         return (f"pipeline.tensor_parallel: {tp} needs the transformer preset (model.preset is "
-                f"{model.preset}): only its layers are split the Megatron way")
-    for field, value in (("model.heads", model.heads), ("model.d_ff", model.d_ff)):
-        if value % tp:
-            return f"{field}: {value:,} does not split over pipeline.tensor_parallel {tp} (give a multiple of {tp})"
+                f"{model.preset}): only its layers are split the Megatron way (or a layer table "
+                f"profiled at tensor_parallel {tp})")
+    if isinstance(model, TransformerModel):
+        for field, value in (("model.heads", model.heads), ("model.d_ff", model.d_ff)):
+            if value % tp:
+                return f"{field}: {value:,} does not split over pipeline.tensor_parallel {tp} (give a multiple of {tp})"
     per_node = hardware.devices_per_node
     if per_node is not None and (tp > per_node or per_node % tp):
         return (f"pipeline.tensor_parallel: {tp} devices per rank do not tile nodes of "
