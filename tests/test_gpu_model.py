@@ -138,3 +138,67 @@ def test_gpu_calibration_measures_this_gpu(tmp_path):
 
     hardware = calibrate_gpu_tables(tmp_path / "gpu.yaml", "h100-sxm")
     assert hardware["accelerator"]["gpu"]["sms"] > 0
+
+
+def _block_parts(a, samples: int, tp: int):
+    """(forward GPU s, forward host s, backward GPU s, backward host s, the backward's weight
+    gradients beside its collectives) of one A100 block split over `tp`, kernel by kernel."""
+    from gpipe_sim.spec.gpu_model import kernel_seconds
+
+    block = build_layers(TransformerModel(layers=2, d_model=2048, d_ff=8192, heads=16, seq_len=1024, vocab=50257),
+                         2, 1, tensor_parallel=tp)[1].ops
+    t = a.gpu
+
+    def gpu(kernels):
+        return [kernel_seconds(k, samples, "bf16", 2, a.peak_flops, a.memory_bandwidth, t) for k in kernels]
+
+    f, b = gpu(block.forward), gpu(block.backward)
+    beside = sum(x for k, x in zip(block.backward, b) if getattr(k, "name", "") in block.beside_collectives)
+    host = t.host_issue_s
+    return sum(f), len(block.forward) * host, sum(b), len(block.backward) * host * t.host_backward_factor, beside, block
+
+
+def test_collectives_run_on_the_gpu_stream_inside_the_pass():
+    """A TP pass is max(GPU kernels + its collectives, the host's launches + one per collective):
+    a host-bound pass hides its collectives, a GPU-bound one adds them; the backward's collectives
+    run beside the column-parallel weight gradients, so only what exceeds those is added."""
+    from gpipe_sim.spec.gpu_model import StreamWork
+
+    a = _accel("a100-80gb")
+    for samples, comm in ((1, 1e-5), (8, 2e-3)):
+        gf, hf, gb, hb, beside, block = _block_parts(a, samples, 2)
+        assert set(block.beside_collectives) == {"qkv.wgrad", "fc1.wgrad"} and beside > 0
+        work = StreamWork(comm, comm, 2, 2)
+        f, b = layer_pass_seconds(block, samples, "bf16", 2, a.peak_flops, a.memory_bandwidth, a.gpu, work)
+        h = a.gpu.host_issue_s
+        assert f == pytest.approx(max(gf + comm, hf + 2 * h))
+        assert b == pytest.approx(max(gb + max(0.0, comm - beside), hb + 2 * h * a.gpu.host_backward_factor))
+    # micro-batch 1 is host-bound: 10 us of collectives change nothing but the two launches
+    gf, hf, _, _, _, block = _block_parts(a, 1, 2)
+    assert gf + 1e-5 < hf
+    # micro-batch 8 is GPU-bound: the forward's 2 ms of collectives add 2 ms
+    none = layer_pass_seconds(block, 8, "bf16", 2, a.peak_flops, a.memory_bandwidth, a.gpu)
+    with_comm = layer_pass_seconds(block, 8, "bf16", 2, a.peak_flops, a.memory_bandwidth, a.gpu,
+                                   StreamWork(2e-3, 0.0, 2, 0))
+    assert with_comm[0] - none[0] == pytest.approx(2e-3)
+
+
+def test_compiled_tp_passes_hold_their_collectives_once():
+    """compile prices each T > 1 chunk's passes with its collectives inside (`layer_pass_times`),
+    and reports those collectives' seconds (`tp_forward_s`) apart: a GPU-bound forward is its
+    kernels plus them."""
+    from gpipe_sim.plan.compile import compile_plan
+    from gpipe_sim.spec.costs import layer_pass_times
+
+    data = {"model": {"preset": "transformer", "layers": 4, "d_model": 2048, "d_ff": 8192, "heads": 16,
+                      "seq_len": 1024, "vocab": 50257},
+            "hardware": {"preset": "a100-80gb", "devices_per_node": 8},
+            "pipeline": {"stages": 2, "tensor_parallel": 2, "micro_batches": 2, "batch_size": 16},
+            "training": {"optimizer": "adam", "dtype": "bf16"}}
+    plan = compile_plan(Scenario.model_validate(data))
+    sc = plan.scenario
+    chunk = plan.chunks[0]
+    own = plan.layers[chunk.first_layer:chunk.last_layer + 1]
+    alone = sum(layer_pass_times(layer, 8, sc.hardware.accelerator, "bf16", 2)[0] for layer in own)
+    assert chunk.tp_forward_s[0] > 0
+    assert chunk.forward_s[0] == pytest.approx(alone + chunk.tp_forward_s[0])  # GPU-bound at 8 samples

@@ -11,13 +11,13 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
-from gpipe_sim.plan.tensor_parallel import total_devices, with_tensor_parallel
+from gpipe_sim.plan.tensor_parallel import collective_work, total_devices
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
-from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
+from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, update_seconds
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.files import shown_path
@@ -236,14 +236,9 @@ def compile_plan(scenario: Scenario) -> Plan:
     first = 0
     for c, count in enumerate(counts):
         own = layers[first : first + count]
-        per_size = np.array([
-            [math.fsum(t[i] for t in times_b) for i in range(4)]
-            for times_b in ([_layer_times(layer, b, accel, dtype, dtype_bytes) for layer in own] for b in distinct)
-        ])[size_index]  # [micro-batch, (forward, backward, backward input, backward weight)]
-        # a pass takes at least what issuing its layers' kernels takes the host (GPU profiles)
-        per_size[:, :2] = np.maximum(per_size[:, :2], np.array(
-            [[math.fsum(h[i] for h in hosts) for i in range(2)]
-             for hosts in ([host_seconds(layer, b) for layer in own] for b in distinct)])[size_index])
+        per_size, tp_seconds = _chunk_times(scenario, own, first, scenario.device_map[schedule.placement[c]],
+                                            distinct)
+        per_size = per_size[size_index]
         params = sum(layer.params for layer in own)
         input_per_sample = model_input if c == 0 else layers[first - 1].output_bytes_per_sample
         # a tensor two adjacent layers of the chunk both save is one allocation
@@ -280,10 +275,11 @@ def compile_plan(scenario: Scenario) -> Plan:
                 input_pass_transient_bytes=(0.0 if c == 0 else input_pass_bytes(own)) * samples,
                 freed_after_input_bytes=(0.0 if c == 0 else math.fsum(
                     layer.freed_after_input_pass_bytes_per_sample for layer in own)) * samples,
+                tp_forward_s=None if tp_seconds is None else tp_seconds[size_index, 0].copy(),
+                tp_backward_s=None if tp_seconds is None else tp_seconds[size_index, 1].copy(),
             )
         )
         first += count
-    chunks = with_tensor_parallel(scenario, chunks, sizes)
     ranks = _rank_plans(scenario, schedule, layers, chunks)
     return Plan(scenario, schedule, tuple(layers), tuple(chunks), ranks, tuple(sizes), scenario.device_map)
 
@@ -432,10 +428,30 @@ def host_seconds(layer: LayerSpec, micro_batch: int) -> tuple[float, float]:
             float(np.interp(micro_batch, sizes, [t.backward_host_s for t in points])))
 
 
-def _layer_times(layer: LayerSpec, micro_batch: int, accel, dtype: str, dtype_bytes: int) -> tuple[float, ...]:
-    """(forward, backward, backward input, backward weight) seconds of one layer on a micro-batch."""
-    forward, backward = layer_seconds(layer, micro_batch, accel, dtype, dtype_bytes)
-    return (forward, backward, *split_backward_seconds(layer, micro_batch, backward))
+def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, device: int,
+                 sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
+    """A chunk's [size, (forward, backward, backward input, backward weight)] seconds for each of
+    `sizes` samples, its layers' tensor-parallel collectives (on the TP link of its rank's
+    `device`) inside its passes, and those collectives' [size, (forward, backward)] seconds (None
+    at T = 1). A pass takes at least what issuing its layers' kernels takes the host (profiles
+    that measured it)."""
+    accel, dtype, dtype_bytes = scenario.hardware.accelerator, scenario.training.dtype, scenario.training.dtype_bytes
+    work = collective_work(scenario, device, sizes)
+    mine = None if work is None else work[first:first + len(own)]
+    rows = []
+    for j, b in enumerate(sizes):
+        per_layer = [layer_pass_times(layer, b, accel, dtype, dtype_bytes, None if mine is None else mine[i][j])
+                     for i, layer in enumerate(own)]
+        rows.append([math.fsum(t[k] for t in per_layer) for k in range(4)])
+    times = np.array(rows, dtype=float).reshape(len(sizes), 4)
+    times[:, :2] = np.maximum(times[:, :2], np.array(
+        [[math.fsum(h[i] for h in hosts) for i in range(2)]
+         for hosts in ([host_seconds(layer, b) for layer in own] for b in sizes)]))
+    if mine is None:
+        return times, None
+    tp = np.array([[math.fsum(w[j].forward_s for w in mine), math.fsum(w[j].backward_s for w in mine)]
+                   for j in range(len(sizes))]).reshape(len(sizes), 2)
+    return times, tp
 
 
 def _flatten(plan: Plan) -> Program:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
 
 from gpipe_sim.schedule import Kind
+from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.spec.hardware import Link
 from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.spec.tensor_parallel import collective_seconds, transformer_collectives
+from gpipe_sim.spec.tensor_parallel import Collectives, collective_seconds, transformer_collectives
 
 
 def tp_link(scenario: Scenario, device: int) -> tuple[float, float]:
@@ -28,29 +28,27 @@ def tp_link(scenario: Scenario, device: int) -> tuple[float, float]:
     return link.bandwidth * share, link.latency_s
 
 
-def with_tensor_parallel(scenario: Scenario, chunks: Sequence[Any], sizes: Sequence[int]) -> list[Any]:
-    """The chunks with their tensor-parallel collectives' seconds per micro-batch (`tp_forward_s`,
-    `tp_backward_s`) added to their passes: a forward (and so a re-computation) its forward
-    collectives, a full backward and a split backward's input pass the backward ones (they reduce
-    input gradients). Unchanged at T = 1."""
+def collective_work(scenario: Scenario, device: int, sizes: Sequence[float]) -> list[list[StreamWork]] | None:
+    """[layer][size]: the tensor-parallel collectives of each layer's passes on a micro-batch of
+    each of `sizes` samples, on the TP link of the rank at `device` (`tp_link`): a forward (and so
+    a re-computation) its forward collectives, a backward (a split backward's input pass) its
+    backward ones, one launch each. None at T = 1 and for models other than the transformer
+    preset (a measured table's passes hold their collectives)."""
     p = scenario.pipeline
     tp = p.tensor_parallel
     if tp == 1 or not isinstance(scenario.model, TransformerModel):
-        return list(chunks)
+        return None
     comms = transformer_collectives(scenario.model, tp, p.sequence_parallel, scenario.training.dtype_bytes)
-    distinct, size_index = np.unique(np.asarray(sizes, dtype=float), return_inverse=True)
-    out = []
-    for chunk in chunks:  # priced once per distinct micro-batch size, as compile prices passes
-        bandwidth, latency = tp_link(scenario, scenario.device_map[chunk.rank])
-        own = comms[chunk.first_layer:chunk.last_layer + 1]
-        fwd = tuple(op for c in own for op in c.forward)
-        bwd = tuple(op for c in own for op in c.backward)
-        tp_f = np.array([collective_seconds(fwd, b, tp, bandwidth, latency) for b in distinct])[size_index]
-        tp_b = np.array([collective_seconds(bwd, b, tp, bandwidth, latency) for b in distinct])[size_index]
-        out.append(dataclasses.replace(
-            chunk, forward_s=chunk.forward_s + tp_f, backward_s=chunk.backward_s + tp_b,
-            backward_input_s=chunk.backward_input_s + tp_b, tp_forward_s=tp_f, tp_backward_s=tp_b))
-    return out
+    bandwidth, latency = tp_link(scenario, device)
+    return [[stream_work(c, b, tp, bandwidth, latency) for b in sizes] for c in comms]
+
+
+def stream_work(c: Collectives, samples: float, tp: int, bandwidth: float, latency_s: float) -> StreamWork:
+    """One layer's collectives `c` on a micro-batch of `samples`, as work on the GPU's stream: ring
+    collectives among `tp` devices (`collective_seconds`), one launch each."""
+    return StreamWork(collective_seconds(c.forward, samples, tp, bandwidth, latency_s),
+                      collective_seconds(c.backward, samples, tp, bandwidth, latency_s),
+                      len(c.forward), len(c.backward))
 
 
 def rank_tp_comm_seconds(plan: Any) -> list[float]:
@@ -76,4 +74,4 @@ def total_devices(rank_devices: int, tp: int) -> int:
     return rank_devices * tp
 
 
-__all__ = ["rank_tp_comm_seconds", "tp_link", "total_devices", "with_tensor_parallel"]
+__all__ = ["collective_work", "rank_tp_comm_seconds", "stream_work", "tp_link", "total_devices"]

@@ -14,11 +14,13 @@ from gpipe_sim.plan.partition import held_activations, micro_batch_sizes, resolv
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
 from gpipe_sim.schedule.lower import build_schedule, saves_activations
-from gpipe_sim.spec.costs import layer_seconds, split_backward_seconds, update_seconds
+from gpipe_sim.spec.costs import layer_pass_times, update_seconds
+from gpipe_sim.spec.gpu_model import StreamWork
+from gpipe_sim.plan.tensor_parallel import stream_work
 from gpipe_sim.spec.layers import build_layers
 from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.spec.tensor_parallel import collective_seconds, transformer_collectives
+from gpipe_sim.spec.tensor_parallel import Collectives, transformer_collectives
 from gpipe_sim.planner.space import Candidate
 
 _SLACK = 1.0 - 1e-9  # bounds are sums in another order than the simulator's: keep them strictly below
@@ -66,41 +68,39 @@ class CostTable:
             table.capacity, table._tables = self.capacity, self._tables
         return table
 
-    def _tp_collectives(self) -> list[tuple[Any, Any]] | None:
-        """Per layer, its (forward, backward) collectives (`transformer_collectives`); None at T = 1."""
+    def _tp_collectives(self) -> list[Collectives] | None:
+        """Per layer, its collectives (`transformer_collectives`); None at T = 1."""
         if self.tp == 1 or not isinstance(self.base.model, TransformerModel):
             return None
-        comms = transformer_collectives(self.base.model, self.tp, self.base.pipeline.sequence_parallel,
-                                        self.dtype_bytes)
-        return [(c.forward, c.backward) for c in comms]
+        return transformer_collectives(self.base.model, self.tp, self.base.pipeline.sequence_parallel,
+                                       self.dtype_bytes)
 
-    def tp_seconds(self, b: int) -> np.ndarray:
-        """[layer, (forward, backward)] seconds of the tensor-parallel collectives on b samples,
-        at least what `with_tensor_parallel` adds to a pass: the faster of `link` and `network`
-        (a rank's T devices share a node, so the simulator takes `link`)."""
+    def stream_work(self, b: int) -> list[StreamWork] | None:
+        """Per layer, its tensor-parallel collectives on b samples (None at T = 1), at most what
+        `collective_work` gives the simulator: priced on the faster of `link` and `network` (a
+        rank's T devices share a node, so the simulator takes `link`)."""
         if self._collectives is None:
-            return np.zeros((self.L, 2))
+            return None
         hw = self.base.hardware
         gpu = self.accel.gpu
         share = gpu.collective_efficiency if gpu is not None else 1.0
         links = [hw.link] + ([hw.network] if hw.network is not None else [])
         bandwidth = max(ln.bandwidth for ln in links) * share
         latency = min(ln.latency_s for ln in links)
-        return np.array([[collective_seconds(ops, b, self.tp, bandwidth, latency) for ops in pair]
-                         for pair in self._collectives], dtype=float).reshape(self.L, 2)
+        return [stream_work(c, b, self.tp, bandwidth, latency) for c in self._collectives]
 
     def times(self, b: int) -> np.ndarray:
         """[layer, (forward, backward, backward input, backward weight)] seconds for b samples, the
-        tensor-parallel collectives in the forward, backward and backward input as the simulator
-        prices them inside each pass."""
+        tensor-parallel collectives inside each pass as the simulator prices them
+        (`layer_pass_times`)."""
         cached = self._times.get(b)
         if cached is None:
-            cached = self.compute_times(b).copy()
-            if self._collectives is not None:
-                tp = self.tp_seconds(b)
-                cached[:, 0] += tp[:, 0]
-                cached[:, 1] += tp[:, 1]
-                cached[:, 2] += tp[:, 1]
+            work = self.stream_work(b)
+            if work is None:
+                cached = self.compute_times(b)
+            else:
+                cached = np.array([layer_pass_times(layer, b, self.accel, self.dtype, self.dtype_bytes, w)
+                                   for layer, w in zip(self.layers, work)], dtype=float).reshape(self.L, 4)
             self._times[b] = cached
         return cached
 
@@ -119,10 +119,7 @@ class CostTable:
         """`times` without the collectives: the kernels alone (what the "time" partition weighs)."""
         cached = self._compute.get(b)
         if cached is None:
-            rows = []
-            for layer in self.layers:
-                f, bk = layer_seconds(layer, b, self.accel, self.dtype, self.dtype_bytes)
-                rows.append((f, bk, *split_backward_seconds(layer, b, bk)))
+            rows = [layer_pass_times(layer, b, self.accel, self.dtype, self.dtype_bytes) for layer in self.layers]
             cached = self._compute[b] = np.array(rows, dtype=float).reshape(self.L, 4)
         return cached
 

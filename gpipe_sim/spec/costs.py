@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from gpipe_sim.spec.gpu_model import layer_pass_seconds, step_seconds
+from gpipe_sim.spec.gpu_model import NO_STREAM_WORK, StreamWork, layer_pass_seconds, step_seconds
 from gpipe_sim.spec.hardware import Accelerator
 from gpipe_sim.spec.kernels import LayerKernels
 from gpipe_sim.spec.model import LayerSpec
@@ -17,8 +17,10 @@ from gpipe_sim.spec.model import LayerSpec
 # much as its forward.
 BACKWARD_INPUT_SHARE = 0.5
 
+
 def layer_seconds(
-    layer: LayerSpec, micro_batch: int, accelerator: Accelerator, dtype: str, dtype_bytes: int
+    layer: LayerSpec, micro_batch: int, accelerator: Accelerator, dtype: str, dtype_bytes: int,
+    stream: StreamWork | None = None,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of `layer` for a micro-batch of `micro_batch` samples.
 
@@ -28,15 +30,42 @@ def layer_seconds(
     slower) plus a fixed overhead per kernel, so small micro-batches are less efficient. On an
     accelerator with kernel tables (`gpu`), a preset layer's kernels are priced one by one
     (gpipe_sim.spec.gpu_model), once per (layer kernels, micro-batch size).
+
+    `stream`: the tensor-parallel collectives of the layer's passes. Kernel tables run them on the
+    GPU's stream inside the pass (the host issues on while they run, so a host-bound pass hides
+    them); the other costs add them to the pass.
     """
+    work = stream or NO_STREAM_WORK
+    if accelerator.gpu is not None and isinstance(layer.ops, LayerKernels) and not layer.timings \
+            and layer.forward_s_per_sample is None:
+        return layer_pass_seconds(layer.ops, micro_batch, dtype, dtype_bytes, accelerator.peak_flops,
+                                  accelerator.memory_bandwidth, accelerator.gpu, work)
+    forward, backward = _own_seconds(layer, micro_batch, accelerator, dtype, dtype_bytes)
+    return forward + work.forward_s, backward + work.backward_s
+
+
+def layer_pass_times(layer: LayerSpec, micro_batch: int, accelerator: Accelerator, dtype: str,
+                     dtype_bytes: int, stream: StreamWork | None = None) -> tuple[float, float, float, float]:
+    """(forward, backward, backward input, backward weight) seconds of `layer` on a micro-batch,
+    its tensor-parallel collectives (`stream`) inside: what they add to the backward goes to the
+    input pass (they reduce input gradients); the rest splits as `split_backward_seconds` says."""
+    forward, backward = layer_seconds(layer, micro_batch, accelerator, dtype, dtype_bytes, stream)
+    if stream is None or stream == NO_STREAM_WORK:
+        return (forward, backward, *split_backward_seconds(layer, micro_batch, backward))
+    own = layer_seconds(layer, micro_batch, accelerator, dtype, dtype_bytes)[1]
+    given, weight = split_backward_seconds(layer, micro_batch, own)
+    return forward, backward, given + (backward - own), weight
+
+
+def _own_seconds(layer: LayerSpec, micro_batch: int, accelerator: Accelerator, dtype: str,
+                 dtype_bytes: int) -> tuple[float, float]:
+    """(forward, backward) of the layer alone where no kernel tables price it: its timings,
+    seconds per sample, or the roofline."""
     if layer.timings:
         return _interpolate(layer, micro_batch)
     if layer.forward_s_per_sample is not None:
         assert layer.backward_s_per_sample is not None
         return layer.forward_s_per_sample * micro_batch, layer.backward_s_per_sample * micro_batch
-    if accelerator.gpu is not None and isinstance(layer.ops, LayerKernels):
-        return layer_pass_seconds(layer.ops, micro_batch, dtype, dtype_bytes, accelerator.peak_flops,
-                                  accelerator.memory_bandwidth, accelerator.gpu)
     assert layer.forward_flops_per_sample is not None and layer.backward_flops_per_sample is not None
     rate = accelerator.peak_flops_for(dtype) * accelerator.efficiency
     param_bytes = layer.params * dtype_bytes

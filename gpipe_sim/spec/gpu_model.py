@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from pydantic import Field, PrivateAttr
@@ -15,6 +16,21 @@ OptimizerStep = Literal["for_loop", "foreach", "fused"]
 
 # Kernels a torch.optim step launches per parameter tensor (for_loop) or per list (foreach, fused).
 STEP_KERNELS: dict[str, int] = {"for_loop": 10, "foreach": 10, "fused": 1}
+
+
+@dataclass(frozen=True)
+class StreamWork:
+    """Work a layer's passes put on the GPU's stream besides its own kernels, per micro-batch: the
+    tensor-parallel collectives' seconds and launches, forward and backward (the backward's reduce
+    input gradients, so they belong to a split backward's input pass)."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    forward_launches: int = 0
+    backward_launches: int = 0
+
+
+NO_STREAM_WORK = StreamWork()
 
 
 class GpuTables(_Strict):
@@ -118,22 +134,32 @@ def kernel_seconds(kernel: Kernel, samples: int, dtype: str, p: int, peak_flops:
 
 
 def pass_seconds(kernels: Sequence[Kernel], samples: int, dtype: str, p: int, peak_flops: dict[str, float],
-                 bandwidth: float, t: GpuTables, host_factor: float = 1.0) -> float:
-    """A pass over `kernels`: max(the GPU's time, the host's time to issue them)."""
-    gpu = math.fsum(kernel_seconds(k, samples, dtype, p, peak_flops, bandwidth, t) for k in kernels)
-    launches = sum(k.launches(samples) if isinstance(k, Softmax) else 1 for k in kernels)
+                 bandwidth: float, t: GpuTables, host_factor: float = 1.0, stream_s: float = 0.0,
+                 stream_launches: int = 0, beside: tuple[str, ...] = ()) -> float:
+    """A pass over `kernels`: max(the GPU's time, the host's time to issue them). `stream_s`: seconds
+    of collectives the pass puts on the GPU (tensor parallelism's: NCCL kernels, which the host
+    issues without waiting for), issued with `stream_launches` more launches, and run beside the
+    kernels named in `beside` (what those take hides as much of them)."""
+    times = [kernel_seconds(k, samples, dtype, p, peak_flops, bandwidth, t) for k in kernels]
+    hidden = math.fsum(x for k, x in zip(kernels, times) if getattr(k, "name", None) in beside) if beside else 0.0
+    gpu = math.fsum(times) + max(0.0, stream_s - hidden)
+    launches = sum(k.launches(samples) if isinstance(k, Softmax) else 1 for k in kernels) + stream_launches
     return max(gpu, launches * t.host_issue_s * host_factor)
 
 
 def layer_pass_seconds(recipe: LayerKernels, samples: int, dtype: str, p: int, peak_flops: dict[str, float],
-                       bandwidth: float, t: GpuTables) -> tuple[float, float]:
-    """(forward, backward) seconds of a layer's kernels, costed once per (layer kernels, micro-batch
-    size, dtype) on these tables."""
-    key = (recipe, samples, dtype, p, bandwidth, peak_for(peak_flops, dtype))
+                       bandwidth: float, t: GpuTables, stream: StreamWork | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of a layer's kernels and the `stream` work its passes add
+    (`pass_seconds`), costed once per (layer kernels, micro-batch size, dtype, stream work) on
+    these tables."""
+    work = stream or NO_STREAM_WORK
+    key = (recipe, samples, dtype, p, bandwidth, peak_for(peak_flops, dtype), work)
     hit = t._cache.get(key)
     if hit is None:
-        hit = (pass_seconds(recipe.forward, samples, dtype, p, peak_flops, bandwidth, t),
-               pass_seconds(recipe.backward, samples, dtype, p, peak_flops, bandwidth, t, t.host_backward_factor))
+        hit = (pass_seconds(recipe.forward, samples, dtype, p, peak_flops, bandwidth, t,
+                            stream_s=work.forward_s, stream_launches=work.forward_launches),
+               pass_seconds(recipe.backward, samples, dtype, p, peak_flops, bandwidth, t, t.host_backward_factor,
+                            work.backward_s, work.backward_launches, recipe.beside_collectives))
         t._cache[key] = hit
     return hit
 

@@ -101,12 +101,16 @@ Kernel = Union[Gemm, MemOp, Flash, Softmax]
 
 @dataclass(frozen=True)
 class LayerKernels:
-    """A layer's kernels: its forward, its backward (both gradients), and how many parameter
-    tensors its optimizer step walks (one kernel list per tensor in a for-loop step)."""
+    """A layer's kernels: its forward, its backward (both gradients), how many parameter tensors
+    its optimizer step walks (one kernel list per tensor in a for-loop step), and the backward
+    kernels its backward collectives run beside (`beside_collectives`: Megatron-LM's
+    column-parallel linears all-reduce their input's gradient asynchronously while they compute
+    their weight's, so that much of the collective is hidden)."""
 
     forward: tuple[Kernel, ...]
     backward: tuple[Kernel, ...]
     tensors: int = 0
+    beside_collectives: tuple[str, ...] = ()
 
 
 def linear(name: str, rows: int, n_in: int, n_out: int, input_grad: bool = True) -> tuple[Gemm, tuple[Gemm, ...]]:
@@ -164,7 +168,7 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
             _elementwise("ln2.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1), *drop("dropout1.bwd", tok),
             *proj_b, _elementwise("heads.copy.bwd", heads_copy, p), *bwd_attn, *qkv_b,
             _elementwise("ln1.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1)]
-    return LayerKernels(tuple(fwd), tuple(bwd), tensors=12)
+    return LayerKernels(tuple(fwd), tuple(bwd), tensors=12, beside_collectives=("qkv.wgrad", "fc1.wgrad"))
 
 
 def embedding(v: int, d: int, s: int, dropout: bool, p: int, mask: int) -> LayerKernels:
@@ -201,7 +205,7 @@ def lm_head(d: int, v: int, s: int, p: int, norm_share: int = 1) -> LayerKernels
     fwd = (_elementwise("ln", norm, p), out, MemOp("cross_entropy", logits * CROSS_ENTROPY_FORWARD_BYTES))
     bwd = (MemOp("cross_entropy.bwd", logits * CROSS_ENTROPY_BACKWARD_BYTES), *out_b,
            _elementwise("ln.bwd", norm, p, 3, 1))
-    return LayerKernels(fwd, bwd, tensors=3)
+    return LayerKernels(fwd, bwd, tensors=3, beside_collectives=("logits.wgrad",))
 
 
 def mlp_linear(n_in: int, n_out: int, relu: bool, first: bool, p: int) -> LayerKernels:
