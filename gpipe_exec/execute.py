@@ -23,12 +23,13 @@ RANK_OVERHEAD_BYTES = 0.5 * 2**30  # a rank's interpreter, torch and gloo, befor
 
 def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
-    whose layers build on the meta device; with tensor parallelism, without sequence parallelism
-    (the simulator's alone)."""
-    if scenario.pipeline.tensor_parallel > 1 and scenario.pipeline.sequence_parallel:
-        raise ScenarioError("pipeline.sequence_parallel: gpipe-exec runs tensor parallelism without it "
-                            "(sequence parallelism is simulated, not executed)")
+    whose layers build on the meta device; with sequence parallelism, a sequence that splits
+    evenly over the T devices (each sends and receives an equal shard)."""
     check_buildable(scenario.model)
+    T, seq_len = scenario.pipeline.tensor_parallel, getattr(scenario.model, "seq_len", 0)
+    if T > 1 and scenario.pipeline.sequence_parallel and seq_len % T:
+        raise ScenarioError(f"model.seq_len: {seq_len:,} does not split over pipeline.tensor_parallel {T} "
+                            f"with sequence parallelism (give a multiple of {T})")
     try:
         boundary_shapes(scenario.model, scenario.training.dtype, 0, 0.0)
     except (RuntimeError, ValueError) as exc:

@@ -58,8 +58,8 @@ class Block(nn.Module):
                              persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
         qkv = self.qkv(self.ln1(x))
+        b, s, _ = qkv.shape  # the whole sequence (`x` holds 1/T of it under sequence parallelism)
         width = qkv.shape[-1] // 3  # d, or d / T of a tensor-parallel rank's heads
         if self.heads_major:  # rows (head, q|k|v, dim), as tensor_parallel lays them out for a split
             q, k, v = qkv.view(b, s, self.heads, 3, width // self.heads).unbind(3)

@@ -448,3 +448,31 @@ def test_what_only_the_input_pass_reads_goes_when_it_ends() -> None:
     assert (early_result.stages[1].peak_memory_bytes, held_result.stages[1].peak_memory_bytes) == (320 + 600, 320 + 800)
     with pytest.raises(ValueError, match="freed_after_input_pass_bytes_per_sample exceeds"):
         LayerSpec(**layer("d", 101))
+
+
+def test_a_meter_counts_what_a_nested_pair_of_hooks_packs() -> None:
+    """An inner pair of saved-tensor hooks (a GEMM keeping half its input) composes with the meter's
+    instead of hiding it: the meter counts the half, and the backward sees the whole again."""
+    from gpipe_exec.measure.saved_hooks import nested_saved_tensors_hooks
+
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+    unpacked: list[int] = []
+
+    def halve(t: torch.Tensor) -> torch.Tensor:
+        return t[:2].clone() if t is x else t
+
+    def restore(t: torch.Tensor) -> torch.Tensor:
+        if t.shape == (2, 8):
+            unpacked.append(t.numel())
+            return torch.cat([t, x[2:]])
+        return t
+
+    meter = SavedBytesMeter([])
+    with meter.track(0):
+        with nested_saved_tensors_hooks(halve, restore):
+            y = x @ w  # saves x alone (for w's gradient)
+    assert meter.peak == 2 * 8 * 4  # half of x, as the inner pair packed it
+    y.sum().backward()
+    assert unpacked == [16]
+    torch.testing.assert_close(w.grad, x.sum(0)[:, None].expand(8, 8))

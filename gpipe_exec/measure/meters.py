@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from gpipe_exec.measure.saved_hooks import nested_saved_tensors_hooks
+
 
 def local_data(t: torch.Tensor) -> torch.Tensor:
     """The tensor this process holds: a wrapper subclass's inner data (a DTensor's local shard,
@@ -104,7 +106,8 @@ class SavedBytesMeter:
         self._add(m, -retained)
         before = self.held[m]
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            # nested: a pair entered inside (a resharded GEMM input) is composed with this one, not hiding it
+            with nested_saved_tensors_hooks(self._pack, lambda t: t):
                 yield
         finally:
             self._current = None

@@ -37,8 +37,8 @@ from gpipe_exec.runtime.chunk import Chunk
 from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.measure.records import StepRecord
 from gpipe_exec.runtime.job import Job
-from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_parameters, split_chunk,
-                                                vocab_parallel_loss)
+from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_parameters, sequence_shards,
+                                                split_chunk, vocab_parallel_loss)
 from gpipe_exec.runtime.update import Update, ZeroShardUpdate
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
@@ -191,6 +191,7 @@ class RankRunner:
         self.rank, self.device, self.clock = rank, device, clock
         self.K, self.M, self.C, self.D = len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks), plan.replicas
         self.T = sc.pipeline.tensor_parallel
+        self.sequence_parallel = self.T > 1 and sc.pipeline.sequence_parallel
         # Process g*T + t runs program rank g = d*K + r (pipeline rank r's program for replica d)
         # on its tensor-parallel rank t; its transfers go to the same t of the peer rank.
         self.program_rank, self.tp_rank = tensor_parallel_rank(rank, self.T)
@@ -231,6 +232,8 @@ class RankRunner:
         # the program's point-to-point receives (not the waits for all-reduces), in order
         self.recv_at = [i for i, a in enumerate(self.actions) if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
         self.shapes = boundary_shapes(model, dtype, job.seed, job.dropout) if self.recv_at else []
+        if self.sequence_parallel:  # a stage sends and receives its device's share of the sequence
+            self.shapes = sequence_shards(self.shapes, self.T)
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = _Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
         self._buffers: dict[int, torch.Tensor] = {}
@@ -265,7 +268,7 @@ class RankRunner:
                                         dtype=sc.training.dtype, tensor_parallel=self.T)
             module = torch.nn.Sequential(*layers).to(self.device)
             if self.mesh is not None:
-                split_chunk(module, self.mesh["tp"])
+                split_chunk(module, self.mesh["tp"], self.sequence_parallel)
             chunks[index] = Chunk(index, self.C, first, module, self.device, loss, sc.pipeline.batch_size,
                                   parent_meter=self.meter, weight_pass=job.weight_pass)
         return chunks
@@ -435,9 +438,12 @@ class RankRunner:
             ch.module.zero_grad(set_to_none=False)
             ch.reset()
         self.meter.reset()
-        # Dropout draws from a per-(job seed, step, rank) stream: runs are reproducible.
-        # (Per program rank: a rank's T devices draw the same masks for the activations they all hold.)
-        torch.manual_seed(1_000_003 * self.job.seed + 1009 * step + self.program_rank)
+        # Dropout draws from a per-(job seed, step, rank) stream: runs are reproducible. Per program
+        # rank: a rank's T devices draw the same masks for the activations they all hold; with
+        # sequence parallelism they hold none in common (each its shard or its heads), so each
+        # device draws its own, as Megatron-LM's RNG tracker does.
+        stream = self.rank if self.sequence_parallel else self.program_rank
+        torch.manual_seed(1_000_003 * self.job.seed + 1009 * step + stream)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         with ExitStack() as stack:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
 
+from gpipe_exec.measure.saved_hooks import nested_saved_tensors_hooks
 from gpipe_exec.zoo import Block, Embedding, Head
 
 MESH_DIMS = ("dp", "pp", "tp")
@@ -36,33 +39,109 @@ def heads_major_rows(d_model: int, heads: int) -> torch.Tensor:
     return torch.arange(3 * d_model).view(3, heads, d_model // heads).transpose(0, 1).reshape(-1)
 
 
-def _split_block(block: Block, mesh: DeviceMesh, T: int) -> None:
-    """Megatron's split of a block: QKV and fc1 column-parallel, the projection and fc2 row-parallel
-    (an all-reduce of each output in the forward, of each column-parallel input's gradient in the
-    backward), heads / T per device."""
+def _keep_input_sharded(module: nn.Module, mesh: DeviceMesh) -> None:
+    """For a column-parallel GEMM under sequence parallelism, what torch's `input_reshard` does
+    for a checkpointed module: the all-gathered input that autograd saves for the weight's
+    gradient is kept as this device's 1/T (a copy), and all-gathered again when a backward pass
+    reads it -- Megatron-LM's way, and what gpipe_sim counts (the LayerNorm's output sharded:
+    Korthikanti et al.'s 34sbh/t). Only the replicated DTensors the GEMM saves are resharded (not
+    its weight); the hooks nest (measure.saved_hooks), so the saved-bytes meter counts the shard."""
+    entered: list[Any] = []
+
+    def enter(_module: nn.Module, _args: Any) -> None:
+        mine: dict[int, weakref.ref[torch.Tensor]] = {}  # the shards this call packed, by id
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if isinstance(t, DTensor) and all(p.is_replicate() for p in t.placements):
+                with torch.no_grad():
+                    t = t.redistribute(mesh, [Shard(0)])
+                mine[id(t)] = weakref.ref(t)
+            return t
+
+        def unpack(t: torch.Tensor) -> torch.Tensor:
+            ref = mine.get(id(t))
+            return t.redistribute(mesh, [Replicate()]) if ref is not None and ref() is t else t
+
+        hooks = nested_saved_tensors_hooks(pack, unpack)
+        hooks.__enter__()
+        entered.append(hooks)
+
+    def leave(_module: nn.Module, _args: Any, _output: Any) -> None:
+        entered.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave)
+
+
+def _block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """Megatron's split of a block: QKV and fc1 column-parallel, the projection and fc2 row-parallel.
+    Without sequence parallelism the block's input and output are whole on every device (each
+    row-parallel output all-reduced in the forward, each column-parallel input's gradient in the
+    backward); with it they hold the device's 1/T of the sequence (torch's tutorial / torchtitan
+    plan): both LayerNorms run on the shard, each column-parallel GEMM all-gathers its input (its
+    gradient reduce-scattered in the backward), each row-parallel one reduce-scatters its output
+    (its gradient all-gathered)."""
+    if not sequence_parallel:
+        return {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
+                "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    return {"ln1": SequenceParallel(), "qkv": ColwiseParallel(input_layouts=Shard(1)),
+            "proj": RowwiseParallel(output_layouts=Shard(1)),
+            "ln2": SequenceParallel(), "fc1": ColwiseParallel(input_layouts=Shard(1)),
+            "fc2": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def _split_block(block: Block, mesh: DeviceMesh, T: int, sequence_parallel: bool) -> None:
+    """A block split as `_block_plan` says, heads / T per device (QKV rows reordered so each
+    device's share holds whole heads)."""
     rows = heads_major_rows(block.qkv.in_features, block.heads)
     with torch.no_grad():
         block.qkv.weight.copy_(block.qkv.weight[rows])
         block.qkv.bias.copy_(block.qkv.bias[rows])
-    parallelize_module(block, mesh, {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
-                                     "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    parallelize_module(block, mesh, _block_plan(sequence_parallel))
+    if sequence_parallel:
+        _keep_input_sharded(block.qkv, mesh)
+        _keep_input_sharded(block.fc1, mesh)
     block.heads //= T
     block.heads_major = True
 
 
-def split_layer(layer: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def _split_embedding(layer: Embedding, mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """The token table split over the vocabulary (row-parallel): its output all-reduced, or with
+    sequence parallelism reduce-scattered over the sequence, the position table then a replicated
+    DTensor whose rows each device takes its shard of (their gradients all-gathered in the
+    backward), the dropout run on the shard."""
+    if not sequence_parallel:
+        parallelize_module(layer, mesh, {"tokens": RowwiseParallel(input_layouts=Replicate())})
+        return
+    parallelize_module(layer, mesh, {
+        "tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+        "drop": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Shard(1), use_local_output=True)})
+    # equal on every device (built from one seed): no broadcast
+    table = distribute_tensor(layer.positions.detach(), mesh, [Replicate()], src_data_rank=None)
+    layer.positions = nn.Parameter(table, requires_grad=layer.positions.requires_grad)
+
+
+def split_layer(layer: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
     """The layer split over the mesh's T devices (in place): a block the Megatron way, the
-    embedding's table over the vocabulary (row-parallel, its output all-reduced), the head's
-    projection over the vocabulary (column-parallel: each device keeps its logits' share for
-    `vocab_parallel_loss`). Whatever is not split (LayerNorms, biases of row-parallel GEMMs, the
-    position table) stays whole on every device, with equal gradients."""
+    embedding's table over the vocabulary (row-parallel), the head's projection over the
+    vocabulary (column-parallel: each device keeps its logits' share for `vocab_parallel_loss`).
+    Whatever is not split (LayerNorms, biases of row-parallel GEMMs, the position table) stays
+    whole on every device, with equal gradients. With `sequence_parallel` the activations between
+    layers (and so a stage's input and output) are the device's 1/T of the sequence (dimension 1,
+    contiguous shards in device order), the LayerNorms run on them, and the head all-gathers its
+    LayerNorm's output; the seq_len must split T ways."""
     T = mesh.size()
     if isinstance(layer, Block):
-        _split_block(layer, mesh, T)
+        _split_block(layer, mesh, T, sequence_parallel)
     elif isinstance(layer, Embedding):
-        parallelize_module(layer, mesh, {"tokens": RowwiseParallel(input_layouts=Replicate())})
+        _split_embedding(layer, mesh, sequence_parallel)
     elif isinstance(layer, Head):
-        parallelize_module(layer, mesh, {"out": ColwiseParallel()})
+        plan: dict[str, ParallelStyle] = {"out": ColwiseParallel()}
+        if sequence_parallel:
+            plan = {"ln": SequenceParallel(), "out": ColwiseParallel(input_layouts=Shard(1))}
+        parallelize_module(layer, mesh, plan)
+        if sequence_parallel:
+            _keep_input_sharded(layer.out, mesh)
     else:
         raise TypeError(f"tensor parallelism splits transformer layers, not {type(layer).__name__}")
     return layer
@@ -152,7 +231,15 @@ def full_parameters(named: dict[str, nn.Parameter], heads: int
     return out
 
 
-def split_chunk(module: nn.Sequential, mesh: DeviceMesh) -> None:
+def split_chunk(module: nn.Sequential, mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
     """Split every layer of a chunk over the mesh's T devices (`split_layer`)."""
     for layer in module:
-        split_layer(layer, mesh)
+        split_layer(layer, mesh, sequence_parallel)
+
+
+def sequence_shards(shapes: list[tuple[int, ...]], T: int) -> list[tuple[int, ...]]:
+    """Layer outputs' shapes (without the batch dimension, the sequence first) as one of T devices
+    holds them under sequence parallelism: 1/T of the sequence. A stage sends and receives its
+    shard, as Megatron-LM does and as gpipe_sim's `output_bytes_per_sample` counts it (the head's
+    output, the loss, is never sent)."""
+    return [(shape[0] // T, *shape[1:]) for shape in shapes]
