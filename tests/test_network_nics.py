@@ -64,3 +64,24 @@ def test_one_nic_per_node_makes_rings_between_nodes_8x_slower():
 def test_network_mistakes_are_named(network, match):
     with pytest.raises(ScenarioError, match=match):
         _scenario(network, K=2, D=8)
+
+
+@pytest.mark.parametrize("network, share", [(ONE_NIC, 0.5), ({**ONE_NIC, "nics": 2}, 1.0), (PER_DEVICE, 1.0)])
+def test_tensor_parallel_rings_share_the_nodes_nics(network, share):
+    """T = 2, D = 2 over 2 nodes of 2 devices: each replica's 2 devices all-reduce their own
+    shard's gradients at once, so 2 rings leave each node: through one NIC per node each gets half
+    of it, through two NICs or a port per device a whole one."""
+    from gpipe_sim.plan.replicas import ring_allreduce_seconds
+
+    scenario = parse_scenario({
+        "model": {"preset": "transformer", "layers": 2, "d_model": 64, "d_ff": 256, "heads": 4, "seq_len": 16,
+                  "vocab": 128},
+        "hardware": {"preset": "a100-80gb", "devices_per_node": 2, "network": network},
+        "pipeline": {"stages": 1, "data_parallel": 2, "tensor_parallel": 2, "micro_batches": 1, "batch_size": 2},
+        "training": {"dtype": "bf16"},
+    })
+    plan = compile_plan(scenario)
+    assert scenario.device_map == (0, 2)  # the two replicas on the two nodes
+    chunk = plan.chunks[0]
+    expected = ring_allreduce_seconds(chunk.params * 2, 2, 1 * GB * share, scenario.hardware.network.latency_s)
+    assert plan.program.group_seconds[0] == pytest.approx(expected)

@@ -534,7 +534,9 @@ def _flatten(plan: Plan) -> Program:
 
 def _collectives(plan: Plan, c, dmap: np.ndarray, per_node: int, network) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(group of each allreduce action, [group, link key] rows of the links each group's ring
-    uses, seconds of each group's ring all-reduce). One group per chunk: its D replicas."""
+    uses, seconds of each group's ring all-reduce). One group per chunk: its D replicas (at
+    T > 1, the ring of the chunk's first devices stands for its T concurrent rings, one per
+    shard: they share the nodes' NICs, `network_ring_bandwidth`)."""
     D, K = plan.replicas, len(plan.ranks)
     collective = np.full(len(c.kind), -1, dtype=np.int64)
     if D == 1:
@@ -544,12 +546,13 @@ def _collectives(plan: Plan, c, dmap: np.ndarray, per_node: int, network) -> tup
     starts = np.flatnonzero(c.kind == Kind.ALLREDUCE)
     collective[starts] = c.chunk[starts]
     dtype_bytes = plan.scenario.training.dtype_bytes
+    tp = plan.scenario.pipeline.tensor_parallel  # each of a rank's T devices runs its shard's ring
     seconds, rows = [], []
     for chunk in plan.chunks:
         ring = [int(dmap[d * K + chunk.rank]) for d in range(D)]
         nodes = {device // per_node for device in ring}
         ln = hardware.link if len(nodes) == 1 else network
-        bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth()
+        bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth(tp)
         seconds.append(ring_allreduce_seconds(chunk.params * dtype_bytes, D, bandwidth, ln.latency_s))
         for a, b in zip(ring, ring[1:] + ring[:1]):
             if a != b and a // per_node == b // per_node:

@@ -141,7 +141,7 @@ class CostTable:
             ring = [T * (r * D + d) for d in range(D)]
             within = len({device // per_node for device in ring}) == 1
             links = [hw.link, network] if placed else [hw.link if within else network]
-            bandwidth = max(hw.network_ring_bandwidth() if ln is network else ln.bandwidth for ln in links)
+            bandwidth = max(hw.network_ring_bandwidth(T) if ln is network else ln.bandwidth for ln in links)
             latency = min(ln.latency_s for ln in links)
             out.append((ring_allreduce_seconds(self.dtype_bytes, D, bandwidth, 0.0),
                         ring_allreduce_seconds(0.0, D, math.inf, latency)))

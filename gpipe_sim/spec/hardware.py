@@ -159,11 +159,15 @@ class Hardware(_Strict):
         nics = min(net.nics, per_node)
         return (devices // per_node) * nics + (devices % per_node) * nics // per_node
 
-    def network_ring_bandwidth(self) -> float:
-        """Bandwidth of an all-reduce ring between nodes: the network's, times the NICs per node
-        with `per: node` (one ring per NIC)."""
+    def network_ring_bandwidth(self, rings: int = 1) -> float:
+        """Bandwidth of each of `rings` all-reduce rings that leave every node at once (a pipeline
+        rank's T tensor-parallel devices each reduce their own shard, so T rings): with `per:
+        node`, the node's NICs' bandwidth (the network's times `nics`) shared by the rings; with
+        a port per device, each ring's own port's."""
         net = self.network or self.link
-        return net.bandwidth * (net.nics if isinstance(net, Network) and net.per == "node" else 1)
+        if isinstance(net, Network) and net.per == "node":
+            return net.bandwidth * net.nics / max(1, rings)
+        return net.bandwidth
 
     def ring_ports(self, device: int, per_node: int) -> list[int]:
         """The network ports an all-reduce ring leaving `device`'s node holds: the device's own
