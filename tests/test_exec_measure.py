@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -399,6 +400,21 @@ def test_torchrun_runs_the_same_worker(tmp_path: Path) -> None:
     assert result["source"] == "measured" and len(result["stages"]) == 2 and result["step_time_s"] > 0
 
 
+def test_torchrun_worker_refuses_a_model_the_executor_cannot_run_in_one_line(tmp_path: Path, capsys: Any) -> None:
+    import yaml
+
+    from gpipe_exec.launch.torchrun import torchrun_main
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"model": {"preset": "transformer", "layers": 2, "d_model": 16, "d_ff": 32,
+                                              "heads": 2, "seq_len": 7, "vocab": 32},
+                                    "pipeline": {"stages": 1, "tensor_parallel": 2, "sequence_parallel": True,
+                                                 "micro_batches": 1, "batch_size": 2}}))
+    assert torchrun_main([str(path)]) == 2
+    assert capsys.readouterr().err == ("gpipe-exec: error: model.seq_len: 7 does not split over "
+                                       "pipeline.tensor_parallel 2 with sequence parallelism (give a multiple of 2)\n")
+
+
 def test_models_too_large_to_build_are_profiled_on_meta() -> None:
     from gpipe_exec.profile import too_large_to_build
 
@@ -434,3 +450,26 @@ def test_validate_in_rounds_compares_the_median_rounds() -> None:
     assert [r["measured_step_s"] for r in v.to_dict(timeline=False)["rounds"]] == [m for _, m in v.rounds]
     with pytest.raises(GpipeError, match="rounds"):
         validate(sc, rounds=0)
+
+
+def _clock_across_machines(rank: int, device: Any, clock: Any, payload: Any) -> tuple[str, float]:
+    """A launch task: the clock estimated as if each rank were on a machine of its own (the
+    ping-pong path), on the tensor device the group's backend takes."""
+    import socket
+
+    from gpipe_exec.measure.meters import AlignedClock, collective_device
+
+    socket.gethostname = lambda: f"machine{rank}"  # type: ignore[assignment]
+    return str(collective_device()), AlignedClock.synchronize(rounds=2).offset
+
+
+def test_clock_across_machines_pings_on_the_backends_device() -> None:
+    # rank 0's answer: its own offset is 0 and gloo moves host tensors (NCCL: the rank's GPU)
+    assert launch(None, [0, 1], LaunchOptions(comm_timeout_s=30), task=_clock_across_machines) == ("cpu", 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_clock_across_machines_pings_on_the_gpu_under_nccl() -> None:
+    options = LaunchOptions(comm_timeout_s=30, device="cuda")
+    assert launch(None, [0, 1], options, task=_clock_across_machines) == ("cuda:0", 0.0)

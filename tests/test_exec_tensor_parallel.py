@@ -130,20 +130,23 @@ def test_validate_t2_predicts_from_the_preset_and_measures_memory() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 4,
-                    reason="needs four CUDA devices (NCCL runs one process per GPU: T=2 x K=2)")
-@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved_1f1b", 2)])
-def test_nccl_t2_k2_equals_plain_training(schedule: str, v: int) -> None:
-    case = Case(2, 2, 4, schedule, "always", v=v)
+@pytest.mark.parametrize("K, schedule, v, sp", [(1, "1f1b", 1, False), (1, "zb_h1", 1, True), (2, "1f1b", 1, False),
+                                                (2, "interleaved_1f1b", 2, False), (2, "zbv", 2, True)])
+def test_nccl_tensor_parallel_equals_plain_training(K: int, schedule: str, v: int, sp: bool) -> None:
+    """T = 2 over NCCL, one process per GPU (2 GPUs at K = 1, 4 at K = 2), with and without
+    sequence parallelism."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2 * K:
+        pytest.skip(f"needs {2 * K} CUDA devices (NCCL runs one process per GPU: T=2 x K={K})")
+    case = Case(2, K, 4, schedule, "always", v=v, sp=sp)
     sc = scenario(case).with_updates({"hardware.preset": "a100-80gb"})
     plan = check_runnable(sc, "cuda")
-    job = job_for(plan, steps=1, warmup=0, dropout=0.0, return_params=True)
+    job = job_for(plan, steps=2, warmup=0, dropout=0.0, return_params=True)
     out = launch([job], process_devices(plan.device_map, 2), LaunchOptions(comm_timeout_s=60, device="cuda"))[0]
     step_timelines(plan, out)
     got: dict[str, Any] = {}
     for rank in out["ranks"]:
         got.update(rank["params"])
-    assert_equal_to_reference([(case, got)])
+    assert_equal_to_reference([(case, got)], steps=2)
 
 
 def test_tensor_parallel_ranks_on_a_shared_gpu_are_refused_in_one_line() -> None:

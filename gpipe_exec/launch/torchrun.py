@@ -7,10 +7,12 @@ import os
 import sys
 from typing import Sequence
 
+from gpipe_exec.execute import check_model
 from gpipe_exec.measure.steps import measured_result
 
 from gpipe_exec.runtime.job import job_for
 from gpipe_exec.launch.spawn import LaunchOptions, run_rank
+from gpipe_sim.errors import ScenarioError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.spec.scenario import load_scenario
@@ -26,6 +28,11 @@ def torchrun_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario)
+    try:
+        check_model(scenario)  # as every other launch: the model builds (with sequence parallelism, splits)
+    except ScenarioError as exc:
+        sys.stderr.write(f"gpipe-exec: error: {exc}\n")
+        return 2
     plan = compile_plan(scenario)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     T = scenario.pipeline.tensor_parallel  # one process per device: T per rank

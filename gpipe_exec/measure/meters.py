@@ -158,7 +158,7 @@ class AlignedClock:
         dist.all_gather_object(hosts, socket.gethostname())
         if sys.platform.startswith("linux") and len(set(hosts)) == 1:
             return cls(0.0)
-        buf = torch.zeros(1, dtype=torch.float64)
+        buf = torch.zeros(1, dtype=torch.float64, device=collective_device())
         best_rtt, offset = float("inf"), 0.0
         for peer in range(1, world):
             for _ in range(rounds):
@@ -174,6 +174,14 @@ class AlignedClock:
                     if t2 - t1 < best_rtt:
                         best_rtt, offset = t2 - t1, float(buf[0]) - (t1 + t2) / 2
         return cls(offset)
+
+
+def collective_device() -> torch.device:
+    """Where a tensor handed to the default process group must live: this process's current GPU
+    under NCCL (which moves no host memory), host memory under gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def cuda_peak_bytes(device: torch.device) -> float | None:
