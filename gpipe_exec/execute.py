@@ -61,6 +61,10 @@ def check_gpu_processes(plan: Plan, gpus: int) -> None:
     process per GPU)."""
     T = plan.scenario.pipeline.tensor_parallel
     processes = process_devices(plan.device_map, T)
+    if T > 1 and len(processes) > gpus:  # before check_gpu_layout, whose remedy (sharing a GPU) is not one here
+        raise ScenarioError(f"pipeline.tensor_parallel: {T} x {len(processes) // T} ranks need {len(processes)} GPUs "
+                            f"of their own (NCCL, one process per GPU) but this machine has {gpus}; "
+                            "run under torchrun across machines, or without tensor parallelism")
     check_gpu_layout(processes, gpus)
     if T > 1 and len(set(processes)) < len(processes):
         raise ScenarioError(f"hardware.stage_to_device: with tensor_parallel {T} every rank needs {T} GPUs of "

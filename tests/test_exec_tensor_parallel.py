@@ -155,6 +155,10 @@ def test_tensor_parallel_ranks_on_a_shared_gpu_are_refused_in_one_line() -> None
     plan = compile_plan(scenario(Case(2, 2, 2, "1f1b")).with_updates({"hardware.stage_to_device": [0, 0]}))
     with pytest.raises(ScenarioError, match="hardware.stage_to_device: with tensor_parallel 2"):
         check_gpu_processes(plan, gpus=8)
+    # one GPU (an H100 box, say): the remedy is not to share it, which tensor parallelism cannot
+    with pytest.raises(ScenarioError, match=r"^pipeline.tensor_parallel: 2 x 1 ranks need 2 GPUs of their own "
+                                            r"\(NCCL, one process per GPU\) but this machine has 1;"):
+        check_gpu_processes(compile_plan(scenario(Case(2, 1, 2, "1f1b", sp=True))), gpus=1)
 
 
 def test_sequence_parallel_t2_k1_and_k2_equal_plain_training() -> None:
