@@ -88,14 +88,14 @@ def _devices(first: int, tp: int) -> str:
 
 
 def tensor_parallel_text(scenario: Scenario, result: Result) -> str:
-    """T, whether sequence parallel, and the collectives' seconds inside the busiest rank's passes."""
+    """T, whether sequence parallel, and the seconds the collectives add to the busiest rank's passes."""
     p = scenario.pipeline
     busiest = max(result.stages, key=lambda s: s.busy_s)
     share = busiest.tp_comm_s / busiest.busy_s if busiest.busy_s > 0 else 0.0
     kind = "reduce-scatter + all-gather" if p.sequence_parallel else "all-reduce"
     return (f"T={p.tensor_parallel}{' with sequence parallelism' if p.sequence_parallel else ''} "
-            f"({result.num_devices} devices = T x K x D); {kind} in the passes: "
-            f"{format_seconds(busiest.tp_comm_s)} of rank {busiest.index}'s {format_seconds(busiest.busy_s)} "
+            f"({result.num_devices} devices = T x K x D); {kind} in the passes adds "
+            f"{format_seconds(busiest.tp_comm_s)} to rank {busiest.index}'s {format_seconds(busiest.busy_s)} "
             f"busy ({share:.0%}; per rank: --json stages[].tp_comm_s)")
 
 

@@ -185,20 +185,30 @@ def test_collectives_run_on_the_gpu_stream_inside_the_pass():
 
 def test_compiled_tp_passes_hold_their_collectives_once():
     """compile prices each T > 1 chunk's passes with its collectives inside (`layer_pass_times`),
-    and reports those collectives' seconds (`tp_forward_s`) apart: a GPU-bound forward is its
-    kernels plus them."""
+    and reports what they add (`tp_forward_s`): a GPU-bound forward is its kernels plus every
+    forward collective of its layers, each a ring all-reduce of b x s x d bf16 bytes over the
+    A100's 150 GB/s link; a host-bound one hides them."""
     from gpipe_sim.plan.compile import compile_plan
     from gpipe_sim.spec.costs import layer_pass_times
 
-    data = {"model": {"preset": "transformer", "layers": 4, "d_model": 2048, "d_ff": 8192, "heads": 16,
+    def plan_at(batch):
+        return compile_plan(Scenario.model_validate({
+            "model": {"preset": "transformer", "layers": 4, "d_model": 2048, "d_ff": 8192, "heads": 16,
                       "seq_len": 1024, "vocab": 50257},
             "hardware": {"preset": "a100-80gb", "devices_per_node": 8},
-            "pipeline": {"stages": 2, "tensor_parallel": 2, "micro_batches": 2, "batch_size": 16},
-            "training": {"optimizer": "adam", "dtype": "bf16"}}
-    plan = compile_plan(Scenario.model_validate(data))
-    sc = plan.scenario
-    chunk = plan.chunks[0]
+            "pipeline": {"stages": 2, "tensor_parallel": 2, "micro_batches": 2, "batch_size": batch},
+            "training": {"optimizer": "adam", "dtype": "bf16"}}))
+
+    plan = plan_at(16)  # micro-batches of 8: GPU-bound
+    accel = plan.scenario.hardware.accelerator
+    chunk = plan.chunks[0]  # the embedding (one all-reduce) and two blocks (two each)
     own = plan.layers[chunk.first_layer:chunk.last_layer + 1]
-    alone = sum(layer_pass_times(layer, 8, sc.hardware.accelerator, "bf16", 2)[0] for layer in own)
-    assert chunk.tp_forward_s[0] > 0
-    assert chunk.forward_s[0] == pytest.approx(alone + chunk.tp_forward_s[0])  # GPU-bound at 8 samples
+    assert chunk.last_layer == 2
+    alone = sum(layer_pass_times(layer, 8, accel, "bf16", 2)[0] for layer in own)
+    ring = 2 * (2 - 1) / 2 * (8 * 1024 * 2048 * 2) / 150e9 + 2 * (2 - 1) * 3e-6
+    assert chunk.tp_forward_s[0] == pytest.approx(5 * ring)
+    assert chunk.forward_s[0] == pytest.approx(alone + 5 * ring)
+    # micro-batches of 1: the blocks' passes are host-bound, the collectives hidden but their launches
+    small = plan_at(2).chunks[0]
+    launches = (1 + 2 * 2) * accel.gpu.host_issue_s
+    assert small.tp_forward_s[0] == pytest.approx(launches) and small.tp_forward_s[0] < 5 * ring / 4

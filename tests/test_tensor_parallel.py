@@ -81,23 +81,28 @@ def test_t1_changes_nothing():
 
 
 def test_four_all_reduces_per_block():
-    """T=2, one block per chunk's comparison: a block adds 2 all-reduces of b*s*d*dtype bytes to
-    its forward and 2 to its backward, each 2(T-1)/T x bytes / bandwidth + 2(T-1) x latency."""
-    plan = compile_plan(_scenario(2, partition=[3, 3]))
+    """T=2: a block's forward carries 2 all-reduces of b*s*d*dtype bytes and its backward 2, each
+    2(T-1)/T x bytes / bandwidth + 2(T-1) x latency; the embedding's forward one, the head's
+    backward one and its loss three of 4 bytes a token. A rank reports what they add to its passes."""
+    from gpipe_sim.plan.tensor_parallel import collective_work
+
+    scenario = _scenario(2, partition=[3, 3])
     b = 2  # samples per micro-batch
     ring = 2 * (2 - 1) / 2 * b * S * D * 2 / BW + 2 * (2 - 1) * LAT
     loss = 3 * (2 * (2 - 1) / 2 * b * S * 4 / BW + 2 * LAT)
-    first, second = plan.chunks  # embedding + 2 blocks | 2 blocks + head
-    assert first.tp_forward_s[0] == pytest.approx(ring + 2 * 2 * ring)
-    assert first.tp_backward_s[0] == pytest.approx(2 * 2 * ring)
-    assert second.tp_forward_s[0] == pytest.approx(2 * 2 * ring + loss)
-    assert second.tp_backward_s[0] == pytest.approx(2 * 2 * ring + ring)
-    result = simulate(_scenario(2, partition=[3, 3]))
+    work = [w[0] for w in collective_work(scenario, 0, [b])]  # embedding, 4 blocks, head
+    assert [w.forward_s for w in work] == pytest.approx([ring, *[2 * ring] * 4, loss])
+    assert [w.backward_s for w in work] == pytest.approx([0.0, *[2 * ring] * 4, ring])
+    assert [(w.forward_launches, w.backward_launches) for w in work] == [(1, 0), *[(2, 2)] * 4, (3, 1)]
+    plan = compile_plan(scenario)
+    first = plan.chunks[0]  # embedding + 2 blocks
+    assert 0.0 < first.tp_forward_s[0] <= ring + 2 * 2 * ring + 5 * 40e-6  # hidden or its launches' host time
+    result = simulate(scenario)
     assert result.num_devices == 4 and result.stages[1].device == 2
     # 1f1b with remat: every micro-batch's forward, re-computation and backward
     assert result.stages[0].tp_comm_s == pytest.approx(4 * (2 * first.tp_forward_s[0] + first.tp_backward_s[0]))
-    seq = compile_plan(_scenario(2, True, partition=[3, 3]))
-    assert seq.chunks[0].tp_backward_s[0] == pytest.approx(first.tp_backward_s[0])  # same bytes
+    seq = [w[0] for w in collective_work(_scenario(2, True, partition=[3, 3]), 0, [b])]
+    assert [w.backward_s for w in seq[:5]] == pytest.approx([w.backward_s for w in work[:5]])  # a block's: same bytes
 
 
 def test_memory_per_device_divides_weights_and_states():
@@ -166,14 +171,17 @@ def test_vtrain_tp_study_figures():
     assert figures["tau_median"] >= 0.9
 
 
-def test_executor_takes_tensor_parallel_but_not_sequence_parallel():
-    # gpipe-exec runs T > 1 (tests/test_exec_tensor_parallel.py); sequence parallelism is simulated only
+def test_executor_takes_tensor_and_sequence_parallel_where_the_sequence_splits():
+    # gpipe-exec runs T > 1 with or without sequence parallelism (tests/test_exec_tensor_parallel.py);
+    # sequence parallelism needs each device's share of the sequence whole
     from gpipe_exec.execute import check_model
     from gpipe_sim.errors import ScenarioError
 
     check_model(_scenario(2))
-    with pytest.raises(ScenarioError, match="pipeline.sequence_parallel: gpipe-exec runs tensor parallelism with"):
-        check_model(_scenario(2, sp=True))
+    check_model(_scenario(2, sp=True))
+    odd = _scenario(2, sp=True).with_updates({"model.seq_len": S + 1})
+    with pytest.raises(ScenarioError, match=r"^model.seq_len: 513 does not split over pipeline.tensor_parallel 2"):
+        check_model(odd)
 
 
 def test_megatron_softmax_falls_back_where_samples_x_heads_is_not_a_multiple_of_4():

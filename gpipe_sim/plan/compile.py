@@ -66,8 +66,9 @@ class ChunkPlan:
     # Of its saved bytes, those freed when its input-gradient pass ends (what only that pass reads:
     # the layers' freed_after_input_pass_bytes_per_sample x samples; none on the model's first chunk).
     freed_after_input_bytes: np.ndarray | None = None
-    # Of its passes' seconds, the tensor-parallel collectives' per micro-batch (forward: in each
-    # forward and re-computation; backward: in each full backward or input pass); None at T = 1.
+    # Of its passes' seconds, what the tensor-parallel collectives add per micro-batch (forward: to
+    # each forward and re-computation; backward: to each full backward or input pass), past what
+    # the host's issue and the weight-gradient GEMMs hide of them; None at T = 1.
     tp_forward_s: np.ndarray | None = None
     tp_backward_s: np.ndarray | None = None
 
@@ -432,9 +433,9 @@ def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, devic
                  sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
     """A chunk's [size, (forward, backward, backward input, backward weight)] seconds for each of
     `sizes` samples, its layers' tensor-parallel collectives (on the TP link of its rank's
-    `device`) inside its passes, and those collectives' [size, (forward, backward)] seconds (None
-    at T = 1). A pass takes at least what issuing its layers' kernels takes the host (profiles
-    that measured it)."""
+    `device`) inside its passes, and the [size, (forward, backward)] seconds those collectives add
+    to the passes (None at T = 1). A pass takes at least what issuing its layers' kernels takes
+    the host (profiles that measured it)."""
     accel, dtype, dtype_bytes = scenario.hardware.accelerator, scenario.training.dtype, scenario.training.dtype_bytes
     work = collective_work(scenario, device, sizes)
     mine = None if work is None else work[first:first + len(own)]
@@ -449,9 +450,9 @@ def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, devic
          for hosts in ([host_seconds(layer, b) for layer in own] for b in sizes)]))
     if mine is None:
         return times, None
-    tp = np.array([[math.fsum(w[j].forward_s for w in mine), math.fsum(w[j].backward_s for w in mine)]
-                   for j in range(len(sizes))]).reshape(len(sizes), 2)
-    return times, tp
+    alone = np.array([[math.fsum(t[k] for t in (layer_pass_times(layer, b, accel, dtype, dtype_bytes) for layer in own))
+                       for k in range(2)] for b in sizes]).reshape(len(sizes), 2)
+    return times, np.maximum(times[:, :2] - alone, 0.0)
 
 
 def _flatten(plan: Plan) -> Program:

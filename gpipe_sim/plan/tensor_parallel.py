@@ -52,9 +52,9 @@ def stream_work(c: Collectives, samples: float, tp: int, bandwidth: float, laten
 
 
 def rank_tp_comm_seconds(plan: Any) -> list[float]:
-    """Per pipeline rank (replica 0): the seconds its passes spend in tensor-parallel collectives
+    """Per pipeline rank (replica 0): the seconds the tensor-parallel collectives add to its passes
     over the step (forwards and re-computations their forward collectives, full backwards and input
-    passes their backward ones)."""
+    passes their backward ones), past what the host's issue and the weight-gradient GEMMs hide."""
     K = len(plan.ranks)
     if plan.scenario.pipeline.tensor_parallel == 1 or plan.chunks[0].tp_forward_s is None:
         return [0.0] * K

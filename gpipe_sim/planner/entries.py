@@ -36,7 +36,7 @@ class PlanEntry:
     even: bool = True  # M divides the per-replica batch (else micro-batches differ by one sample)
     vs_fastest: float = 0.0  # step time over the fastest fitting one's, less 1
     tied: bool = False  # within the tie of the fastest (`PlanOptions.tie`)
-    tp_comm_s: float = 0.0  # the busiest rank's seconds in tensor-parallel collectives over the step
+    tp_comm_s: float = 0.0  # the seconds tensor-parallel collectives add to the busiest rank's step
 
     @property
     def signature(self) -> tuple[Any, ...]:

@@ -119,7 +119,7 @@ class StageResult:
     param_bytes: float
     state_bytes: float = 0.0
     exposed_allreduce_s: float = 0.0  # waiting for the data-parallel reductions before the update
-    tp_comm_s: float = 0.0  # of its passes, the seconds in tensor-parallel collectives over the step
+    tp_comm_s: float = 0.0  # of its passes, the seconds tensor-parallel collectives add over the step
     memory_breakdown: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -434,8 +434,8 @@ def summarize(
     `peak_activation_bytes` is per rank; `chunk_peak_activation_bytes`, `param_bytes` and
     `state_bytes` are per chunk. Step time is the last action's end (the timeline starts at 0).
     `peak_memory_bytes` and `memory_breakdown` (per rank) replace static + peak activations where
-    given (transients, or a measurement of memory in all). `tp_comm_s`: per rank, the seconds of
-    its passes in tensor-parallel collectives. `figures` (what the model and batch fix)
+    given (transients, or a measurement of memory in all). `tp_comm_s`: per rank, the seconds
+    tensor-parallel collectives add to its passes. `figures` (what the model and batch fix)
     give the parameters, tokens/s, TFLOP/s per device and MFU.
     The bubble fraction is the share of device time idle within the step:
     1 - (compute seconds of all ranks) / (devices x step), a rank's compute keeping its T devices
