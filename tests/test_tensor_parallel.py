@@ -101,8 +101,13 @@ def test_four_all_reduces_per_block():
     assert result.num_devices == 4 and result.stages[1].device == 2
     # 1f1b with remat: every micro-batch's forward, re-computation and backward
     assert result.stages[0].tp_comm_s == pytest.approx(4 * (2 * first.tp_forward_s[0] + first.tp_backward_s[0]))
+    # sequence parallel: halves (a reduce-scatter or an all-gather) of the same bytes; a block 4
+    # forward and 6 backward (the column-parallel inputs gathered again), the embedding's gradient
+    # gathered, the head's input gathered forward and again backward beside its gradient's scatter
+    half = ring / 2
     seq = [w[0] for w in collective_work(_scenario(2, True, partition=[3, 3]), 0, [b])]
-    assert [w.backward_s for w in seq[:5]] == pytest.approx([w.backward_s for w in work[:5]])  # a block's: same bytes
+    assert [w.forward_s for w in seq] == pytest.approx([half, *[4 * half] * 4, half + loss])
+    assert [w.backward_s for w in seq] == pytest.approx([half, *[6 * half] * 4, 2 * half])
 
 
 def test_memory_per_device_divides_weights_and_states():

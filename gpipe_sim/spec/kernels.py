@@ -168,7 +168,11 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
             _elementwise("ln2.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1), *drop("dropout1.bwd", tok),
             *proj_b, _elementwise("heads.copy.bwd", heads_copy, p), *bwd_attn, *qkv_b,
             _elementwise("ln1.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1)]
-    return LayerKernels(tuple(fwd), tuple(bwd), tensors=12, beside_collectives=("qkv.wgrad", "fc1.wgrad"))
+    # Megatron-LM's column-parallel backward all-reduces (reduce-scatters) its input's gradient
+    # beside its weight-gradient GEMM; under sequence parallelism it also all-gathers its input
+    # again beside its input-gradient GEMM
+    beside = ("qkv.wgrad", "fc1.wgrad") + (("qkv.dgrad", "fc1.dgrad") if sequence_parallel else ())
+    return LayerKernels(tuple(fwd), tuple(bwd), tensors=12, beside_collectives=beside)
 
 
 def embedding(v: int, d: int, s: int, dropout: bool, p: int, mask: int) -> LayerKernels:
@@ -205,7 +209,8 @@ def lm_head(d: int, v: int, s: int, p: int, norm_share: int = 1) -> LayerKernels
     fwd = (_elementwise("ln", norm, p), out, MemOp("cross_entropy", logits * CROSS_ENTROPY_FORWARD_BYTES))
     bwd = (MemOp("cross_entropy.bwd", logits * CROSS_ENTROPY_BACKWARD_BYTES), *out_b,
            _elementwise("ln.bwd", norm, p, 3, 1))
-    return LayerKernels(fwd, bwd, tensors=3, beside_collectives=("logits.wgrad",))
+    beside = ("logits.wgrad",) + (("logits.dgrad",) if norm_share > 1 else ())  # as a block's column-parallel GEMMs
+    return LayerKernels(fwd, bwd, tensors=3, beside_collectives=beside)
 
 
 def mlp_linear(n_in: int, n_out: int, relu: bool, first: bool, p: int) -> LayerKernels:

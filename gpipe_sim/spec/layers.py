@@ -194,6 +194,8 @@ def _blocks(model: TransformerModel, p: int, mask: int, tp: int, r: int) -> list
     # need about the gradient of Q, K and V beside the gradient flowing in. Fixed: the largest
     # weight's gradient before it is added to the accumulated one.
     transient = (2.0 * a * s * s * p if model.attention == "standard" else 4.0 * s * d * p) / tp
+    if r > 1:  # sequence parallel: a column-parallel backward's gathered input and its input's gradient
+        transient = max(transient, 2.0 * s * d * p)
     # Gradients the input pass keeps for the weight pass: at the outputs of QKV and fc1 (split), of
     # the projection, fc2 and both LayerNorms (replicated).
     block = dict(

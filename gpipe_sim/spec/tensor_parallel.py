@@ -70,19 +70,24 @@ def transformer_collectives(model: TransformerModel, tp: int, sequence_parallel:
     """Per layer of the transformer preset (embedding, blocks, head): the collectives of its
     forward and backward on one sample, none at T = 1. A block all-reduces its attention's and its
     MLP's row-parallel outputs in the forward and its two column-parallel inputs' gradients in
-    the backward (sequence parallel: a reduce-scatter plus an all-gather each, the same bytes);
-    the vocabulary-parallel embedding all-reduces its output (reduce-scatters it); the head's
-    input gradient is all-reduced (its input all-gathered and its gradient reduce-scattered), and
-    its cross-entropy all-reduces three fp32 figures per token."""
+    the backward; the vocabulary-parallel embedding all-reduces its output; the head's input
+    gradient is all-reduced, and its cross-entropy all-reduces three fp32 figures per token.
+    Sequence parallel (Megatron-LM's): each all-reduce is a reduce-scatter plus an all-gather of
+    the same bytes; a block all-gathers the inputs of QKV and fc1 and reduce-scatters the outputs
+    of the projection and fc2 (four halves forward), and its backward all-gathers the row-parallel
+    outputs' gradients, all-gathers the column-parallel inputs again for their weight gradients
+    and reduce-scatters those inputs' gradients (six); the embedding reduce-scatters its output
+    and all-gathers its gradient; the head all-gathers its input forward, and again backward
+    beside the reduce-scatter of its gradient."""
     empty = Collectives()
     if tp == 1:
         return [empty] * (model.layers + 2)
     act = float(model.seq_len * model.d_model * dtype_bytes)
     loss = tuple((ALL_REDUCE, 4.0 * model.seq_len) for _ in range(_LOSS_REDUCES))
     if sequence_parallel:
-        embed = Collectives(forward=((HALF, act),))
-        block = Collectives(forward=((HALF, act),) * 4, backward=((HALF, act),) * 4)
-        head = Collectives(forward=((HALF, act), *loss), backward=((HALF, act),))
+        embed = Collectives(forward=((HALF, act),), backward=((HALF, act),))
+        block = Collectives(forward=((HALF, act),) * 4, backward=((HALF, act),) * 6)
+        head = Collectives(forward=((HALF, act), *loss), backward=((HALF, act),) * 2)
     else:
         embed = Collectives(forward=((ALL_REDUCE, act),))
         block = Collectives(forward=((ALL_REDUCE, act),) * 2, backward=((ALL_REDUCE, act),) * 2)
