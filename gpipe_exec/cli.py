@@ -68,6 +68,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from gpipe_sim.spec.scenario import load_scenario
 
     from gpipe_exec.profile import too_large_to_build
+    from gpipe_exec.profiling.split import check_meta
 
     scenario = load_scenario(args.scenario, args.set)
     meta = args.meta or too_large_to_build(scenario)
@@ -78,13 +79,20 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     options = ProfileOptions(micro_batches=_sizes(args.micro_batches), warmup=args.warmup,
                              threads=args.threads, meta=meta, split_backward=args.split_backward and not meta,
                              device=args.device, **given)
-    with Progress(transient=True) as bar:
-        task = bar.add_task("profiling", total=None)
+    if scenario.pipeline.tensor_parallel > 1:  # the layers split over each rank's T processes, all at once
+        from gpipe_exec.launch.spawn import LaunchOptions
+        from gpipe_exec.profile import profile_on_devices
 
-        def progress(i: int, n: int, name: str) -> None:
-            bar.update(task, total=n, completed=i, description=f"profiling {name}")
+        check_meta(meta, scenario.pipeline.tensor_parallel)
+        table = profile_on_devices(scenario, options, LaunchOptions(threads=args.threads, device=args.device))
+    else:
+        with Progress(transient=True) as bar:
+            task = bar.add_task("profiling", total=None)
 
-        table = profile_model(scenario, options, progress=progress)
+            def progress(i: int, n: int, name: str) -> None:
+                bar.update(task, total=n, completed=i, description=f"profiling {name}")
+
+            table = profile_model(scenario, options, progress=progress)
     write_table(table, args.out)
     sys.stdout.write(f"{len(table['layers'])} layers written to {args.out} "
                      f"(use model: {{preset: table, path: {args.out}}})\n")

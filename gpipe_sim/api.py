@@ -13,7 +13,7 @@ from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.plan.tensor_parallel import rank_tp_comm_seconds
 from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize
 from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.model import LayerSpec, TransformerModel
+from gpipe_sim.spec.model import LayerSpec, TableModel, TransformerModel
 from gpipe_sim.spec.scenario import Scenario
 
 Engine = Literal["simpy", "fast", "auto"]
@@ -36,7 +36,8 @@ def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None)
     x seq_len for the transformer preset (None for models without tokens); the accelerator's peak
     FLOP/s for the training dtype (the highest given where that dtype has none, as the cost model
     does). `layers`: the plan's, where built already (the whole model's: not split over tensor
-    parallelism)."""
+    parallelism). A layer table profiled at T > 1 (rows of one device's share) gives its whole
+    model's `parameters` where it records them."""
     if layers is None:
         layers = build_layers(scenario.model, scenario.training.dtype_bytes)
     batch = scenario.pipeline.batch_size
@@ -46,7 +47,10 @@ def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None)
     model = scenario.model
     tokens = batch * model.seq_len if isinstance(model, TransformerModel) else None
     peak = scenario.hardware.accelerator.peak_flops_for(scenario.training.dtype)
-    return ModelFigures(parameters=int(sum(layer.params for layer in layers)), model_flops_per_step=flops,
+    parameters = model.parameters if isinstance(model, TableModel) else None  # profiled at T > 1: the whole's
+    if parameters is None:
+        parameters = sum(layer.params for layer in layers)
+    return ModelFigures(parameters=int(parameters), model_flops_per_step=flops,
                         tokens_per_step=tokens, peak_flops_per_device=float(peak))
 
 

@@ -11,7 +11,7 @@ from gpipe_sim.spec.layers import build_layers, describe_layer_count, total_para
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.results.fit import over_capacity_text
 from gpipe_sim.results.result import Result
-from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
+from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TableModel, TransformerModel, UniformModel
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.schedule import Schedule
 from gpipe_sim.spec.units import format_bytes, format_seconds
@@ -88,8 +88,13 @@ def _devices(first: int, tp: int) -> str:
 
 
 def tensor_parallel_text(scenario: Scenario, result: Result) -> str:
-    """T, whether sequence parallel, and the seconds the collectives add to the busiest rank's passes."""
+    """T, whether sequence parallel, and the seconds the collectives add to the busiest rank's
+    passes (a layer table profiled at T: inside its measured passes, not priced apart)."""
     p = scenario.pipeline
+    if isinstance(scenario.model, TableModel):
+        return (f"T={p.tensor_parallel}{' with sequence parallelism' if p.sequence_parallel else ''} "
+                f"({result.num_devices} devices = T x K x D); the collectives are inside the layer table's "
+                f"measured passes (profiled at T={p.tensor_parallel})")
     busiest = max(result.stages, key=lambda s: s.busy_s)
     share = busiest.tp_comm_s / busiest.busy_s if busiest.busy_s > 0 else 0.0
     kind = "reduce-scatter + all-gather" if p.sequence_parallel else "all-reduce"

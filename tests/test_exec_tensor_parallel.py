@@ -118,12 +118,15 @@ def test_four_processes_t2_k2_every_schedule_family_and_data_parallel() -> None:
     assert_equal_to_reference(run_cases(4, cases, steps=2), steps=2)
 
 
-def test_validate_t2_predicts_from_the_preset_and_measures_memory() -> None:
+def test_validate_t2_predicts_from_a_profile_of_the_split_layers_and_measures_memory() -> None:
     from gpipe_exec.checks.validate import validate
+    from gpipe_exec.profile import ProfileOptions
 
     sc = scenario(Case(T=2, K=1, M=2, schedule="1f1b"))
-    v = validate(sc, steps=1, warmup=1, options=OPTIONS, calibrate=False)
+    v = validate(sc, steps=1, warmup=1, options=OPTIONS, calibrate=False,
+                 profile=ProfileOptions(warmup=0, repeats=1, min_time_s=0.0))
     assert v.measured.result.step_time_s > 0 and v.predicted.step_time_s > 0
+    assert v.predicted.tensor_parallel == 2 and v.predicted.stages[0].tp_comm_s == 0.0  # measured in the passes
     errors = v.relative_error
     assert errors["stage0.accounting.peak_activation_bytes"] < 0.01
     assert errors["stage0.peak_memory_bytes"] < 0.10, errors

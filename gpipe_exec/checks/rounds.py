@@ -79,8 +79,8 @@ def _profile_case(sc: Scenario, options: ProfileOptions, rank: int, alone: bool)
         return average_tables(tables) if rank == 0 else None
     if p.tensor_parallel == 1:
         return profile_model(sc, options) if rank == 0 else None
-    device_mesh(profile_device(options.device).type, p.data_parallel, p.stages, p.tensor_parallel)  # collective
-    table = profile_on_rank(sc, options, rank) if rank < p.tensor_parallel else None
+    mesh = device_mesh(profile_device(options.device).type, p.data_parallel, p.stages, p.tensor_parallel)  # collective
+    table = profile_model(sc, options, mesh=mesh["tp"]) if rank < p.tensor_parallel else None
     return table if rank == 0 else None
 
 

@@ -19,7 +19,8 @@ def grad_like(out: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def forward_pass(layer: torch.nn.Module, x: torch.Tensor, last: bool, first: bool, target: torch.Tensor,
-                 batch: int, meter: SavedBytesMeter | None, loss: LossFn = loss_sum) -> tuple[torch.Tensor, torch.Tensor]:
+                 batch: int, meter: SavedBytesMeter | None,
+                 loss: LossFn = loss_sum) -> tuple[torch.Tensor, torch.Tensor]:
     """(the layer's output, what its backward starts from: the `loss` on the model's `last` layer,
     else the output) for input `x` detached (taking a gradient unless `first`), counted by `meter`
     if given."""

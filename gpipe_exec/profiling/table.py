@@ -14,7 +14,7 @@ from gpipe_exec.measure.allocator import cache_host_memory
 from gpipe_exec.measure.meters import tensor_bytes
 from gpipe_exec.profiling.memory import measure_layer
 from gpipe_exec.profiling.options import ProfileOptions
-from gpipe_exec.profiling.split import LayerBuilder, local_parameters
+from gpipe_exec.profiling.split import LayerBuilder, check_meta, local_parameters
 from gpipe_exec.profiling.timing import Stamps, time_layers, time_update
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import check_buildable, make_batch
@@ -61,10 +61,12 @@ def profile_device(name: str | None) -> torch.device:
 
 def _measure_layers(builder: LayerBuilder, options: ProfileOptions, x: torch.Tensor, y: torch.Tensor,
                     sizes: Sequence[int], progress: Progress | None
-                    ) -> tuple[list[dict[str, Any]], list[torch.nn.Module]]:
+                    ) -> tuple[list[dict[str, Any]], list[torch.nn.Module], int]:
     """(each layer's row of memory figures (`measure_layer`), named; the layers `builder` built, on
-    the profile's device, to time: none with `options.meta`). Each layer takes its predecessor's
-    output; memory is measured at the largest of `sizes` and at the smallest (or half the largest)."""
+    the profile's device, to time: none with `options.meta`; the whole layers' parameters). Each
+    layer takes its predecessor's output; memory is measured at the largest of `sizes` and at the
+    smallest (or half the largest). Split layers' rows hold no FLOPs: FlopCounterMode counts a
+    split GEMM at its whole (DTensor) shape but the attention at the device's heads."""
     from gpipe_exec.zoo import layer_names
 
     names = layer_names(builder.scenario.model)
@@ -74,18 +76,21 @@ def _measure_layers(builder: LayerBuilder, options: ProfileOptions, x: torch.Ten
     device = x.device
     rows: list[dict[str, Any]] = []
     layers: list[torch.nn.Module] = []
-    h, after_saved_output, loss = x, False, builder.loss()
+    h, after_saved_output, loss, parameters = x, False, builder.loss(), 0
     for i in range(n):
         if progress:
             progress(i, n + len(sizes), names[i])
-        layer = builder.build(i, device)
+        layer, whole = builder.build(i, device)
+        parameters += whole
         row, h, after_saved_output = measure_layer(layer, h, y, first=i == 0, last=i == n - 1, small=small,
                                                    big=big, meta=options.meta, after_saved_output=after_saved_output,
                                                    loss=loss)
+        if builder.tensor_parallel > 1:
+            del row["forward_flops_per_sample"], row["backward_flops_per_sample"]
         rows.append({"name": names[i], **row})
         if not options.meta:
             layers.append(layer)
-    return rows, layers
+    return rows, layers, parameters
 
 
 def _add_times(row: dict[str, Any], timings: list[dict[str, float]], layer: torch.nn.Module, scenario: Scenario,
@@ -106,14 +111,16 @@ def _add_times(row: dict[str, Any], timings: list[dict[str, float]], layer: torc
 
 def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions(), *, seed: int = 0,
                   dropout: float | None = None, progress: Progress | None = None,
-                  hold: Callable[[], ContextManager[None]] = nullcontext, mesh: Any = None) -> dict[str, Any]:
+                  hold: Callable[[], ContextManager[None]] = nullcontext, mesh: Any = None,
+                  together: Any = None) -> dict[str, Any]:
     """The model's per-layer table ({"layers": [...], "input_bytes_per_sample": ...}).
 
     With `mesh` (the tensor-parallel DeviceMesh of a rank's T processes, which must all call this
     at once), each layer is split over it as the executor splits it (`LayerBuilder`): every figure
     is this process's (one device's share: local parameters, bytes and times with the DTensor
-    dispatch and the collectives inside), and the table says `tensor_parallel: T`, the only T
-    the simulator runs it at.
+    dispatch and the collectives inside; no FLOPs), and the table says `tensor_parallel: T`, the
+    only T the simulator runs it at, and the whole model's `parameters`; the processes of `together` (a process group; None: the mesh's)
+    time their repeats in step.
 
     Bytes and FLOPs are measured layer by layer (with `meta`, on the meta device, allocating
     nothing). Times are measured with the layers chained as a stage runs them: each repeat times
@@ -123,8 +130,8 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     `hold()` is held around each timed pass (see `profile_on_rank`).
     """
     check_buildable(scenario.model)
-    builder = LayerBuilder(scenario, seed, dropout, mesh)
-    builder.check(options.meta)
+    builder = LayerBuilder(scenario, seed, dropout, mesh, together)
+    check_meta(options.meta, builder.tensor_parallel)
     torch.set_num_threads(max(1, options.threads))
     if options.cache_host_memory and not options.meta:
         cache_host_memory()
@@ -137,10 +144,10 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
         configure_cuda_math()
     x, y = make_batch(scenario.model, big, seed=seed, dtype=scenario.training.dtype)
     x, y = x.to(device), y.to(device)
-    rows, layers = _measure_layers(builder, options, x, y, sizes, progress)
+    rows, layers, parameters = _measure_layers(builder, options, x, y, sizes, progress)
     table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
     if builder.tensor_parallel > 1:
-        table["tensor_parallel"] = builder.tensor_parallel
+        table.update(tensor_parallel=builder.tensor_parallel, parameters=parameters)
     if options.meta:
         return table
     n = len(rows)
@@ -203,14 +210,17 @@ def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> d
     ranks that share a device take turns under its device lock, a forward or backward pass each,
     as stages do. With tensor parallelism (T > 1; `rank` is then a process, one of a pipeline
     rank's T) the T processes of each pipeline rank profile the model split over them together,
-    on the job's (dp, pp, tp) mesh, and take no device lock, as the executor's ranks take none."""
+    on the job's (dp, pp, tp) mesh, all pipeline ranks timing each repeat at once, and take no
+    device lock, as the executor's ranks take none."""
+    import torch.distributed as dist
+
     from gpipe_exec.runtime.device_lock import device_lock
     from gpipe_exec.runtime.tensor_parallel import device_mesh
 
     p = scenario.pipeline
     if p.tensor_parallel > 1:
         mesh = device_mesh(profile_device(options.device).type, p.data_parallel, p.stages, p.tensor_parallel)
-        return profile_model(scenario, options, mesh=mesh["tp"])
+        return profile_model(scenario, options, mesh=mesh["tp"], together=dist.group.WORLD)
     lock = device_lock(rank, scenario.device_map)
     return profile_model(scenario, options, hold=nullcontext if lock is None else lock.hold)
 

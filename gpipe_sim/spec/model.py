@@ -213,6 +213,9 @@ class TableModel(_Strict):
     # each row is one device's share of a layer split over T devices, its times with the split's
     # collectives inside. A scenario runs it at that T only (spec.tensor_parallel_problem).
     tensor_parallel: TensorParallel = 1
+    # The whole model's parameters where the rows are one device's share (profiled at T > 1), as
+    # the step's figures report them; None: the rows' sum.
+    parameters: Params | None = None
 
     @field_validator("layers", mode="before")
     @classmethod
@@ -255,5 +258,5 @@ def load_layer_table_file(path: Path) -> dict[str, Any]:
         data = {"layers": data}
     if not isinstance(data, dict) or "layers" not in data:
         raise ValueError(f"layer table {str(path)!r} must be a list of layers or have a `layers` key")
-    allowed = {"layers", "input_bytes_per_sample", "tensor_parallel"}
+    allowed = {"layers", "input_bytes_per_sample", "tensor_parallel", "parameters"}
     return {k: v for k, v in data.items() if k in allowed}
