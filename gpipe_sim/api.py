@@ -10,7 +10,7 @@ from gpipe_sim.engines.simpy_engine import run_simpy
 from gpipe_sim.engines.fast import contention_free, evaluate_fast
 from gpipe_sim.plan.memory import memory_profile
 from gpipe_sim.plan.compile import Plan, compile_plan
-from gpipe_sim.plan.tensor_parallel import rank_tp_comm_seconds
+from gpipe_sim.plan.tensor_parallel import action_tp_seconds, rank_tp_comm_seconds
 from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize
 from gpipe_sim.spec.layers import build_layers
 from gpipe_sim.spec.model import LayerSpec, TableModel, TransformerModel
@@ -83,9 +83,12 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
 
 
 def result_from_times(plan: Plan, start: np.ndarray, end: np.ndarray, source: str = "simulated") -> Result:
-    """The Result for a plan given every action's start and end."""
+    """The Result for a plan given every action's start and end; its timeline's `tp_s` the
+    seconds tensor-parallel collectives add to each action (None where they add none: T = 1)."""
     prog = plan.program
-    timeline = Timeline(prog.rank, prog.chunk, prog.kind, prog.micro_batch, start, end)
+    tp = action_tp_seconds(plan)
+    timeline = Timeline(prog.rank, prog.chunk, prog.kind, prog.micro_batch, start, end,
+                        tp_s=tp if tp.any() else None)
     memory = memory_profile(plan, start, end)
     result = summarize_plan(
         plan, timeline,

@@ -514,3 +514,53 @@ def test_gantt_draws_each_replica_from_its_own_rows():
     assert forward.hovertemplate.startswith("%{customdata}<br>forward")
     one, _ = plots.timeline_figure(run(4, 8).timeline, stages=4)  # one replica: plain rank names
     assert list(one.layout.yaxis.ticktext) == [f"rank {k}" for k in range(4)] and not one.layout.shapes
+
+
+def assert_overlay_honest(result: Result, fig, bars: "plots.GanttBars") -> None:
+    """The collectives overlay never misstates: per rank its drawn lengths add up to the rank's
+    `tp_comm_s`, each drawn inside its pass bar, at its end, in the compute lane."""
+    from gpipe_sim.charts.gantt import _COMPUTE_LANE
+
+    K = len(result.stages)
+    want = np.array([result.stages[g % K].tp_comm_s for g in range(int(bars.rank.max()) + 1)])
+    drawn = bars.drawn_tp_s
+    assert np.all(drawn >= 0) and np.all(drawn <= bars.end_s - bars.start_s)
+    np.testing.assert_allclose(np.bincount(bars.rank, weights=drawn, minlength=len(want)), want, rtol=1e-6)
+    assert not drawn[np.isin(bars.kind, list(plots.gantt._LANE_CODES))].any()
+    trace = next(t for t in fig.data if t.name == plots.TP_NAME)
+    _, scale = plots.time_unit(float(bars.end_s.max()))
+    on = drawn > 0
+    np.testing.assert_allclose(np.asarray(trace.x) * scale, drawn[on], rtol=1e-9)
+    np.testing.assert_allclose((np.asarray(trace.base, dtype=float) + np.asarray(trace.x)) * scale, bars.end_s[on], rtol=1e-9)
+    np.testing.assert_allclose(np.bincount(np.asarray(trace.y), weights=np.asarray(trace.x) * scale,
+                                           minlength=len(want)), want, rtol=1e-6)
+    low, high = _COMPUTE_LANE[0], sum(_COMPUTE_LANE)
+    assert low < trace.offset and trace.offset + trace.width < high and trace.width < _COMPUTE_LANE[1]
+
+
+@pytest.mark.parametrize("max_bars", [10_000, 12, 40])
+def test_gantt_shows_tensor_parallel_collectives_inside_their_passes(max_bars):
+    """T = 2: each pass bar carries a darker overlay as long as the seconds its collectives add
+    (merged: its run's, summed), and the hover says so; the bars stay honest."""
+    from test_tensor_parallel import _scenario
+
+    result = simulate(_scenario(2, partition=[3, 3], data_parallel=2, micro_batches=16, batch_size=32))
+    t = result.timeline
+    fig, bars = plots.timeline_figure(t, max_bars=max_bars, stages=2)
+    assert bars.merged == (len(t) > max_bars)
+    assert_bars_honest(t, bars, max_bars)
+    assert_overlay_honest(result, fig, bars)
+    assert [tr.name for tr in fig.data].count(plots.TP_NAME) == 1 and fig.data[-1].name == plots.TP_NAME
+    forward = next(tr for tr in fig.data if tr.name == "forward")
+    assert all("<br>of which TP collectives " in text for text in forward.hovertext)
+    send = next(tr for tr in fig.data if tr.name == "send")
+    assert not any("TP collectives" in text for text in send.hovertext)
+    if bars.merged:
+        assert all(re.search(r"busy [\d.]+ \S+ within .*<br>of which TP collectives", s) for s in forward.hovertext)
+    one = simulate(_scenario(1, partition=[3, 3], data_parallel=2, micro_batches=16, batch_size=32))
+    plain, plain_bars = plots.timeline_figure(one.timeline, max_bars=max_bars, stages=2)
+    assert plain_bars.tp_s is None and plots.TP_NAME not in {tr.name for tr in plain.data}
+    assert not any("TP collectives" in str(text) for tr in plain.data for text in tr.hovertext)
+    both, _ = plots.compare_timelines_figure([("T=1", one.timeline), ("T=2", t)], max_bars=max_bars)
+    tp = [tr for tr in both.data if tr.name == plots.TP_NAME]
+    assert len(tp) == 1 and tp[0].showlegend  # the legend entry on the first row that has any

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import yaml
 
@@ -198,3 +199,63 @@ def test_megatron_softmax_falls_back_where_samples_x_heads_is_not_a_multiple_of_
     assert sum(soft.kernel_bytes(1)) == 37.0 * 2 * 1024 * 1024
     whole = transformer_block(1024, 4096, 1024, 16, "standard", True, 2, 1, tp=1)
     assert not any(isinstance(k, Softmax) for k in (*whole.forward, *whole.backward))
+
+
+@pytest.mark.parametrize("pipeline", [{"partition": [3, 3]}, {"data_parallel": 2, "schedule": "zb_h1"},
+                                      {"partition": [3, 3], "remat": "none"}])
+def test_per_action_collectives_add_up_to_each_ranks_tp_comm_s(pipeline):
+    """`action_tp_seconds`: every replica's passes carry their chunk's collectives on that
+    micro-batch, nothing else does; summed per rank of replica 0 they are its `tp_comm_s`."""
+    from gpipe_sim.plan.tensor_parallel import action_tp_seconds, rank_tp_comm_seconds
+    from gpipe_sim.schedule import Kind
+
+    plan = compile_plan(_scenario(2, **pipeline))
+    seconds, c = action_tp_seconds(plan), plan.steps.columns
+    assert seconds.shape == c.kind.shape and np.all(seconds >= 0)
+    passes = np.isin(c.kind, [int(k) for k in (Kind.FORWARD, Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT)])
+    assert np.all(seconds[passes] > 0) and not np.any(seconds[~passes])
+    K, result = len(plan.ranks), simulate(_scenario(2, **pipeline))
+    per_rank = np.bincount(c.rank, weights=seconds)
+    assert [s.tp_comm_s for s in result.stages] == pytest.approx(per_rank[:K].tolist(), rel=1e-12)
+    assert rank_tp_comm_seconds(plan) == pytest.approx(per_rank[:K].tolist(), rel=1e-12)
+    np.testing.assert_allclose(per_rank, np.tile(per_rank[:K], len(per_rank) // K))  # every replica alike
+    t = result.timeline
+    np.testing.assert_array_equal(t.tp_s, seconds)
+    assert np.all(t.tp_s <= (t.end_s - t.start_s) * (1 + 1e-9))  # inside the pass they add to
+    assert not action_tp_seconds(compile_plan(_scenario(1, **pipeline))).any()
+
+
+def test_timeline_records_carry_collectives_only_where_priced():
+    """T = 2: each record's `tp_s` round-trips through the JSON; T = 1 (and files written before
+    the column) has no such key and reads back as None."""
+    from gpipe_sim.results.result import Result, Timeline
+
+    two, one = simulate(_scenario(2, partition=[3, 3])), simulate(_scenario(partition=[3, 3]))
+    back = Result.from_dict(json.loads(two.to_json())).timeline
+    np.testing.assert_array_equal(back.tp_s, two.timeline.tp_s)
+    np.testing.assert_array_equal(back.end_s, two.timeline.end_s)
+    assert all("tp_s" in r for r in two.timeline.to_records())
+    assert one.timeline.tp_s is None
+    records = one.timeline.to_records()
+    assert not any("tp_s" in r for r in records)
+    assert set(records[0]) == {"rank", "chunk", "kind", "micro_batch", "start_s", "end_s"}
+    assert Timeline.from_records(records).tp_s is None
+    assert Result.from_dict(json.loads(one.to_json())).timeline.tp_s is None
+    old = [{k: v for k, v in r.items() if k != "tp_s"} for r in two.timeline.to_records()]
+    assert Timeline.from_records(old).tp_s is None
+
+
+def test_explore_gantt_shows_the_collectives_at_t2():
+    """The app's Explore page at T = 2 renders, its Gantt with the collectives' overlay."""
+    from gpipe_sim.charts import TP_NAME
+    from test_app_support import app_test, plotly_specs
+
+    at = app_test().run()
+    at.sidebar.selectbox(key="cfg.pipeline.tensor_parallel").set_value(2).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    gantt = plotly_specs(at)[0]
+    names = [trace["name"] for trace in gantt["data"]]
+    assert TP_NAME in names and "forward" in names
+    forward = next(trace for trace in gantt["data"] if trace["name"] == "forward")
+    assert all("of which TP collectives" in text for text in forward["hovertext"])

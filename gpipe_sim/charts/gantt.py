@@ -34,6 +34,10 @@ _LANES: dict[str, tuple[float, float]] = {
     "allreduce": (0.40, 0.07),  # a data-parallel reduction runs beside compute, on the network
 }
 _COMPUTE_LANE = (-0.3, 0.6)
+# Tensor-parallel collectives: a thinner, darker bar inside the pass bar they belong to.
+_TP_LANE = (-0.14, 0.28)
+TP_NAME = "tensor-parallel collectives (inside the pass, drawn at its end)"
+_TP_COLOR = "rgba(0, 0, 0, 0.55)"
 # Below the time axis, so that it never covers a title in narrow (side-by-side) charts.
 _BOTTOM_LEGEND = dict(orientation="h", yanchor="bottom", y=0.0, yref="container", xanchor="left", x=0.0)
 
@@ -49,6 +53,10 @@ class GanttBars:
     ran that kind. A bar lies within its `gap_s` (the longest gap its run closed) of an action of
     its kind, so idle gaps longer than that are never painted, and it draws its run's busy time
     within `shift_s` (the run's gaps summed) of where that work ran.
+
+    `tp_s` (None where the timeline has no such column): per bar, the seconds tensor-parallel
+    collectives add to its run's actions, summed (a bar of one action: its own); `drawn_tp_s`
+    is the part of it drawn in this bar, so that per rank the drawn parts add up to the total.
     """
 
     rank: np.ndarray
@@ -66,6 +74,7 @@ class GanttBars:
     shift_s: np.ndarray  # the run's gaps summed: its span less its busy time
     actions: int
     merged: bool
+    tp_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -82,6 +91,17 @@ class GanttBars:
     def max_shift_s(self, compute: bool | None = None) -> float:
         """The most that busy time is drawn away from where it ran (see `max_gap_s`)."""
         return self._max(self.shift_s, compute)
+
+    @property
+    def drawn_tp_s(self) -> np.ndarray | None:
+        """Per bar, the length of its collectives overlay (None without `tp_s`): its run's `tp_s`
+        shared among the run's pieces as their lengths share its busy time (a bar of one action:
+        its own `tp_s`), never longer than the bar, drawn at the bar's end."""
+        if self.tp_s is None:
+            return None
+        length = self.end_s - self.start_s
+        share = np.divide(length, self.busy_s, out=np.zeros(len(length)), where=self.busy_s > 0)
+        return np.minimum(self.tp_s * share, length)
 
     @property
     def note(self) -> str:
@@ -124,9 +144,10 @@ def _exact_bars(timeline: Timeline) -> GanttBars:
     end = np.asarray(timeline.end_s, dtype=float)
     mb = np.asarray(timeline.micro_batch)
     zero = np.zeros(len(start))
+    tp = None if timeline.tp_s is None else np.asarray(timeline.tp_s, dtype=float)
     return GanttBars(np.asarray(timeline.rank), np.asarray(timeline.kind), _chunk_text(np.asarray(timeline.chunk)),
                      mb, mb, np.ones(len(start), dtype=int), start, end, start, end, end - start, zero, zero,
-                     len(start), merged=False)
+                     len(start), merged=False, tp_s=tp)
 
 
 @dataclass
@@ -145,6 +166,7 @@ class _Actions:
     weighed_before: np.ndarray  # `weighed` of its rank and kind up to it, summed
     new_time: np.ndarray  # the part of the action no earlier one of its rank and kind covers
     groups: int  # (rank, kind) pairs
+    tp: np.ndarray | None  # the seconds tensor-parallel collectives add to it (None: not known)
 
     @classmethod
     def of(cls, timeline: Timeline) -> "_Actions":
@@ -169,8 +191,9 @@ class _Actions:
         total = np.cumsum(weighed)
         weighed_before = total - total[np.flatnonzero(first)][group]
         new_time = np.maximum(0.0, end - np.maximum(start, before))
+        tp = None if timeline.tp_s is None else np.asarray(timeline.tp_s, dtype=float)[keep]
         return cls(rank, kind, np.asarray(timeline.chunk)[keep], np.asarray(timeline.micro_batch)[keep],
-                   start, end, first, gap, weighed, weighed_before, new_time, int(group[-1]) + 1 if n else 0)
+                   start, end, first, gap, weighed, weighed_before, new_time, int(group[-1]) + 1 if n else 0, tp)
 
     def gap_breaks(self, runs: int) -> np.ndarray:
         """Where runs start when the longest (weighed) gaps split them, for at most `runs` runs
@@ -296,9 +319,12 @@ def _merged_bars(acts: _Actions, breaks: np.ndarray, actions: int) -> GanttBars:
                 start.append(a)
                 end.append(b)
     pick = np.asarray(job, dtype=int)
+    tp = None
+    if acts.tp is not None:
+        tp = (np.add.reduceat(acts.tp, first) if n else np.empty(0))[pick]
     return GanttBars(rank[pick], kind[pick], chunks[pick], lo[pick], hi[pick], count[pick],
                      np.asarray(start, dtype=float), np.asarray(end, dtype=float), span_start[pick],
-                     span_end[pick], busy[pick], gap[pick], shift[pick], actions, merged=True)
+                     span_end[pick], busy[pick], gap[pick], shift[pick], actions, merged=True, tp_s=tp)
 
 
 def gantt_bars(timeline: Timeline, max_bars: int = 2500) -> GanttBars:
@@ -325,21 +351,30 @@ def gantt_bars(timeline: Timeline, max_bars: int = 2500) -> GanttBars:
         target = min(target - 1, int(target * max_bars / len(bars) * 0.95))
 
 
+def _tp_suffixes(bars: GanttBars, sel: np.ndarray, scale: float, unit: str) -> list[str]:
+    """Per bar of `sel`: "<br>of which TP collectives X" where its run's collectives add time, else ''."""
+    if bars.tp_s is None:
+        return [""] * int(np.count_nonzero(sel))
+    return [f"<br>of which TP collectives {x:.4g} {unit}" if x > 0 else "" for x in (bars.tp_s[sel] / scale).tolist()]
+
+
 def _hover_lines(bars: GanttBars, sel: np.ndarray, scale: float, unit: str) -> list[str]:
-    """Hover text of the bars `sel`: chunks, micro-batches and times (busy time and span if merged)."""
+    """Hover text of the bars `sel`: chunks, micro-batches and times (busy time and span if merged),
+    and the seconds of it that tensor-parallel collectives add (the run's, summed, if merged)."""
     lo, hi, cnt = bars.first_micro_batch[sel].tolist(), bars.last_micro_batch[sel].tolist(), bars.count[sel].tolist()
     chunks = bars.chunks[sel].tolist()
     start, end = (bars.start_s[sel] / scale).tolist(), (bars.end_s[sel] / scale).tolist()
+    tp = _tp_suffixes(bars, sel, scale, unit)
     if not bars.merged:
-        return [f"chunk {c}<br>micro-batch {'-' if a < 0 else a}<br>{s:.6g} - {e:.6g} {unit}"
-                for c, a, s, e in zip(chunks, lo, start, end)]
+        return [f"chunk {c}<br>micro-batch {'-' if a < 0 else a}<br>{s:.6g} - {e:.6g} {unit}{x}"
+                for c, a, s, e, x in zip(chunks, lo, start, end, tp)]
     busy = (bars.busy_s[sel] / scale).tolist()
     s0, s1 = (bars.span_start_s[sel] / scale).tolist(), (bars.span_end_s[sel] / scale).tolist()
     lines = []
-    for c, a, b, n, w, x0, x1 in zip(chunks, lo, hi, cnt, busy, s0, s1):
+    for c, a, b, n, w, x0, x1, x in zip(chunks, lo, hi, cnt, busy, s0, s1, tp):
         what = "micro-batch -" if a < 0 else (f"micro-batch {a}" if a == b else f"micro-batches {a}-{b}")
         lines.append(f"chunk{'s' if ',' in c else ''} {c}<br>{what} ({n} action{'s' if n != 1 else ''})<br>"
-                     f"busy {w:.4g} {unit} within {x0:.6g} - {x1:.6g} {unit}")
+                     f"busy {w:.4g} {unit} within {x0:.6g} - {x1:.6g} {unit}{x}")
     return lines
 
 
@@ -351,10 +386,36 @@ def row_names(ranks: int, stages: int | None = None) -> list[str]:
     return [f"replica {k // stages} · rank {k % stages}" for k in range(ranks)]
 
 
+def _tp_trace(bars: GanttBars, scale: float, unit: str, legend: bool, legendgroup_suffix: str,
+              labels: np.ndarray) -> go.Bar | None:
+    """The tensor-parallel collectives overlay: on every bar whose run they add time to, a thinner,
+    darker bar `drawn_tp_s` long at the bar's end, inside it (None where no bar has any)."""
+    drawn, total = bars.drawn_tp_s, bars.tp_s
+    if drawn is None or total is None or not np.any(drawn > 0):
+        return None
+    sel = drawn > 0
+    end, length = bars.end_s[sel] / scale, drawn[sel] / scale
+    kinds = [ACTION_KINDS[int(k)] for k in bars.kind[sel].tolist()]
+    if bars.merged:
+        text = [f"{k}: the run's TP collectives {t:.4g} {unit} (this bar: {x:.4g} {unit}), drawn at its end"
+                for k, t, x in zip(kinds, (total[sel] / scale).tolist(), length.tolist())]
+    else:
+        text = [f"{k}: TP collectives {t:.4g} {unit}, inside the pass (drawn at its end)"
+                for k, t in zip(kinds, (total[sel] / scale).tolist())]
+    return go.Bar(
+        name=TP_NAME, legendgroup="tp" + legendgroup_suffix, showlegend=legend, orientation="h",
+        y=bars.rank[sel], base=end - length, x=length, offset=_TP_LANE[0], width=_TP_LANE[1],
+        marker=dict(color=_TP_COLOR, line=dict(width=0)), hovertext=text, customdata=labels[bars.rank[sel]],
+        hovertemplate="%{customdata}<br>%{hovertext}<extra></extra>",
+    )
+
+
 def _gantt_traces(bars: GanttBars, scale: float, unit: str, legend: bool,
-                  legendgroup_suffix: str = "", names: Sequence[str] | None = None) -> list[go.Bar]:
-    """One horizontal bar trace per action kind present, on its lane, coloured by KIND_COLORS;
-    the hover names each bar's row (`names`, by global rank; default "rank k")."""
+                  legendgroup_suffix: str = "", names: Sequence[str] | None = None,
+                  tp_legend: bool | None = None) -> list[go.Bar]:
+    """One horizontal bar trace per action kind present, on its lane, coloured by KIND_COLORS,
+    then the tensor-parallel collectives overlay where any (its legend entry per `tp_legend`,
+    default `legend`); the hover names each bar's row (`names`, by global rank; default "rank k")."""
     traces = []
     ranks = int(bars.rank.max()) + 1 if len(bars) else 0
     labels = np.asarray(list(names) if names is not None else row_names(ranks), dtype=object)
@@ -372,6 +433,9 @@ def _gantt_traces(bars: GanttBars, scale: float, unit: str, legend: bool,
             hovertext=_hover_lines(bars, sel, scale, unit), customdata=labels[bars.rank[sel]],
             hovertemplate=f"%{{customdata}}<br>{name}, %{{hovertext}}<extra></extra>",
         ))
+    tp = _tp_trace(bars, scale, unit, legend if tp_legend is None else tp_legend, legendgroup_suffix, labels)
+    if tp is not None:
+        traces.append(tp)
     return traces
 
 
@@ -393,7 +457,8 @@ def timeline_figure(timeline: Timeline, *, title: str = "Schedule timeline", max
                     x_range_s: float | None = None, stages: int | None = None) -> tuple[go.Figure, GanttBars]:
     """Gantt chart: one row per global rank, each drawn from its own actions (with D data-parallel
     replicas of `stages` K ranks: D x K rows, named "replica d · rank r"), actions coloured by kind,
-    chunk and micro-batch on hover."""
+    chunk and micro-batch on hover; where the timeline has `tp_s`, each pass bar's tensor-parallel
+    collectives as a darker overlay at its end (`GanttBars.drawn_tp_s`)."""
     bars = gantt_bars(timeline, max_bars)
     span = x_range_s or (float(bars.end_s.max()) if len(bars) else 0.0)
     unit, scale = time_unit(span)
@@ -419,11 +484,13 @@ def compare_timelines_figure(timelines: Sequence[tuple[str, Timeline]], *, max_b
     sizes = [int(np.max(t.rank)) + 1 if len(t) else 1 for _, t in timelines]
     fig = make_subplots(rows=len(timelines), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[name for name, _ in timelines], row_heights=sizes)
-    all_bars = []
+    all_bars: list[GanttBars] = []
     for row, (_, timeline) in enumerate(timelines, start=1):
         bars = gantt_bars(timeline, max_bars)
+        tp_legend = not any(b.tp_s is not None and b.tp_s.any() for b in all_bars)  # the first row with any
         all_bars.append(bars)
-        for trace in _gantt_traces(bars, scale, unit, legend=row == 1, names=row_names(sizes[row - 1], stages)):
+        for trace in _gantt_traces(bars, scale, unit, legend=row == 1, names=row_names(sizes[row - 1], stages),
+                                   tp_legend=tp_legend):
             fig.add_trace(trace, row=row, col=1)
         _rank_axis(fig, sizes[row - 1], row=row, col=1, stages=stages)
     fig.update_layout(barmode="overlay", bargap=0, height=max(340, 160 + 34 * sum(sizes)),

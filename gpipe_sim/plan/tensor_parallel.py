@@ -51,22 +51,31 @@ def stream_work(c: Collectives, samples: float, tp: int, bandwidth: float, laten
                       len(c.forward), len(c.backward))
 
 
-def rank_tp_comm_seconds(plan: Any) -> list[float]:
-    """Per pipeline rank (replica 0): the seconds the tensor-parallel collectives add to its passes
-    over the step (forwards and re-computations their forward collectives, full backwards and input
-    passes their backward ones), past what the host's issue and the weight-gradient GEMMs hide."""
-    K = len(plan.ranks)
-    if plan.scenario.pipeline.tensor_parallel == 1 or plan.chunks[0].tp_forward_s is None:
-        return [0.0] * K
+def action_tp_seconds(plan: Any) -> np.ndarray:
+    """Per action of the plan's program (every replica, in program order): the seconds the
+    tensor-parallel collectives add to it (forwards and re-computations their chunk's forward
+    collectives on that micro-batch, full backwards and input passes its backward ones), past
+    what the host's issue and the weight-gradient GEMMs hide; 0 for every other kind, and for
+    every action at T = 1 or where the plan prices no collectives (a measured table's passes)."""
     c = plan.steps.columns
+    seconds = np.zeros(len(c.kind))
+    if plan.scenario.pipeline.tensor_parallel == 1 or plan.chunks[0].tp_forward_s is None:
+        return seconds
     fwd = np.stack([ch.tp_forward_s for ch in plan.chunks])
     bwd = np.stack([ch.tp_backward_s for ch in plan.chunks])
-    seconds = np.zeros(len(c.kind))
     for kinds, table in (((Kind.FORWARD, Kind.RECOMPUTE), fwd), ((Kind.BACKWARD, Kind.BACKWARD_INPUT), bwd)):
-        idx = np.flatnonzero(np.isin(c.kind, [int(k) for k in kinds]) & (c.rank < K))
+        idx = np.flatnonzero(np.isin(c.kind, [int(k) for k in kinds]))
         seconds[idx] = table[c.chunk[idx], c.micro_batch[idx]]
+    return seconds
+
+
+def rank_tp_comm_seconds(plan: Any) -> list[float]:
+    """Per pipeline rank (replica 0): the seconds the tensor-parallel collectives add to its passes
+    over the step, `action_tp_seconds` summed over its actions (all 0 at T = 1)."""
+    K = len(plan.ranks)
+    c = plan.steps.columns
     first = np.flatnonzero(c.rank < K)
-    return [float(x) for x in np.bincount(c.rank[first], weights=seconds[first], minlength=K)]
+    return [float(x) for x in np.bincount(c.rank[first], weights=action_tp_seconds(plan)[first], minlength=K)]
 
 
 def total_devices(rank_devices: int, tp: int) -> int:
@@ -74,4 +83,4 @@ def total_devices(rank_devices: int, tp: int) -> int:
     return rank_devices * tp
 
 
-__all__ = ["collective_work", "rank_tp_comm_seconds", "stream_work", "tp_link", "total_devices"]
+__all__ = ["action_tp_seconds", "collective_work", "rank_tp_comm_seconds", "stream_work", "tp_link", "total_devices"]

@@ -16,7 +16,9 @@ _COMPUTE_CODES = np.array(sorted(COMPUTE_KINDS))  # for np.isin over Kind codes
 @dataclass
 class Timeline:
     """Every action of the step, columnar: rank, chunk (-1: the update), kind (a Kind code),
-    micro-batch, start and end in seconds from the step's start."""
+    micro-batch, start and end in seconds from the step's start. `tp_s` (optional, None where
+    unknown: T = 1, a measured step, files written before it): per action, the seconds
+    tensor-parallel collectives add to it, inside its [start_s, end_s] (0 for non-pass kinds)."""
 
     rank: np.ndarray
     chunk: np.ndarray
@@ -24,6 +26,7 @@ class Timeline:
     micro_batch: np.ndarray
     start_s: np.ndarray
     end_s: np.ndarray
+    tp_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -37,17 +40,25 @@ class Timeline:
         return np.isin(self.kind, _COMPUTE_CODES)
 
     def to_records(self) -> list[dict[str, Any]]:
-        return [
+        """One dict per action; the key `tp_s` only where the column is present."""
+        records = [
             {"rank": int(r), "chunk": int(c), "kind": ACTION_KINDS[int(k)], "micro_batch": int(m),
              "start_s": float(a), "end_s": float(b)}
             for r, c, k, m, a, b in zip(self.rank.tolist(), self.chunk.tolist(), self.kind.tolist(),
                                         self.micro_batch.tolist(), self.start_s.tolist(), self.end_s.tolist())
         ]
+        if self.tp_s is not None:
+            for record, tp in zip(records, np.asarray(self.tp_s, dtype=float).tolist()):
+                record["tp_s"] = tp
+        return records
 
     @classmethod
     def from_records(cls, records: Sequence[dict[str, Any]]) -> "Timeline":
-        """From `to_records` output (files written before chunks existed name the rank `stage`)."""
+        """From `to_records` output (files written before chunks existed name the rank `stage`;
+        `tp_s` is None unless some record carries it, 0 for those that do not)."""
         rank = np.array([r["rank"] if "rank" in r else r["stage"] for r in records], dtype=np.int32)
+        tp = (np.array([r.get("tp_s", 0.0) for r in records], dtype=float)
+              if any("tp_s" in r for r in records) else None)
         return cls(
             rank=rank,
             chunk=np.array([r.get("chunk", rk) for r, rk in zip(records, rank.tolist())], dtype=np.int32),
@@ -55,6 +66,7 @@ class Timeline:
             micro_batch=np.array([r.get("micro_batch", -1) for r in records], dtype=np.int32),
             start_s=np.array([r["start_s"] for r in records], dtype=float),
             end_s=np.array([r["end_s"] for r in records], dtype=float),
+            tp_s=tp,
         )
 
 
