@@ -122,6 +122,18 @@ def find_max_model(
     the scenario schema rejects below the first valid one (say, fewer layers than stages) are
     skipped upward.
     """
+    dotted, step, limit = _search_space(scenario, grow, step, start, limit)
+    trials = _Trials(scenario, dotted, step, progress)
+    lo, first = _first_valid(trials, start, limit)
+    if not first.fits:
+        return MaxModel(dotted, step, None, None, first, trials.ordered())
+    return _grow(trials, lo, limit)
+
+
+def _search_space(scenario: Scenario, grow: str, step: int | None, start: int | None,
+                  limit: int | None) -> tuple[str, int, int]:
+    """(the dotted field, the step, the limit) of a search; SearchError where the field is not an
+    integer, memory is unlimited or a flag is below 1."""
     dotted = resolve_field(scenario, grow)
     current = _get(scenario, dotted)
     if not isinstance(current, int) or isinstance(current, bool):
@@ -133,66 +145,87 @@ def find_max_model(
     for flag, value in (("--step", step), ("--start", start), ("--limit", limit)):
         if value is not None and value < 1:
             raise SearchError(f"{flag}: must be >= 1, got {value}")
-    limit = limit or DEFAULT_LIMIT
-    tried: dict[int, Fit] = {}
+    return dotted, step, limit or DEFAULT_LIMIT
 
-    def check(units: int) -> Fit | None:
-        value = units * step
-        if value not in tried:
+
+class _Trials:
+    """The sizes tried so far, each measured once: values are `units` x `step`."""
+
+    def __init__(self, scenario: Scenario, dotted: str, step: int,
+                 progress: Callable[[Fit], None] | None) -> None:
+        self.scenario, self.dotted, self.step, self.progress = scenario, dotted, step, progress
+        self.tried: dict[int, Fit] = {}
+
+    def check(self, units: int) -> Fit | None:
+        """The Fit of value units x step (measured on first asking, then reported to `progress`);
+        None where the scenario schema rejects the value."""
+        value = units * self.step
+        if value not in self.tried:
             try:
-                tried[value] = measure(scenario, value, dotted)
+                self.tried[value] = measure(self.scenario, value, self.dotted)
             except ScenarioError:
                 return None
-            if progress is not None:
-                progress(tried[value])
-        return tried[value]
+            if self.progress is not None:
+                self.progress(self.tried[value])
+        return self.tried[value]
 
+    def ordered(self) -> list[Fit]:
+        """Every Fit measured, smallest value first."""
+        return [self.tried[v] for v in sorted(self.tried)]
+
+
+def _first_valid(trials: _Trials, start: int | None, limit: int) -> tuple[int, Fit]:
+    """(units, Fit) of the value to grow from: `start` rounded up to a step (the first step without
+    one), doubled while the schema rejects it (SearchError past `limit`); without `start`, then
+    bisected down to the smallest valid value."""
+    step = trials.step
     lo = max(1, -(-(start or step) // step))
-    first = check(lo)
+    first = trials.check(lo)
     while first is None:  # below the first valid value: move up (doubling)
         lo *= 2
         if lo * step > limit:
-            raise SearchError(f"--grow: no valid value of {dotted} up to {limit}")
-        first = check(lo)
+            raise SearchError(f"--grow: no valid value of {trials.dotted} up to {limit}")
+        first = trials.check(lo)
     # A smaller valid value than the doubling found may exist: bisect down to the first valid one.
     if lo > 1 and start is None:
         bad, good = lo // 2, lo
         while good - bad > 1:
             mid = (bad + good) // 2
-            if check(mid) is None:
+            if trials.check(mid) is None:
                 bad = mid
             else:
                 good = mid
         lo = good
-        first = check(lo)
+        first = trials.check(lo)
     assert first is not None
-    if not first.fits:
-        return MaxModel(dotted, step, None, None, first, _ordered(tried))
+    return lo, first
+
+
+def _grow(trials: _Trials, lo: int, limit: int) -> MaxModel:
+    """From a fitting value of `lo` units: double until a value does not fit (or is invalid, or
+    `limit` is reached), then bisect between the last that fitted and the first that did not."""
+    step, dotted = trials.step, trials.dotted
     hi = lo
     while True:  # double until a value does not fit (or is invalid)
         nxt = hi * 2
         if nxt * step > limit:
             nxt = limit // step
             if nxt <= hi:
-                fit = check(hi)
-                return MaxModel(dotted, step, hi * step, fit, None, _ordered(tried))
-        fit = check(nxt)
+                fit = trials.check(hi)
+                return MaxModel(dotted, step, hi * step, fit, None, trials.ordered())
+        fit = trials.check(nxt)
         if fit is None or not fit.fits:
             break
         lo = hi = nxt
     bad = nxt
     while bad - lo > 1:
         mid = (lo + bad) // 2
-        fit = check(mid)
+        fit = trials.check(mid)
         if fit is not None and fit.fits:
             lo = mid
         else:
             bad = mid
-    return MaxModel(dotted, step, lo * step, check(lo), tried.get(bad * step), _ordered(tried))
-
-
-def _ordered(tried: dict[int, Fit]) -> list[Fit]:
-    return [tried[v] for v in sorted(tried)]
+    return MaxModel(dotted, step, lo * step, trials.check(lo), trials.tried.get(bad * step), trials.ordered())
 
 
 def max_model_text(found: MaxModel) -> str:
