@@ -18,8 +18,7 @@ def validate_schedule(schedule: Schedule) -> None:
     C, M = schedule.num_chunks, schedule.micro_batches
     position = np.arange(len(c.kind)) - c.offsets[c.rank]
     rank_of = np.asarray(schedule.placement)
-    passes = np.isin(c.kind, [Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT,
-                              Kind.BACKWARD_WEIGHT, Kind.RECOMPUTE])
+    passes = _COMPUTE_PASS[c.kind]
     if passes.any():
         wrong = rank_of[c.chunk[passes]] != c.rank[passes]
         if wrong.any():
@@ -29,12 +28,14 @@ def validate_schedule(schedule: Schedule) -> None:
 
     def where(kind: Kind) -> tuple[np.ndarray, np.ndarray]:
         """(count, program position) of `kind` per [chunk, micro-batch] (position -1: none)."""
-        sel = c.kind == int(kind)
-        counts = np.zeros((C, M), dtype=np.int64)
-        np.add.at(counts, (c.chunk[sel], c.micro_batch[sel]), 1)
-        at = np.full((C, M), -1, dtype=np.int64)
-        at[c.chunk[sel], c.micro_batch[sel]] = position[sel]
-        return counts, at
+        sel = np.flatnonzero(c.kind == int(kind))
+        chunk, micro = c.chunk[sel], c.micro_batch[sel]
+        if len(sel) and not (chunk.min() >= 0 and chunk.max() < C and micro.min() >= 0 and micro.max() < M):
+            return _where_by_pairs(chunk, micro, position[sel], C, M)
+        cell = chunk.astype(np.int64) * M + micro
+        at = np.full(C * M, -1, dtype=np.int64)
+        at[cell] = position[sel]
+        return np.bincount(cell, minlength=C * M).reshape(C, M), at.reshape(C, M)
 
     n_f, at_f = where(Kind.FORWARD)
     n_b, at_b = where(Kind.BACKWARD)
@@ -65,6 +66,21 @@ def validate_schedule(schedule: Schedule) -> None:
     _check_transfers(schedule)
 
 
+_COMPUTE_PASS = np.zeros(max(Kind) + 1, dtype=bool)  # by Kind code: a pass over a chunk and micro-batch
+_COMPUTE_PASS[[Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT, Kind.RECOMPUTE]] = True
+SEND, RECV = int(Kind.SEND), int(Kind.RECV)
+
+
+def _where_by_pairs(chunk: np.ndarray, micro: np.ndarray, position: np.ndarray, C: int,
+                    M: int) -> tuple[np.ndarray, np.ndarray]:
+    """`where` for columns that name chunks or micro-batches out of range (indexed as NumPy would)."""
+    counts = np.zeros((C, M), dtype=np.int64)
+    np.add.at(counts, (chunk, micro), 1)
+    at = np.full((C, M), -1, dtype=np.int64)
+    at[chunk, micro] = position
+    return counts, at
+
+
 def _require(ok: np.ndarray, what: str) -> None:
     if not ok.all():
         chunk, mb = (int(v) for v in np.argwhere(~ok)[0])
@@ -77,13 +93,16 @@ def _action(schedule: Schedule, i: int) -> Action:
 
 
 def _check_transfers(schedule: Schedule) -> None:
+    """ScheduleError unless every send has exactly one receive, between the same two ranks."""
     c = schedule.columns
     K = schedule.ranks
-    send, recv = c.kind == Kind.SEND, c.kind == Kind.RECV
-    bad_peer = np.concatenate((c.peer[send | recv] < 0, c.peer[send | recv] >= K))
-    if bad_peer.any():
+    send, recv = np.flatnonzero(c.kind == SEND), np.flatnonzero(c.kind == RECV)
+    ends = c.peer[np.concatenate((send, recv))]
+    if len(ends) and (ends.min() < 0 or ends.max() >= K):
         raise ScheduleError("schedule: a send or receive names a rank outside the pipeline")
-    keys = c.message_keys(schedule.micro_batches)
+    keys = schedule.message_keys
+    if _paired(keys[send], c.rank[send], c.peer[send], keys[recv], c.rank[recv], c.peer[recv]):
+        return
     # Both ends must also agree on who talks to whom.
     sent = np.sort((keys[send] * K + c.rank[send]) * K + c.peer[send])
     received = np.sort((keys[recv] * K + c.peer[recv]) * K + c.rank[recv])
@@ -98,3 +117,25 @@ def _check_transfers(schedule: Schedule) -> None:
             f"schedule: the {tensor} of micro-batch {m} across chunks {boundary} and {boundary + 1} "
             "has no single send and receive"
         )
+
+
+def _paired(sent: np.ndarray, rank: np.ndarray, peer: np.ndarray, received: np.ndarray,
+            to: np.ndarray, source: np.ndarray) -> bool:
+    """True where each message key is sent once and received once, by the send's peer from the
+    sending rank (sends: key, rank, peer; receives: key, receiving rank `to`, peer `source`);
+    False says only that the full check must look (keys repeated or out of range are not judged)."""
+    if len(sent) != len(received):
+        return False
+    if not len(sent):
+        return True
+    if min(sent.min(), received.min()) < 0:
+        return False
+    bound = int(max(sent.max(), received.max())) + 1
+    times_sent = np.bincount(sent, minlength=bound)
+    if times_sent.max() > 1 or (np.bincount(received, minlength=bound) != times_sent).any():
+        return False
+    receiver = np.empty(bound, dtype=np.int64)
+    receiver[received] = to
+    sender = np.empty(bound, dtype=np.int64)
+    sender[received] = source
+    return bool((receiver[sent] == peer).all() and (sender[sent] == rank).all())

@@ -7,8 +7,9 @@ import numpy as np
 from gpipe_sim.schedule.actions import Kind
 from gpipe_sim.schedule.registry import Check, RankOrders, fixed_chunks, one_chunk, register, v_shape
 
-# Passes are (kind, chunk, micro_batch) rows: tuples, or an (n, 3) integer array for speed.
-F, B = Kind.FORWARD, Kind.BACKWARD  # the papers' letters for the passes
+# Passes are (kind, chunk, micro_batch) rows: tuples, or an (n, 3) integer array for speed; kinds
+# as plain int codes, which NumPy converts at once (an IntEnum member is converted one by one).
+F, B = int(Kind.FORWARD), int(Kind.BACKWARD)  # the papers' letters for the passes
 
 
 def _rows(kinds: np.ndarray, chunk: int, micro_batches: np.ndarray) -> np.ndarray:
@@ -77,30 +78,31 @@ def interleaved_1f1b(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     """Interleaved 1F1B (Megatron-LM's virtual stages, torch's ScheduleInterleaved1F1B): v chunks
     per rank looped over the ranks; rounds of K micro-batches pass through each local chunk in
     turn, with (v-1)K + 2(K-1-r) warm-up forwards on rank r, then one forward and one backward."""
-    orders: RankOrders = []
     total = micro_batches * chunks
     per_round = min(ranks, micro_batches)
+    orders: RankOrders = []
     for r in range(ranks):
         warmup = min((chunks - 1) * per_round + 2 * (ranks - 1 - r), total)
-        forwards = [0] * chunks
-        backwards = [0] * chunks
-
-        def forward(i: int) -> tuple[int, int, int]:
-            local = (i // per_round) % chunks
-            forwards[local] += 1
-            return (F, local * ranks + r, forwards[local] - 1)
-
-        def backward(i: int) -> tuple[int, int, int]:
-            local = chunks - 1 - (i // per_round) % chunks
-            backwards[local] += 1
-            return (B, local * ranks + r, backwards[local] - 1)
-
-        order = [forward(i) for i in range(warmup)]
-        for j in range(total - warmup):
-            order += [forward(warmup + j), backward(j)]
-        order += [backward(j) for j in range(total - warmup, total)]
-        orders.append(order)
+        steady = np.arange(total - warmup)
+        # the i-th forward and the j-th backward of the rank, in the order it runs them
+        nth = np.concatenate([np.arange(warmup), np.stack([warmup + steady, steady], axis=1).ravel(),
+                              np.arange(total - warmup, total)])
+        kind = np.concatenate([np.full(warmup, F), np.tile([F, B], total - warmup), np.full(warmup, B)])
+        orders.append(_looped_passes(kind, nth, ranks, r, per_round, chunks))
     return orders
+
+
+def _looped_passes(kind: np.ndarray, nth: np.ndarray, ranks: int, r: int, per_round: int,
+                   chunks: int) -> np.ndarray:
+    """Rank r's passes as rows, from each one's kind and which forward (or backward: a full or
+    input-gradient pass, or the weight pass of that one) of the rank it is: the n-th of either
+    runs round n // per_round, on local chunk round mod v (backwards through the chunks in
+    reverse), over micro-batch (round // v) * per_round + n mod per_round: each local chunk's
+    passes count its micro-batches up in turn."""
+    turn = (nth // per_round) % chunks
+    local = np.where(kind == F, turn, chunks - 1 - turn)
+    micro = (nth // (chunks * per_round)) * per_round + nth % per_round
+    return np.stack([kind, local * ranks + r, micro], axis=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +110,7 @@ def interleaved_1f1b(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
 # on the critical path, and a weight-gradient pass W that fills the bubbles
 
 
-I, W = Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+I, W = int(Kind.BACKWARD_INPUT), int(Kind.BACKWARD_WEIGHT)
 
 
 def split_bubble(ranks: int, micro_batches: int, chunks: int) -> float:
@@ -119,33 +121,21 @@ def split_bubble(ranks: int, micro_batches: int, chunks: int) -> float:
 
 
 def _zero_bubble_rank(ranks: int, micro_batches: int, chunks: int, r: int, warmup: int,
-                      weight_delay: int) -> list[tuple[int, int, int]]:
+                      weight_delay: int) -> np.ndarray:
     """One rank of a looped 1F1B whose backward is split: `warmup` forwards, then in turn one
     forward and one input-gradient pass; once `weight_delay` steps past the warm-up have run, each
     I is followed by the W of the oldest micro-batch whose W is still pending; the remaining I
     passes, then the remaining W passes end the program (torch's `_get_1f1b_rank_ops` with zero
-    bubble, whose orders the tests compare with)."""
+    bubble, whose orders the tests compare with). The q-th W completes the q-th I."""
     total = micro_batches * chunks
-    per_round = min(ranks, micro_batches)
-    counts = {F: [0] * chunks, I: [0] * chunks, W: [0] * chunks}
-
-    def pass_of(kind: int, local: int) -> tuple[int, int, int]:
-        counts[kind][local] += 1
-        return (kind, local * ranks + r, counts[kind][local] - 1)
-
-    order = [pass_of(F, (i // per_round) % chunks) for i in range(warmup)]
-    pending: list[int] = []  # local chunk of each I whose W is still to come, oldest first
-    for step in range(warmup, total + warmup):
-        j = step - warmup  # the step's backward index
-        if step < total:
-            order.append(pass_of(F, (step // per_round) % chunks))
-        local = chunks - 1 - (j // per_round) % chunks
-        order.append(pass_of(I, local))
-        pending.append(local)
-        if j >= weight_delay:
-            order.append(pass_of(W, pending.pop(0)))
-    order += [pass_of(W, local) for local in pending]
-    return order
+    j = np.arange(total)  # the steps after the warm-up, by their I
+    steps = np.stack([np.full(total, F), np.full(total, I), np.full(total, W)], axis=1)
+    nth = np.stack([warmup + j, j, j - weight_delay], axis=1)
+    present = np.stack([warmup + j < total, np.ones(total, bool), j >= weight_delay], axis=1)
+    tail = np.arange(max(0, total - weight_delay), total)  # the Ws still pending at the end
+    kind = np.concatenate([np.full(warmup, F), steps[present], np.full(len(tail), W)])
+    nth = np.concatenate([np.arange(warmup), nth[present], tail])
+    return _looped_passes(kind, nth, ranks, r, min(ranks, micro_batches), chunks)
 
 
 def _zero_bubble_check(name: str) -> Check:

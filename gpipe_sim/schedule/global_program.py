@@ -65,7 +65,7 @@ def global_program(schedule: Schedule, replicas: int) -> GlobalProgram:
     K = schedule.ranks
     replica = cols.rank.astype(np.int64) // K
     P = per_replica_messages(C, M)
-    keys = cols.message_keys(M)
+    keys = schedule.message_keys if D == 1 else cols.message_keys(M)
     message = np.where(keys >= 0, keys + replica * P, -1)
     waits = np.flatnonzero((cols.kind == Kind.RECV) & (cols.tensor == Tensor.REDUCED))
     message[waits] = D * P + cols.chunk[waits].astype(np.int64) * D + replica[waits]

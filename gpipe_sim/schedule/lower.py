@@ -56,48 +56,68 @@ def lower(name: str, orders: Sequence[Sequence[Pass]], placement: Sequence[int],
         raise ScheduleError(f"schedule {name!r}: its placement does not put {chunks} chunks on each of {ranks} ranks")
     saved = np.array([saves_activations(remat, m, micro_batches) for m in range(micro_batches)], dtype=bool)
     rank_of = np.asarray(placement, dtype=np.int32)
-    C = len(placement)
-    prev_remote = np.zeros(C, dtype=bool)
-    next_remote = np.zeros(C, dtype=bool)
-    prev_remote[1:] = rank_of[1:] != rank_of[:-1]
-    next_remote[:-1] = prev_remote[1:]
-    parts = [_lower_rank(r, order, rank_of, prev_remote, next_remote, saved) for r, order in enumerate(orders)]
-    lengths = [len(p[0]) for p in parts]
-    columns = ProgramColumns(
-        offsets=np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
-        rank=np.repeat(np.arange(ranks, dtype=np.int32), lengths),
-        kind=np.concatenate([p[0] for p in parts]),
-        chunk=np.concatenate([p[1] for p in parts]),
-        micro_batch=np.concatenate([p[2] for p in parts]),
-        peer=np.concatenate([p[3] for p in parts]),
-        tensor=np.concatenate([p[4] for p in parts]),
-        save=np.concatenate([p[5] for p in parts]),
-    )
-    result = Schedule(name, ranks, micro_batches, chunks, remat, placement, columns)
+    passes: list[np.ndarray] = []
+    for order in orders:
+        try:
+            passes.append(np.asarray(order, dtype=np.int64).reshape(-1, 3))
+        except (TypeError, ValueError):
+            _check_passes(passes, len(rank_of), micro_batches)  # a rank before it may be wrong first
+            raise
+    _check_passes(passes, len(rank_of), micro_batches)
+    result = Schedule(name, ranks, micro_batches, chunks, remat, placement, _program(passes, rank_of, saved))
     validate_schedule(result)
     return result
 
 
-def _lower_rank(r: int, order: Sequence[Pass], rank_of: np.ndarray, prev_remote: np.ndarray,
-                next_remote: np.ndarray, saved: np.ndarray) -> tuple[np.ndarray, ...]:
-    """One rank's columns (kind, chunk, micro_batch, peer, tensor, save) from its pass order."""
-    arr = np.asarray(order, dtype=np.int64).reshape(-1, 3)
-    if not len(arr):
-        raise ScheduleError(f"rank {r}: the schedule gives it no passes")
-    op, ch, mb = arr[:, 0], arr[:, 1], arr[:, 2]
-    if not np.isin(op, sorted(PASS_KINDS)).all():
-        raise ScheduleError(f"rank {r}: a pass is not forward, backward, backward_input or backward_weight")
-    if (ch < 0).any() or (ch >= len(rank_of)).any():
-        raise ScheduleError(f"rank {r}: a pass names a chunk outside 0..{len(rank_of) - 1}")
-    if (mb < 0).any() or (mb >= len(saved)).any():
-        raise ScheduleError(f"rank {r}: a pass names a micro-batch outside 0..{len(saved) - 1}")
-    is_f, is_w = op == Kind.FORWARD, op == Kind.BACKWARD_WEIGHT
-    is_bi = (op == Kind.BACKWARD) | (op == Kind.BACKWARD_INPUT)
+def _check_passes(passes: list[np.ndarray], num_chunks: int, micro_batches: int) -> None:
+    """ScheduleError naming the first rank (and, within it, the first problem) whose passes are
+    missing, not passes, or name a chunk or micro-batch out of range."""
+    every = np.concatenate(passes) if passes else np.zeros((0, 3), dtype=np.int64)
+    op, ch, mb = every[:, 0], every[:, 1], every[:, 2]
+    if (all(len(p) for p in passes) and _PASS_CODE[np.clip(op, 0, len(_PASS_CODE) - 1)].all()
+            and ((op >= 0) & (op < len(_PASS_CODE))).all() and ((ch >= 0) & (ch < num_chunks)).all()
+            and ((mb >= 0) & (mb < micro_batches)).all()):
+        return
+    for r, arr in enumerate(passes):
+        if not len(arr):
+            raise ScheduleError(f"rank {r}: the schedule gives it no passes")
+        op, ch, mb = arr[:, 0], arr[:, 1], arr[:, 2]
+        if not np.isin(op, sorted(PASS_KINDS)).all():
+            raise ScheduleError(f"rank {r}: a pass is not forward, backward, backward_input or backward_weight")
+        if (ch < 0).any() or (ch >= num_chunks).any():
+            raise ScheduleError(f"rank {r}: a pass names a chunk outside 0..{num_chunks - 1}")
+        if (mb < 0).any() or (mb >= micro_batches).any():
+            raise ScheduleError(f"rank {r}: a pass names a micro-batch outside 0..{micro_batches - 1}")
+
+
+_PASS_CODE = np.zeros(max(Kind) + 1, dtype=bool)  # by Kind code: a pass a generator may order
+_PASS_CODE[sorted(PASS_KINDS)] = True
+FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, RECOMPUTE, SEND, RECV, UPDATE = (
+    int(k) for k in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT, Kind.RECOMPUTE,
+                     Kind.SEND, Kind.RECV, Kind.UPDATE))
+ACTIVATION, GRADIENT = int(Tensor.ACTIVATION), int(Tensor.GRADIENT)
+
+
+def _program(passes: list[np.ndarray], rank_of: np.ndarray, saved: np.ndarray) -> ProgramColumns:
+    """Every rank's columns (kind, chunk, micro_batch, peer, tensor, save) from its pass rows (all
+    ranks at once; rank r's program ends with its update, so its passes sit r rows further on)."""
+    ranks = len(passes)
+    prev_remote = np.zeros(len(rank_of), dtype=bool)
+    prev_remote[1:] = rank_of[1:] != rank_of[:-1]
+    next_remote = np.zeros(len(rank_of), dtype=bool)
+    next_remote[:-1] = prev_remote[1:]
+    every = np.concatenate(passes)
+    op, ch, mb = every[:, 0], every[:, 1], every[:, 2]
+    is_f, is_w = op == FORWARD, op == BACKWARD_WEIGHT
+    is_bi = (op == BACKWARD) | (op == BACKWARD_INPUT)
     keep = saved[mb]
     pr, nr = prev_remote[ch].astype(np.int64), next_remote[ch].astype(np.int64)
     counts = np.where(is_f, pr + 1 + nr, np.where(is_bi, (~keep) + nr + 1 + pr, 1))
-    starts = np.cumsum(counts) - counts
-    n = int(counts.sum()) + 1
+    owner = np.repeat(np.arange(ranks), [len(p) for p in passes])
+    starts = np.cumsum(counts) - counts + owner
+    lengths = np.bincount(owner, weights=counts, minlength=ranks).astype(np.int64) + 1
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    n = int(offsets[-1])
     kind = np.empty(n, dtype=np.int8)
     chunk = np.empty(n, dtype=np.int32)
     micro = np.empty(n, dtype=np.int32)
@@ -112,27 +132,29 @@ def _lower_rank(r: int, order: Sequence[Pass], rank_of: np.ndarray, prev_remote:
     # forward: [recv activation] forward [send activation]
     pos, c, m = starts[is_f], ch[is_f], mb[is_f]
     has = pr[is_f] == 1
-    put(pos[has], Kind.RECV, c[has], m[has], rank_of[c[has] - 1], Tensor.ACTIVATION)
+    put(pos[has], RECV, c[has], m[has], rank_of[c[has] - 1], ACTIVATION)
     pos = pos + has
-    put(pos, Kind.FORWARD, c, m)
+    put(pos, FORWARD, c, m)
     save[pos] = keep[is_f]
     has = nr[is_f] == 1
-    put(pos[has] + 1, Kind.SEND, c[has], m[has], rank_of[c[has] + 1], Tensor.ACTIVATION)
+    put(pos[has] + 1, SEND, c[has], m[has], rank_of[c[has] + 1], ACTIVATION)
     # first backward pass: [recompute] [recv gradient] backward|backward_input [send gradient]
     pos, c, m, k = starts[is_bi], ch[is_bi], mb[is_bi], keep[is_bi]
-    put(pos[~k], Kind.RECOMPUTE, c[~k], m[~k])
+    put(pos[~k], RECOMPUTE, c[~k], m[~k])
     save[pos[~k]] = False
     pos = pos + (~k)
     has = nr[is_bi] == 1
-    put(pos[has], Kind.RECV, c[has], m[has], rank_of[np.minimum(c[has] + 1, len(rank_of) - 1)], Tensor.GRADIENT)
+    put(pos[has], RECV, c[has], m[has], rank_of[np.minimum(c[has] + 1, len(rank_of) - 1)], GRADIENT)
     pos = pos + has
     put(pos, op[is_bi], c, m)
     save[pos] = k
     has = pr[is_bi] == 1
-    put(pos[has] + 1, Kind.SEND, c[has], m[has], rank_of[c[has] - 1], Tensor.GRADIENT)
+    put(pos[has] + 1, SEND, c[has], m[has], rank_of[c[has] - 1], GRADIENT)
     # weight-gradient pass
     pos = starts[is_w]
-    put(pos, Kind.BACKWARD_WEIGHT, ch[is_w], mb[is_w])
+    put(pos, BACKWARD_WEIGHT, ch[is_w], mb[is_w])
     save[pos] = keep[is_w]
-    put(np.array([n - 1]), Kind.UPDATE, np.array([-1]), np.array([-1]))
-    return kind, chunk, micro, peer, tensor, save
+    updates = offsets[1:] - 1
+    put(updates, UPDATE, np.full(ranks, -1), np.full(ranks, -1))
+    return ProgramColumns(offsets=offsets, rank=np.repeat(np.arange(ranks, dtype=np.int32), lengths),
+                          kind=kind, chunk=chunk, micro_batch=micro, peer=peer, tensor=tensor, save=save)

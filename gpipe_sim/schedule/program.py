@@ -11,6 +11,8 @@ import numpy as np
 from gpipe_sim.schedule.actions import Action, Kind, Tensor
 
 RematMode = Literal["none", "except_last", "always"]
+SEND, RECV = int(Kind.SEND), int(Kind.RECV)
+ACTIVATION, GRADIENT = int(Tensor.ACTIVATION), int(Tensor.GRADIENT)
 
 
 @dataclass(frozen=True)
@@ -31,14 +33,15 @@ class ProgramColumns:
         """For each point-to-point send and receive, the key of its message (-1 elsewhere): the chunk boundary it
         crosses (b: between chunks b and b+1), the tensor and the micro-batch. A send and its
         receive share the key."""
-        kind, chunk, tensor = self.kind, self.chunk.astype(np.int64), self.tensor.astype(np.int64)
-        comm = ((kind == Kind.SEND) | (kind == Kind.RECV)) & (tensor <= Tensor.GRADIENT)  # not all-reduce waits
+        kind, tensor = self.kind, self.tensor
+        rows = np.flatnonzero(((kind == SEND) | (kind == RECV)) & (tensor <= GRADIENT))  # not all-reduce waits
+        kind, tensor, chunk = kind[rows], tensor[rows].astype(np.int64), self.chunk[rows].astype(np.int64)
         # activation: sent by chunk b, received by b+1; gradient: sent by b+1, received by b
-        lower_end = (((kind == Kind.SEND) & (tensor == Tensor.ACTIVATION))
-                     | ((kind == Kind.RECV) & (tensor == Tensor.GRADIENT)))
+        lower_end = ((kind == SEND) & (tensor == ACTIVATION)) | ((kind == RECV) & (tensor == GRADIENT))
         boundary = np.where(lower_end, chunk, chunk - 1)
-        keys = ((boundary * 2 + tensor) * micro_batches + self.micro_batch).astype(np.int64)
-        return np.where(comm, keys, -1)
+        keys = np.full(len(self.kind), -1, dtype=np.int64)
+        keys[rows] = (boundary * 2 + tensor) * micro_batches + self.micro_batch[rows]
+        return keys
 
     def actions(self, r: int) -> tuple[Action, ...]:
         """Rank `r`'s ordered actions as `Action` tuples."""
@@ -71,6 +74,13 @@ class Schedule:
     def rank_actions(self, r: int) -> tuple[Action, ...]:
         """Rank `r`'s ordered actions."""
         return self.columns.actions(r)
+
+    @cached_property
+    def message_keys(self) -> np.ndarray:
+        """`columns.message_keys(micro_batches)`, computed once (read-only)."""
+        keys = self.columns.message_keys(self.micro_batches)
+        keys.flags.writeable = False
+        return keys
 
     @cached_property
     def actions(self) -> tuple[tuple[Action, ...], ...]:
