@@ -12,12 +12,14 @@ from gpipe_sim.schedule import Kind
 RECV, SEND, ALLREDUCE = int(Kind.RECV), int(Kind.SEND), int(Kind.ALLREDUCE)  # plain codes: NumPy compares them fastest
 
 
-def chain(durations: np.ndarray, ready: np.ndarray) -> np.ndarray:
+def chain(durations: np.ndarray, ready: np.ndarray, cumulative: np.ndarray | None = None) -> np.ndarray:
     """End times of a chain starting at 0: T[i] = max(T[i-1], ready[i]) + durations[i].
 
     Computed as C + max(0, running max of (ready - (C - durations))) with C the inclusive prefix
-    sum of `durations`; `ready` is -inf where an action waits for nothing. Returns a new array."""
-    cumulative = np.cumsum(durations)
+    sum of `durations` (`cumulative`, where already known: np.cumsum(durations)); `ready` is -inf
+    where an action waits for nothing. Returns a new array."""
+    if cumulative is None:
+        cumulative = np.cumsum(durations)
     slack = ready - (cumulative - durations)
     np.maximum.accumulate(slack, out=slack)
     np.maximum(slack, 0.0, out=slack)
@@ -27,11 +29,13 @@ def chain(durations: np.ndarray, ready: np.ndarray) -> np.ndarray:
 class RankSlices(NamedTuple):
     """One rank's program columns: its actions are `plan.program` rows lo .. hi-1. Positions
     (`*_at`) are within the rank's program, in program order; `send_link` is -1 for a send that
-    uses no link (same device). The arrays may be views of the plan's: read them, never write."""
+    uses no link (same device); `cumulative` is np.cumsum(duration), C. The arrays may be views of
+    the plan's: read them, never write."""
 
     lo: int
     hi: int
     duration: np.ndarray
+    cumulative: np.ndarray
     recv_at: np.ndarray
     recv_msg: np.ndarray
     send_at: np.ndarray
@@ -62,7 +66,7 @@ def rank_slices(plan: Plan) -> list[RankSlices]:
     for r, (lo, hi) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
         s = slice(sb[r], sb[r + 1])
         out.append(RankSlices(
-            lo, hi, prog.duration[lo:hi],
+            lo, hi, prog.duration[lo:hi], np.cumsum(prog.duration[lo:hi]),
             recv[rb[r] : rb[r + 1]] - lo, recv_msg[rb[r] : rb[r + 1]],
             send[s] - lo, send_msg[s], send_link[s], send_ser[s], send_lat[s],
             reduce[db[r] : db[r + 1]] - lo, reduce_group[db[r] : db[r + 1]],

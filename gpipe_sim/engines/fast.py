@@ -45,7 +45,7 @@ def evaluate_fast(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     for rk in ranks:
         ready = np.full(rk.hi - rk.lo, -np.inf)
         ready[rk.recv_at] = arrival[rk.recv_msg]
-        T = chain(rk.duration, ready)
+        T = chain(rk.duration, ready, rk.cumulative)
         end[rk.lo : rk.hi] = T
         start[rk.lo + 1 : rk.hi] = T[:-1]
         sends = rk.lo + rk.send_at

@@ -35,7 +35,7 @@ class SweepRank:
 
     def __init__(self, rk: RankSlices) -> None:
         self.rk = rk
-        cumulative = np.cumsum(rk.duration)
+        cumulative = rk.cumulative
         self.base = (cumulative - rk.duration)[rk.recv_at]
         self.base_depth = rk.recv_at.astype(np.float64)
         self.incl = cumulative[rk.send_at]
@@ -43,7 +43,8 @@ class SweepRank:
         self.run = np.zeros(len(rk.recv_at) + 1)
         self.run_depth = np.zeros(len(rk.recv_at) + 1)
         self.prev = np.searchsorted(rk.recv_at, rk.send_at)
-        self.links = [(int(link), np.flatnonzero(rk.send_link == link)) for link in np.unique(rk.send_link)]
+        used = np.flatnonzero(np.bincount(rk.send_link + 1)) - 1  # the links it sends on, ascending
+        self.links = [(link, np.flatnonzero(rk.send_link == link)) for link in used.tolist()]
         self.start = np.zeros(len(rk.send_at) + 1)
         self.order: _LinkOrder | None = None
 

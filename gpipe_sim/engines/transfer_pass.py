@@ -37,7 +37,7 @@ def _events(plan: Plan, ranks: list[RankSlices]) -> _Events:
     rows = np.flatnonzero(receive | send | reduce)
     cumulative = np.empty(len(kind))
     for rk in ranks:
-        cumulative[rk.lo : rk.hi] = np.cumsum(rk.duration)
+        cumulative[rk.lo : rk.hi] = rk.cumulative
     before = (cumulative - prog.duration)[rows]
     receive, reduce = receive[rows], reduce[rows]
     codes = np.where(receive, RECEIVE, np.where(reduce, REDUCE, prog.link[rows]))
