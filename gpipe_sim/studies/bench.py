@@ -1,14 +1,22 @@
-"""`gpipe-sim bench`: engine speed against a straightforward SimPy model, measured side by side."""
+"""`gpipe-sim bench`: engine speed against a straightforward SimPy model, measured side by side.
+
+`python -m gpipe_sim.studies.bench --against DIR` times the same cases with the code in DIR (another
+checkout or a `git worktree` of an older commit) and with this one, alternately, for a ratio.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import resource
 import statistics
 import time
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import yaml
@@ -23,6 +31,7 @@ from gpipe_sim.spec.scenario import parse_scenario
 
 
 def _uniform_scenario(stages: int, micro_batches: int, schedule: str, chunks: int = 1) -> dict[str, object]:
+    """A scenario of identical layers (one per chunk) on V100s, no re-computation, batch M."""
     return {
         "model": {"preset": "uniform", "layers": stages * chunks},
         "hardware": {"preset": "v100"},
@@ -32,6 +41,7 @@ def _uniform_scenario(stages: int, micro_batches: int, schedule: str, chunks: in
 
 
 def _median_time(fn: Callable[[], object], repeat: int) -> float:
+    """Median wall seconds of `repeat` calls of `fn`."""
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -52,8 +62,8 @@ def _whole_process(scenario: dict[str, object], repeat: int) -> float:
 def run_benchmark(stages: int = 128, micro_batches: int = 1024, repeat: int = 3) -> str:
     """Time the SimPy engine, the straightforward SimPy model and the fast evaluator on one plan
     (GPipe, uniform layers, V100 links), check they agree, and report actions per second; then
-    whole `gpipe-sim simulate` processes for that plan and for interleaved 1F1B at half the ranks
-    and micro-batches with two chunks per rank."""
+    whole `gpipe-sim simulate` processes of `_cases` (that plan, interleaved 1F1B at half the ranks
+    and micro-batches with two chunks per rank, and 1F1B)."""
     t0 = time.perf_counter()
     scenario = _uniform_scenario(stages, micro_batches, "gpipe")
     plan = compile_plan(parse_scenario(scenario))
@@ -78,9 +88,91 @@ def run_benchmark(stages: int = 128, micro_batches: int = 1024, repeat: int = 3)
     ]
     for name, t in (("SimPy engine", t_ours), ("straightforward SimPy", t_base), ("fast evaluator", t_fast)):
         lines.append(f"{name:<24}{t:>10.3f}{n_actions / t:>14,.0f}{t_base / t:>20.1f}x")
-    interleaved = _uniform_scenario(max(1, stages // 2), max(1, micro_batches // 2), "interleaved_1f1b", 2)
     lines.append("whole `gpipe-sim simulate` process (imports, compile, fast evaluator, memory, summary):")
-    for label, sc in ((f"gpipe K={stages} M={micro_batches}", scenario),
-                      (f"interleaved_1f1b K={max(1, stages // 2)} v=2 M={max(1, micro_batches // 2)}", interleaved)):
+    for label, sc in _cases(stages, micro_batches):
         lines.append(f"  {label:<40}{_whole_process(sc, repeat):>8.3f} s")
     return "\n".join(lines)
+
+
+def _cases(stages: int, micro_batches: int) -> list[tuple[str, dict[str, object]]]:
+    """The whole-process cases: GPipe and 1F1B at K=`stages`, M=`micro_batches`, and interleaved
+    1F1B at half the ranks and micro-batches with two chunks per rank."""
+    K, M = max(1, stages // 2), max(1, micro_batches // 2)
+    return [(f"gpipe K={stages} M={micro_batches}", _uniform_scenario(stages, micro_batches, "gpipe")),
+            (f"interleaved_1f1b K={K} v=2 M={M}", _uniform_scenario(K, M, "interleaved_1f1b", 2)),
+            (f"1f1b K={stages} M={micro_batches}", _uniform_scenario(stages, micro_batches, "1f1b"))]
+
+
+# A child's in-process timing: the best of argv[2] `simulate` calls of the scenario file argv[1]
+_IN_PROCESS = """
+import sys, time, yaml
+from gpipe_sim.api import simulate
+from gpipe_sim.spec.scenario import parse_scenario
+scenario = parse_scenario(yaml.safe_load(open(sys.argv[1])))
+best = float("inf")
+for _ in range(int(sys.argv[2])):
+    t0 = time.perf_counter()
+    simulate(scenario)
+    best = min(best, time.perf_counter() - t0)
+print(best)
+"""
+
+
+def _child(command: list[str], tree: Path) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds, stdout) of `command` run with `tree` first on PYTHONPATH."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, done.stdout
+
+
+def _spread(values: Sequence[float]) -> str:
+    """Median [min-max], in seconds."""
+    return f"{statistics.median(values):.4f} [{min(values):.4f}-{max(values):.4f}]"
+
+
+def compare(against: Path, stages: int = 128, micro_batches: int = 1024, repeat: int = 5, inner: int = 3) -> str:
+    """Time each case (`_cases`) with the code in `against` and with this checkout, alternately
+    (which goes first alternates too), `repeat` times: whole `gpipe-sim simulate` processes (wall
+    and CPU seconds) and, in another process, the best of `inner` in-process `simulate` calls.
+    Reports each figure's median [min-max] and the ratio of the medians, this / against."""
+    here = Path(__file__).resolve().parents[2]
+    trees = {"against": Path(against).resolve(), "this": here}
+    figures: dict[tuple[str, str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeat):
+            for label, scenario in _cases(stages, micro_batches):
+                path = Path(tmp) / f"{label.split()[0]}.yaml"
+                path.write_text(yaml.safe_dump(scenario))
+                for name in ("against", "this") if i % 2 == 0 else ("this", "against"):
+                    wall, cpu, _ = _child([sys.executable, "-m", "gpipe_sim.cli", "simulate", str(path),
+                                           "--engine", "auto"], trees[name])
+                    _, _, out = _child([sys.executable, "-c", _IN_PROCESS, str(path), str(inner)], trees[name])
+                    for figure, value in (("process wall", wall), ("process CPU", cpu), ("in-process best", float(out))):
+                        figures.setdefault((label, figure, name), []).append(value)
+    lines = [f"against {trees['against']} / this {here}: {repeat} alternating runs (seconds: median [min-max])"]
+    for label, _ in _cases(stages, micro_batches):
+        for figure in ("process wall", "process CPU", "in-process best"):
+            old, new = figures[(label, figure, "against")], figures[(label, figure, "this")]
+            lines.append(f"  {label:<32}{figure:<17} against {_spread(old)}  this {_spread(new)}  "
+                         f"ratio {statistics.median(new) / statistics.median(old):.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m gpipe_sim.studies.bench --against DIR [--stages K --micro-batches M --repeat N]`."""
+    parser = argparse.ArgumentParser(description=compare.__doc__)
+    parser.add_argument("--against", type=Path, required=True, help="another checkout (say, a git worktree)")
+    parser.add_argument("--stages", type=int, default=128)
+    parser.add_argument("--micro-batches", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    print(compare(args.against, args.stages, args.micro_batches, args.repeat))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
