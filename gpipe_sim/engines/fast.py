@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpipe_sim.engines.chain import chain, rank_slices
+from gpipe_sim.engines.chain import ALLREDUCE, RECV, SEND, RankSlices, chain, rank_slices
 from gpipe_sim.engines.sweeps import Sweeps
 from gpipe_sim.engines.transfer_pass import transfer_pass
 from gpipe_sim.errors import SimulationError
@@ -37,21 +37,48 @@ def evaluate_fast(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     ranks = rank_slices(plan)
     arrival = np.full(prog.num_messages, -np.inf)
     link_start = np.zeros(len(prog.kind))
-    reductions = (prog.collective >= 0).any()  # joins of D ranks: only the per-transfer pass has them
-    if reductions or not Sweeps(ranks, arrival, link_start).settle():
+    sweeps = None if (prog.collective >= 0).any() else Sweeps(ranks, arrival, link_start)  # all-reduces join
+    #                                                       D ranks: only the per-transfer pass has them
+    if sweeps is not None and sweeps.settle():
+        chains = _chains_from_waits(plan, ranks, sweeps.waits())
+    else:
         transfer_pass(plan, ranks, arrival, link_start)
-    start = np.zeros(len(prog.kind))
-    end = np.zeros(len(prog.kind))
+        chains = _chains_from_arrivals(plan, ranks, arrival)
+    return _timeline(plan, chains, arrival, link_start)
+
+
+def _chains_from_waits(plan: Plan, ranks: list[RankSlices], waits: np.ndarray) -> np.ndarray:
+    """T of every action (the chain recurrence) from the sweeps' waits: C plus the wait after the
+    last receive at or before the action (rank r's waits start at its receives before it plus r)."""
+    prog = plan.program
+    cumulative = np.concatenate([rk.cumulative for rk in ranks])
+    return cumulative + waits[np.cumsum(prog.kind == RECV) + prog.rank]
+
+
+def _chains_from_arrivals(plan: Plan, ranks: list[RankSlices], arrival: np.ndarray) -> np.ndarray:
+    """T of every action (the chain recurrence), rank by rank, from each message's arrival."""
+    chains = np.empty(len(plan.program.kind))
     for rk in ranks:
         ready = np.full(rk.hi - rk.lo, -np.inf)
         ready[rk.recv_at] = arrival[rk.recv_msg]
-        T = chain(rk.duration, ready, rk.cumulative)
-        end[rk.lo : rk.hi] = T
-        start[rk.lo + 1 : rk.hi] = T[:-1]
-        sends = rk.lo + rk.send_at
-        start[sends] = link_start[sends]
-        end[sends] = arrival[rk.send_msg]
-        reduces = rk.lo + rk.reduce_at
-        start[reduces] = link_start[reduces]
-        end[reduces] = link_start[reduces] + prog.group_seconds[rk.reduce_group]
+        chains[rk.lo : rk.hi] = chain(rk.duration, ready, rk.cumulative)
+    return chains
+
+
+def _timeline(plan: Plan, chains: np.ndarray, arrival: np.ndarray,
+              link_start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of every action: an action starts when the one before it on its rank ends (the
+    first at 0) and ends at its chain time, except a send, from its link start to its arrival,
+    and an all-reduce start, from its group's start for the group's seconds."""
+    prog = plan.program
+    start = np.empty(len(chains))
+    start[1:] = chains[:-1]
+    start[prog.offsets[:-1]] = 0.0
+    end = chains
+    sends = np.flatnonzero(prog.kind == SEND)
+    start[sends] = link_start[sends]
+    end[sends] = arrival[prog.message[sends]]
+    reduces = np.flatnonzero(prog.kind == ALLREDUCE)
+    start[reduces] = link_start[reduces]
+    end[reduces] = link_start[reduces] + prog.group_seconds[prog.collective[reduces]]
     return start, end

@@ -60,6 +60,10 @@ class Sweeps:
                 self.link_start[sr.rk.lo + sr.rk.send_at] = sr.start[:-1]
         return settled
 
+    def waits(self) -> np.ndarray:
+        """After `settle` returned True: every rank's waits (`SweepRank.run`), rank after rank."""
+        return np.concatenate([sr.run for sr in self.ranks])
+
     def _exact_passes(self, budget: float) -> bool:
         """Passes with the sequential link arithmetic, the first redoing every rank, until nothing
         moves (True), the budget runs out, or, from the second pass on, the frontier (the least
