@@ -118,12 +118,13 @@ print(best)
 """
 
 
-def _child(command: list[str], tree: Path) -> tuple[float, float, str]:
-    """(wall seconds, CPU seconds, stdout) of `command` run with `tree` first on PYTHONPATH."""
+def _child(command: list[str], tree: Path, cwd: str) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds, stdout) of `command` run with `tree` first on PYTHONPATH, in
+    `cwd` (not a checkout: `python -m` and `-c` put the working directory before PYTHONPATH)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, done.stdout
@@ -149,8 +150,8 @@ def compare(against: Path, stages: int = 128, micro_batches: int = 1024, repeat:
                 path.write_text(yaml.safe_dump(scenario))
                 for name in ("against", "this") if i % 2 == 0 else ("this", "against"):
                     wall, cpu, _ = _child([sys.executable, "-m", "gpipe_sim.cli", "simulate", str(path),
-                                           "--engine", "auto"], trees[name])
-                    _, _, out = _child([sys.executable, "-c", _IN_PROCESS, str(path), str(inner)], trees[name])
+                                           "--engine", "auto"], trees[name], tmp)
+                    _, _, out = _child([sys.executable, "-c", _IN_PROCESS, str(path), str(inner)], trees[name], tmp)
                     for figure, value in (("process wall", wall), ("process CPU", cpu), ("in-process best", float(out))):
                         figures.setdefault((label, figure, name), []).append(value)
     lines = [f"against {trees['against']} / this {here}: {repeat} alternating runs (seconds: median [min-max])"]
