@@ -20,3 +20,13 @@ def test_compare_against_this_checkout_gives_ratios_for_every_case_and_figure():
     rows = [line for line in text.splitlines() if "ratio" in line]
     assert len(rows) == 9  # three cases x (process wall, process CPU, in-process best)
     assert all(float(line.rsplit("ratio", 1)[1]) > 0 for line in rows)
+
+
+def test_compare_evaluator_reports_the_grid_and_the_cases(monkeypatch):
+    from gpipe_sim.studies import bench
+
+    small = bench._evaluator_plans(2, 4)
+    monkeypatch.setattr(bench, "_evaluator_plans", lambda stages, micro_batches: small[:2] + small[-3:])
+    text = bench.compare_evaluator(Path(__file__).resolve().parents[1], stages=2, micro_batches=4, repeat=1)
+    assert text.startswith("fast evaluator, 2 plans")
+    assert len([line for line in text.splitlines() if "ratio" in line]) == 3

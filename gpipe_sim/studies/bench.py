@@ -118,13 +118,68 @@ print(best)
 """
 
 
-def _child(command: list[str], tree: Path, cwd: str) -> tuple[float, float, str]:
+# A child's fast-evaluator timings: {label: best CPU seconds} of the plans [label, scenario, repeats] on stdin
+_EVALUATOR = """
+import json, sys, time
+from gpipe_sim.engines.fast import evaluate_fast
+from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.spec.scenario import parse_scenario
+best = {}
+for label, scenario, repeat in json.loads(sys.stdin.read()):
+    plan = compile_plan(parse_scenario(scenario))
+    for _ in range(repeat):
+        t0 = time.process_time()
+        evaluate_fast(plan)
+        best[label] = min(best.get(label, float("inf")), time.process_time() - t0)
+print(json.dumps(best))
+"""
+
+
+def _evaluator_plans(stages: int, micro_batches: int) -> list[tuple[str, dict[str, object], int]]:
+    """(label, scenario, repeats): six schedules at K 2-32 and M 8-512 (M >= 2K, K x M <= 8192),
+    then the three whole-process cases' plans; more repeats for smaller plans."""
+    grid = [(s, K, M, v) for s, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("zb_h1", 1),
+                                      ("dualpipev", 2))
+            for K in (2, 4, 8, 16, 32) for M in (8, 32, 128, 512) if M >= 2 * K and K * M <= 8192]
+    plans = [(f"{s} K={K} M={M}", _uniform_scenario(K, M, s, v), max(3, min(25, 30000 // (K * M))))
+             for s, K, M, v in grid]
+    cases = _cases(stages, micro_batches)
+    return plans + [(label, scenario, max(3, min(25, 30000 // (stages * micro_batches)))) for label, scenario in cases]
+
+
+def compare_evaluator(against: Path, stages: int = 128, micro_batches: int = 1024, repeat: int = 2) -> str:
+    """The fast evaluator alone on `_evaluator_plans`, timed by processes of the code in `against`
+    and of this checkout in turn (`repeat` each, alternating; each plan's best CPU time over all of
+    a side's runs). Reports the spread of the ratios this / against over the plans, the three
+    least favourable, and the whole-process cases' plans."""
+    plans = _evaluator_plans(stages, micro_batches)
+    trees = {"against": Path(against).resolve(), "this": Path(__file__).resolve().parents[2]}
+    best: dict[str, dict[str, float]] = {"against": {}, "this": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeat):
+            for name in ("against", "this") if i % 2 == 0 else ("this", "against"):
+                _, _, out = _child([sys.executable, "-c", _EVALUATOR], trees[name], tmp, json.dumps(plans))
+                for label, seconds in json.loads(out).items():
+                    best[name][label] = min(best[name].get(label, seconds), seconds)
+    ratio = {label: best["this"][label] / best["against"][label] for label, _, _ in plans}
+    grid = sorted((label for label, _, _ in plans[:-3]), key=ratio.__getitem__)
+    lines = [f"fast evaluator, {len(grid)} plans: this / against {ratio[grid[0]]:.3f} to {ratio[grid[-1]]:.3f}, "
+             f"median {statistics.median(ratio[label] for label in grid):.3f}; least favourable: "
+             + ", ".join(f"{label} {ratio[label]:.3f}" for label in grid[-3:])]
+    for label, _, _ in plans[-3:]:
+        lines.append(f"  {label:<32} against {best['against'][label]:.4f} s  this {best['this'][label]:.4f} s  "
+                     f"ratio {ratio[label]:.3f}")
+    return "\n".join(lines)
+
+
+def _child(command: list[str], tree: Path, cwd: str, stdin: str | None = None) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds, stdout) of `command` run with `tree` first on PYTHONPATH, in
-    `cwd` (not a checkout: `python -m` and `-c` put the working directory before PYTHONPATH)."""
+    `cwd` (not a checkout: `python -m` and `-c` put the working directory before PYTHONPATH),
+    reading `stdin`."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env, cwd=cwd)
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env, cwd=cwd, input=stdin)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, done.stdout
@@ -164,14 +219,19 @@ def compare(against: Path, stages: int = 128, micro_batches: int = 1024, repeat:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m gpipe_sim.studies.bench --against DIR [--stages K --micro-batches M --repeat N]`."""
+    """`python -m gpipe_sim.studies.bench --against DIR [--evaluator] [--stages K --micro-batches M
+    --repeat N]`: `compare`, or with --evaluator `compare_evaluator`."""
     parser = argparse.ArgumentParser(description=compare.__doc__)
     parser.add_argument("--against", type=Path, required=True, help="another checkout (say, a git worktree)")
+    parser.add_argument("--evaluator", action="store_true", help="the fast evaluator alone over a grid of plans")
     parser.add_argument("--stages", type=int, default=128)
     parser.add_argument("--micro-batches", type=int, default=1024)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=None, help="alternating runs (default 5, 2 with --evaluator)")
     args = parser.parse_args(argv)
-    print(compare(args.against, args.stages, args.micro_batches, args.repeat))
+    if args.evaluator:
+        print(compare_evaluator(args.against, args.stages, args.micro_batches, args.repeat or 2))
+    else:
+        print(compare(args.against, args.stages, args.micro_batches, args.repeat or 5))
     return 0
 
 
