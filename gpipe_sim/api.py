@@ -37,7 +37,7 @@ def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None)
     FLOP/s for the training dtype (the highest given where that dtype has none, as the cost model
     does). `layers`: the plan's, where built already (the whole model's: not split over tensor
     parallelism). A layer table profiled at T > 1 (rows of one device's share) gives its whole
-    model's `parameters` where it records them."""
+    model's `parameters`, FLOPs and tokens per sample where it records them."""
     if layers is None:
         layers = build_layers(scenario.model, scenario.training.dtype_bytes)
     batch = scenario.pipeline.batch_size
@@ -46,6 +46,9 @@ def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None)
              else float(batch) * sum(float(f) + float(b) for f, b in per_sample))  # type: ignore[arg-type]
     model = scenario.model
     tokens = batch * model.seq_len if isinstance(model, TransformerModel) else None
+    if isinstance(model, TableModel):  # profiled at T > 1: the whole model's, where recorded
+        flops = flops if model.flops_per_sample is None else float(batch) * model.flops_per_sample
+        tokens = None if model.tokens_per_sample is None else batch * model.tokens_per_sample
     peak = scenario.hardware.accelerator.peak_flops_for(scenario.training.dtype)
     parameters = model.parameters if isinstance(model, TableModel) else None  # profiled at T > 1: the whole's
     if parameters is None:

@@ -62,6 +62,12 @@ def test_the_simulator_runs_a_t2_table_at_t2_and_refuses_it_at_another_t(table_t
     assert plan.ranks[0].param_bytes == preset.ranks[0].param_bytes  # per device: the split weights
     assert result.stages[0].tp_comm_s == 0.0  # the collectives are in the measured passes, not added
     assert result.step_time_s > 0 and result.figures.parameters == table_t2["parameters"]
+    # the step's FLOPs and tokens are the whole model's, as the preset counts them: MFU and tokens/s
+    whole = simulate_plan(compile_plan(scenario(1))).figures
+    assert table_t2["flops_per_sample"] == pytest.approx(whole.model_flops_per_step / 4)
+    assert result.figures.model_flops_per_step == pytest.approx(whole.model_flops_per_step)
+    assert result.figures.tokens_per_step == whole.tokens_per_step == 4 * 8
+    assert result.mfu is not None and result.mfu > 0
     for T in (1, 4):
         with pytest.raises(ScenarioError, match=rf"^model.tensor_parallel: the layer table was profiled at "
                                                 rf"tensor_parallel 2 .* but pipeline.tensor_parallel is {T}") as err:

@@ -18,6 +18,7 @@ from gpipe_exec.profiling.split import LayerBuilder, check_meta, local_parameter
 from gpipe_exec.profiling.timing import Stamps, time_layers, time_update
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import check_buildable, make_batch
+from gpipe_sim.api import model_figures
 from gpipe_sim.spec.layers import layer_count
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.scenario import Scenario
@@ -147,7 +148,7 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     rows, layers, parameters = _measure_layers(builder, options, x, y, sizes, progress)
     table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
     if builder.tensor_parallel > 1:
-        table.update(tensor_parallel=builder.tensor_parallel, parameters=parameters)
+        table.update(tensor_parallel=builder.tensor_parallel, parameters=parameters, **_whole_figures(scenario))
     if options.meta:
         return table
     n = len(rows)
@@ -196,6 +197,22 @@ def write_table(table: dict[str, Any], path: str | Path) -> None:
         path.write_text(json.dumps(table, indent=1))
     else:
         path.write_text(yaml.safe_dump(table, sort_keys=False))
+
+
+def _whole_figures(scenario: Scenario) -> dict[str, float]:
+    """The whole (unsplit) model's forward + backward FLOPs and tokens per sample, as the simulator
+    counts them for the scenario's model: what a table of one device's share (T > 1) records for
+    the step's figures (FlopCounterMode counts a DTensor GEMM at its whole size, so the rows hold no
+    FLOPs)."""
+    figures = model_figures(scenario.with_updates({"pipeline.tensor_parallel": 1,
+                                                   "pipeline.sequence_parallel": False}))
+    batch = scenario.pipeline.batch_size
+    out: dict[str, float] = {}
+    if figures.model_flops_per_step is not None:
+        out["flops_per_sample"] = figures.model_flops_per_step / batch
+    if figures.tokens_per_step is not None:
+        out["tokens_per_sample"] = figures.tokens_per_step / batch
+    return out
 
 
 def table_scenario(scenario: Scenario, table: dict[str, Any], updates: dict[str, Any] | None = None) -> Scenario:

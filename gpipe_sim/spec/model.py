@@ -213,9 +213,12 @@ class TableModel(_Strict):
     # each row is one device's share of a layer split over T devices, its times with the split's
     # collectives inside. A scenario runs it at that T only (spec.tensor_parallel_problem).
     tensor_parallel: TensorParallel = 1
-    # The whole model's parameters where the rows are one device's share (profiled at T > 1), as
-    # the step's figures report them; None: the rows' sum.
+    # The whole model's parameters, forward + backward FLOPs per sample and tokens per sample
+    # where the rows are one device's share (profiled at T > 1), as the step's figures report
+    # them; None: the rows' sums (FLOPs), no tokens.
     parameters: Params | None = None
+    flops_per_sample: Amount | None = None
+    tokens_per_sample: Amount | None = None
 
     @field_validator("layers", mode="before")
     @classmethod
