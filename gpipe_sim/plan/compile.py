@@ -437,8 +437,7 @@ def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, devic
     to the passes (None at T = 1). A pass takes at least what issuing its layers' kernels takes
     the host (profiles that measured it)."""
     accel, dtype, dtype_bytes = scenario.hardware.accelerator, scenario.training.dtype, scenario.training.dtype_bytes
-    work = collective_work(scenario, device, sizes)
-    mine = None if work is None else work[first:first + len(own)]
+    mine = collective_work(scenario, device, sizes, slice(first, first + len(own)))
     rows = []
     for j, b in enumerate(sizes):
         per_layer = [layer_pass_times(layer, b, accel, dtype, dtype_bytes, None if mine is None else mine[i][j])

@@ -28,19 +28,20 @@ def tp_link(scenario: Scenario, device: int) -> tuple[float, float]:
     return link.bandwidth * share, link.latency_s
 
 
-def collective_work(scenario: Scenario, device: int, sizes: Sequence[float]) -> list[list[StreamWork]] | None:
-    """[layer][size]: the tensor-parallel collectives of each layer's passes on a micro-batch of
-    each of `sizes` samples, on the TP link of the rank at `device` (`tp_link`): a forward (and so
-    a re-computation) its forward collectives, a backward (a split backward's input pass) its
-    backward ones, one launch each. None at T = 1 and for models other than the transformer
-    preset (a measured table's passes hold their collectives)."""
+def collective_work(scenario: Scenario, device: int, sizes: Sequence[float],
+                    layers: slice = slice(None)) -> list[list[StreamWork]] | None:
+    """[layer][size]: the tensor-parallel collectives of the passes of each layer of `layers` on a
+    micro-batch of each of `sizes` samples, on the TP link of the rank at `device` (`tp_link`):
+    a forward (and so a re-computation) its forward collectives, a backward (a split backward's
+    input pass) its backward ones, one launch each. None at T = 1 and for models other than the
+    transformer preset (a measured table's passes hold their collectives)."""
     p = scenario.pipeline
     tp = p.tensor_parallel
     if tp == 1 or not isinstance(scenario.model, TransformerModel):
         return None
     comms = transformer_collectives(scenario.model, tp, p.sequence_parallel, scenario.training.dtype_bytes)
     bandwidth, latency = tp_link(scenario, device)
-    return [[stream_work(c, b, tp, bandwidth, latency) for b in sizes] for c in comms]
+    return [[stream_work(c, b, tp, bandwidth, latency) for b in sizes] for c in comms[layers]]
 
 
 def stream_work(c: Collectives, samples: float, tp: int, bandwidth: float, latency_s: float) -> StreamWork:
