@@ -15,8 +15,8 @@ import numpy as np
 import simpy
 
 from gpipe_sim.errors import SimulationError
+from gpipe_sim.engines.chain import ALLREDUCE, RECV, SEND  # plain ints: the per-action loop compares them
 from gpipe_sim.plan.compile import Plan
-from gpipe_sim.schedule import Kind
 
 _Proc = Generator[simpy.Event, object, None]
 
@@ -76,7 +76,7 @@ class _Run:
             i = lo + j
             self.position[k] = i
             code = kinds[j]
-            if code == Kind.RECV:
+            if code == RECV:
                 a = arrival[msgs[j]]
                 if a is None:
                     event = env.event()
@@ -92,7 +92,7 @@ class _Run:
                 else:
                     t += durs[j]
                 end[i] = t
-            elif code == Kind.SEND:
+            elif code == SEND:
                 # host time to issue the send; the transfer leaves after it
                 if host_device is not None and durs[j] > 0:
                     t = yield from self._hold(host_device, t, durs[j])
@@ -115,7 +115,7 @@ class _Run:
                     if t > env.now:
                         yield env.timeout(t - env.now)
                     env.process(self._transfer(link, i, msgs[j], sers[j], lats[j]))
-            elif code == Kind.ALLREDUCE:  # asynchronous: the rank goes on; the update waits for it
+            elif code == ALLREDUCE:  # asynchronous: the rank goes on; the update waits for it
                 self._join(int(prog.collective[i]), i, t)
             elif device is None:
                 start[i] = t
