@@ -254,14 +254,9 @@ def show_model_metrics(result: Result, box: Any = st, reference: Result | None =
     row[3].metric("MFU", "-" if q["mfu"] is None else f"{q['mfu']:.1%}", delta("mfu", "fraction"), help=MFU_HELP)
 
 
-def memory_text(result: Result) -> str | None:
-    """The devices over capacity on one line, however many (None when everything fits)."""
-    return over_capacity_text(result)
-
-
 def show_memory_verdict(result: Result, box: Any = st) -> None:
     """A clear error when a device's peak memory exceeds its capacity, else how full the fullest is."""
-    over = memory_text(result)
+    over = over_capacity_text(result)  # the devices over capacity, one line (None: all fit)
     cap = result.memory_capacity_bytes
     if over:
         box.error(f"Does not fit in memory: {over}.", icon=":material/memory:")
