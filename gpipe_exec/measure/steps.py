@@ -136,12 +136,13 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
         mine = timeline.rank == g
         curves.append(levels_from_totals(timeline.start_s[mine], timeline.end_s[mine], recs[g].held))
     static = [sum(param_bytes[c] + state_bytes[c] for c in plan.ranks[g % K].chunks) for g in range(G)]
-    device_peak = device_peaks(plan.device_map, static, [c[0] for c in curves], [c[1] for c in curves])
     accounting = [static[k] + recs[k].peak_activation_bytes for k in range(K)]
     memory = measured_memory(plan, output)
-    peak_memory, breakdown = None, None
     if memory is not None:
         peak_memory, breakdown, device_peak = memory
+    else:  # no memory step: the device peaks of the saved-tensor accounting
+        peak_memory, breakdown = None, None
+        device_peak = device_peaks(plan.device_map, static, [c[0] for c in curves], [c[1] for c in curves])
     result = summarize_plan(
         plan, timeline,
         peak_activation_bytes=[r.peak_activation_bytes for r in recs[:K]],  # replica 0's ranks
