@@ -123,10 +123,7 @@ def nothing_fits_text(search: PlanSearch) -> str:
 def plan_text(search: PlanSearch, top: int = 10) -> str:
     """The top configurations as an aligned table, then the counts line and any notes."""
     figures = search_figures(search)
-    lines = [f"plan: {search.options.devices} device{'s' if search.options.devices != 1 else ''}"
-             f"{' or fewer' if search.options.fewer_devices else ''}, global batch {search.base.pipeline.batch_size}, "
-             f"{figures.parameters:,} parameters{_tp_header(search)}"]
-    lines.append(memory_text(search))
+    lines = [header_text(search, figures), memory_text(search)]
     if search.order:
         rows = [list(COLUMNS)] + [entry_row(i + 1, e, figures) for i, e in enumerate(search.order[:top])]
         widths = [max(len(r[j]) for r in rows) for j in range(len(COLUMNS))]
@@ -145,6 +142,13 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
     lines.append(counts_text(search))
     lines.extend(f"note: {n}" for n in search.notes)
     return "\n".join(lines)
+
+
+def header_text(search: PlanSearch, figures: ModelFigures) -> str:
+    """The first line: devices, global batch, parameters and the T searched."""
+    o = search.options
+    return (f"plan: {o.devices} device{'s' if o.devices != 1 else ''}{' or fewer' if o.fewer_devices else ''}, "
+            f"global batch {search.base.pipeline.batch_size}, {figures.parameters:,} parameters{_tp_header(search)}")
 
 
 def _tp_header(search: PlanSearch) -> str:
@@ -303,8 +307,8 @@ def padded_range(values: Sequence[float], pad: float = 0.06) -> list[float] | No
 def plan_html(search: PlanSearch, top: int = 10, title: str = "gpipe-sim plan") -> str:
     """A self-contained page: the ranked table, the counts and the Pareto chart (plotly inlined)."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    figures = search_figures(search)
     if search.order:
-        figures = search_figures(search)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in entry_row(i + 1, e, figures))
                        + "</tr>"
                        for i, e in enumerate(search.order[:top]))
@@ -319,7 +323,7 @@ def plan_html(search: PlanSearch, top: int = 10, title: str = "gpipe-sim plan") 
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f4f4f4}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"<p>{html.escape(plan_text(search, 0).splitlines()[0])}</p>"
+            f"<p>{html.escape(header_text(search, figures))}</p>"
             f"<p>{html.escape(memory_text(search))}</p>{table}"
             f"<p>{html.escape(counts_text(search))}</p>{notes}{chart}</body></html>")
 
