@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from gpipe_sim.api import simulate
 from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.studies.vtrain import (REFERENCE, VOCAB, Row, accuracy, predict, read_csv_rows, read_rows,
+from gpipe_sim.studies.vtrain import (REFERENCE, VOCAB, Row, _print, accuracy, predict, read_csv_rows, read_rows,
                                       scenario_data)
 
 CALIBRATION_TP_CSV = REFERENCE / "vtrain-a100" / "calibration_tp.csv"
@@ -73,9 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         return 0
     for title, figures in out.items():
-        print(title)
-        for key, value in figures.items():
-            print(f"  {key:22s} {value:.3f}" if isinstance(value, float) else f"  {key:22s} {value}")
+        _print(title, figures)
     return 0
 
 
