@@ -187,7 +187,7 @@ class RankRunner:
     def __init__(self, job: Job, rank: int, device: torch.device, clock: AlignedClock) -> None:
         self.job, plan = job, job.plan
         self.scenario = sc = plan.scenario
-        model = job.model or sc.model
+        self.model = model = job.model or sc.model  # the zoo model built (the plan's may be a table)
         self.rank, self.device, self.clock = rank, device, clock
         self.K, self.M, self.C, self.D = len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks), plan.replicas
         self.T = sc.pipeline.tensor_parallel
@@ -533,7 +533,7 @@ class RankRunner:
         out: dict[str, Any] = {}
         for ch in self.chunks.values():
             if self.mesh is not None:  # gathered whole from the rank's T devices (a collective)
-                heads = self.scenario.model.heads  # type: ignore[attr-defined]
+                heads = self.model.heads  # type: ignore[attr-defined]
                 out.update(full_parameters(ch.named_parameters(), heads))
                 continue
             for key, p in ch.named_parameters().items():
