@@ -81,7 +81,7 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
         peak_memory_bytes=peak_memory_bytes,
         memory_breakdown=memory_breakdown,
         figures=model_figures(plan.scenario, plan.layers if plan.scenario.pipeline.tensor_parallel == 1 else None),
-        tp_comm_s=rank_tp_comm_seconds(plan),
+        tp_comm_s=rank_tp_comm_seconds(plan, timeline.tp_s),  # tp_s: program order, as simulated
     )
 
 

@@ -70,13 +70,15 @@ def action_tp_seconds(plan: Any) -> np.ndarray:
     return seconds
 
 
-def rank_tp_comm_seconds(plan: Any) -> list[float]:
+def rank_tp_comm_seconds(plan: Any, per_action: np.ndarray | None = None) -> list[float]:
     """Per pipeline rank (replica 0): the seconds the tensor-parallel collectives add to its passes
-    over the step, `action_tp_seconds` summed over its actions (all 0 at T = 1)."""
+    over the step, `action_tp_seconds` summed over its actions (all 0 at T = 1); `per_action`:
+    that column, where already computed (a simulated timeline's `tp_s`)."""
     K = len(plan.ranks)
     c = plan.steps.columns
     first = np.flatnonzero(c.rank < K)
-    return [float(x) for x in np.bincount(c.rank[first], weights=action_tp_seconds(plan)[first], minlength=K)]
+    seconds = action_tp_seconds(plan) if per_action is None else per_action
+    return [float(x) for x in np.bincount(c.rank[first], weights=seconds[first], minlength=K)]
 
 
 def total_devices(rank_devices: int, tp: int) -> int:
