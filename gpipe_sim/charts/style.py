@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numbers
+from typing import Any, Iterable
+
 GIB = 2.0**30
 _GOLDEN = 0.381966  # hue step between neighbouring ranks (the golden angle): neighbours never look alike
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
@@ -64,6 +67,13 @@ def log_ticks(values: list[float], most: int = 12) -> list[float]:
 def tick_text(value: float) -> str:
     """A tick label: whole numbers without a decimal point."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def log_x_axis(fig: Any, values: Iterable[Any]) -> None:
+    """Make `fig`'s x axis logarithmic, ticked at the numeric `values` used (`log_ticks`: 1 2 4 8
+    16 32), never plotly's minor 2 3 4 5 ... labels."""
+    ticks = log_ticks([v for v in values if isinstance(v, numbers.Real)])  # numpy's too; never text
+    fig.update_xaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
 
 
 def time_unit(seconds: float) -> tuple[str, float]:

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.charts.style import (
-    _DASHES, _SYMBOLS, category_colors, log_ticks, schedule_colors, tick_text,
+    _DASHES, _SYMBOLS, category_colors, log_x_axis, schedule_colors,
 )
 
 
@@ -58,10 +58,9 @@ def bubble_vs_m_figure(stages_list: Sequence[int], current_k: int, current_m: in
         marker=dict(size=15, symbol="star", color="crimson", line=dict(width=1, color="black")),
         hovertemplate="current<br>M=%{x}<br>bubble %{y:.4f}<extra></extra>",
     ))
-    ticks = log_ticks([x for trace in fig.data for x in (trace.x or ())])  # the M values drawn
-    fig.update_xaxes(tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
+    log_x_axis(fig, [x for trace in fig.data for x in (trace.x or ())])  # ticked at the M values drawn
     what = schedule if chunks == 1 else f"{schedule}, v={chunks}"
-    fig.update_layout(title=f"Bubble fraction against micro-batches M ({what})", xaxis_type="log",
+    fig.update_layout(title=f"Bubble fraction against micro-batches M ({what})",
                       xaxis_title="micro-batches M", yaxis_title="bubble fraction", height=380,
                       yaxis_range=[0, 1], margin=dict(l=10, r=10, t=50, b=40))
     return fig
@@ -99,9 +98,8 @@ def sweep_figure(rows: Any, x: str, y: str, color: str | None = None, lines: boo
                 marker=dict(symbol=_SYMBOLS[number % len(_SYMBOLS)]),
                 hovertemplate=f"{', '.join(names) or y}<br>{x}=%{{x}}<br>{y}=%{{y:.4g}}<extra></extra>",
             ))
-    if log_x:  # ticked at the values used (1 2 4 8 ...), not plotly's minor 2 3 4 5 labels
-        ticks = log_ticks([v for v in df[x].tolist() if isinstance(v, (int, float))])
-        fig.update_xaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
+    if log_x:
+        log_x_axis(fig, df[x].tolist())
     fig.update_layout(title=f"{y} against {x}", xaxis_title=x, yaxis_title=y, height=420,
                       legend_title_text=", ".join([c for c in (color, *split) if c]),
                       margin=dict(l=10, r=10, t=50, b=40))

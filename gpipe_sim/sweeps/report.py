@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gpipe_sim.charts.style import (
-    _DASHES, _SYMBOLS, GIB, category_colors, log_ticks, schedule_colors, tick_text,
+    _DASHES, _SYMBOLS, GIB, category_colors, log_x_axis, schedule_colors,
 )
 from gpipe_sim.sweeps.best import varying_inputs
 
@@ -46,12 +46,6 @@ def colour_axis(ok: pd.DataFrame, varying: list[str], exclude: tuple[str, ...] =
 
 def _palette(colour: str, values: list[str]) -> list[str]:
     return schedule_colors(values) if colour == S else category_colors(len(values))
-
-
-def _log_x(fig: go.Figure, values: Any) -> None:
-    """A log x axis ticked at the values used (1 2 4 8 16 32), not plotly's 2 3 4 5 ... minor labels."""
-    ticks = log_ticks(list(values))
-    fig.update_xaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
 
 
 def _lines(ok: pd.DataFrame, x: str, y: str, colour: str | None, others: list[str],
@@ -104,7 +98,7 @@ def _against(ok: pd.DataFrame, varying: list[str], x: str, y: str) -> tuple[go.F
     colour = colour_axis(ok, varying, exclude=(x,))
     others = [c for c in varying if c not in (x, colour)]
     fig = go.Figure(_lines(ok, x, y, colour, others, varying))
-    _log_x(fig, ok[x])
+    log_x_axis(fig, ok[x].tolist())
     return fig, "schedule" if colour == S else (colour.split(".")[-1] if colour else "configuration")
 
 
