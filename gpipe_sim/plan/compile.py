@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
-from gpipe_sim.plan.tensor_parallel import collective_work, total_devices
+from gpipe_sim.plan.tensor_parallel import collective_work
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScheduleError
@@ -141,8 +141,8 @@ class Plan:
     num_devices: int = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "num_devices", total_devices(len(set(self.device_map)),
-                                                              self.scenario.pipeline.tensor_parallel))
+        # every device of the step: T consecutive devices from each distinct rank device
+        object.__setattr__(self, "num_devices", len(set(self.device_map)) * self.scenario.pipeline.tensor_parallel)
 
     @property
     def replicas(self) -> int:

@@ -81,9 +81,4 @@ def rank_tp_comm_seconds(plan: Any, per_action: np.ndarray | None = None) -> lis
     return [float(x) for x in np.bincount(c.rank[first], weights=seconds[first], minlength=K)]
 
 
-def total_devices(rank_devices: int, tp: int) -> int:
-    """Every device of the step: T for each distinct rank device (a rank's T consecutive devices)."""
-    return rank_devices * tp
-
-
-__all__ = ["action_tp_seconds", "collective_work", "rank_tp_comm_seconds", "stream_work", "tp_link", "total_devices"]
+__all__ = ["action_tp_seconds", "collective_work", "rank_tp_comm_seconds", "stream_work", "tp_link"]
