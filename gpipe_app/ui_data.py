@@ -1,4 +1,5 @@
-"""Loading the app's input files (validation JSON, sweep tables, layer tables) with one-line errors."""
+"""Loading the app's input files (sweep tables, layer tables) with one-line errors (validation JSON:
+`ValidationDocument.from_json`)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,10 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from gpipe_sim.errors import first_line
-from gpipe_sim.results.validation import ValidationDocument
 from gpipe_sim.spec.model import load_layer_table_file
 from gpipe_sim.spec.scenario import Scenario, set_dotted
 
 SWEEP_FILES = ("results.parquet", "results.csv")
-
-
-def load_validation(text: str | bytes) -> ValidationDocument:
-    """Parse a validation document (`ValidationDocument.from_json`); ValueError with one line."""
-    return ValidationDocument.from_json(text)
 
 
 def read_sweep_bytes(name: str, data: bytes) -> pd.DataFrame:

@@ -24,7 +24,8 @@ from gpipe_sim.results.result import Result, Timeline, analytic_bubble
 from gpipe_sim.spec.units import parse_quantity
 from test_app_support import ROOT, sweep_table, uniform_data, write_validation
 
-from gpipe_app.ui_data import load_validation, read_layer_table, read_sweep_bytes, split_sweep  # noqa: E402
+from gpipe_app.ui_data import read_layer_table, read_sweep_bytes, split_sweep  # noqa: E402
+from gpipe_sim.results.validation import ValidationDocument  # noqa: E402
 
 
 def run(stages: int, micro: int, **pipeline) -> Result:
@@ -381,7 +382,7 @@ def test_downloaded_yaml_has_no_raw_floats():
 
 def test_validation_round_trip(tmp_path):
     doc = write_validation(tmp_path / "v.json", 4, 8)
-    v = load_validation((tmp_path / "v.json").read_text())
+    v = ValidationDocument.from_json((tmp_path / "v.json").read_text())
     assert v.predicted.bubble_fraction == pytest.approx(analytic_bubble(4, 8))
     assert v.measured.step_time_s == doc["measured"]["step_time_s"]
     assert len(v.measured.timeline) == len(doc["measured"]["timeline"])
@@ -396,7 +397,7 @@ def test_validation_round_trip(tmp_path):
 ])
 def test_validation_errors_are_one_line(text, message):
     with pytest.raises(ValueError, match=message) as info:
-        load_validation(text)
+        ValidationDocument.from_json(text)
     assert "\n" not in str(info.value)
 
 
