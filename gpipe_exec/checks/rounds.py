@@ -9,8 +9,8 @@ from gpipe_exec.measure.steps import Measurement, measured_result
 
 from gpipe_exec.runtime.job import job_for
 from gpipe_exec.programs import with_schedule
-from gpipe_exec.profile import (ProfileOptions, average_tables, default_sizes, profile_device, profile_model,
-                                profile_on_rank, table_scenario)
+from gpipe_exec.profile import (ProfileOptions, default_sizes, profile_device, profile_model, profile_together,
+                                table_scenario)
 from gpipe_exec.calibration.runtime import LinkFit, RuntimeFit
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.plan.compile import Plan, compile_plan, scenario_schedule
@@ -64,19 +64,14 @@ class Round(NamedTuple):
 
 def _profile_case(sc: Scenario, options: ProfileOptions, rank: int, alone: bool) -> dict[str, Any] | None:
     """Rank 0's layer table of the case (None on the other ranks), every rank calling this at once:
-    profiled by every process at once (`profile_on_rank`; with tensor parallelism each pipeline
-    rank's T processes profile the layers split over them) and averaged (`average_tables`), or
+    profiled by every process at once and averaged (`profile_together`; with tensor parallelism
+    each pipeline rank's T processes profile the layers split over them), or
     with `alone` by rank 0 (with its T - 1 tensor-parallel peers) while the others wait."""
-    import torch.distributed as dist
-
     from gpipe_exec.runtime.tensor_parallel import device_mesh
 
     p = sc.pipeline
     if not alone:
-        mine = profile_on_rank(sc, options, rank)
-        tables: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
-        dist.gather_object(mine, tables if rank == 0 else None, dst=0)
-        return average_tables(tables) if rank == 0 else None
+        return profile_together(sc, options, rank)
     if p.tensor_parallel == 1:
         return profile_model(sc, options) if rank == 0 else None
     mesh = device_mesh(profile_device(options.device).type, p.data_parallel, p.stages, p.tensor_parallel)  # collective

@@ -242,17 +242,28 @@ def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> d
     return profile_model(scenario, options, hold=nullcontext if lock is None else lock.hold)
 
 
+def profile_together(scenario: Scenario, options: ProfileOptions, rank: int) -> dict[str, Any] | None:
+    """Every process of a launch calls this at once: each profiles (`profile_on_rank`), and
+    process 0 returns their tables averaged (`average_tables`; None on the others). The one
+    definition of a profile taken as the pipeline runs, for `gpipe-exec profile` and validate."""
+    import torch.distributed as dist
+
+    mine = profile_on_rank(scenario, options, rank)
+    tables: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
+    dist.gather_object(mine, tables if rank == 0 else None, dst=0)
+    return average_tables(tables) if rank == 0 else None
+
+
 def _profile_task(rank: int, device: Any, clock: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
-    table = profile_on_rank(payload["scenario"], payload["options"], rank)
-    return table if rank == 0 else None
+    return profile_together(payload["scenario"], payload["options"], rank)
 
 
 def profile_on_devices(scenario: Scenario, options: ProfileOptions = ProfileOptions(),
                        launch_options: Any = None) -> dict[str, Any]:
     """Profile as the pipeline will run: one process per stage (T per stage with tensor
     parallelism) placed on the scenario's devices, all profiling at once (sharing caches, memory
-    bandwidth and the host; stages of one device taking turns, see `profile_on_rank`); process
-    0's table. `profile_model` profiles in this process alone (whole layers).
+    bandwidth and the host; stages of one device taking turns, see `profile_on_rank`); their
+    tables averaged (`profile_together`, as validate takes them). `profile_model` profiles in this process alone (whole layers).
 
     Measured on 2 cores (convnet, K=4 on two shared cores, M=16): stage compute in the run was
     1.26-1.43x the profile taken by one process per device, 1.05-1.2x this one."""
