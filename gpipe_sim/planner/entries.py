@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Sequence
 
@@ -121,13 +121,9 @@ def _entry(index: int, cand: Candidate, result: Result, limit: float = math.inf)
 
 
 def _copy_entry(entry: PlanEntry, index: int, cand: Candidate) -> PlanEntry:
-    """`entry`'s figures (and Result) under another candidate that compiles to the same plan."""
-    return PlanEntry(index=index, overrides=cand.overrides(), step_time_s=entry.step_time_s,
-                     throughput_samples_per_s=entry.throughput_samples_per_s, devices=entry.devices,
-                     bubble_fraction=entry.bubble_fraction, imbalance_fraction=entry.imbalance_fraction,
-                     exposed_allreduce_s=entry.exposed_allreduce_s, peak_memory_bytes=entry.peak_memory_bytes,
-                     capacity_bytes=entry.capacity_bytes, fits=entry.fits, limiter=entry.limiter,
-                     result=entry.result, even=entry.even, tp_comm_s=entry.tp_comm_s)
+    """`entry`'s figures (and Result) under another candidate that compiles to the same plan (every
+    figure field copied, so a new one needs no edit here; the ranking's own marks start afresh)."""
+    return replace(entry, index=index, overrides=cand.overrides(), alike=0, vs_fastest=0.0, tied=False)
 
 
 def pareto_front(entries: Sequence[PlanEntry]) -> list[PlanEntry]:
