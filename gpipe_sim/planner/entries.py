@@ -36,7 +36,8 @@ class PlanEntry:
     even: bool = True  # M divides the per-replica batch (else micro-batches differ by one sample)
     vs_fastest: float = 0.0  # step time over the fastest fitting one's, less 1
     tied: bool = False  # within the tie of the fastest (`PlanOptions.tie`)
-    tp_comm_s: float = 0.0  # the seconds tensor-parallel collectives add to the busiest rank's step
+    tp_comm_s: float = 0.0  # the most seconds tensor-parallel collectives add to one rank's step (max over ranks,
+    # as the sweep's max_stage_tp_comm_s; not necessarily the busiest rank's, which `gpipe-sim simulate` names)
 
     @property
     def signature(self) -> tuple[Any, ...]:

@@ -18,7 +18,8 @@ def searched_tp(search: PlanSearch) -> list[int]:
 
 
 def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
-    """Step (against the pick), peak and the busiest rank's tensor-parallel collectives."""
+    """Step (against the pick), peak and the tensor-parallel collectives of the rank with the most
+    (`PlanEntry.tp_comm_s`)."""
     versus = ""
     if pick is not None and e is not pick and pick.step_time_s > 0:
         change = e.step_time_s / pick.step_time_s - 1.0
