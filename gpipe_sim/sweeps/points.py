@@ -11,7 +11,7 @@ from typing import Any, Collection, Iterable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
-from gpipe_sim.sweeps.spec import SweepError, SweepSpec
+from gpipe_sim.sweeps.spec import SweepError, SweepSpec, base_file
 
 CHUNKS = "pipeline.chunks"
 
@@ -124,10 +124,10 @@ def given_fields(spec: SweepSpec, base_dir: Path = Path("."), overrides: Sequenc
     """The dotted fields the user wrote in the sweep's base (a mapping, or the file it names, read
     relative to `base_dir`) or gave as `--set KEY=VALUE` items."""
     data: Any = spec.base
-    if isinstance(data, str):
+    path = base_file(spec, base_dir)
+    if path is not None:
         from gpipe_sim.spec.scenario import read_scenario_data
 
-        path = Path(data) if Path(data).is_absolute() else base_dir / data
         try:
             data = read_scenario_data(path)
         except GpipeError:

@@ -123,6 +123,14 @@ def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> tupl
     return spec, resolve_base(spec, path.parent, overrides)
 
 
+def base_file(spec: SweepSpec, base_dir: Path = Path(".")) -> Path | None:
+    """The scenario file the sweep's base names (relative to `base_dir`), None for a mapping."""
+    if not isinstance(spec.base, str):
+        return None
+    path = Path(spec.base)
+    return path if path.is_absolute() else base_dir / path
+
+
 def resolve_base(spec: SweepSpec, base_dir: Path = Path("."),
                  overrides: Sequence[str] | None = None) -> dict[str, Any]:
     """The base scenario as validated plain data (a path is read relative to `base_dir`), with the
@@ -130,10 +138,8 @@ def resolve_base(spec: SweepSpec, base_dir: Path = Path("."),
     def validated(data: Any) -> dict[str, Any]:
         return parse_scenario_with_overrides(data, overrides).to_dict()
 
-    if isinstance(spec.base, str):
-        base_path = Path(spec.base)
-        if not base_path.is_absolute():
-            base_path = base_dir / base_path
+    base_path = base_file(spec, base_dir)
+    if base_path is not None:
         try:
             return validated(read_scenario_data(base_path))
         except ScenarioError as exc:
