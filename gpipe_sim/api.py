@@ -81,7 +81,9 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
         peak_memory_bytes=peak_memory_bytes,
         memory_breakdown=memory_breakdown,
         figures=model_figures(plan.scenario, plan.layers if plan.scenario.pipeline.tensor_parallel == 1 else None),
-        tp_comm_s=rank_tp_comm_seconds(plan, timeline.tp_s),  # tp_s: program order, as simulated
+        # what the collectives add, where the timeline prices it (simulated, program order); a
+        # measured step's collectives are inside its timed passes, not timed apart
+        tp_comm_s=None if timeline.tp_s is None else rank_tp_comm_seconds(plan, timeline.tp_s),
     )
 
 

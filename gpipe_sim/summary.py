@@ -89,12 +89,14 @@ def _devices(first: int, tp: int) -> str:
 
 def tensor_parallel_text(scenario: Scenario, result: Result) -> str:
     """T, whether sequence parallel, and the seconds the collectives add to the busiest rank's
-    passes (a layer table profiled at T: inside its measured passes, not priced apart)."""
+    passes (a layer table profiled at T: inside its measured passes, not priced apart; a measured
+    step: inside the passes the executor timed, not timed apart)."""
     p = scenario.pipeline
-    if isinstance(scenario.model, TableModel):
+    if isinstance(scenario.model, TableModel) or result.source != "simulated":
+        where = ("the layer table's measured passes (profiled at T={})".format(p.tensor_parallel)
+                 if result.source == "simulated" else "the measured passes (not timed apart)")
         return (f"T={p.tensor_parallel}{' with sequence parallelism' if p.sequence_parallel else ''} "
-                f"({result.num_devices} devices = T x K x D); the collectives are inside the layer table's "
-                f"measured passes (profiled at T={p.tensor_parallel})")
+                f"({result.num_devices} devices = T x K x D); the collectives are inside {where}")
     busiest = max(result.stages, key=lambda s: s.busy_s)
     share = busiest.tp_comm_s / busiest.busy_s if busiest.busy_s > 0 else 0.0
     kind = "reduce-scatter + all-gather" if p.sequence_parallel else "all-reduce"

@@ -259,3 +259,26 @@ def test_explore_gantt_shows_the_collectives_at_t2():
     assert TP_NAME in names and "forward" in names
     forward = next(trace for trace in gantt["data"] if trace["name"] == "forward")
     assert all("of which TP collectives" in text for text in forward["hovertext"])
+
+
+def test_a_measured_step_reports_no_priced_collectives():
+    """A measured timeline (no `tp_s`) gets no tensor-parallel seconds from the prediction: its
+    collectives are inside the passes the executor timed, and the summary says so."""
+    import dataclasses
+
+    from gpipe_sim.api import summarize_plan
+    from gpipe_sim.summary import tensor_parallel_text
+
+    scenario = _scenario(2, partition=[3, 3])
+    plan = compile_plan(scenario)
+    simulated = simulate(scenario)
+    assert simulated.timeline.tp_s is not None and max(s.tp_comm_s for s in simulated.stages) > 0
+    timeline = dataclasses.replace(simulated.timeline, tp_s=None)
+    measured = summarize_plan(
+        plan, timeline, peak_activation_bytes=[s.peak_activation_bytes for s in simulated.stages],
+        chunk_peak_activation_bytes=[c.peak_activation_bytes for c in simulated.chunks],
+        param_bytes=[c.param_bytes for c in simulated.chunks], state_bytes=[c.state_bytes for c in simulated.chunks],
+        device_peak_memory_bytes={}, source="measured")
+    assert all(s.tp_comm_s == 0.0 for s in measured.stages)
+    assert tensor_parallel_text(scenario, measured).endswith("the collectives are inside the measured passes "
+                                                             "(not timed apart)")
