@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -51,10 +52,10 @@ def tp_study(path: Path = CALIBRATION_TP_CSV, gpu: dict[str, Any] | None = None,
     if by_tp:
         for tp in sorted({r.tp for r in rows}):
             idx = [i for i, r in enumerate(rows) if r.tp == tp]
-            errors = sorted(abs(predicted[i] / rows[i].measured_s - 1) for i in idx)
-            ratios = sorted(predicted[i] / rows[i].measured_s for i in idx)
-            out[f"T={tp}"] = {"rows": len(idx), "median_error": errors[len(errors) // 2],
-                              "median_ratio": ratios[len(ratios) // 2]}
+            errors = [abs(predicted[i] / rows[i].measured_s - 1) for i in idx]
+            ratios = [predicted[i] / rows[i].measured_s for i in idx]
+            out[f"T={tp}"] = {"rows": len(idx), "median_error": statistics.median(errors),
+                              "median_ratio": statistics.median(ratios)}
     return out
 
 
