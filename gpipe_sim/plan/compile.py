@@ -18,6 +18,7 @@ from gpipe_sim.errors import ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, update_seconds
+from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.files import shown_path
@@ -438,20 +439,21 @@ def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, devic
     the host (profiles that measured it)."""
     accel, dtype, dtype_bytes = scenario.hardware.accelerator, scenario.training.dtype, scenario.training.dtype_bytes
     mine = collective_work(scenario, device, sizes, slice(first, first + len(own)))
-    rows = []
-    for j, b in enumerate(sizes):
-        per_layer = [layer_pass_times(layer, b, accel, dtype, dtype_bytes, None if mine is None else mine[i][j])
-                     for i, layer in enumerate(own)]
-        rows.append([math.fsum(t[k] for t in per_layer) for k in range(4)])
-    times = np.array(rows, dtype=float).reshape(len(sizes), 4)
-    times[:, :2] = np.maximum(times[:, :2], np.array(
-        [[math.fsum(h[i] for h in hosts) for i in range(2)]
-         for hosts in ([host_seconds(layer, b) for layer in own] for b in sizes)]))
+    host = np.array([[math.fsum(h[i] for h in hosts) for i in range(2)]
+                     for hosts in ([host_seconds(layer, b) for layer in own] for b in sizes)]).reshape(len(sizes), 2)
+
+    def summed(work: list[list[StreamWork]] | None) -> np.ndarray:
+        """[size, 4] of the chunk's passes with `work`'s collectives inside, at least the host's issue."""
+        out = np.array([[math.fsum(t[k] for t in per_layer) for k in range(4)] for per_layer in (
+            [layer_pass_times(layer, b, accel, dtype, dtype_bytes, None if work is None else work[i][j])
+             for i, layer in enumerate(own)] for j, b in enumerate(sizes))], dtype=float).reshape(len(sizes), 4)
+        out[:, :2] = np.maximum(out[:, :2], host)
+        return out
+
+    times = summed(mine)
     if mine is None:
         return times, None
-    alone = np.array([[math.fsum(t[k] for t in (layer_pass_times(layer, b, accel, dtype, dtype_bytes) for layer in own))
-                       for k in range(2)] for b in sizes]).reshape(len(sizes), 2)
-    return times, np.maximum(times[:, :2] - alone, 0.0)
+    return times, np.maximum(times[:, :2] - summed(None)[:, :2], 0.0)
 
 
 def _flatten(plan: Plan) -> Program:
