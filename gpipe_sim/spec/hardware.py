@@ -76,7 +76,8 @@ class Network(Link):
     """The network joining nodes. `per: device` (the default): every device has its own port of
     `bandwidth` to it. `per: node`: each node has `nics` ports (NICs) of `bandwidth` each, shared
     by its devices: device i of a node of P sends through NIC i * nics // P, so the devices on one
-    NIC take turns (one 200 Gb/s NIC per node of 8: `{bandwidth: 200 Gb/s, per: node, nics: 1}`).
+    NIC take turns (one 200 Gb/s HDR NIC, 25 GB/s, per node of 8: `{bandwidth: 200 Gb/s, per: node,
+    nics: 1}`; `b` is a bit and `B` a byte, as `gpipe_sim.spec.units` reads them).
     Pipeline sends between nodes use the sender's port; an all-reduce ring between nodes runs, as
     NCCL's channels do, as `nics` rings side by side (at `nics` x `bandwidth`), holding every NIC
     of the nodes it leaves. Traffic inside a node uses `link`."""
