@@ -294,6 +294,7 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
              "makes an fp32 copy of every parameter), fused (none); default: the hardware's.")
     zero = train_box.checkbox("ZeRO-1 (shard optimizer states over the D replicas)",
                               key=_init(PREFIX + "training.zero", bool(bt.get("zero", 0))))
+    run_fields, price = _run_fields(train_box, bt, base["hardware"])
 
     preset = model_box.selectbox("model preset", MODEL_CHOICES,
                                  key=_init(PREFIX + "model.preset", base["model"]["preset"]))
@@ -308,6 +309,8 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
                                  key=_init(PREFIX + "hardware.preset", base["hardware"].get("preset", "v100")))
     hw_box.caption(hardware_presets()[hw_preset].get("description", ""))
     hardware = _hardware_fields(hw_box, hw_preset, dtype, base["hardware"])
+    if price:
+        hardware = {**hardware, "price_per_device_hour": price}
 
     data = None if model is None else {
         "model": model,
@@ -315,10 +318,30 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
         "pipeline": {"stages": stages, "chunks": chunks, "data_parallel": replicas, "micro_batches": micro,
                      "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition,
                      **({"tensor_parallel": int(tensor), "sequence_parallel": bool(seq_par)} if tensor > 1 else {})},
-        "training": {"optimizer": optimizer, "dtype": dtype, "zero": int(zero), "optimizer_step": step},
+        "training": {"optimizer": optimizer, "dtype": dtype, "zero": int(zero), "optimizer_step": step,
+                     **run_fields},
     }
     finish_boxes(notice_box, file_box, data)
     return data, None if data is not None else notice
+
+
+def _run_fields(box: Any, training: dict[str, Any], hardware: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The training run's fields: the token budget (and the goodput model, carried from the file
+    unchanged) for the training section, and the price per device-hour ("" where not given)."""
+    r1, r2 = box.columns(2)
+    tokens = r1.text_input("tokens to train on", key=_init(PREFIX + "training.tokens", _given(training.get("tokens"))),
+                           help="The run's token budget (1T, 300B, 2.5e12): days and device-hours; empty: none.")
+    price = r2.text_input("price per device-hour", key=_init(PREFIX + "hardware.price_per_device_hour",
+                                                             _given(hardware.get("price_per_device_hour"))),
+                          help="Any currency per device per hour: the run's cost; empty: none.")
+    fields = {**({"tokens": tokens.strip()} if tokens.strip() else {}),
+              **({"goodput": training["goodput"]} if training.get("goodput") else {})}
+    return fields, price.strip()
+
+
+def _given(value: Any) -> str:
+    """A scenario's optional number as the form's text ("" where not given)."""
+    return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def keep_form_state() -> None:

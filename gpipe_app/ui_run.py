@@ -14,6 +14,7 @@ import yaml
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.results.fit import over_capacity_text
 from gpipe_sim.results.result import Result
+from gpipe_sim.results.run_cost import run_cost_rows
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
 from gpipe_sim.api import simulate
 from gpipe_sim.results.trace import chrome_trace
@@ -252,6 +253,27 @@ def show_model_metrics(result: Result, box: Any = st, reference: Result | None =
                   delta("tflops_per_device", "rate"), help="Model FLOPs of the step / step time / devices "
                   "(needs FLOPs for every layer).")
     row[3].metric("MFU", "-" if q["mfu"] is None else f"{q['mfu']:.1%}", delta("mfu", "fraction"), help=MFU_HELP)
+    show_run_metrics(result, box)
+
+
+def show_run_metrics(result: Result, box: Any = st) -> None:
+    """The training run's days, device-hours, goodput and cost, where the scenario asks for them
+    (training.tokens, training.goodput, hardware.price_per_device_hour); "-" where one is not given."""
+    run = result.run
+    if run is None:
+        return
+    row = box.columns(4)
+    row[0].metric("Days to train", "-" if run.days is None else f"{run.days:,.1f}",
+                  help="steps (tokens / tokens per step, rounded up) x step time / goodput; needs training.tokens.")
+    row[1].metric("Device-hours", "-" if run.device_hours is None else compact_number(run.device_hours),
+                  help="The run's wall-clock hours x devices.")
+    row[2].metric("Goodput", "-" if run.goodput is None else f"{run.goodput.goodput:.1%}",
+                  help="The share of wall-clock time that trains, after failures and checkpoints "
+                       "(training.goodput; docs/guide/cost-and-frameworks.md).")
+    cost = run.cost if run.cost is not None else run.cost_per_hour
+    row[3].metric("Cost" if run.cost is not None else "Cost per hour", "-" if cost is None else compact_number(cost),
+                  help="device-hours x hardware.price_per_device_hour (without training.tokens: per hour).")
+    box.caption("; ".join(f"{name}: {text}" for name, text in run_cost_rows(run)))
 
 
 def show_memory_verdict(result: Result, box: Any = st) -> None:

@@ -12,9 +12,11 @@ from gpipe_sim.plan.memory import memory_profile
 from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.plan.tensor_parallel import action_tp_seconds, rank_tp_comm_seconds
 from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize
+from gpipe_sim.results.run_cost import scenario_run_cost
 from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.model import LayerSpec, TableModel, TransformerModel
+from gpipe_sim.spec.model import LayerSpec, TableModel
 from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.spec.training_run import tokens_per_sample
 
 Engine = Literal["simpy", "fast", "auto"]
 
@@ -45,10 +47,10 @@ def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None)
     flops = (None if any(f is None or b is None for f, b in per_sample)
              else float(batch) * sum(float(f) + float(b) for f, b in per_sample))  # type: ignore[arg-type]
     model = scenario.model
-    tokens = batch * model.seq_len if isinstance(model, TransformerModel) else None
+    sample_tokens = tokens_per_sample(model)
+    tokens = None if sample_tokens is None else batch * sample_tokens
     if isinstance(model, TableModel):  # profiled at T > 1: the whole model's, where recorded
         flops = flops if model.flops_per_sample is None else float(batch) * model.flops_per_sample
-        tokens = None if model.tokens_per_sample is None else batch * model.tokens_per_sample
     peak = scenario.hardware.accelerator.peak_flops_for(scenario.training.dtype)
     parameters = model.parameters if isinstance(model, TableModel) else None  # profiled at T > 1: the whole's
     if parameters is None:
@@ -64,8 +66,9 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
                    memory_breakdown: Sequence[dict[str, float]] | None = None) -> Result:
     """`summarize` with everything the plan fixes (batch, micro-batches, layout, capacity, the
     schedule's analytic bubble, the model's figures) taken from it: the one call the simulator and
-    the executor both make. `peak_activation_bytes` is per rank; the other sequences are per chunk."""
-    return summarize(
+    the executor both make. `peak_activation_bytes` is per rank; the other sequences are per chunk.
+    Its `run` is the training run's days and cost where the scenario asks for them."""
+    result = summarize(
         timeline,
         batch_size=plan.scenario.pipeline.batch_size,
         micro_batches=plan.schedule.micro_batches,
@@ -85,6 +88,9 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
         # measured step's collectives are inside its timed passes, not timed apart
         tp_comm_s=None if timeline.tp_s is None else rank_tp_comm_seconds(plan, timeline.tp_s),
     )
+    tokens = result.figures.tokens_per_step if result.figures is not None else None
+    result.run = scenario_run_cost(plan.scenario, result.step_time_s, result.devices, tokens)
+    return result
 
 
 def result_from_times(plan: Plan, start: np.ndarray, end: np.ndarray, source: str = "simulated") -> Result:

@@ -11,6 +11,7 @@ from gpipe_sim.spec.layers import build_layers, describe_layer_count, total_para
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.results.fit import over_capacity_text
 from gpipe_sim.results.result import Result
+from gpipe_sim.results.run_cost import run_cost_rows
 from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TableModel, TransformerModel, UniformModel
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.schedule import Schedule
@@ -46,7 +47,7 @@ def summary_text(scenario: Scenario, result: Result) -> str:
         head.add_row("tensor parallel", tensor_parallel_text(scenario, result))
     head.add_row("step time", format_seconds(result.step_time_s))
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
-    for name, text in quoted_figures_rows(result):
+    for name, text in quoted_figures_rows(result) + run_cost_rows(result.run):
         head.add_row(name, text)
     head.add_row("bubble", f"{result.bubble_fraction:.4f} (the schedule's analytic bubble on ideal "
                            f"hardware: {result.analytic_bubble_fraction:.4f})")

@@ -13,8 +13,8 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import PARTITION_METHODS, parse_scenario
 from gpipe_sim import charts as plots
 from gpipe_sim.planner.report import (
-    COLUMNS, choice_text, config_text, counts_text, entry_row, memory_text, nothing_fits_text, pareto_figure,
-    search_figures, tp_text,
+    choice_text, config_text, counts_text, memory_text, nothing_fits_text, pareto_figure, table_columns,
+    table_rows, tp_text,
 )
 from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, PlanSearch, plan
 from gpipe_app.ui_form import PREFIX, scenario_form
@@ -124,10 +124,9 @@ if not search.ranked:
     show_elapsed()
     st.stop()
 
-figures = search_figures(search)
-rows = [entry_row(i + 1, e, figures) for i, e in enumerate(search.order[: int(top)])]
+rows = table_rows(search, int(top))
 st.subheader("Ranked configurations")
-st.dataframe(pd.DataFrame(rows, columns=list(COLUMNS)), hide_index=True, key="plan.table")
+st.dataframe(pd.DataFrame(rows, columns=list(table_columns(search))), hide_index=True, key="plan.table")
 why = " ".join(t for t in (choice_text(search), tp_text(search, config_text)) if t)
 st.caption(why + ("; * after M: it does not divide the per-replica batch"
                                   if any(not e.even for e in search.order[: int(top)]) else ""))

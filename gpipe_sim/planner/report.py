@@ -13,7 +13,9 @@ from gpipe_sim.api import model_figures
 from gpipe_sim.results.result import NO_FIGURES, ModelFigures
 from gpipe_sim.spec.units import format_bytes, format_seconds
 from gpipe_sim.planner.search import PlanEntry, PlanSearch
+from gpipe_sim.planner.run_table import run_cells, run_columns, run_dict
 from gpipe_sim.planner.tp_choice import searched_tp, tp_text
+from gpipe_sim.spec.scenario import Scenario
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -39,9 +41,22 @@ def entry_figures(e: PlanEntry, figures: ModelFigures | None) -> dict[str, Any]:
     return figures.rates(e.step_time_s, e.devices) if figures is not None else dict(NO_FIGURES)
 
 
-def entry_dict(e: PlanEntry, figures: ModelFigures | None) -> dict[str, Any]:
-    """An entry's plain figures (JSON, CSV) with the four quoted figures."""
-    return {**e.to_dict(), **entry_figures(e, figures)}
+def entry_dict(e: PlanEntry, figures: ModelFigures, base: Scenario) -> dict[str, Any]:
+    """An entry's plain figures (JSON, CSV) with the four quoted figures and, where the scenario
+    asks for them, its training run's (`training_run`)."""
+    return {**e.to_dict(), **entry_figures(e, figures), **run_dict(base, e, figures)}
+
+
+def table_columns(search: PlanSearch) -> tuple[str, ...]:
+    """The ranked table's columns: COLUMNS, then the run's where the scenario asks for them."""
+    return COLUMNS + run_columns(search.base)
+
+
+def table_rows(search: PlanSearch, top: int) -> list[list[str]]:
+    """The ranked table's first `top` rows as text, under `table_columns`."""
+    figures = search_figures(search)
+    return [entry_row(i + 1, e, figures) + run_cells(search.base, e, figures)
+            for i, e in enumerate(search.order[:top])]
 
 
 def _peak_text(e: PlanEntry) -> str:
@@ -125,11 +140,12 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
     figures = search_figures(search)
     lines = [header_text(search, figures), memory_text(search)]
     if search.order:
-        rows = [list(COLUMNS)] + [entry_row(i + 1, e, figures) for i, e in enumerate(search.order[:top])]
-        widths = [max(len(r[j]) for r in rows) for j in range(len(COLUMNS))]
+        columns = table_columns(search)
+        rows = [list(columns)] + table_rows(search, top)
+        widths = [max(len(r[j]) for r in rows) for j in range(len(columns))]
         for r in rows:
             lines.append("  ".join(cell.ljust(w) if name in _LEFT else cell.rjust(w)
-                                   for name, cell, w in zip(COLUMNS, r, widths)).rstrip())
+                                   for name, cell, w in zip(columns, r, widths)).rstrip())
         lines.append(choice_text(search))
         why_t = tp_text(search, config_text)
         if why_t:
@@ -175,9 +191,9 @@ def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
         "tie": o.tie, "reserve": o.reserve, "headroom": o.headroom, "limit_bytes": _finite(search.limit_bytes),
         "tensor_parallel": searched_tp(search),
         "sequence_parallel": search.base.pipeline.sequence_parallel, "why_tensor_parallel": tp_text(search, config_text) or None,
-        "tied": search.tied, "pick": entry_dict(search.pick, figures) if search.pick else None,
-        "ranked": [entry_dict(e, figures) for e in search.order[:top]],
-        "pareto_front": [entry_dict(e, figures) for e in search.front],
+        "tied": search.tied, "pick": entry_dict(search.pick, figures, search.base) if search.pick else None,
+        "ranked": [entry_dict(e, figures, search.base) for e in search.order[:top]],
+        "pareto_front": [entry_dict(e, figures, search.base) for e in search.front],
         "nothing_fits": None if search.ranked else nothing_fits_text(search),
         "notes": list(search.notes),
     }
@@ -215,14 +231,14 @@ def csv_rows(search: PlanSearch) -> list[dict[str, Any]]:
     shown = {id(e) for e in search.order}
     fitting = search.order + [e for e in search.ranked if id(e) not in shown]
     rows = [{"rank": i + 1 if i < len(search.order) else "", "status": "fits",
-             "reason": "tied with the fastest" if e.tied else "", **entry_dict(e, figures)}
+             "reason": "tied with the fastest" if e.tied else "", **entry_dict(e, figures, search.base)}
             for i, e in enumerate(fitting)]
     for e in search.simulated_entries:
         if not e.fits:
             over = e.peak_memory_bytes > search.capacity_bytes
             reason = (f"does not fit: peak {format_bytes(e.peak_memory_bytes)} > {format_bytes(search.capacity_bytes)}"
                       if over else f"leaves less than the {search.options.headroom:.0%} headroom")
-            rows.append({"rank": "", "status": "simulated", "reason": reason, **entry_dict(e, figures)})
+            rows.append({"rank": "", "status": "simulated", "reason": reason, **entry_dict(e, figures, search.base)})
     for i in sorted(search.pruned):
         rows.append({"rank": "", "status": "pruned", "reason": _reason(*search.pruned[i]),
                      **search.candidates[i].shown_axes()})
@@ -306,12 +322,11 @@ def padded_range(values: Sequence[float], pad: float = 0.06) -> list[float] | No
 
 def plan_html(search: PlanSearch, top: int = 10, title: str = "gpipe-sim plan") -> str:
     """A self-contained page: the ranked table, the counts and the Pareto chart (plotly inlined)."""
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table_columns(search))
     figures = search_figures(search)
     if search.order:
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in entry_row(i + 1, e, figures))
-                       + "</tr>"
-                       for i, e in enumerate(search.order[:top]))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                       for row in table_rows(search, top))
         table = (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
                  f"<p>{html.escape(choice_text(search))}</p><p>{html.escape(tp_text(search, config_text))}</p>")
     else:

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpipe_sim.results.run_cost import RunCost
 from gpipe_sim.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Kind
 
 _COMPUTE_CODES = np.array(sorted(COMPUTE_KINDS))  # for np.isin over Kind codes
@@ -256,6 +257,7 @@ class Result:
     # Per rank: (times, activation bytes held from each time on); optional.
     memory_timeline: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     figures: ModelFigures | None = None  # parameters, model FLOPs, tokens and peak (None: not known)
+    run: RunCost | None = None  # the training run's days and cost (None: the scenario asks for none)
 
     @property
     def devices(self) -> int:
@@ -343,6 +345,8 @@ class Result:
             "stages": [s.to_dict() for s in self.stages],
             "chunks": [c.to_dict() for c in self.chunks],
         }
+        if self.run is not None:
+            out["training_run"] = self.run.to_dict()
         if timeline:
             out["timeline"] = self.timeline.to_records()
             out["memory_timeline"] = [
@@ -379,6 +383,7 @@ class Result:
                 for m in d.get("memory_timeline", [])
             ],
             figures=ModelFigures.from_dict(d),
+            run=RunCost.from_dict(d["training_run"]) if d.get("training_run") else None,
         )
 
 

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from gpipe_sim.spec.gpu_model import GpuTables, peak_for
 from gpipe_sim.spec.fields import Bandwidth, DeviceCount, DeviceId, Flops, Fraction, PositiveBytes, Seconds, _Strict
 from gpipe_sim.spec.limits import MAX_STAGES
+from gpipe_sim.spec.training_run import Price
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,6 +141,8 @@ class Hardware(_Strict):
     devices_per_node: DeviceCount | None = None
     network: Network | None = None
     placement: tuple[tuple[DeviceId, ...], ...] | None = Field(None, max_length=MAX_STAGES)
+    # What a device costs per hour, in any currency (gpipe_sim.results.run_cost); None: no cost figures.
+    price_per_device_hour: Price | None = None
 
     @model_validator(mode="after")
     def _nics_fit_the_node(self) -> "Hardware":

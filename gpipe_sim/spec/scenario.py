@@ -26,6 +26,7 @@ from gpipe_sim.spec.layers import describe_layer_count, layer_count
 from gpipe_sim.spec.overrides import blame, parse_overrides
 from gpipe_sim.spec.tensor_parallel import tensor_parallel_problem
 from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
+from gpipe_sim.spec.training_run import Goodput, TokenCount, tokens_per_sample
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"  # package data
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -160,6 +161,10 @@ class Training(_Strict):
     # How the optimizer's step runs (OPTIMIZER_STEPS); "default": the accelerator's framework default
     # (`hardware.accelerator.optimizer_step`). It sets the update's temporary memory.
     optimizer_step: Literal["default", "for_loop", "foreach", "fused"] = "default"
+    # The run a step is part of (gpipe_sim.results.run_cost): the tokens it trains on ("15T", "300B"),
+    # and what failures and checkpoints cost it. None: no run figures.
+    tokens: TokenCount | None = None
+    goodput: Goodput | None = None
 
     @model_validator(mode="after")
     def _step_exists(self) -> "Training":
@@ -278,6 +283,9 @@ class Scenario(_Strict):
         problem = tensor_parallel_problem(self.model, p.tensor_parallel, self.hardware)
         if problem:
             raise ValueError(problem)
+        if self.training.tokens is not None and tokens_per_sample(self.model) is None:
+            raise ValueError(f"training.tokens: a {self.model.preset} model has no tokens (give a transformer, "
+                             "or a layer table with tokens_per_sample)")
         return self
 
     @property

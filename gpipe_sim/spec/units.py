@@ -156,3 +156,27 @@ def format_seconds(value: float) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3g} {unit}"
     return f"{value / 1e-9:.3g} ns"
+
+
+_COUNT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([kKmMbBtT]?)\s*$")
+_COUNT_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def parse_count(value: object) -> float:
+    """A count written as people write token budgets: a number, or one with a suffix K, M, B
+    (billion) or T (trillion), e.g. "15T", "300B", "1.5e12"; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    if isinstance(value, int):
+        if abs(value) > 10**300:
+            raise ValueError("a number beyond the range the simulator computes with (over 10^300)")
+        return float(value)
+    if isinstance(value, float):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected a number or text such as 1T or 300B, got {type(value).__name__}")
+    match = _COUNT.match(value) if len(value) <= 100 else None
+    if not match:
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise ValueError(f"cannot read {shown!r} as a count (a number, or one with K, M, B or T: 300B, 15T)")
+    return float(match.group(1)) * _COUNT_SCALE[match.group(2).lower()]

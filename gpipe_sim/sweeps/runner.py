@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.results.run_cost import RunCost
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.scenario import Scenario, parse_scenario, set_dotted
 from gpipe_sim.sweeps.points import SweepPoint
@@ -38,6 +39,9 @@ RESULT_COLUMNS = (
     "stage_param_bytes",
     "max_stage_tp_comm_s",
 )
+# The training run's figures (gpipe_sim.results.run_cost), columns only where some row has them:
+# the scenario gives training.tokens, training.goodput or hardware.price_per_device_hour.
+RUN_COLUMNS = ("run_days", "run_device_hours", "run_goodput", "run_cost", "run_cost_per_hour")
 STATUS_COLUMNS = ("sweep.index", "sweep.key", "status", "error", "elapsed_s")
 RUNS_DIR = "runs"
 
@@ -102,7 +106,17 @@ def result_columns(scenario: Scenario, engine: str) -> dict[str, Any]:
         "stage_peak_activation_bytes": [s.peak_activation_bytes for s in stages],
         "stage_param_bytes": [s.param_bytes for s in stages],
         "max_stage_tp_comm_s": max(s.tp_comm_s for s in stages),  # tensor-parallel collectives
+        **run_columns(result.run),
     }
+
+
+def run_columns(run: RunCost | None) -> dict[str, Any]:
+    """The RUN_COLUMNS of a result's training run (none where the scenario asks for none)."""
+    if run is None:
+        return {}
+    return {"run_days": run.days, "run_device_hours": run.device_hours,
+            "run_goodput": None if run.goodput is None else run.goodput.goodput,
+            "run_cost": run.cost, "run_cost_per_hour": run.cost_per_hour}
 
 
 def run_task(task: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
@@ -375,7 +389,7 @@ def merge_rows(
             continue
         record = {"sweep.index": point.index, "sweep.key": point.key}
         record.update(input_columns(point, base))
-        for name in RESULT_COLUMNS:
+        for name in RESULT_COLUMNS + RUN_COLUMNS:
             record[name] = row.get(name)
         record["status"] = row.get("status", "error")
         record["error"] = row.get("error")
@@ -386,7 +400,8 @@ def merge_rows(
     if table.empty:
         return pd.DataFrame(columns=list(STATUS_COLUMNS) + ["note"] + list(RESULT_COLUMNS))
     inputs = [c for c in table.columns if c.split(".", 1)[0] in SCENARIO_SECTIONS]
-    ordered = ["sweep.index", "sweep.key", *inputs, *RESULT_COLUMNS, "status", "error", "note", "elapsed_s"]
+    run = [c for c in RUN_COLUMNS if table[c].notna().any()]
+    ordered = ["sweep.index", "sweep.key", *inputs, *RESULT_COLUMNS, *run, "status", "error", "note", "elapsed_s"]
     table = table[ordered]
     for column in inputs:  # one type per column, so parquet can store it
         values = table[column].dropna()
