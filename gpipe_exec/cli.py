@@ -165,7 +165,9 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     with console.status("selfcheck") as status:
-        text = selfcheck(_options(args), steps=args.steps, progress=lambda msg: status.update(msg))
+        text = selfcheck(_options(args), steps=args.steps, progress=lambda msg: status.update(msg),
+                         plain=args.plain or args.gpu_tables is not None, tables=args.gpu_tables,
+                         json_out=args.json)
     sys.stdout.write(text + "\n")
     return 0
 
@@ -251,6 +253,12 @@ def _parser_selfcheck(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("selfcheck", help="validate a small built-in grid on this machine's GPU (or CPU): "
                                          "predicted vs measured per case and a summary")
     p.add_argument("--steps", type=int, default=5, help="measured steps per case (default 5)")
+    p.add_argument("--plain", action="store_true",
+                   help="also train each case in a plain PyTorch loop (CUDA events) and predict it from the "
+                        "hardware preset alone, and compare both with the executor's measured step")
+    p.add_argument("--gpu-tables", metavar="FILE",
+                   help="with --plain: also predict each case on these kernel tables (calibrate --gpu-tables)")
+    p.add_argument("--json", metavar="FILE", help="write every case's figures there as JSON")
     _launch_flags(p)
     p.set_defaults(func=_cmd_selfcheck)
 

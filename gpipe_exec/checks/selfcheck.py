@@ -1,17 +1,23 @@
-"""`gpipe-exec selfcheck`: a small built-in grid validated on this machine's own devices, one table and a summary."""
+"""`gpipe-exec selfcheck`: a built-in grid validated on this machine's own devices, each case's measured
+step beside a plain PyTorch loop's and the preset's prediction, one table and a summary."""
 
 from __future__ import annotations
 
 import io
+import json
+import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
 
 from gpipe_exec.launch.devices import device_type
+from gpipe_exec.checks.gpu_grid import (cpu_cases, gpu_bound, gpu_cases, model_host_seconds,
+                                        profiled_host_seconds, with_tables)
 from gpipe_exec.launch.spawn import LaunchOptions
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
 from gpipe_sim.spec.units import format_bytes, format_seconds
@@ -19,56 +25,14 @@ from gpipe_sim.spec.units import format_bytes, format_seconds
 # Targets the selfcheck reports against (issue 23's for a validated GPU): step time median and worst,
 # peak memory of every stage.
 STEP_MEDIAN_TARGET, STEP_WORST_TARGET, MEMORY_TARGET = 0.03, 0.08, 0.03
-
-
-def _transformer(layers: int, d_model: int, seq: int, attention: str = "flash", vocab: int = 8192) -> dict[str, Any]:
-    return {"preset": "transformer", "layers": layers, "d_model": d_model, "d_ff": 4 * d_model,
-            "heads": max(1, d_model // 64), "seq_len": seq, "vocab": vocab, "attention": attention}
-
-
-def _case(model: dict[str, Any], K: int, M: int, batch: int, *, schedule: str = "1f1b", remat: str = "none",
-          dtype: str = "bf16", chunks: int = 1, hardware: str = "h100-sxm") -> dict[str, Any]:
-    return {"model": model, "hardware": {"preset": hardware, "stage_to_device": [0] * K},
-            "pipeline": {"stages": K, "chunks": chunks, "micro_batches": M, "batch_size": batch,
-                         "schedule": schedule, "remat": remat},
-            "training": {"optimizer": "adam", "dtype": dtype}}
-
-
-def gpu_cases() -> list[tuple[str, dict[str, Any]]]:
-    """The GPU grid: every stage on GPU 0 (K=2 shares it), bf16 and fp32 (TF32 off), flash and
-    standard attention, remat none and always, large and host-bound small micro-batches, an
-    interleaved and a zero-bubble schedule, an mlp and a convnet; a few minutes on one H100."""
-    return [
-        ("transformer d1024 bf16 flash K=1", _case(_transformer(8, 1024, 1024), 1, 4, 16)),
-        ("transformer d768 fp32 standard remat K=1", _case(_transformer(6, 768, 512, "standard"), 1, 4, 8,
-                                                           remat="always", dtype="fp32")),
-        ("transformer d256 bf16 1 sample (host-bound) K=1", _case(_transformer(4, 256, 128), 1, 8, 8)),
-        ("transformer d1024 bf16 1f1b K=2 on GPU 0", _case(_transformer(8, 1024, 512), 2, 8, 16)),
-        ("transformer d768 bf16 zb_h1 K=2 on GPU 0", _case(_transformer(8, 768, 512), 2, 8, 16, schedule="zb_h1")),
-        ("transformer d768 bf16 interleaved v=2 K=2", _case(_transformer(8, 768, 512), 2, 4, 8,
-                                                             schedule="interleaved_1f1b", chunks=2)),
-        ("mlp w4096 bf16 K=1", _case({"preset": "mlp", "layers": 8, "width": 4096, "input_dim": 1024,
-                                      "num_classes": 1000}, 1, 4, 256)),
-        ("convnet c64 fp32 K=1", _case({"preset": "convnet", "layers": 6, "channels": 64, "image_size": 64,
-                                        "num_classes": 100}, 1, 4, 64, dtype="fp32")),
-    ]
-
-
-def cpu_cases() -> list[tuple[str, dict[str, Any]]]:
-    """The CPU grid: small models that run in seconds, K=1 and K=2 on this machine's cores."""
-    tiny = _transformer(4, 64, 32, "standard", vocab=256)
-    return [
-        ("transformer d64 K=1", _case(tiny, 1, 4, 8, hardware="cpu", dtype="fp32")),
-        ("transformer d64 1f1b K=2", {**_case(tiny, 2, 4, 8, hardware="cpu", dtype="fp32"),
-                                      "hardware": {"preset": "cpu", "stage_to_device": [0, 1]}}),
-        ("mlp w256 K=1", _case({"preset": "mlp", "layers": 4, "width": 256, "input_dim": 64, "num_classes": 10},
-                               1, 4, 32, hardware="cpu", dtype="fp32")),
-    ]
+PLAIN_TARGET = 0.05  # the executor's measured step against the plain loop, where it adds no work
+PRESET_MEDIAN_TARGET = 0.10  # the preset alone against the plain loop, GPU-bound cases
 
 
 @dataclass
 class SelfcheckRow:
-    """One case: predicted and measured step, the worst stage's peak-memory error, or why it failed."""
+    """One case: predicted and measured step, the worst stage's peak-memory error, the plain loop's
+    step, the preset's (and measured tables') predictions without a profile, or why it failed."""
 
     name: str
     predicted_step_s: float = float("nan")
@@ -77,12 +41,34 @@ class SelfcheckRow:
     worst_stage_bytes: float = float("nan")
     step_error: float = float("nan")  # |predicted - measured| / measured step (validate.relative_error)
     error: str = ""
+    plain_step_s: float = float("nan")  # the plain PyTorch loop of the same model and batch (plain_loop)
+    same_work: bool = False  # the executor runs exactly the plain loop's work (plain_loop.same_work)
+    gpu_bound: bool = False  # gpu_grid.gpu_bound
+    preset_step_s: float = float("nan")  # simulated from the hardware preset alone, no profile
+    tables_step_s: float = float("nan")  # simulated on the kernel tables `calibrate --gpu-tables` measured
+    model_host_s: float = float("nan")  # host issue time the GPU model assigns the step's passes
+    profiled_host_s: float = float("nan")  # host issue time the profiler measured for them
+
+    @property
+    def plain_error(self) -> float:
+        """|executor's measured step - plain loop's| / plain loop's."""
+        return abs(self.measured_step_s - self.plain_step_s) / self.plain_step_s
+
+    def preset_error(self, tables: bool = False) -> float:
+        """|preset's (or tables') predicted step - plain loop's| / plain loop's."""
+        predicted = self.tables_step_s if tables else self.preset_step_s
+        return abs(predicted - self.plain_step_s) / self.plain_step_s
 
 
 def run_selfcheck(cases: list[tuple[str, Scenario]], options: LaunchOptions, *, steps: int = 5,
-                  progress: Callable[[str], None] | None = None) -> list[SelfcheckRow]:
+                  progress: Callable[[str], None] | None = None, plain: bool = False,
+                  tables: Path | str | None = None,
+                  done: Callable[[SelfcheckRow], None] | None = None) -> list[SelfcheckRow]:
     """Validate each case (profile on its devices, predict, run, compare: `validate`); a case that
-    fails is reported with its one-line reason and the others go on."""
+    fails is reported with its one-line reason and the others go on. With `plain`, each case is
+    also trained by the plain PyTorch loop in this process (`plain_loop`) and predicted from the
+    hardware preset alone (and from `tables`, a `calibrate --gpu-tables` file, where given).
+    `done` is called with each row as it is finished."""
     from gpipe_exec.checks.validate import validate
     from gpipe_sim.errors import GpipeError, first_line
 
@@ -98,26 +84,62 @@ def run_selfcheck(cases: list[tuple[str, Scenario]], options: LaunchOptions, *, 
         errors = v.relative_error  # validate's own comparison, the one `gpipe-exec validate` prints
         stages = v.measured.result.stages
         memory = [errors[f"stage{s.index}.peak_memory_bytes"] for s in stages if s.peak_memory_bytes > 0]
-        rows.append(SelfcheckRow(name, v.predicted.step_time_s, v.measured.result.step_time_s,
-                                 max(memory, default=0.0), max(s.peak_memory_bytes for s in stages),
-                                 step_error=errors["step_time_s"]))
+        row = SelfcheckRow(name, v.predicted.step_time_s, v.measured.result.step_time_s,
+                           max(memory, default=0.0), max(s.peak_memory_bytes for s in stages),
+                           step_error=errors["step_time_s"])
+        if plain:
+            _beside_plain(row, v.scenario, v.table, options, steps, tables)
+        rows.append(row)
+        if done:
+            done(row)
     return rows
+
+
+def _beside_plain(row: SelfcheckRow, scenario: Scenario, table: dict[str, Any] | None, options: LaunchOptions,
+                  steps: int, tables: Path | str | None) -> None:
+    """Fill the row's plain-loop step and the predictions made without a profile."""
+    from gpipe_exec.checks.plain_loop import plain_step_times, same_work
+    from gpipe_sim.api import simulate
+
+    row.same_work, row.gpu_bound = same_work(scenario), gpu_bound(scenario)
+    row.plain_step_s = plain_step_times(scenario, steps=steps, warmup=2,
+                                        device=device_type(options.device), threads=options.threads).step_s
+    row.preset_step_s = simulate(scenario).step_time_s
+    row.model_host_s, row.profiled_host_s = model_host_seconds(scenario), profiled_host_seconds(table, scenario)
+    if tables is not None:
+        row.tables_step_s = simulate(with_tables(scenario, tables)).step_time_s
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
 def selfcheck_text(rows: list[SelfcheckRow], device: str, elapsed_s: float) -> str:
     """Predicted vs measured per case, then the step-time median and worst error and the worst
-    peak-memory error against their targets."""
+    peak-memory error against their targets; where the plain loop ran, the executor's step against
+    it (cases where it adds no work) and the preset's prediction against it (GPU-bound cases)."""
+    plain = any(not math.isnan(r.plain_step_s) for r in rows)
+    tables = any(not math.isnan(r.tables_step_s) for r in rows)
     table = Table(title=f"gpipe-exec selfcheck on {device}")
-    for col in ("case", "predicted step", "measured step", "step error", "peak memory", "memory error"):
+    columns = ["case", "predicted step", "measured step", "step error", "peak memory", "memory error"]
+    if plain:
+        columns += ["plain loop", "measured/plain", "preset", "preset error"] + (["tables error"] if tables else [])
+    for col in columns:
         table.add_column(col, justify="left" if col == "case" else "right")
     for r in rows:
         if r.error:
-            table.add_row(r.name, "-", "-", "failed", "-", r.error[:60])
+            table.add_row(r.name, "-", "-", "failed", "-", r.error[:60], *["-"] * (len(columns) - 6))
             continue
-        table.add_row(r.name, format_seconds(r.predicted_step_s), format_seconds(r.measured_step_s),
-                      f"{100 * r.step_error:.1f}%", format_bytes(r.worst_stage_bytes), f"{100 * r.memory_error:.1f}%")
+        cells = [r.name, format_seconds(r.predicted_step_s), format_seconds(r.measured_step_s),
+                 _pct(r.step_error), format_bytes(r.worst_stage_bytes), _pct(r.memory_error)]
+        if plain:
+            cells += [format_seconds(r.plain_step_s), f"{r.measured_step_s / r.plain_step_s:.3f}"
+                      + ("" if r.same_work else " *"), format_seconds(r.preset_step_s),
+                      _pct(r.preset_error()) + (" (GPU-bound)" if r.gpu_bound else "")]
+            cells += [_pct(r.preset_error(tables=True))] if tables else []
+        table.add_row(*cells)
     buf = io.StringIO()
-    console = Console(file=buf, width=120, force_terminal=False)
+    console = Console(file=buf, width=200 if plain else 120, force_terminal=False)
     console.print(table)
     ran = [r for r in rows if not r.error]
     if ran:
@@ -127,21 +149,55 @@ def selfcheck_text(rows: list[SelfcheckRow], device: str, elapsed_s: float) -> s
             f"step time: median error {100 * statistics.median(step):.1f}% (target {100 * STEP_MEDIAN_TARGET:.0f}%), "
             f"worst {100 * max(step):.1f}% (target {100 * STEP_WORST_TARGET:.0f}%); "
             f"peak memory: worst stage {100 * memory:.1f}% (target {100 * MEMORY_TARGET:.0f}%)")
+    if plain:
+        console.print(_plain_summary([r for r in ran if not math.isnan(r.plain_step_s)], tables))
     failed = len(rows) - len(ran)
     console.print(f"{len(ran)} of {len(rows)} cases ran{f', {failed} failed' if failed else ''} in {elapsed_s:.0f} s")
     return buf.getvalue().rstrip()
 
 
-def selfcheck(options: LaunchOptions, *, steps: int = 5, progress: Callable[[str], None] | None = None) -> str:
+def _plain_summary(rows: list[SelfcheckRow], tables: bool) -> str:
+    """The plain-loop lines: the executor where it adds no work (* marks the others: stages sharing
+    a device hand over through the host), the preset on GPU-bound cases, host-bound cases' host time."""
+    lines = []
+    same = [r.plain_error for r in rows if r.same_work]
+    if same:
+        lines.append(f"executor vs plain loop (same work, {len(same)} cases): median {_pct(statistics.median(same))}, "
+                     f"worst {_pct(max(same))} (target {100 * PLAIN_TARGET:.0f}%); * = the executor adds hand-overs")
+    bound = [r for r in rows if r.gpu_bound]
+    for label, use_tables in (("preset alone", False), ("measured tables", True)):
+        if bound and (tables or not use_tables):
+            errs = [r.preset_error(use_tables) for r in bound]
+            lines.append(f"{label} vs plain loop (GPU-bound, {len(errs)} cases): median {_pct(statistics.median(errs))}, "
+                         f"worst {_pct(max(errs))} (target median {100 * PRESET_MEDIAN_TARGET:.0f}%)")
+    for r in rows:
+        if not r.gpu_bound and not math.isnan(r.model_host_s):
+            lines.append(f"host issue ({r.name}): model {format_seconds(r.model_host_s)}, "
+                         f"profiled {format_seconds(r.profiled_host_s)}; preset error {_pct(r.preset_error())}")
+    return "\n".join(lines)
+
+
+def selfcheck(options: LaunchOptions, *, steps: int = 5, progress: Callable[[str], None] | None = None,
+              plain: bool = False, tables: Path | str | None = None, json_out: Path | str | None = None) -> str:
     """Run the grid for this machine's device type (GPU grid on CUDA, CPU grid otherwise) and
-    return the report."""
+    return the report. `plain`, `tables`: as `run_selfcheck`; `json_out`: every row written there
+    as JSON, rewritten after each case (a run cut short keeps what it finished)."""
     kind = device_type(options.device)
     cases = [(name, parse_scenario(data)) for name, data in (gpu_cases() if kind == "cuda" else cpu_cases())]
-    start = time.monotonic()
-    rows = run_selfcheck(cases, options, steps=steps, progress=progress)
     where = kind
     if kind == "cuda":
         import torch
 
         where = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}, TF32 off"
+    finished: list[SelfcheckRow] = []
+
+    def done(row: SelfcheckRow) -> None:
+        finished.append(row)
+        if json_out is not None:
+            Path(json_out).write_text(json.dumps({"device": where, "rows": [asdict(r) for r in finished]}, indent=1))
+
+    start = time.monotonic()
+    rows = run_selfcheck(cases, options, steps=steps, progress=progress, plain=plain, tables=tables, done=done)
+    if json_out is not None:
+        Path(json_out).write_text(json.dumps({"device": where, "rows": [asdict(r) for r in rows]}, indent=1))
     return selfcheck_text(rows, where, time.monotonic() - start)

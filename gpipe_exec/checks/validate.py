@@ -46,6 +46,7 @@ class Validation:
     # With several rounds (profile, predict, run each): every round's predicted and measured step;
     # `predicted` and `measured` are then the rounds with the median of each.
     rounds: list[tuple[float, float]] = field(default_factory=list)
+    table: dict[str, Any] | None = None  # the layer profile the prediction used (None: a table given)
 
     @property
     def relative_error(self) -> dict[str, float]:
@@ -163,7 +164,7 @@ def combine_rounds(done: list[Round], calibration: Calibration | None) -> Valida
     p = _median_index([a for a, _ in pairs])
     m = _median_index([b for _, b in pairs])
     return Validation(done[m].scenario, done[p].predicted, done[m].measured, calibration,
-                      rounds=pairs if len(done) > 1 else [])
+                      rounds=pairs if len(done) > 1 else [], table=done[p].table)
 
 
 SPREAD_WARNING = 0.10  # measured steps whose (max - min) / median exceeds this are flagged

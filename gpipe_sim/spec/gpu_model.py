@@ -143,8 +143,15 @@ def pass_seconds(kernels: Sequence[Kernel], samples: int, dtype: str, p: int, pe
     times = [kernel_seconds(k, samples, dtype, p, peak_flops, bandwidth, t) for k in kernels]
     hidden = math.fsum(x for k, x in zip(kernels, times) if getattr(k, "name", None) in beside) if beside else 0.0
     gpu = math.fsum(times) + max(0.0, stream_s - hidden)
+    return max(gpu, host_seconds(kernels, samples, t, host_factor, stream_launches))
+
+
+def host_seconds(kernels: Sequence[Kernel], samples: int, t: GpuTables, host_factor: float = 1.0,
+                 stream_launches: int = 0) -> float:
+    """The host's time to issue a pass over `kernels` (and `stream_launches` collectives) on a
+    micro-batch of `samples`: one `host_issue_s` per launch, `host_factor` times that in backward."""
     launches = sum(k.launches(samples) if isinstance(k, Softmax) else 1 for k in kernels) + stream_launches
-    return max(gpu, launches * t.host_issue_s * host_factor)
+    return launches * t.host_issue_s * host_factor
 
 
 def layer_pass_seconds(recipe: LayerKernels, samples: int, dtype: str, p: int, peak_flops: dict[str, float],
