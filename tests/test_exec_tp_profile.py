@@ -94,7 +94,7 @@ def test_validate_with_a_t2_table_predicts_per_device_memory(table_t2: dict) -> 
 @pytest.mark.slow
 def test_validate_t2_k2_predicts_the_step_from_its_profile() -> None:
     """T = 2 x K = 2 (four processes) of a small transformer: profile, predict and run, three rounds.
-    On two shared cores the steps spread 10-30% and the profile as much (docs/accuracy.md): the
+    On two shared cores the steps spread 10-30% and the profile as much (docs/measurements/accuracy.md): the
     bound is for that noise, the median round was within 10% in most runs here."""
     sc = parse_scenario({
         "model": {"preset": "transformer", "layers": 4, "d_model": 64, "d_ff": 256, "heads": 4, "seq_len": 32,

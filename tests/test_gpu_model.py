@@ -69,7 +69,7 @@ def test_h100_blocks_held_out():
 
 @needs_reference
 def test_vtrain_calibration_half_within_stated_bounds():
-    """docs/accuracy.md's figures: the issue's 50257 padded to 50304 by the preset's default
+    """docs/measurements/accuracy.md's figures: the issue's 50257 padded to 50304 by the preset's default
     vocab_multiple (what Megatron's GEMMs run), the same as giving 50304, and unpadded
     (vocab_multiple 1: the unaligned head makes every row slower, the ranking mostly holds)."""
     from gpipe_sim.studies.vtrain import vtrain_study

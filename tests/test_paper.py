@@ -9,7 +9,7 @@ from gpipe_sim.cli import main
 from gpipe_sim.studies.paper import PAPER_DIR, PaperError, load_experiment, run_paper
 from gpipe_sim.spec.scenario import load_scenario
 
-# Cells the README reports as misses, with the effect the model lacks (see the README's sweeps section).
+# Cells docs/guide/paper.md reports as misses, with the effect the model lacks.
 KNOWN_THROUGHPUT_MISSES = {
     ("AmoebaNet-D (18, 256)", "K=8 M=1"),
     ("AmoebaNet-D (18, 256)", "K=2 M=4"),

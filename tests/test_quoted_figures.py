@@ -1,5 +1,7 @@
 """The figures people quote (issue 26): parameters, tokens/s, achieved model TFLOP/s per device and
-MFU, defined once in the result schema and shown by simulate, plan, sweeps and the executor's result."""
+MFU, defined once in the result schema and shown by simulate, plan, sweeps and the executor's result;
+and what the README and the user guide quote: every command output they show is what the command
+prints today, and every command they give parses."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from gpipe_sim.cli import main
 from gpipe_sim.results.result import ModelFigures, Result
 from gpipe_sim.spec.scenario import parse_scenario
 from gpipe_sim.summary import parameters_short, summary_text
+from user_docs import ROOT, fenced_commands, program_argv, quoted_outputs, user_docs
 
 KEYS = ("parameters", "tokens_per_s", "tflops_per_device", "mfu")
 L, D_MODEL, D_FF, HEADS, SEQ, VOCAB, BATCH = 4, 256, 1024, 4, 128, 1000, 8
@@ -181,3 +184,83 @@ def test_plan_table_csv_and_json(capsys, tmp_path):
 def test_parameters_short():
     assert [parameters_short(n) for n in (800, 12_500, 350_000_000, 1_341_771_776, 999_999)] == [
         "800", "12.5K", "350M", "1.34B", "1M"]
+
+
+QUOTED = [quoted for page in user_docs() for quoted in quoted_outputs(page)]
+
+
+def _printed(command: str, capsys, monkeypatch) -> list[str]:
+    """What a gpipe-sim command prints (stdout, then stderr), run from the repository root."""
+    program, argv = program_argv(command) or (None, [])
+    assert program == "gpipe-sim", f"only gpipe-sim outputs are checked here: {command}"
+    monkeypatch.chdir(ROOT)
+    capsys.readouterr()
+    main(argv)
+    captured = capsys.readouterr()
+    return [line.rstrip() for line in (captured.out + captured.err).strip("\n").split("\n")]
+
+
+@pytest.mark.parametrize("quoted", QUOTED, ids=[f"{q.page}: {q.command}" for q in QUOTED])
+def test_quoted_outputs_are_what_the_commands_print(quoted, capsys, monkeypatch):
+    printed = _printed(quoted.command, capsys, monkeypatch)
+    if not quoted.excerpt:
+        assert list(quoted.lines) == printed, f"{quoted.page} quotes an output `{quoted.command}` no longer prints"
+        return
+    rest = iter(printed)  # an excerpt: its lines appear in the output, in order
+    missing = [line for line in quoted.lines if line != "..." and not any(line == p for p in rest)]
+    assert not missing, f"{quoted.page}: `{quoted.command}` no longer prints {missing}"
+
+
+def test_the_drifted_figures_are_quoted(capsys, monkeypatch):
+    """The outputs the guide must quote (the README's max-model figure and the paper's tables had
+    drifted from what the commands print): a page dropping its marker fails here."""
+    commands = {q.command for q in QUOTED}
+    assert {"gpipe-sim max-model scenarios/default.yaml --grow layers", "gpipe-sim paper --markdown"} <= commands
+
+
+def test_output_markers_are_read():
+    page = ROOT / "docs" / "guide" / "max-model.md"
+    (quoted,) = [q for q in quoted_outputs(page) if "max-model" in q.command]
+    assert quoted.lines[0].startswith("largest model.layers that fits:") and not quoted.excerpt
+
+
+def _parser(program: str):
+    if program == "gpipe-sim":
+        from gpipe_sim.cli import _load_extra_commands, build_parser
+
+        _load_extra_commands()
+        return build_parser()
+    pytest.importorskip("torch")
+    from gpipe_exec.cli import build_parser
+
+    return build_parser()
+
+
+COMMANDS = sorted({(page.relative_to(ROOT).as_posix(), command) for page in user_docs()
+                   for command in fenced_commands(page.read_text(encoding="utf-8"))})
+
+
+def test_fenced_commands_are_found():
+    assert sum(program_argv(c) is not None for _, c in COMMANDS) > 30  # a regex gone wrong finds none
+    assert fenced_commands("```bash\n$ a x \\\n  y  # c\nb && c\n```\n") == ["a x y", "b", "c"]
+
+
+@pytest.mark.parametrize("page, command", COMMANDS)
+def test_quoted_commands_parse(page, command):
+    """Every gpipe-sim/gpipe-exec command a page gives parses (its subcommand and flags exist),
+    every `python -m MODULE` names a module, and every `streamlit run FILE` a file."""
+    words = command.split()
+    if (program := program_argv(command)) is not None:
+        try:
+            _parser(program[0]).parse_args(program[1])
+        except SystemExit as exc:
+            pytest.fail(f"{page}: `{command}` does not parse (exit {exc.code})")
+    elif "-m" in words and words[0].endswith("python"):
+        import importlib.util
+
+        module = words[words.index("-m") + 1]
+        if module.startswith("gpipe_exec"):
+            pytest.importorskip("torch")
+        assert module == "pytest" or importlib.util.find_spec(module) is not None, f"{page}: no module {module}"
+    elif "streamlit" in words[0] and words[1:2] == ["run"]:
+        assert (ROOT / words[2]).is_file(), f"{page}: no file {words[2]}"

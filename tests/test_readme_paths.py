@@ -1,12 +1,15 @@
-"""Every repository path the README names in backticks exists (files move; the README must follow)."""
+"""Every repository path the README and the user guide name in backticks, and every file the README
+links to, exists (files move; the docs must follow)."""
 
 from __future__ import annotations
 
 import itertools
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+from user_docs import ROOT, user_docs
+
 TOP = ("app", "gpipe_sim", "gpipe_exec", "tests", "scenarios", "docs")  # the repository's own folders
 
 
@@ -31,11 +34,24 @@ def readme_paths(text: str) -> list[str]:
     return found
 
 
-def test_readme_paths_exist():
-    paths = readme_paths((ROOT / "README.md").read_text(encoding="utf-8"))
-    assert len(paths) > 20  # the README names many; a regex gone wrong finds none
+@pytest.mark.parametrize("page", user_docs(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_readme_paths_exist(page):
+    paths = readme_paths(page.read_text(encoding="utf-8"))
     missing = [p for p in paths if not (any(ROOT.glob(p)) if "*" in p else (ROOT / p.rstrip("/")).exists())]
-    assert not missing, f"README names paths that do not exist: {missing}"
+    assert not missing, f"{page.name} names paths that do not exist: {missing}"
+
+
+def test_the_docs_name_many_paths():
+    assert sum(len(readme_paths(p.read_text(encoding="utf-8"))) for p in user_docs()) > 60  # a regex gone wrong finds none
+
+
+def test_readme_links_exist():
+    """The README's relative links (into the guide, its pictures) name files that exist; the guide's
+    own links are checked by `mkdocs build --strict` (tests/test_docs_site.py)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t]
+    assert len(targets) >= 10
+    assert [t for t in targets if t and not (ROOT / t).exists()] == []
 
 
 def test_readme_path_finder():

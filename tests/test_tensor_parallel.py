@@ -172,7 +172,7 @@ def test_vtrain_tp_study_figures():
 
     if not CALIBRATION_TP_CSV.exists():
         pytest.skip("no shared/reference/vtrain-a100/calibration_tp.csv")
-    figures = tp_study(by_tp=False)["all"]  # docs/accuracy.md: 6.5%, 17.8%, tau 1.00
+    figures = tp_study(by_tp=False)["all"]  # docs/measurements/accuracy.md: 6.5%, 17.8%, tau 1.00
     assert figures["rows"] == 400 and figures["median_error"] < 0.07 and figures["p90_error"] < 0.20
     assert figures["tau_median"] >= 0.9
 

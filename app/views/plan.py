@@ -73,7 +73,7 @@ with st.expander("Search space", expanded=False):
     s1, s2, s3 = st.columns(3)
     tie = s1.number_input("tie (% of the fastest step)", min_value=0.0, max_value=100.0, step=1.0,
                           value=100 * TIE, key="plan.tie",
-                          help="Step times this close to the fastest are a tie (the model's error, docs/accuracy.md): "
+                          help="Step times this close to the fastest are a tie (the model's error, docs/measurements/accuracy.md): "
                                "the simplest configuration, then the one with most free memory, is picked.")
     reserve = s2.number_input("memory reserve (%)", min_value=0.0, max_value=99.0, step=1.0,
                               value=100 * DEFAULT_RESERVE, key="plan.reserve",

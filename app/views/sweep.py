@@ -67,7 +67,7 @@ except ValueError as exc:
     st.stop()
 if loaded is None:
     st.info(
-        "No sweep loaded. Run a sweep (see the README's sweeps section) and upload its "
+        "No sweep loaded. Run a sweep (see docs/guide/sweeps.md) and upload its "
         "`results.parquet` or `results.csv`, or type the sweep's output folder. Then plot any "
         "result column against any input column, coloured by another.",
         icon=":material/scatter_plot:",

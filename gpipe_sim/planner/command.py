@@ -184,7 +184,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="only M dividing the per-replica batch (else uneven M are marked * in the table)")
     p.add_argument("--tie", help="step times within this share of the fastest are a tie, broken toward the "
                                  "simplest configuration, then memory headroom (default 5%%: the model's error, "
-                                 "docs/accuracy.md)")
+                                 "docs/measurements/accuracy.md)")
     p.add_argument("--reserve", help="memory per device kept free of the simulated peak for the CUDA context, "
                                      "communicator buffers and fragmentation: a share or a size (default 6%%; "
                                      "a hardware reserving as much already is kept)")

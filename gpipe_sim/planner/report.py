@@ -94,7 +94,7 @@ def choice_text(search: PlanSearch) -> str:
     if not search.order:
         return ""
     return (f"rows 1-{search.tied} are within {o.tie:.0%} of the fastest step, the model's error "
-            f"(docs/accuracy.md), so a tie: ordered simplest first (T=1, then smaller T, fewer stages, no "
+            f"(docs/measurements/accuracy.md), so a tie: ordered simplest first (T=1, then smaller T, fewer stages, no "
             f"re-computation, no "
             f"ZeRO, v=1, even M, plainer schedule), then by memory headroom; row 1 is the pick"
             if search.tied > 1 else "row 1 is the fastest; nothing else is within "

@@ -14,7 +14,7 @@ from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, Scenario
 
 DEFAULT_PARTITIONS = ("uniform", "time")
 # Step times within this share of the fastest are a tie: the model cannot tell them apart
-# (docs/accuracy.md: the executor's step time within a median 2.2% at K=2 and 7.6% at K=4; on
+# (docs/measurements/accuracy.md: the executor's step time within a median 2.2% at K=2 and 7.6% at K=4; on
 # vTrain's A100 rows the predicted best costs a median 0%, at worst 7.1%, against the measured best).
 TIE = 0.05
 # Memory held back on each device beyond the simulated peak, as a share of its memory: the CUDA

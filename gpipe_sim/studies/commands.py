@@ -99,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("paper", help="the GPipe paper's tables: published figures beside predictions")
     p.add_argument("--table", choices=("1", "2", "3"), action="append",
                    help="only this table (repeatable)")
-    p.add_argument("--markdown", action="store_true", help="print markdown tables (as in the README)")
+    p.add_argument("--markdown", action="store_true", help="print markdown tables (as in docs/guide/paper.md)")
     p.add_argument("--dir", default=None, help="folder of paper experiment files (default: scenarios/paper)")
     p.set_defaults(func=_cmd_paper)
 
