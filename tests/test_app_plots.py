@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 
 from gpipe_sim import load_scenario, parse_scenario, simulate
 from gpipe_sim.schedule import ACTION_KINDS, SCHEDULES
+from gpipe_sim.spec.recompute import per_layer
 from gpipe_sim.spec.scenario import REMAT_MODES
+
+CHUNK_REMAT_MODES = [m for m in REMAT_MODES if not per_layer(m)]  # the uniform model has no blocks
 from gpipe_sim import charts as plots
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.results.result import Result, Timeline, analytic_bubble
@@ -120,7 +123,7 @@ def gantt_cases(draw):
     assume(valid)
     micro = draw(st.sampled_from(valid))
     data = uniform_data(stages, micro, draw(st.sampled_from(["ideal", "a100-80gb", "v100"])), schedule=schedule,
-                        chunks=chunks, remat=draw(st.sampled_from(REMAT_MODES)), batch_size=4 * micro)
+                        chunks=chunks, remat=draw(st.sampled_from(CHUNK_REMAT_MODES)), batch_size=4 * micro)
     data["model"]["layers"] = 64
     return data, draw(st.sampled_from([20, 100, 400, 1000, 2500]))
 

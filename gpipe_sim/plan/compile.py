@@ -20,6 +20,7 @@ from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, update_seconds
 from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
+from gpipe_sim.spec.recompute import per_layer, recompute_layers
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.files import shown_path
 from gpipe_sim.spec.scenario import OPTIMIZER_SCRATCH, Scenario, read_schedule_csv
@@ -203,25 +204,46 @@ def scenario_schedule(scenario: Scenario) -> Schedule:
     p = scenario.pipeline
     path = p.schedule_csv
     if path is None:
-        return build_schedule(p.stages, p.micro_batches, p.schedule_name, p.remat, p.chunks)
-    read = read_schedule_csv(path)
-    try:
-        return lower(p.schedule_name, read.orders, read.placement, read.micro_batches, p.remat, read.chunks)
-    except ScheduleError as exc:
-        raise ScheduleError(f"pipeline.schedule.csv: {shown_path(path)}: {exc}") from None
+        schedule = build_schedule(p.stages, p.micro_batches, p.schedule_name, p.remat, p.chunks)
+    else:
+        read = read_schedule_csv(path)
+        try:
+            schedule = lower(p.schedule_name, read.orders, read.placement, read.micro_batches, p.remat, read.chunks)
+        except ScheduleError as exc:
+            raise ScheduleError(f"pipeline.schedule.csv: {shown_path(path)}: {exc}") from None
+    if per_layer(p.remat) and schedule.count(Kind.BACKWARD_INPUT):
+        raise ScheduleError(f"pipeline.remat: {p.remat} recomputes inside each block's backward, which schedule "
+                            f"{p.schedule_name} splits into input and weight passes; choose a schedule with "
+                            "one backward pass (gpipe, 1f1b, interleaved) or remat none, except_last or always")
+    return schedule
+
+
+def scenario_layers(scenario: Scenario) -> list[LayerSpec]:
+    """The scenario's layer table as its devices run it: one of T devices' share, the blocks as
+    `pipeline.remat` checkpoints them (gpipe_sim.spec.recompute)."""
+    return layer_table(scenario, scenario.pipeline.tensor_parallel, scenario.pipeline.remat)
+
+
+def layer_table(scenario: Scenario, tensor_parallel: int, remat: str) -> list[LayerSpec]:
+    """`scenario_layers` at another T and remat mode (the planner's candidates)."""
+    p, dtype_bytes = scenario.pipeline, scenario.training.dtype_bytes
+    mask = scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes)
+    layers = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel)
+    model = scenario.model
+    dropout_mask = mask if getattr(model, "dropout", 0.0) > 0 else 0
+    return recompute_layers(layers, model, remat, tensor_parallel, dtype_bytes, dropout_mask)
 
 
 def compile_plan(scenario: Scenario) -> Plan:
     """Build the layer table, partition it into K*v chunks, place and cost them, build the programs."""
     p, training, accel = scenario.pipeline, scenario.training, scenario.hardware.accelerator
     dtype, dtype_bytes = training.dtype, training.dtype_bytes
-    layers = build_layers(scenario.model, dtype_bytes, accel.dropout_mask_bytes(dtype_bytes),
-                          p.tensor_parallel, p.sequence_parallel)
+    layers = scenario_layers(scenario)
     M = p.micro_batches
     sizes = micro_batch_sizes(p.batch_size // p.data_parallel, M)  # one replica's share
     largest = max(sizes)
     times = [layer_seconds(layer, largest, accel, dtype, dtype_bytes) for layer in layers]
-    remat_factor = 0.0 if p.remat == "none" else 1.0
+    remat_factor = 0.0 if p.remat == "none" or per_layer(p.remat) else 1.0  # whole chunks re-computed
     time_weights = [f * (1 + remat_factor) + b for f, b in times]
     bpp = training.bytes_per_param
     state_per_param = local_state_bytes_per_param(scenario)
@@ -266,7 +288,7 @@ def compile_plan(scenario: Scenario) -> Plan:
                 update_s=update_seconds(own, accel, dtype_bytes, bpp, scenario.optimizer_step)
                 / (p.data_parallel if training.zero else 1),
                 transient_bytes=chunk_transient_bytes(own, samples, fixed=False),
-                backward_transient_bytes=chunk_transient_bytes(own, samples),
+                backward_transient_bytes=chunk_transient_bytes(own, samples, recomputed=True),
                 # the model's first chunk has nothing to do in its input pass: its weight pass is a
                 # full backward
                 weight_pass_transient_bytes=chunk_transient_bytes(own, samples, per_sample=c == 0),
@@ -369,7 +391,8 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
         held=held_activations(schedule, sizes),
         device_map=scenario.device_map,
         capacity_bytes=scenario.hardware.accelerator.usable_memory_bytes,
-        transient_bytes=[max(layer.transient_bytes + largest * layer.transient_bytes_per_sample,
+        transient_bytes=[max(layer.transient_bytes + largest * (layer.transient_bytes_per_sample
+                                                                 + layer.recompute_bytes_per_sample),
                              largest * input_pass_bytes([layer]) if split else 0.0) for layer in layers],
         update_bytes=update[0],
         update_largest_bytes=update[1],
@@ -377,7 +400,7 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
 
 
 def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed: bool = True,
-                          per_sample: bool = True) -> np.ndarray:
+                          per_sample: bool = True, recomputed: bool = False) -> np.ndarray:
     """A chunk's transient bytes on micro-batches of `samples` each, beyond all its layers' saved
     bytes, counting the layers' fixed part (`fixed`: weight gradients, in a full backward and a
     weight pass) and their part per sample (`per_sample`: activations and their gradients, in a
@@ -385,12 +408,15 @@ def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed
     transients never add up, and while layer j runs (its forward, before the later layers save
     anything; its backward, after they have freed what they saved) the layers after j hold
     nothing: max over j of (transient_j - saved bytes of the layers after j), at least 0 (what a
-    layer saves in common with its previous one counted once)."""
+    layer saves in common with its previous one counted once). `recomputed` (a full backward):
+    a layer's transient counts what it re-makes before its backward too
+    (`recompute_bytes_per_sample`, per-layer recomputation)."""
     samples = np.asarray(samples, dtype=float)
     offsets, slopes, after = [], [], 0.0
     for layer in reversed(layers):
         own_fixed = layer.transient_bytes if fixed else 0.0
-        own_slope = layer.transient_bytes_per_sample if per_sample else 0.0
+        own_slope = (layer.transient_bytes_per_sample
+                     + (layer.recompute_bytes_per_sample if recomputed else 0.0)) if per_sample else 0.0
         if own_fixed or own_slope:
             offsets.append(own_fixed)
             slopes.append(own_slope - after)

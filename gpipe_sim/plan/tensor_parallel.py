@@ -10,6 +10,7 @@ from gpipe_sim.schedule import Kind
 from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.spec.hardware import Link
 from gpipe_sim.spec.model import TransformerModel
+from gpipe_sim.spec.recompute import recompute_collectives
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.tensor_parallel import Collectives, collective_seconds, transformer_collectives
 
@@ -33,13 +34,15 @@ def collective_work(scenario: Scenario, device: int, sizes: Sequence[float],
     """[layer][size]: the tensor-parallel collectives of the passes of each layer of `layers` on a
     micro-batch of each of `sizes` samples, on the TP link of the rank at `device` (`tp_link`):
     a forward (and so a re-computation) its forward collectives, a backward (a split backward's
-    input pass) its backward ones, one launch each. None at T = 1 and for models other than the
+    input pass) its backward ones (under `pipeline.remat: full` its forward's first:
+    `recompute_collectives`), one launch each. None at T = 1 and for models other than the
     transformer preset (a measured table's passes hold their collectives)."""
     p = scenario.pipeline
     tp = p.tensor_parallel
     if tp == 1 or not isinstance(scenario.model, TransformerModel):
         return None
-    comms = transformer_collectives(scenario.model, tp, p.sequence_parallel, scenario.training.dtype_bytes)
+    comms = recompute_collectives(transformer_collectives(scenario.model, tp, p.sequence_parallel,
+                                                          scenario.training.dtype_bytes), scenario.model, p.remat)
     bandwidth, latency = tp_link(scenario, device)
     return [[stream_work(c, b, tp, bandwidth, latency) for b in sizes] for c in comms[layers]]
 

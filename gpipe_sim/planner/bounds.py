@@ -17,7 +17,8 @@ from gpipe_sim.schedule.lower import build_schedule, saves_activations
 from gpipe_sim.spec.costs import layer_pass_times, update_seconds
 from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.plan.tensor_parallel import stream_work
-from gpipe_sim.spec.layers import build_layers
+from gpipe_sim.plan.compile import layer_table
+from gpipe_sim.spec.recompute import per_layer, recompute_collectives
 from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.tensor_parallel import Collectives, transformer_collectives
@@ -32,18 +33,20 @@ _COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
 
 class CostTable:
     """Per-layer costs of the base model split over T devices per rank (the base's T unless
-    given), built once and reused by every candidate's bounds: seconds per micro-batch size (the
-    tensor-parallel collectives included), static bytes per (D, ZeRO), activation bytes per
-    sample. A candidate of another T is bounded with that T's table (`of`)."""
+    given), its blocks as a per-layer remat mode checkpoints them (`layer_remat`: full,
+    selective, or "none" for the whole-chunk modes, which leave the table as it is), built once
+    and reused by every candidate's bounds: seconds per micro-batch size (the tensor-parallel
+    collectives included), static bytes per (D, ZeRO), activation bytes per sample. A candidate
+    of another T or per-layer remat mode is bounded with that table (`of`)."""
 
-    def __init__(self, base: Scenario, tensor_parallel: int | None = None) -> None:
+    def __init__(self, base: Scenario, tensor_parallel: int | None = None, layer_remat: str = "none") -> None:
         self.base = base
         t, p = base.training, base.pipeline
         self.tp = p.tensor_parallel if tensor_parallel is None else tensor_parallel
+        self.layer_remat = layer_remat
         self.accel = base.hardware.accelerator
         self.dtype, self.dtype_bytes = t.dtype, t.dtype_bytes
-        self.layers = build_layers(base.model, self.dtype_bytes, self.accel.dropout_mask_bytes(self.dtype_bytes),
-                                   self.tp, p.sequence_parallel)
+        self.layers = layer_table(base, self.tp, layer_remat)
         self.L = len(self.layers)
         self.params = np.array([float(layer.params) for layer in self.layers])
         self.act = np.array([float(layer.activation_bytes_per_sample) for layer in self.layers])
@@ -56,15 +59,16 @@ class CostTable:
         self._terms: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
         self.params_sum, self.act_sum = float(self.params.sum()), float(self.act.sum())
         self.cache: dict[Any, float] = {}  # partition-free bounds by the axes they depend on
-        self._tables: dict[int, CostTable] = {self.tp: self}
+        self._tables: dict[tuple[int, str], CostTable] = {(self.tp, layer_remat): self}
         self._collectives = self._tp_collectives()
 
     def of(self, cand: Candidate) -> "CostTable":
-        """The table of the candidate's T (this one, or one built once per T with this capacity)."""
-        T = cand.tensor_parallel
-        table = self._tables.get(T)
+        """The table of the candidate's T and per-layer remat mode (this one, or one built once per
+        pair with this capacity)."""
+        key = (cand.tensor_parallel, cand.remat if per_layer(cand.remat) else "none")
+        table = self._tables.get(key)
         if table is None:
-            table = self._tables[T] = CostTable(self.base, T)
+            table = self._tables[key] = CostTable(self.base, *key)
             table.capacity, table._tables = self.capacity, self._tables
         return table
 
@@ -72,8 +76,9 @@ class CostTable:
         """Per layer, its collectives (`transformer_collectives`); None at T = 1."""
         if self.tp == 1 or not isinstance(self.base.model, TransformerModel):
             return None
-        return transformer_collectives(self.base.model, self.tp, self.base.pipeline.sequence_parallel,
-                                       self.dtype_bytes)
+        return recompute_collectives(transformer_collectives(self.base.model, self.tp,
+                                                             self.base.pipeline.sequence_parallel, self.dtype_bytes),
+                                     self.base.model, self.layer_remat)
 
     def stream_work(self, b: int) -> list[StreamWork] | None:
         """Per layer, its tensor-parallel collectives on b samples (None at T = 1), at most what
@@ -188,7 +193,7 @@ class CostTable:
     def time_weights(self, largest: int, remat: str) -> list[float]:
         """What the "time" partition balances, as `compile_plan` computes it (kernels only)."""
         tt = self.compute_times(largest)
-        factor = 0.0 if remat == "none" else 1.0
+        factor = 0.0 if remat == "none" or per_layer(remat) else 1.0
         return (tt[:, 0] * (1 + factor) + tt[:, 1]).tolist()
 
 

@@ -109,7 +109,9 @@ def reserved_base(base: Scenario, options: PlanOptions) -> Scenario:
     return base.with_updates({"hardware.accelerator.usable_memory_fraction": usable})
 
 
-_REMAT_ORDER = {"none": 0, "except_last": 1, "always": 2}
+# No re-computation first, then the cheaper in time: selective recomputes the attention core only,
+# full each block's forward, always the whole chunk's
+_REMAT_ORDER = {"none": 0, "selective": 1, "except_last": 2, "full": 3, "always": 4}
 # The schedules an engineer reaches for first: the plain pipelines, then zero-bubble, then chunked.
 _SCHEDULE_ORDER = ("1f1b", "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "interleaved_zb", "looped_bfs",
                    "zbv", "dualpipev", "naive")
@@ -122,7 +124,7 @@ def structure(cand: Candidate, batch: int) -> tuple[Any, ...]:
     name = cand.schedule
     rank = _SCHEDULE_ORDER.index(name) if name in _SCHEDULE_ORDER else len(_SCHEDULE_ORDER)
     even = (batch // cand.data_parallel) % cand.micro_batches == 0
-    return (cand.tensor_parallel, cand.stages, _REMAT_ORDER.get(cand.remat, 3), cand.zero, cand.chunks, not even, rank,
+    return (cand.tensor_parallel, cand.stages, _REMAT_ORDER.get(cand.remat, len(_REMAT_ORDER)), cand.zero, cand.chunks, not even, rank,
             cand.partition != "uniform")
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
 from gpipe_sim.errors import GpipeError, ScenarioError
-from gpipe_sim.schedule import SCHEDULES
+from gpipe_sim.schedule import SCHEDULES, Kind, build_schedule
+from gpipe_sim.spec.recompute import per_layer, remat_problem
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, Scenario
 
@@ -260,9 +262,28 @@ def candidate_space(base: Scenario, options: PlanOptions,
         for name, v, parts in groups:
             accepted = _family_accepts(SCHEDULES[name], (D, K, v, T), name, Ms, rejected)
             accepted = _schema_accepts(base, (D, K, v, T), name, accepted, cleared, rejected)
+            modes = _remats_for(base, remats, name, K, v, accepted)
             out.extend(Candidate(D, K, v, M, name, remat, partition, zero, T, cleared)
-                       for M, remat, partition, zero in itertools.product(accepted, remats, parts, zeros))
+                       for M, remat, partition, zero in itertools.product(accepted, modes, parts, zeros))
     return out
+
+
+def _remats_for(base: Scenario, remats: tuple[str, ...], name: str, K: int, v: int,
+                accepted: list[int]) -> tuple[str, ...]:
+    """The remat modes a (schedule, K, v) can run: the per-layer ones (full, selective) only on a
+    transformer and with a schedule whose backward is one pass (`scenario_schedule` refuses the
+    rest), given or left to the default."""
+    if not accepted or not any(per_layer(r) for r in remats):
+        return remats
+    if remat_problem(base.model, "full") or _splits_backward(name, K, v, accepted[0]):
+        return tuple(r for r in remats if not per_layer(r))
+    return remats
+
+
+@functools.lru_cache(maxsize=256)
+def _splits_backward(name: str, K: int, v: int, M: int) -> bool:
+    """Whether the schedule splits its backward passes (input and weight passes) at (K, v, M)."""
+    return build_schedule(K, M, name, "none", v).count(Kind.BACKWARD_INPUT) > 0
 
 
 def _family_accepts(family: Any, layout: tuple[int, int, int, int], name: str, Ms: list[int],

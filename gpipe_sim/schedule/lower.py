@@ -23,8 +23,9 @@ from gpipe_sim.schedule.registry import schedule_family
 
 
 def saves_activations(remat: RematMode, micro_batch: int, micro_batches: int) -> bool:
-    """Whether a forward keeps its activations (True) or is re-computed before its backward."""
-    if remat == "none":
+    """Whether a forward keeps its activations (True) or is re-computed before its backward. The
+    per-layer modes (full, selective) keep every forward: they change what each layer keeps."""
+    if remat in ("none", "full", "selective"):
         return True
     if remat == "except_last":
         return micro_batch == micro_batches - 1

@@ -10,7 +10,7 @@ import numpy as np
 
 from gpipe_sim.schedule.actions import Action, Kind, Tensor
 
-RematMode = Literal["none", "except_last", "always"]
+RematMode = Literal["none", "except_last", "always", "full", "selective"]
 SEND, RECV = int(Kind.SEND), int(Kind.RECV)
 ACTIVATION, GRADIENT = int(Tensor.ACTIVATION), int(Tensor.GRADIENT)
 

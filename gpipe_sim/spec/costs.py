@@ -69,7 +69,9 @@ def _own_seconds(layer: LayerSpec, micro_batch: int, accelerator: Accelerator, d
     assert layer.forward_flops_per_sample is not None and layer.backward_flops_per_sample is not None
     rate = accelerator.peak_flops_for(dtype) * accelerator.efficiency
     param_bytes = layer.params * dtype_bytes
-    traffic = param_bytes + (layer.output_bytes_per_sample + layer.activation_bytes_per_sample) * micro_batch
+    # what its forward writes, whether kept for backward or re-made there (per-layer recomputation)
+    written = layer.output_bytes_per_sample + layer.activation_bytes_per_sample + layer.recompute_bytes_per_sample
+    traffic = param_bytes + written * micro_batch
     overhead = layer.kernels * accelerator.kernel_overhead_s
     forward = overhead + max(
         layer.forward_flops_per_sample * micro_batch / rate, traffic / accelerator.memory_bandwidth

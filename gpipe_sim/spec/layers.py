@@ -6,6 +6,7 @@ import math
 from typing import Any, Callable
 
 from gpipe_sim.spec import kernels as K
+from gpipe_sim.spec.recompute import attention_core_bytes_per_token
 from gpipe_sim.spec.tensor_parallel import split_vocab
 from gpipe_sim.spec.model import (
     AmoebaNetModel,
@@ -187,7 +188,7 @@ def _blocks(model: TransformerModel, p: int, mask: int, tp: int, r: int) -> list
     # projection's input), the MLP's fc1 output and GeLU output (split). Standard attention also
     # keeps the softmax output (a*s*s) and, with dropout, its mask and the dropped-out
     # probabilities; flash keeps the log-sum-exp (fp32, a*s) instead.
-    attention = 4 * a if model.attention == "flash" else a * s * (p + (p + mask if mask else 0))
+    attention = attention_core_bytes_per_token(model, p, mask)
     per_token = _share(4 * d * p + 2 * _NORM_STATS + 2 * d * mask, r) + (4 * d * p + 2 * f * p + attention) // tp
     # Transient: standard attention's scores before the softmax (the product and its masked copy),
     # and in backward the gradients of the probabilities and the scores; flash's fused kernels

@@ -71,6 +71,10 @@ class LayerSpec(_Strict):
     # them, kept by that layer as its output and by this one as its input): one allocation, which
     # gpipe_sim counts once where both layers are in one chunk.
     saved_with_previous_bytes_per_sample: Amount = 0.0
+    # Bytes its backward re-makes before it runs, beyond what it keeps (per-layer recomputation,
+    # `pipeline.remat: full | selective`: gpipe_sim.spec.recompute): held on top of the saved bytes
+    # while its backward (or input-gradient pass) runs, like a transient.
+    recompute_bytes_per_sample: Amount = 0.0
     forward_flops_per_sample: Amount | None = None
     backward_flops_per_sample: Amount | None = None
     forward_s_per_sample: Duration | None = None

@@ -25,6 +25,7 @@ from gpipe_sim.spec.hardware import Hardware, megatron_placement
 from gpipe_sim.spec.layers import describe_layer_count, layer_count
 from gpipe_sim.spec.overrides import blame, parse_overrides
 from gpipe_sim.spec.tensor_parallel import tensor_parallel_problem
+from gpipe_sim.spec.recompute import remat_problem
 from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
 from gpipe_sim.spec.training_run import Goodput, TokenCount, tokens_per_sample
 
@@ -47,7 +48,9 @@ OPTIMIZER_SCRATCH: dict[str, dict[str, int]] = {
     "foreach": {"sgd": 0, "momentum": 0, "rmsprop": 1, "adagrad": 2, "adam": 1},
     "fused": {"sgd": 0, "momentum": 0, "rmsprop": 0, "adagrad": 0, "adam": 0},
 }
-REMAT_MODES = ("none", "except_last", "always")
+# Whole chunks re-computed (torchgpipe's modes: none, except_last, always) or blocks checkpointed
+# one by one (Megatron-LM's and torchtitan's: full, selective; gpipe_sim.spec.recompute)
+REMAT_MODES = ("none", "except_last", "always", "full", "selective")
 PARTITION_METHODS = ("uniform", "time", "memory", "fit")
 
 
@@ -79,7 +82,7 @@ class Pipeline(_Strict):
     micro_batches: MicroBatchCount = 8
     batch_size: BatchSize = 64
     schedule: str | CsvSchedule = "gpipe"
-    remat: Literal["none", "except_last", "always"] = "always"
+    remat: Literal["none", "except_last", "always", "full", "selective"] = "always"
     partition: Literal["uniform", "time", "memory", "fit"] | tuple[PartCount, ...] = "uniform"
 
     @field_validator("schedule", mode="before")
@@ -280,7 +283,8 @@ class Scenario(_Strict):
                 raise ValueError("hardware.placement: give either placement or stage_to_device, not both")
         elif D > 1 and device_map is not None:
             raise ValueError("hardware.stage_to_device: with data_parallel > 1 give hardware.placement instead")
-        problem = tensor_parallel_problem(self.model, p.tensor_parallel, self.hardware)
+        problem = tensor_parallel_problem(self.model, p.tensor_parallel, self.hardware) or remat_problem(
+            self.model, p.remat)
         if problem:
             raise ValueError(problem)
         if self.training.tokens is not None and tokens_per_sample(self.model) is None:
