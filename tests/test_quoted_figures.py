@@ -242,7 +242,7 @@ COMMANDS = sorted({(page.relative_to(ROOT).as_posix(), command) for page in user
 
 def test_fenced_commands_are_found():
     assert sum(program_argv(c) is not None for _, c in COMMANDS) > 30  # a regex gone wrong finds none
-    assert fenced_commands("```bash\n$ a x \\\n  y  # c\nb && c\n```\n") == ["a x y", "b", "c"]
+    assert fenced_commands("```bash\n$ a x \\\n  y  # c\nb && c > f\nd | e\n```\n") == ["a x y", "b", "c", "d"]
 
 
 @pytest.mark.parametrize("page, command", COMMANDS)

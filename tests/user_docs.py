@@ -48,7 +48,8 @@ def quoted_outputs(page: Path) -> list[QuotedOutput]:
 
 def fenced_commands(text: str) -> list[str]:
     """Every command line of the page's bash/shell code fences: continuation lines joined, `# ...`
-    comments and a `$ ` prompt removed, `A && B` split into A and B."""
+    comments and a `$ ` prompt removed, `A && B` split into A and B, redirections (`> FILE`)
+    dropped and a pipe's later programs left out."""
     commands = []
     for block in re.findall(r"(?ms)^```(?:bash|sh|shell|console)\n(.*?)^```", text):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
@@ -57,11 +58,14 @@ def fenced_commands(text: str) -> list[str]:
                 continue
             words = shlex.split(line, comments=True)
             command: list[str] = []
+            redirected = False
             for word in words + ["&&"]:
-                if word in ("&&", ";"):
+                if word in ("&&", ";", "|"):
                     if command:
                         commands.append(shlex.join(command))
-                    command = []
+                    command, redirected = [], word == "|"
+                elif word in (">", ">>", "2>", "<") or redirected:
+                    redirected = True  # a redirection, then (after a pipe) another program: not ours
                 else:
                     command.append(word)
     return commands
