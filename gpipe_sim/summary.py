@@ -7,6 +7,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
+from gpipe_sim.spec.hardware import Hardware
 from gpipe_sim.spec.layers import build_layers, describe_layer_count, total_params
 from gpipe_sim.spec.presets import hardware_presets
 from gpipe_sim.results.fit import over_capacity_text
@@ -161,17 +162,24 @@ def presets_text() -> str:
         models.add_row(spec.preset, fields, describe_layer_count(spec), f"{total_params(layers) / 1e6:,.1f}M")
     models.add_row("table", "path: per-layer YAML/JSON (as written by gpipe-exec profile)", "one per row", "-")
     hw = Table(title="hardware presets")
-    for col in ("preset", "accelerator", "peak fp32/bf16", "memory", "mem bw", "link bw", "latency"):
+    for col in ("preset", "accelerator", "peak fp32/bf16", "memory", "mem bw", "link bw", "latency", "nodes"):
         hw.add_column(col)
-    for name, data in hardware_presets().items():
-        from gpipe_sim.spec.hardware import Hardware
-
+    for name in hardware_presets():
         h = Hardware.model_validate({"preset": name})
         a = h.accelerator
         peaks = "/".join(f"{a.peak_flops[d] / 1e12:g}" for d in ("fp32", "bf16")) + " TFLOP/s"
         hw.add_row(name, a.name, peaks, format_bytes(a.memory_bytes), _bw(a.memory_bandwidth),
-                   _bw(h.link.bandwidth), format_seconds(h.link.latency_s))
+                   _bw(h.link.bandwidth), format_seconds(h.link.latency_s), _nodes(h))
     return render(models, hw)
+
+
+def _nodes(hardware: Hardware) -> str:
+    """A cluster preset's nodes and network ("8/node, 8x400 Gb/s"); "-" for one accelerator."""
+    net = hardware.network
+    if hardware.devices_per_node is None or net is None:
+        return "-"
+    ports = f"{net.nics}x" if net.per == "node" else "a port each at "
+    return f"{hardware.devices_per_node}/node, {ports}{net.bandwidth * 8 / 1e9:g} Gb/s"
 
 
 def _bw(value: float) -> str:

@@ -113,20 +113,23 @@ def test_a_nic_written_in_gigabits_is_an_eighth_of_the_same_figure_in_gigabytes(
 # until it is added here with its meaning.
 QUOTED: dict[str, float | None] = {
     # network interfaces, as vendors sell them: gigabits per second
-    "200 Gb/s": 25e9, "200 Gbit/s": 25e9, "200 Gbps": 25e9, "400 Gb/s": 50e9, "800 Gb/s": 100e9, "1.6 Tb/s": 200e9, "100 Mb/s": 12.5e6, "64 Kb/s": 8e3,
+    "200 Gb/s": 25e9, "200 Gbit/s": 25e9, "200 Gbps": 25e9, "400 Gb/s": 50e9, "1.6 Tb/s": 200e9, "100 Mb/s": 12.5e6, "64 Kb/s": 8e3,
     "496 Gbit/s": 62e9, "656 Gbit/s": 82e9,  # TPU ICI per chip (Jouppi et al.)
     # NVLink, PCIe, HBM and measured rates: gigabytes per second
     **{f"{x} GB/s": float(x.replace(",", "")) * GB for x in (
         "1.58", "1.86", "2", "2.52", "2.63", "5", "12", "14.30", "15.75", "17.2", "20", "25", "36.22", "50",
-        "62.5", "82", "100", "150", "200", "300", "450", "600", "732", "900", "1,800", "2039", "2,039",
-        "3350", "4800", "8000")},
-    "200 GBps": 200e9, "1 GiB/s": GIB, "3.35 TB/s": 3.35e12, "4.8 TB/s": 4.8e12, "8 TB/s": 8e12, "130 TB/s": 130e12,
+        "62.5", "82", "100", "150", "200", "300", "450", "600", "732", "900", "2039", "2,039", "3350",
+        "4800")},
+    "200 GBps": 200e9, "1 GiB/s": GIB, "1.8 TB/s": 1.8e12, "3.35 TB/s": 3.35e12, "4.8 TB/s": 4.8e12, "8 TB/s": 8e12, "130 TB/s": 130e12,
+    "576 TB/s": 576e12,
     # sizes: bytes
-    **{f"{x} GB": float(x) * GB for x in ("6.26", "6.49", "8", "10", "16", "21.6", "24.62", "32", "40", "64", "79.9",
-                                          "80", "141", "192", "200", "640", "1128", "13.5")},
-    "80GB": 80 * GB,  # "A100-80GB"
+    **{f"{x} GB": float(x.replace(",", "")) * GB for x in ("6.26", "6.49", "8", "10", "16", "21.6", "24.62", "32", "64", "79.9",
+                                          "80", "141", "186", "200", "372", "640", "1,128")},
+    "80GB": 80 * GB, "141GB": 141 * GB, "640GB": 640 * GB,  # "A100-80GB", "H200 141GB", "DGX A100 640GB"
+    "13.4 TB": 13.4e12,
     **{f"{x} GiB": float(x) * GIB for x in ("0.41", "1", "4", "8", "9.5", "11.7", "13", "16", "22.13", "32", "40",
-                                            "44.7", "52.4", "52.6", "67.9", "68.0", "70.0", "70.04", "101.9", "74.37", "74.51", "74.92", "127.85",
+                                            "44.7", "52.4", "52.6", "67.9", "68.0", "70.0", "70.04", "101.9", "74.37",
+                                            "74.51", "74.92", "127.85",
                                             "166.32")},
     "3.31 MiB": 3.31 * 2.0**20, "4.82 MiB": 4.82 * 2.0**20, "5.05 MiB": 5.05 * 2.0**20, "32 MiB": 32 * 2.0**20,
     "4 MB": 4e6, "8 MB": 8e6, "16 MB": 16e6, "256 KB": 256e3,
@@ -136,7 +139,7 @@ QUOTED: dict[str, float | None] = {
     "200 gb/s": None, "200 gbps": None, "200 GBPS": None, "80 Gb": None,
 }
 _NUMBER = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
-_UNIT = r"(?:[kKMGTPE]i?)?(?:bits?|Bytes?|bytes?|[bB])(?:/sec|/s|ps|PS)?"
+_UNIT = r"(?:[kKmMgGtTpPeE]i?)?(?:bits?|Bytes?|bytes?|[bB])(?:/sec|/s|ps|PS)?"
 _QUOTE = re.compile(rf"(?<![\w.,^])({_NUMBER})( ?)({_UNIT})(?!\w)")
 QUOTING = ("README.md", "docs/**/*.md", "gpipe_sim/spec/presets/*.yaml", "scenarios/**/*.yaml",
            "gpipe_sim/scenarios/**/*.yaml")
@@ -144,17 +147,24 @@ QUOTING = ("README.md", "docs/**/*.md", "gpipe_sim/spec/presets/*.yaml", "scenar
 
 def quotes_in(text: str) -> list[str]:
     """The data quantities `text` quotes: a number then a unit with a bit or a byte ("200 Gb/s",
-    "16 GiB", "12 bytes"); a bare B glued to its number is a count ("1.3B parameters"), not bytes."""
+    "16 GiB", "12 bytes", "200 gb/s"). Not quotes: a bare B glued to its number ("1.3B
+    parameters") and a lower-case size with no rate ("a100-80gb", "T = 2 mb 4": names and
+    micro-batch counts)."""
     found = []
     for number, space, unit in _QUOTE.findall(text):
-        if space or unit not in ("B", "b"):
-            found.append(f"{number}{space}{unit}")
+        if not space and unit in ("B", "b"):
+            continue
+        if unit.islower() and unit.endswith("b"):
+            continue
+        found.append(f"{number}{space}{unit}")
     return found
 
 
 def test_quotes_in_finds_sizes_and_rates_not_counts():
-    text = "a 1.3B GPT, one 200 Gb/s NIC, 16 GiB and A100-80GB, 12 bytes/parameter, 2,039 GB/s, 16 B a token, 2b6936b"
-    assert quotes_in(text) == ["200 Gb/s", "16 GiB", "80GB", "12 bytes", "2,039 GB/s", "16 B"]
+    text = ("a 1.3B GPT, one 200 Gb/s NIC, 16 GiB and A100-80GB, 12 bytes/parameter, 2,039 GB/s, 16 B a token, "
+            "2b6936b, a100-80gb, T = 2 mb 4, 200 gb/s, 80 Gb, 1 byte")
+    assert quotes_in(text) == ["200 Gb/s", "16 GiB", "80GB", "12 bytes", "2,039 GB/s", "16 B", "200 gb/s", "80 Gb",
+                               "1 byte"]
 
 
 def test_every_quoted_unit_reads_as_its_author_meant():

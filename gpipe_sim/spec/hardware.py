@@ -125,6 +125,11 @@ class Host(_Strict):
         return self.recv_s + nbytes / self.copy_bandwidth
 
 
+# What a preset gives a scenario's hardware: an accelerator preset the first three, a cluster
+# preset (a node as its vendor sells it) the nodes and the network too.
+_PRESET_FIELDS = ("accelerator", "link", "host", "devices_per_node", "network")
+
+
 class Hardware(_Strict):
     """Accelerators, links and the stage-to-device map. A `preset` fills any field not given."""
 
@@ -200,7 +205,7 @@ class Hardware(_Strict):
         if not isinstance(name, str):
             raise ValueError("hardware.preset: expected the name of a hardware preset")
         base = hardware_preset(name)
-        merged = {k: v for k, v in base.items() if k in ("accelerator", "link", "host")}
+        merged = {k: v for k, v in base.items() if k in _PRESET_FIELDS}
         for key, value in data.items():
             if key in merged and isinstance(value, dict):
                 nested = merged[key].get("gpu")

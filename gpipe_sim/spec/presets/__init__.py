@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -11,9 +12,35 @@ import yaml
 
 @lru_cache(maxsize=1)
 def hardware_presets() -> dict[str, dict[str, Any]]:
-    """All hardware presets by name, as plain data."""
+    """All hardware presets by name, as plain data, each with its `base` (another preset, the
+    cluster presets' accelerator) merged in: the preset's own fields over the base's, mappings
+    field by field (`_over`). Do not mutate the result: it is cached."""
     text = resources.files(__package__).joinpath("hardware.yaml").read_text()
-    return yaml.safe_load(text)
+    raw: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    return {name: _resolved(name, raw, ()) for name in raw}
+
+
+def _resolved(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...]) -> dict[str, Any]:
+    data = raw[name]
+    base_name = data.get("base")
+    if base_name is None:
+        return data
+    if base_name not in raw or base_name in seen + (name,):
+        raise ValueError(f"hardware preset {name!r}: base {base_name!r} is not another preset")
+    base = _resolved(base_name, raw, seen + (name,))
+    own = {key: value for key, value in data.items() if key != "base"}
+    return _over(base, own)
+
+
+def _over(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `own`'s fields over it; where both hold a mapping, merged the same way."""
+    merged = copy.deepcopy(base)
+    for key, value in own.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _over(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
 
 
 def hardware_preset(name: str) -> dict[str, Any]:
