@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 
 import pytest
 import yaml
@@ -264,3 +265,15 @@ def test_quoted_commands_parse(page, command):
         assert module == "pytest" or importlib.util.find_spec(module) is not None, f"{page}: no module {module}"
     elif "streamlit" in words[0] and words[1:2] == ["run"]:
         assert (ROOT / words[2]).is_file(), f"{page}: no file {words[2]}"
+
+
+def test_the_sweep_sizes_the_guide_quotes():
+    """docs/guide/sweeps.md's "N scenarios" beside a sweep file is how many points that file expands to."""
+    from gpipe_sim.sweeps import expand, load_sweep
+
+    text = (ROOT / "docs" / "guide" / "sweeps.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"(scenarios/sweeps/\w+\.yaml)[^\n]*?(?:#|`\s*runs)\s+([\d,]+) scenarios", text)
+    assert len(quoted) >= 2
+    for path, count in quoted:
+        spec, base = load_sweep(ROOT / path)
+        assert len(expand(spec, base)) == int(count.replace(",", "")), path
