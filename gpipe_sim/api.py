@@ -116,8 +116,12 @@ def result_from_times(plan: Plan, start: np.ndarray, end: np.ndarray, source: st
     return result
 
 
-def simulate_plan(plan: Plan, engine: Engine = "auto") -> Result:
-    """Time a compiled plan and summarise it: the one run-and-summarise call every tool makes."""
+def simulate_plan(plan: Plan, engine: Engine = "auto", *, every_replica: bool = False) -> Result:
+    """Time a compiled plan and summarise it: the one run-and-summarise call every tool makes.
+    Data-parallel replicas that are alike are timed once (`Plan.simulated`; the timeline then
+    holds replica 0's ranks, every figure as with all); `every_replica` times each of them."""
+    if not every_replica:
+        plan = plan.simulated()
     start, end = run_engine(plan, engine)
     return result_from_times(plan, start, end)
 

@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gpipe_sim import load_scenario, parse_scenario, simulate
+from gpipe_sim.api import simulate_plan
+from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import ACTION_KINDS, SCHEDULES
 from gpipe_sim.spec.recompute import per_layer
 from gpipe_sim.spec.scenario import REMAT_MODES
@@ -484,10 +486,10 @@ def test_data_parallel_reductions_get_a_lane_of_their_own():
 def test_gantt_merges_data_parallel_timelines_honestly():
     """D=2 with all-reduces, merged: every rank's kinds keep their busy time, all-reduces drawn in
     their own lane (beside compute, as they run) and never over idle time; replica rows named."""
-    t = simulate(parse_scenario({
+    t = simulate_plan(compile_plan(parse_scenario({  # both replicas timed (alike: else replica 0 alone)
         "model": {"preset": "uniform", "layers": 8}, "hardware": {"preset": "v100"},
         "pipeline": {"stages": 4, "chunks": 2, "data_parallel": 2, "micro_batches": 8, "batch_size": 32,
-                     "schedule": "interleaved_1f1b", "remat": "always"}})).timeline
+                     "schedule": "interleaved_1f1b", "remat": "always"}})), every_replica=True).timeline
     code = ACTION_KINDS.index("allreduce")
     assert (t.kind == code).any()
     fig, bars = plots.timeline_figure(t, stages=4, max_bars=60)

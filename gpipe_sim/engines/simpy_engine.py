@@ -38,13 +38,13 @@ class _Run:
             None if dedicated else simpy.Resource(self.env, capacity=1) for dedicated in prog.dedicated
         ]
         self.device_res: dict[int, simpy.Resource] = {}
-        for k, device in enumerate(plan.device_map):
+        for k, device in enumerate(plan.device_map[:plan.num_ranks]):
             if prog.shared_device[k] and device not in self.device_res:
                 self.device_res[device] = simpy.Resource(self.env, capacity=1)
         self.device_map = plan.device_map
         self.host_on_device = plan.scenario.hardware.host.on_device
         self.position = [int(o) for o in prog.offsets[:-1]]
-        self.done = [False] * len(plan.device_map)
+        self.done = [False] * plan.num_ranks
         # data-parallel reductions: members started so far, the latest start, their actions
         groups = len(prog.group_seconds)
         self.group_started = [0] * groups

@@ -4,22 +4,25 @@ their costs, and the flat program the engines run."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Sequence
 
 import numpy as np
 
+from gpipe_sim.plan.links import ring_link_keys, transfer_link_keys
+from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.plan.tensor_parallel import collective_work
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
-from gpipe_sim.errors import ScheduleError
+from gpipe_sim.errors import ScenarioError, ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, update_seconds
 from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
+from gpipe_sim.spec.limits import MAX_PASSES
 from gpipe_sim.spec.recompute import per_layer, recompute_layers
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.files import shown_path
@@ -140,6 +143,9 @@ class Plan:
     ranks: tuple[RankPlan, ...]
     micro_batch_sizes: tuple[int, ...]
     device_map: tuple[int, ...]  # per global rank d*K + r (replica d, pipeline rank r)
+    # The replicas the program holds: all D (None), or replica 0 alone (1) standing for D alike
+    # replicas (`simulated`, gpipe_sim.plan.replica_symmetry)
+    program_replicas: int | None = None
     num_devices: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -153,8 +159,32 @@ class Plan:
 
     @property
     def num_ranks(self) -> int:
-        """Every process of the step: D replicas x K pipeline ranks."""
-        return self.replicas * len(self.ranks)
+        """The ranks the program runs: D replicas x K pipeline ranks (every process of the step),
+        or K where replica 0 stands for all (`program_replicas`)."""
+        return (self.program_replicas or self.replicas) * len(self.ranks)
+
+    @cached_property
+    def symmetry(self) -> ReplicaSymmetry:
+        """Whether the D replicas are alike (gpipe_sim.plan.replica_symmetry)."""
+        return replica_symmetry(self.scenario, self.schedule)
+
+    def simulated(self) -> "Plan":
+        """The plan the simulator times: replica 0 alone where the replicas are alike (every
+        figure as with all D), else this plan; ScenarioError naming pipeline.data_parallel where
+        replicas that differ would make the program exceed the pass limit."""
+        if self.program_replicas == 1 or self.replicas == 1:
+            return self
+        if not self.symmetry.alike:
+            passes = self.replicas * self.schedule.ranks * self.schedule.chunks * self.schedule.micro_batches
+            if passes > MAX_PASSES:
+                raise ScenarioError(
+                    f"pipeline.data_parallel: the {self.replicas} replicas differ ({self.symmetry.reason}), so each "
+                    f"is simulated: {passes:,} passes, over the limit of {MAX_PASSES:,} (replicas alike are "
+                    "simulated once: docs/guide/scale.md)")
+            return self
+        once = replace(self, program_replicas=1)
+        once.__dict__["symmetry"] = self.symmetry
+        return once
 
     @property
     def memory_capacity_bytes(self) -> float:
@@ -170,7 +200,8 @@ class Plan:
         """Each chunk's layers and rank and each rank's device, as a Result records them."""
         return Layout(tuple((c.first_layer, c.last_layer) for c in self.chunks),
                       tuple(c.rank for c in self.chunks), self.device_map[:len(self.ranks)],
-                      self.num_devices, self.replicas, self.scenario.pipeline.tensor_parallel)
+                      self.num_devices, self.replicas, self.scenario.pipeline.tensor_parallel,
+                      self.num_ranks // len(self.ranks))
 
     @property
     def analytic_bubble_fraction(self) -> float:
@@ -189,7 +220,7 @@ class Plan:
     @cached_property
     def steps(self) -> GlobalProgram:
         """The global program every engine and every executor rank runs (built once)."""
-        return global_program(self.schedule, self.replicas)
+        return global_program(self.schedule, self.replicas, self.program_replicas)
 
     @cached_property
     def program(self) -> Program:
@@ -491,6 +522,7 @@ def _flatten(plan: Plan) -> Program:
     """
     steps = plan.steps
     D, K, M, C = plan.replicas, len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks)
+    G = plan.num_ranks  # the ranks the program holds
     c = steps.columns
     rank, kind, chunk, mb, peer = c.rank, c.kind, c.chunk, c.micro_batch, c.peer
     host = plan.scenario.hardware.host
@@ -534,16 +566,16 @@ def _flatten(plan: Plan) -> Program:
     which = np.where(between, len(pair_links) - 1, which)
     serialization[remote] = out[keys[remote] // M // 2, mb[remote]] / bandwidth[which]
     latency[remote] = pair_latency[which]
-    link_key = np.where(between, n_dev * n_dev + hardware.network_ports(a, per_node), a * n_dev + b)
+    link_key = transfer_link_keys(hardware, a, b, n_dev, per_node)
 
     collective, group_links, group_seconds = _collectives(plan, c, dmap, per_node, network)
     users_key = np.concatenate([link_key, group_links[:, 1]])
-    users_who = np.concatenate([s, K * D + group_links[:, 0]])  # a collective is a sender of its own
+    users_who = np.concatenate([s, G + group_links[:, 0]])  # a collective is a sender of its own
     keys_all, inverse = np.unique(users_key, return_inverse=True)
     link[remote] = inverse[: len(remote)]
     group_link_ids = inverse[len(remote):]
-    pairs = np.unique(inverse * (K * D + C + 1) + users_who)
-    dedicated = np.bincount(pairs // (K * D + C + 1), minlength=len(keys_all)) == 1
+    pairs = np.unique(inverse * (G + C + 1) + users_who)
+    dedicated = np.bincount(pairs // (G + C + 1), minlength=len(keys_all)) == 1
     per_device = np.bincount(dmap)
     return Program(
         steps=steps,
@@ -552,11 +584,11 @@ def _flatten(plan: Plan) -> Program:
         latency=latency,
         link=link,
         dedicated=dedicated,
-        shared_device=per_device[dmap] > 1,
+        shared_device=per_device[dmap[:G]] > 1,
         collective=collective,
         group_seconds=group_seconds,
         group_links=[group_link_ids[group_links[:, 0] == g] for g in range(len(group_seconds))],
-        group_size=D,
+        group_size=G // K,
     )
 
 
@@ -564,8 +596,10 @@ def _collectives(plan: Plan, c, dmap: np.ndarray, per_node: int, network) -> tup
     """(group of each allreduce action, [group, link key] rows of the links each group's ring
     uses, seconds of each group's ring all-reduce). One group per chunk: its D replicas (at
     T > 1, the ring of the chunk's first devices stands for its T concurrent rings, one per
-    shard: they share the nodes' NICs, `network_ring_bandwidth`)."""
+    shard: they share the nodes' NICs, `network_ring_bandwidth`). Where the program holds replica 0
+    alone, a ring holds none of the links only other replicas' sends use (ReplicaSymmetry.foreign)."""
     D, K = plan.replicas, len(plan.ranks)
+    foreign = plan.symmetry.foreign if plan.num_ranks < D * K else frozenset()
     collective = np.full(len(c.kind), -1, dtype=np.int64)
     if D == 1:
         return collective, np.zeros((0, 2), dtype=np.int64), np.zeros(0)
@@ -582,9 +616,6 @@ def _collectives(plan: Plan, c, dmap: np.ndarray, per_node: int, network) -> tup
         ln = hardware.link if len(nodes) == 1 else network
         bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth(tp)
         seconds.append(ring_allreduce_seconds(chunk.params * dtype_bytes, D, bandwidth, ln.latency_s))
-        for a, b in zip(ring, ring[1:] + ring[:1]):
-            if a != b and a // per_node == b // per_node:
-                rows.append((chunk.index, a * n_dev + b))
-            elif a != b:  # leaving the node: the sender's port, or every NIC of its node
-                rows.extend((chunk.index, n_dev * n_dev + port) for port in hardware.ring_ports(a, per_node))
+        rows.extend((chunk.index, key) for key in ring_link_keys(hardware, ring, n_dev, per_node)
+                    if key not in foreign)
     return collective, np.asarray(rows, dtype=np.int64).reshape(-1, 2), np.asarray(seconds)

@@ -362,7 +362,10 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
     buffers = step_buffer_bytes(plan)
     static = [plan.ranks[g % K].param_bytes + plan.ranks[g % K].state_bytes + buffers[g] + dp.master_shard[g]
               for g in range(plan.num_ranks)]
-    device_peak = device_peaks(plan.device_map, static, times, in_all)
+    device_peak = device_peaks(plan.device_map[:plan.num_ranks], static, times, in_all)
+    if plan.num_ranks < len(plan.device_map):  # replica 0 timed for all: each replica's devices hold as much
+        mirror = dict(zip(plan.device_map, (plan.device_map[g % K] for g in range(len(plan.device_map)))))
+        device_peak = {device: device_peak[mirror[device]] for device in sorted(mirror)}
     peak_memory = np.array([static[k] + float(in_all[k].max(initial=0.0)) for k in range(K)])
     for k in range(K):
         breakdown[k] = {"parameters": plan.ranks[k].param_bytes,

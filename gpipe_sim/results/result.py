@@ -81,6 +81,9 @@ class Layout:
     num_devices: int = 0  # every device of the step, all replicas (0: those of `device_map`)
     replicas: int = 1  # D: data-parallel replicas of the pipeline
     tensor_parallel: int = 1  # T: devices per rank (num_devices counts all of them)
+    # Replicas whose ranks the timeline holds (0: all): 1 where replica 0 was timed for D alike
+    # replicas (gpipe_sim.plan.replica_symmetry), each of the others running its times
+    timeline_replicas: int = 0
 
     def chunks_of(self, rank: int) -> list[int]:
         return [c for c, r in enumerate(self.chunk_rank) if r == rank]
@@ -462,6 +465,7 @@ def summarize(
     step = float(timeline.end_s.max()) if len(timeline) else 0.0
     durations = np.where(timeline.is_compute, timeline.end_s - timeline.start_s, 0.0)
     busy = np.bincount(timeline.rank, weights=durations, minlength=K)
+    stands_for = layout.replicas / (layout.timeline_replicas or layout.replicas)  # replicas per timed one
     first = timeline.rank < K  # replica 0
     in_chunk = first & (timeline.chunk >= 0)
     chunk_busy = np.bincount(timeline.chunk[in_chunk], weights=durations[in_chunk], minlength=C)
@@ -469,7 +473,7 @@ def summarize(
     waits = first & (timeline.kind == Kind.RECV) & (timeline.micro_batch < 0)
     exposed = np.bincount(timeline.rank[waits], weights=(timeline.end_s - timeline.start_s)[waits], minlength=K)
     devices = layout.num_devices or len(set(layout.device_map))
-    bubble = 1.0 - float(busy.sum()) * layout.tensor_parallel / (devices * step) if step > 0 else 0.0
+    bubble = 1.0 - float(busy.sum()) * stands_for * layout.tensor_parallel / (devices * step) if step > 0 else 0.0
     chunks = [
         ChunkResult(index=c, rank=int(layout.chunk_rank[c]), layers=tuple(layout.chunk_layers[c]),
                     busy_s=float(chunk_busy[c]), peak_activation_bytes=float(chunk_peak_activation_bytes[c]),

@@ -11,7 +11,9 @@ before its update a `recv` of the REDUCED gradients of each chunk, which waits f
 end. Replica d runs the same programs as global ranks d*K .. d*K+K-1. With D = 1 nothing is added.
 
 Messages: replica d's point-to-point messages are numbered d*P + key (`ProgramColumns.message_keys`,
-P keys per replica); the wait for chunk c's all-reduce on replica d is message D*P + c*D + d.
+P keys per replica); the wait for chunk c's all-reduce on replica d is message S*P + c*S + d, with S
+the replicas the program holds: all D, or replica 0 alone where the simulator times alike replicas
+once (`gpipe_sim.plan.replica_symmetry`; its all-reduces still reduce over D replicas).
 """
 
 from __future__ import annotations
@@ -57,19 +59,24 @@ def per_replica_messages(num_chunks: int, micro_batches: int) -> int:
     return max(num_chunks - 1, 1) * 2 * micro_batches
 
 
-def global_program(schedule: Schedule, replicas: int) -> GlobalProgram:
+def global_program(schedule: Schedule, replicas: int, held: int | None = None) -> GlobalProgram:
     """The schedule's programs for D = `replicas` replicas, with the all-reduces and their waits
-    when D > 1, and every message numbered uniquely in the step."""
+    when D > 1, and every message numbered uniquely in the step. `held`: the replicas the program
+    holds, S (default all D; 1: replica 0 alone, whose all-reduces stand for D replicas')."""
     D, M, C = replicas, schedule.micro_batches, schedule.num_chunks
-    cols = schedule.columns if D == 1 else replicate(with_collectives(schedule.columns), D)
+    S = D if held is None else held
+    if not 1 <= S <= D:
+        raise ValueError(f"held: {S} replicas of {D}")
+    cols = schedule.columns if D == 1 else with_collectives(schedule.columns)
+    cols = cols if S == 1 else replicate(cols, S)
     K = schedule.ranks
     replica = cols.rank.astype(np.int64) // K
     P = per_replica_messages(C, M)
     keys = schedule.message_keys if D == 1 else cols.message_keys(M)
     message = np.where(keys >= 0, keys + replica * P, -1)
     waits = np.flatnonzero((cols.kind == Kind.RECV) & (cols.tensor == Tensor.REDUCED))
-    message[waits] = D * P + cols.chunk[waits].astype(np.int64) * D + replica[waits]
-    num_messages = D * P + (C * D if D > 1 else 0)
+    message[waits] = S * P + cols.chunk[waits].astype(np.int64) * S + replica[waits]
+    num_messages = S * P + (C * S if D > 1 else 0)
     return GlobalProgram(cols, message, num_messages, keys)
 
 

@@ -25,7 +25,7 @@ MAX_KERNELS = 10**6  # kernels of one layer
 MAX_STAGES = 4096  # K
 MAX_CHUNKS = 1024  # v
 MAX_BATCH = 10**9  # samples in a mini-batch (and micro-batch size of a measured timing)
-MAX_PASSES = 2**17  # K x v x M x D: passes per step, all replicas (what `gpipe-sim bench` runs: 128 x 1024)
+MAX_PASSES = 2**17  # K x v x M: passes per replica per step (what `gpipe-sim bench` runs: 128 x 1024)
 MAX_DEVICE_ID = 65_535  # hardware.stage_to_device entries
 
 # Magnitudes (base units: seconds, bytes, FLOP/s, bytes/s).

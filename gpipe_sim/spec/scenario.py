@@ -226,15 +226,13 @@ class Scenario(_Strict):
                 f"model.layers: the model has {describe_layer_count(self.model)}, "
                 f"over the limit of {limits.MAX_LAYERS:,}"
             )
-        passes = p.stages * p.chunks * p.micro_batches * p.data_parallel
+        passes = p.stages * p.chunks * p.micro_batches  # one replica's
         if passes > limits.MAX_PASSES:
-            sizes = {"pipeline.micro_batches": p.micro_batches, "pipeline.stages": p.stages * p.chunks,
-                     "pipeline.data_parallel": p.data_parallel}
+            sizes = {"pipeline.micro_batches": p.micro_batches, "pipeline.stages": p.stages * p.chunks}
             field = max(sizes, key=lambda name: sizes[name])
-            replicas = f" x {p.data_parallel} replicas" if p.data_parallel > 1 else ""
             raise ValueError(
-                f"{field}: {p.stages} stages x {p.chunks} chunks x {p.micro_batches} micro-batches{replicas} "
-                f"is {passes:,} passes per step, over the limit of {limits.MAX_PASSES:,}"
+                f"{field}: {p.stages} stages x {p.chunks} chunks x {p.micro_batches} micro-batches "
+                f"is {passes:,} passes per replica, over the limit of {limits.MAX_PASSES:,}"
             )
         if p.num_chunks > layers:
             field = "pipeline.stages" if p.chunks == 1 else "pipeline.chunks"

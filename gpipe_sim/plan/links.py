@@ -1,0 +1,31 @@
+"""Which link a transfer or an all-reduce ring uses: a directed device pair in a node, or a network port.
+
+Keys are integers, one per link of the cluster of `n_dev` devices: a*n_dev + b for the directed
+pair a -> b inside a node, n_dev*n_dev + port for a network port (`Hardware.network_ports`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpipe_sim.spec.hardware import Hardware
+
+
+def transfer_link_keys(hardware: Hardware, a: np.ndarray, b: np.ndarray, n_dev: int, per_node: int) -> np.ndarray:
+    """The link of each point-to-point send from device a[i] to device b[i] (a[i] != b[i]): the
+    pair's link inside a node, else the sender's network port."""
+    between = a // per_node != b // per_node
+    return np.where(between, n_dev * n_dev + hardware.network_ports(a, per_node), a * n_dev + b)
+
+
+def ring_link_keys(hardware: Hardware, ring: list[int], n_dev: int, per_node: int) -> list[int]:
+    """The links a ring all-reduce over the devices `ring` (in ring order) holds: each hop's pair
+    link inside a node; a hop leaving the node, the sender's port, or every NIC of its node
+    (`Hardware.ring_ports`). A key may repeat."""
+    keys = []
+    for a, b in zip(ring, ring[1:] + ring[:1]):
+        if a != b and a // per_node == b // per_node:
+            keys.append(a * n_dev + b)
+        elif a != b:
+            keys.extend(n_dev * n_dev + port for port in hardware.ring_ports(a, per_node))
+    return keys
