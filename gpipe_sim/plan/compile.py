@@ -10,9 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
-from gpipe_sim.plan.links import ring_link_keys, transfer_link_keys
+from gpipe_sim.plan.links import transfer_link_keys
 from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
-from gpipe_sim.plan.replicas import ring_allreduce_seconds
+from gpipe_sim.plan.replicas import data_parallel_groups
 from gpipe_sim.plan.tensor_parallel import collective_work
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
@@ -568,7 +568,7 @@ def _flatten(plan: Plan) -> Program:
     latency[remote] = pair_latency[which]
     link_key = transfer_link_keys(hardware, a, b, n_dev, per_node)
 
-    collective, group_links, group_seconds = _collectives(plan, c, dmap, per_node, network)
+    collective, group_links, group_seconds = data_parallel_groups(plan, c, dmap, per_node, network)
     users_key = np.concatenate([link_key, group_links[:, 1]])
     users_who = np.concatenate([s, G + group_links[:, 0]])  # a collective is a sender of its own
     keys_all, inverse = np.unique(users_key, return_inverse=True)
@@ -591,31 +591,3 @@ def _flatten(plan: Plan) -> Program:
         group_size=G // K,
     )
 
-
-def _collectives(plan: Plan, c, dmap: np.ndarray, per_node: int, network) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(group of each allreduce action, [group, link key] rows of the links each group's ring
-    uses, seconds of each group's ring all-reduce). One group per chunk: its D replicas (at
-    T > 1, the ring of the chunk's first devices stands for its T concurrent rings, one per
-    shard: they share the nodes' NICs, `network_ring_bandwidth`). Where the program holds replica 0
-    alone, a ring holds none of the links only other replicas' sends use (ReplicaSymmetry.foreign)."""
-    D, K = plan.replicas, len(plan.ranks)
-    foreign = plan.symmetry.foreign if plan.num_ranks < D * K else frozenset()
-    collective = np.full(len(c.kind), -1, dtype=np.int64)
-    if D == 1:
-        return collective, np.zeros((0, 2), dtype=np.int64), np.zeros(0)
-    hardware = plan.scenario.hardware
-    n_dev = int(dmap.max()) + 1
-    starts = np.flatnonzero(c.kind == Kind.ALLREDUCE)
-    collective[starts] = c.chunk[starts]
-    dtype_bytes = plan.scenario.training.dtype_bytes
-    tp = plan.scenario.pipeline.tensor_parallel  # each of a rank's T devices runs its shard's ring
-    seconds, rows = [], []
-    for chunk in plan.chunks:
-        ring = [int(dmap[d * K + chunk.rank]) for d in range(D)]
-        nodes = {device // per_node for device in ring}
-        ln = hardware.link if len(nodes) == 1 else network
-        bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth(tp)
-        seconds.append(ring_allreduce_seconds(chunk.params * dtype_bytes, D, bandwidth, ln.latency_s))
-        rows.extend((chunk.index, key) for key in ring_link_keys(hardware, ring, n_dev, per_node)
-                    if key not in foreign)
-    return collective, np.asarray(rows, dtype=np.int64).reshape(-1, 2), np.asarray(seconds)
