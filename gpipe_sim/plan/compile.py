@@ -568,7 +568,10 @@ def _flatten(plan: Plan) -> Program:
     latency[remote] = pair_latency[which]
     link_key = transfer_link_keys(hardware, a, b, n_dev, per_node)
 
-    collective, group_links, group_seconds = data_parallel_groups(plan, c, dmap, per_node, network)
+    foreign = plan.symmetry.foreign if G < D * K else frozenset()  # replica 0 alone: other replicas' links
+    collective, group_links, group_seconds = data_parallel_groups(
+        plan.scenario, c, [ch.rank for ch in plan.chunks], [ch.params for ch in plan.chunks], dmap, per_node,
+        network, foreign)
     users_key = np.concatenate([link_key, group_links[:, 1]])
     users_who = np.concatenate([s, G + group_links[:, 0]])  # a collective is a sender of its own
     keys_all, inverse = np.unique(users_key, return_inverse=True)
