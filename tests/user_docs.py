@@ -31,9 +31,11 @@ class QuotedOutput:
 
 def quoted_outputs(page: Path) -> list[QuotedOutput]:
     """The quoted outputs of one page: a code fence around the body and a first `$ COMMAND` line
-    (which must repeat the marker's command) are not part of the output."""
+    (which must repeat the marker's command) are not part of the output; markers shown inside a
+    four-backtick fence are examples, not quotes."""
     found = []
-    for match in OUTPUT_MARKER.finditer(page.read_text(encoding="utf-8")):
+    text = re.sub(r"(?ms)^````.*?^````", "", page.read_text(encoding="utf-8"))  # examples of markers
+    for match in OUTPUT_MARKER.finditer(text):
         lines = [line.rstrip() for line in match["body"].strip("\n").split("\n")]
         if lines and lines[0].startswith("```"):
             lines = lines[1:-1] if lines[-1] == "```" else lines[1:]
