@@ -54,6 +54,8 @@ def plain_step_times(scenario: Scenario, *, steps: int = 5, warmup: int = 2, dev
     timed by the wall clock."""
     dev = torch.device(device)
     if dev.type == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         configure_cuda_math()
         torch.cuda.set_device(dev)
     else:

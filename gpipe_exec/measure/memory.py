@@ -12,6 +12,8 @@ outside the mode and never registered. On CUDA `AllocatorPeak` reads the caching
 
 from __future__ import annotations
 
+import gc
+
 import weakref
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
@@ -150,12 +152,25 @@ def gradients_as_gradients(tracker: StorageTracker, params: Iterable[torch.nn.Pa
             h.remove()
 
 
+def live_cuda_bytes(device: torch.device) -> int:
+    """On CUDA, the caching allocator's bytes of live blocks once unreachable tensors are collected
+    (`gc.collect`: reference cycles can hold tensors of finished work); 0 on other devices."""
+    if device.type != "cuda":
+        return 0
+    gc.collect()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.memory_stats(device).get("active_bytes.all.current", 0))
+
+
 class AllocatorPeak:
     """CUDA: the caching allocator's bytes of live blocks (`active_bytes.all.current`) and their
-    peak since `reset_peak` (`active_bytes.all.peak`); `mark`/`interval_peak` as StorageTracker's."""
+    peak since `reset_peak` (`active_bytes.all.peak`), less `baseline` (bytes live before the
+    measured work began, owned by something else in the process); `mark`/`interval_peak` as
+    StorageTracker's."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, baseline: int = 0) -> None:
         self.device = device
+        self.baseline = baseline
         self._mark_peak = 0
 
     def _stats(self) -> dict[str, Any]:
@@ -163,11 +178,11 @@ class AllocatorPeak:
 
     @property
     def total(self) -> int:
-        return int(self._stats().get("active_bytes.all.current", 0))
+        return int(self._stats().get("active_bytes.all.current", 0)) - self.baseline
 
     @property
     def peak(self) -> int:
-        return int(self._stats().get("active_bytes.all.peak", 0))
+        return int(self._stats().get("active_bytes.all.peak", 0)) - self.baseline
 
     def reset_peak(self) -> None:
         torch.cuda.synchronize(self.device)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from gpipe_exec.errors import ExecutionError, PeerError
 from gpipe_sim.errors import first_line
-from gpipe_exec.measure.memory import (INPUTS, RECEIVE_BUFFERS, AllocatorPeak, StorageTracker,
+from gpipe_exec.measure.memory import (INPUTS, RECEIVE_BUFFERS, AllocatorPeak, StorageTracker, live_cuda_bytes,
                                        gradients_as_gradients, module_state)
 from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_bytes, tensor_bytes
 from gpipe_exec.runtime.chunk import Chunk
@@ -185,6 +185,10 @@ class RankRunner:
     """Runs one rank's program for a job: builds its chunks, data, buffers, and interprets actions."""
 
     def __init__(self, job: Job, rank: int, device: torch.device, clock: AlignedClock) -> None:
+        # On CUDA the memory step reads the caching allocator, which sees every live block of the
+        # process: what was live before this rank built anything (a profile taken in the same
+        # process, its garbage collected first) is not the rank's and is left out.
+        self.allocator_baseline = live_cuda_bytes(device)
         self.job, plan = job, job.plan
         self.scenario = sc = plan.scenario
         self.model = model = job.model or sc.model  # the zoo model built (the plan's may be a table)
@@ -414,7 +418,7 @@ class RankRunner:
     def _memory_meter(self) -> StorageTracker | AllocatorPeak:
         """The memory step's meter, with the state that outlives a step registered (CPU)."""
         if self.device.type == "cuda":
-            return AllocatorPeak(self.device)
+            return AllocatorPeak(self.device, self.allocator_baseline)
         tracker = StorageTracker()
         module_state(tracker, [ch.module for ch in self.chunks.values()], [self.update.optimizer])
         tracker.track(self.update.masters, "optimizer_states")  # fp32 master copies (or ZeRO-1's shard)
