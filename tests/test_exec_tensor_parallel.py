@@ -37,6 +37,7 @@ class Case(NamedTuple):
     zero: int = 0
     optimizer: str = "sgd"
     sp: bool = False  # pipeline.sequence_parallel
+    per_node: int | None = None  # hardware.devices_per_node
 
     @property
     def world(self) -> int:
@@ -45,7 +46,7 @@ class Case(NamedTuple):
 
 def scenario(case: Case) -> Scenario:
     return parse_scenario({
-        "model": MODEL, "hardware": {"preset": "cpu"},
+        "model": MODEL, "hardware": {"preset": "cpu", "devices_per_node": case.per_node},
         "pipeline": {"stages": case.K, "chunks": case.v, "micro_batches": case.M, "batch_size": 8,
                      "schedule": case.schedule, "remat": case.remat, "data_parallel": case.D,
                      "tensor_parallel": case.T, "sequence_parallel": case.sp},
@@ -108,6 +109,13 @@ def test_two_processes_t2_k1_and_t1_k2() -> None:
     cases = [Case(2, 1, 2, s, r) for s in ("gpipe", "1f1b") for r in ("none", "always")]
     cases += [Case(1, 2, 3, "gpipe"), Case(1, 2, 4, "1f1b", "always")]
     assert_equal_to_reference(run_cases(2, cases, steps=2), steps=2)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ranks_wider_than_a_node_equal_plain_training() -> None:
+    """T = 2 over nodes of one device (each rank fills two nodes): accepted and run as any T = 2
+    (on CPU there are no nodes), its gradients plain training's."""
+    assert_equal_to_reference(run_cases(2, [Case(2, 1, 2, "1f1b", per_node=1)]))
 
 
 def test_four_processes_t2_k2_every_schedule_family_and_data_parallel() -> None:

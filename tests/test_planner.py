@@ -119,6 +119,12 @@ def test_candidates_are_the_enumerated_overrides():
                                   "devices_per_node": 2, "network": {"bandwidth": "2 GB/s"}}},
      PlanOptions(devices=4, max_chunks=2, micro_batches=(1, 2, 4), top=5, remat=("none", "always"),
                  schedules=("gpipe", "1f1b", "zb_h1", "interleaved_1f1b"))),
+    # T = 4 over two nodes of 2 (--tensor-parallel names it): its collectives cross one 16 Gb/s NIC
+    ({**TRANSFORMER, "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "50 MB"},
+                                  "devices_per_node": 2,
+                                  "network": {"bandwidth": "16 Gb/s", "latency_s": 1.0e-5, "per": "node", "nics": 1}}},
+     PlanOptions(devices=4, max_chunks=2, micro_batches=(1, 2, 4), top=5, remat=("none",),
+                 schedules=("1f1b", "zb_h1"), tensor_parallel=(1, 2, 4))),
     ({**TRANSFORMER, "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "45 MB"},
                                   "devices_per_node": 4}},
      PlanOptions(devices=4, fewer_devices=True, max_chunks=2, micro_batches=(2, 4), top=5, remat=("none",),

@@ -139,7 +139,8 @@ def test_json_and_summary(tmp_path, capsys):
 
 @pytest.mark.parametrize("sets, message", [
     (["pipeline.tensor_parallel=3"], "pipeline.tensor_parallel: 3 is not a power of two"),
-    (["pipeline.tensor_parallel=16"], "pipeline.tensor_parallel: 16 devices per rank do not tile nodes of 8"),
+    (["hardware.devices_per_node=12", "pipeline.tensor_parallel=8"],
+     "pipeline.tensor_parallel: 8 devices per rank do not tile nodes of 12"),
     (["model.heads=2", "pipeline.tensor_parallel=4"], "model.heads: 2 does not split over pipeline.tensor_parallel 4"),
     (["model.d_ff=4100", "pipeline.tensor_parallel=8"], "model.d_ff: 4,100 does not split"),
     (["model.preset=uniform", "pipeline.tensor_parallel=2"], "pipeline.tensor_parallel: 2 needs the transformer preset"),

@@ -48,7 +48,9 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
         ring = [int(dmap[d * K + rank]) for d in range(D)]
         nodes = {device // per_node for device in ring}
         ln = hardware.link if len(nodes) == 1 else network
-        bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth(tp)
+        # the rings of the rank's shards in one node leave it together (all T, or a node's worth
+        # where the rank's T devices fill several nodes)
+        bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth(min(tp, per_node))
         seconds.append(ring_allreduce_seconds(params * dtype_bytes, D, bandwidth, ln.latency_s))
         rows.extend((index, key) for key in ring_link_keys(hardware, ring, n_dev, per_node) if key not in foreign)
     return collective, np.asarray(rows, dtype=np.int64).reshape(-1, 2), np.asarray(seconds)

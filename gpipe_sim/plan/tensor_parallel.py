@@ -8,25 +8,43 @@ import numpy as np
 
 from gpipe_sim.schedule import Kind
 from gpipe_sim.spec.gpu_model import StreamWork
-from gpipe_sim.spec.hardware import Link
+from gpipe_sim.spec.hardware import Hardware
 from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.recompute import recompute_collectives
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.tensor_parallel import Collectives, collective_seconds, transformer_collectives
 
 
-def tp_link(scenario: Scenario, device: int) -> tuple[float, float]:
-    """(bandwidth, latency) of the ring among the T devices from `device` on: `hardware.link`
-    inside a node, `hardware.network` where they span nodes; the bandwidth times the accelerator's
-    `gpu.collective_efficiency` (the share of the link its collectives achieve; 1 without tables)."""
-    hardware, tp = scenario.hardware, scenario.pipeline.tensor_parallel
+def tp_ring(hardware: Hardware, tp: int, device: int) -> tuple[float, float]:
+    """(bandwidth, mean latency per step) of the ring among the `tp` devices from `device` on, as
+    NCCL runs it. In one node: `link`'s. Over n nodes: NCCL's channels spread the ring's hops
+    between nodes over the NICs the group's devices send through (`network_ports`), so the ring
+    runs at the least of `link`'s bandwidth and those NICs' together (in the node with fewest);
+    its latency is NCCL's ring model (src/graph/tuning.cc): of an all-reduce's 2(T-1) steps,
+    2(n-1) cross the network at its latency and the rest `link`'s, given here as their mean."""
     per_node = hardware.devices_per_node
-    link: Link = hardware.link
-    if per_node is not None and device // per_node != (device + tp - 1) // per_node:
-        link = hardware.network or hardware.link
+    link = hardware.link
+    members = np.arange(device, device + tp)
+    nodes = members // per_node if per_node else np.zeros(tp, dtype=np.int64)
+    n = len(np.unique(nodes))
+    if n == 1:
+        return link.bandwidth, link.latency_s
+    net = hardware.network or link
+    ports = hardware.network_ports(members, per_node)
+    nics = min(len(np.unique(ports[nodes == node])) for node in np.unique(nodes))
+    latency = ((tp - n) * link.latency_s + (n - 1) * net.latency_s) / (tp - 1)
+    return min(link.bandwidth, nics * net.bandwidth), latency
+
+
+def tp_link(scenario: Scenario, device: int) -> tuple[float, float]:
+    """(bandwidth, latency) of the collectives of the rank at `device`: its ring's (`tp_ring`),
+    the bandwidth times the accelerator's `gpu.collective_efficiency` (the share of the link its
+    collectives achieve; 1 without tables)."""
+    hardware = scenario.hardware
+    bandwidth, latency = tp_ring(hardware, scenario.pipeline.tensor_parallel, device)
     gpu = hardware.accelerator.gpu
     share = gpu.collective_efficiency if gpu is not None else 1.0
-    return link.bandwidth * share, link.latency_s
+    return bandwidth * share, latency
 
 
 def collective_work(scenario: Scenario, device: int, sizes: Sequence[float],
@@ -84,4 +102,4 @@ def rank_tp_comm_seconds(plan: Any, per_action: np.ndarray | None = None) -> lis
     return [float(x) for x in np.bincount(c.rank[first], weights=seconds[first], minlength=K)]
 
 
-__all__ = ["action_tp_seconds", "collective_work", "rank_tp_comm_seconds", "stream_work", "tp_link"]
+__all__ = ["action_tp_seconds", "collective_work", "rank_tp_comm_seconds", "stream_work", "tp_link", "tp_ring"]

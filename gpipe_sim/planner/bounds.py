@@ -16,7 +16,7 @@ from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
 from gpipe_sim.schedule.lower import build_schedule, saves_activations
 from gpipe_sim.spec.costs import layer_pass_times, update_seconds
 from gpipe_sim.spec.gpu_model import StreamWork
-from gpipe_sim.plan.tensor_parallel import stream_work
+from gpipe_sim.plan.tensor_parallel import stream_work, tp_ring
 from gpipe_sim.plan.compile import layer_table
 from gpipe_sim.spec.recompute import per_layer, recompute_collectives
 from gpipe_sim.spec.model import TransformerModel
@@ -81,18 +81,15 @@ class CostTable:
                                      self.base.model, self.layer_remat)
 
     def stream_work(self, b: int) -> list[StreamWork] | None:
-        """Per layer, its tensor-parallel collectives on b samples (None at T = 1), at most what
-        `collective_work` gives the simulator: priced on the faster of `link` and `network` (a
-        rank's T devices share a node, so the simulator takes `link`)."""
+        """Per layer, its tensor-parallel collectives on b samples (None at T = 1), as
+        `collective_work` gives the simulator: on the ring `tp_ring` gives every rank (each rank's
+        T devices start at a multiple of T, in one node or filling whole nodes, so all are alike)."""
         if self._collectives is None:
             return None
-        hw = self.base.hardware
         gpu = self.accel.gpu
         share = gpu.collective_efficiency if gpu is not None else 1.0
-        links = [hw.link] + ([hw.network] if hw.network is not None else [])
-        bandwidth = max(ln.bandwidth for ln in links) * share
-        latency = min(ln.latency_s for ln in links)
-        return [stream_work(c, b, self.tp, bandwidth, latency) for c in self._collectives]
+        bandwidth, latency = tp_ring(self.base.hardware, self.tp, 0)
+        return [stream_work(c, b, self.tp, bandwidth * share, latency) for c in self._collectives]
 
     def times(self, b: int) -> np.ndarray:
         """[layer, (forward, backward, backward input, backward weight)] seconds for b samples, the
@@ -146,7 +143,8 @@ class CostTable:
             ring = [T * (r * D + d) for d in range(D)]
             within = len({device // per_node for device in ring}) == 1
             links = [hw.link, network] if placed else [hw.link if within else network]
-            bandwidth = max(hw.network_ring_bandwidth(T) if ln is network else ln.bandwidth for ln in links)
+            bandwidth = max(hw.network_ring_bandwidth(min(T, per_node)) if ln is network else ln.bandwidth
+                            for ln in links)
             latency = min(ln.latency_s for ln in links)
             out.append((ring_allreduce_seconds(self.dtype_bytes, D, bandwidth, 0.0),
                         ring_allreduce_seconds(0.0, D, math.inf, latency)))

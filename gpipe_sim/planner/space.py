@@ -185,7 +185,8 @@ def device_pairs(base: Scenario, options: PlanOptions, tensor_parallel: int = 1)
 def tensor_parallel_values(base: Scenario, options: PlanOptions) -> list[int]:
     """The T the planner tries: 1, and each power of two up to a node's devices (all N where the
     hardware has no nodes) that the model splits (the transformer preset, T dividing its heads and
-    d_ff: `tensor_parallel_problem`); only those of `options.tensor_parallel` where given."""
+    d_ff: `tensor_parallel_problem`); where `options.tensor_parallel` is given, those of its
+    values, up to N (a T of several whole nodes, its collectives over the network, included)."""
     from types import SimpleNamespace
 
     from gpipe_sim.spec.tensor_parallel import tensor_parallel_problem
@@ -193,7 +194,7 @@ def tensor_parallel_values(base: Scenario, options: PlanOptions) -> list[int]:
     hw = base.hardware
     # the candidate places itself (an explicit device map of the base is cleared for another T)
     placed = SimpleNamespace(devices_per_node=hw.devices_per_node, placement=None, stage_to_device=None)
-    most = min(options.devices, hw.devices_per_node or options.devices)
+    most = options.devices if options.tensor_parallel else min(options.devices, hw.devices_per_node or options.devices)
     out = [1] + [1 << i for i in range(1, most.bit_length())
                  if tensor_parallel_problem(base.model, 1 << i, placed) is None]
     return [t for t in out if options.tensor_parallel is None or t in options.tensor_parallel]

@@ -38,7 +38,9 @@ def tensor_parallel_problem(model: ModelSpec, tp: int, hardware: Any) -> str | N
     """One line naming the field where `tp` devices per rank cannot split this model or fit this
     hardware; None where they can. The transformer preset splits at any `tp` dividing its heads
     and d_ff; a measured layer table runs at the T it was profiled at only (its rows are one
-    device's share: `TableModel.tensor_parallel`), T = 1 included; other presets at T = 1 only."""
+    device's share: `TableModel.tensor_parallel`), T = 1 included; other presets at T = 1 only.
+    With nodes, a rank's T devices lie in one node (T divides its devices) or fill whole nodes
+    (T a multiple of them: the collectives then cross the network, `gpipe_sim.plan.tensor_parallel.tp_ring`)."""
     if isinstance(model, TableModel) and model.tensor_parallel != tp:
         return (f"model.tensor_parallel: the layer table was profiled at tensor_parallel {model.tensor_parallel} "
                 f"(its rows are one device's share) but pipeline.tensor_parallel is {tp}; profile it at {tp}")
@@ -53,9 +55,10 @@ def tensor_parallel_problem(model: ModelSpec, tp: int, hardware: Any) -> str | N
             if value % tp:
                 return f"{field}: {value:,} does not split over pipeline.tensor_parallel {tp} (give a multiple of {tp})"
     per_node = hardware.devices_per_node
-    if per_node is not None and (tp > per_node or per_node % tp):
+    if per_node is not None and per_node % tp and tp % per_node:
         return (f"pipeline.tensor_parallel: {tp} devices per rank do not tile nodes of "
-                f"{per_node} (hardware.devices_per_node); a rank's devices share a node")
+                f"{per_node} (hardware.devices_per_node): give a T that divides a node's devices "
+                f"or a multiple of them (whole nodes)")
     ids = [d for row in (hardware.placement or ()) for d in row] + list(hardware.stage_to_device or ())
     odd = next((d for d in ids if d % tp), None)
     if odd is not None:
