@@ -5,6 +5,12 @@ can change its outcome (its own compute, a message that has already arrived, a s
 that only it uses). It synchronises with SimPy's clock only to wait for a message not yet sent or
 to take a resource that other ranks share (a `simpy.Resource`, first come first served), which
 keeps contention exact while most actions cost no SimPy event at all.
+
+A link is the rank's own (`_owned_links`) where its only other users are all-reduce rings whose one
+member is that rank (a program holding replica 0 alone for alike replicas): its sends take it as
+over a dedicated link while no ring or queued send holds or awaits it (`pending`), and the rings
+and queued sends wait for the time it is free (`link_free`) before taking its resource, which
+keeps first come first served on it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import simpy
 
 from gpipe_sim.errors import SimulationError
 from gpipe_sim.engines.chain import ALLREDUCE, RECV, SEND  # plain ints: the per-action loop compares them
-from gpipe_sim.plan.compile import Plan
+from gpipe_sim.plan.compile import Plan, Program
 
 _Proc = Generator[simpy.Event, object, None]
 
@@ -34,6 +40,8 @@ class _Run:
         self.arrival: list[float | None] = [None] * prog.num_messages
         self.waiting: dict[int, simpy.Event] = {}
         self.link_free = [0.0] * len(prog.dedicated)
+        self.owned = _owned_links(prog)
+        self.pending = [0] * len(prog.dedicated)  # per owned link: rings and queued sends holding or awaiting it
         self.link_res = [
             None if dedicated else simpy.Resource(self.env, capacity=1) for dedicated in prog.dedicated
         ]
@@ -69,6 +77,7 @@ class _Run:
         lats = prog.latency[lo:hi].tolist()
         start, end, arrival, link_free = self.start, self.end, self.arrival, self.link_free
         dedicated = prog.dedicated.tolist()
+        owned, pending = self.owned, self.pending
         device = self.device_res.get(self.device_map[k]) if prog.shared_device[k] else None
         host_device = device if self.host_on_device else None
         t = 0.0
@@ -102,7 +111,7 @@ class _Run:
                 if link < 0:
                     start[i] = end[i] = t
                     self.post(msgs[j], t)
-                elif dedicated[link]:
+                elif dedicated[link] or (owned[link] and not pending[link]):
                     s = link_free[link]
                     if t > s:
                         s = t
@@ -114,6 +123,8 @@ class _Run:
                 else:
                     if t > env.now:
                         yield env.timeout(t - env.now)
+                    if owned[link]:
+                        pending[link] += 1
                     env.process(self._transfer(link, i, msgs[j], sers[j], lats[j]))
             elif code == ALLREDUCE:  # asynchronous: the rank goes on; the update waits for it
                 self._join(int(prog.collective[i]), i, t)
@@ -155,7 +166,11 @@ class _Run:
         if all(prog.dedicated[x] for x in links):
             self._reduced(group, self.group_ready[group], self.group_ready[group] + prog.group_seconds[group])
         else:
-            self.env.process(self._contended_reduction(group, sorted(set(links))))
+            links = sorted(set(links))
+            for x in links:
+                if self.owned[x]:
+                    self.pending[x] += 1
+            self.env.process(self._contended_reduction(group, links))
 
     def _contended_reduction(self, group: int, links: list[int]) -> _Proc:
         """A ring over links that pipeline transfers also use: it takes them all (in id order, so
@@ -167,6 +182,7 @@ class _Run:
         for x in links:
             resource = self.link_res[x]
             if resource is not None:
+                yield from self._until_free(x)
                 request = resource.request()
                 requests.append((resource, request))
                 yield request
@@ -174,7 +190,20 @@ class _Run:
         yield env.timeout(self.prog.group_seconds[group])
         for resource, request in requests:
             resource.release(request)
+        for x in links:
+            self._released(x)
         self._reduced(group, begin, env.now)
+
+    def _until_free(self, link: int) -> _Proc:
+        """On a rank's own link, wait for the time its sends taken as dedicated leave it free."""
+        if self.owned[link] and self.link_free[link] > self.env.now:
+            yield self.env.timeout(self.link_free[link] - self.env.now)
+
+    def _released(self, link: int) -> None:
+        """A ring or queued send leaves a rank's own link now."""
+        if self.owned[link]:
+            self.link_free[link] = max(self.link_free[link], self.env.now)
+            self.pending[link] -= 1
 
     def _reduced(self, group: int, begin: float, done: float) -> None:
         for i in self.group_actions[group]:
@@ -185,14 +214,34 @@ class _Run:
     def _transfer(self, link: int, i: int, message: int, ser: float, lat: float) -> _Proc:
         resource = self.link_res[link]
         assert resource is not None
+        yield from self._until_free(link)
         with resource.request() as request:
             yield request
             self.start[i] = self.env.now
             yield self.env.timeout(ser)
+        self._released(link)
         if lat:
             yield self.env.timeout(lat)
         self.end[i] = self.env.now
         self.post(message, self.env.now)
+
+
+def _owned_links(prog: Program) -> list[bool]:
+    """Per link: whether it is one rank's own (module docstring): shared, every send over it from
+    one rank, and every ring holding it a ring whose one member is that rank."""
+    n = len(prog.dedicated)
+    sends = np.flatnonzero((prog.kind == SEND) & (prog.link >= 0))
+    lowest, highest = np.full(n, np.iinfo(np.int64).max), np.full(n, -1)
+    np.minimum.at(lowest, prog.link[sends], prog.rank[sends].astype(np.int64))
+    np.maximum.at(highest, prog.link[sends], prog.rank[sends].astype(np.int64))
+    owner = np.where(highest < 0, -1, np.where(lowest == highest, highest, -2))  # -1: no sends, -2: several ranks
+    starts = np.flatnonzero(prog.kind == ALLREDUCE)
+    for group, links in enumerate(prog.group_links):
+        members = set(prog.rank[starts[prog.collective[starts] == group]].tolist())
+        member = members.pop() if prog.group_size == 1 and len(members) == 1 else -2
+        for x in set(links.tolist()):
+            owner[x] = member if owner[x] in (-1, member) else -2
+    return ((owner >= 0) & ~prog.dedicated).tolist()
 
 
 def run_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
