@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
+from gpipe_sim.frameworks.command import add_emit_option
 from gpipe_sim.spec.overrides import add_set_option
 from gpipe_sim.spec.command_scenario import load_command_scenario, write_schedule_notes
 
@@ -21,6 +22,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpipe_sim.spec.limits import result_problem
 
     scenario = load_command_scenario(args.scenario, args.set)
+    if args.emit:
+        from gpipe_sim.frameworks.command import emit
+
+        return emit(args.emit, scenario)
     plan = compile_plan(scenario)
     write_schedule_notes(scenario)
     result = simulate_plan(plan, args.engine)
@@ -92,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
     p.add_argument("--engine", choices=("simpy", "fast", "auto"), default="simpy",
                    help="simpy (default, models contention) or the fast evaluator (contention-free)")
+    add_emit_option(p, "the scenario")
     add_set_option(p)
     p.set_defaults(func=_cmd_simulate)
 

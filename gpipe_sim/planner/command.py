@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.frameworks.command import add_emit_option
 from gpipe_sim.spec.overrides import add_set_option
 from gpipe_sim.spec.units import parse_quantity
 
@@ -143,6 +144,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if search.enumerated == 0:
         raise ScenarioError("--devices: no configuration of this scenario runs on "
                             f"{devices:,} device{'s' if devices != 1 else ''} with the schedules asked for")
+    if args.emit:
+        return _emit_pick(search, args.emit)
     if args.csv:
         _write("--csv", args.csv, lambda: write_csv(search, args.csv))
     if args.html:
@@ -155,6 +158,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if path:
                 sys.stdout.write(f"{flag} written to {Path(path)}\n")
     return 0 if search.ranked else 1
+
+
+def _emit_pick(search: Any, framework: str) -> int:
+    """Print the pick as `framework`'s configuration (exit 0), or why nothing fits (exit 1)."""
+    from gpipe_sim.frameworks.command import emit, write_notes
+    from gpipe_sim.planner.report import config_text, nothing_fits_text
+
+    if search.pick is None:
+        sys.stderr.write(f"gpipe-sim: {nothing_fits_text(search)}\n")
+        return 1
+    write_notes([f"the pick: {config_text(search.pick)}"])
+    return emit(framework, search.base.with_updates(search.pick.overrides))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -196,6 +211,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sequence-parallel", action="store_true",
                    help="configurations with T > 1 use sequence parallelism (default: the scenario's setting)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_emit_option(p, "the pick (row 1)")
     add_set_option(p)
     p.set_defaults(func=cmd_plan)
 

@@ -103,6 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", default=None, help="folder of paper experiment files (default: scenarios/paper)")
     p.set_defaults(func=_cmd_paper)
 
+    from gpipe_sim.frameworks.command import register as register_read
     from gpipe_sim.planner.command import register as register_plan
 
     register_plan(subparsers)
+    register_read(subparsers)

@@ -1,0 +1,88 @@
+"""The frameworks on the command line: `--emit FRAMEWORK` for simulate and plan, and `gpipe-sim read`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from gpipe_sim.errors import ScenarioError, one_line
+from gpipe_sim.frameworks.common import FRAMEWORKS, Read, Written
+from gpipe_sim.spec.limits import MAX_FILE_BYTES
+from gpipe_sim.spec.overrides import add_set_option
+from gpipe_sim.spec.scenario import Scenario
+
+READABLE = ("megatron", "torchtitan")
+
+
+def writer(framework: str) -> Callable[[Scenario], Written]:
+    """The function writing a scenario as `framework`'s configuration (one of FRAMEWORKS)."""
+    if framework == "megatron":
+        from gpipe_sim.frameworks.megatron import write_megatron
+        return write_megatron
+    if framework == "torchtitan":
+        from gpipe_sim.frameworks.torchtitan import write_torchtitan
+        return write_torchtitan
+    if framework == "deepspeed":
+        from gpipe_sim.frameworks.deepspeed import write_deepspeed
+        return write_deepspeed
+    raise ScenarioError(f"--emit: unknown framework {framework!r} (choose from {', '.join(FRAMEWORKS)})")
+
+
+def reader(framework: str) -> Callable[[str, Scenario], Read]:
+    """The function reading `framework`'s configuration text into a scenario (one of READABLE)."""
+    if framework == "megatron":
+        from gpipe_sim.frameworks.megatron_read import read_megatron
+        return read_megatron
+    if framework == "torchtitan":
+        from gpipe_sim.frameworks.torchtitan_read import read_torchtitan
+        return read_torchtitan
+    raise ScenarioError(f"read: cannot read {framework!r} (choose from {', '.join(READABLE)})")
+
+
+def write_notes(notes: list[str]) -> None:
+    """Each note as one line on stderr, so that stdout holds only what is pasted."""
+    for note in notes:
+        sys.stderr.write(f"gpipe-sim: note: {one_line(note)}\n")
+
+
+def emit(framework: str, scenario: Scenario) -> int:
+    """Print the scenario as `framework`'s configuration on stdout, its notes on stderr."""
+    written = writer(framework)(scenario)
+    sys.stdout.write(written.text + "\n")
+    write_notes(written.notes)
+    return 0
+
+
+def add_emit_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--emit", choices=FRAMEWORKS,
+                        help=f"print {what} as this framework's launch arguments or file instead of the report "
+                             "(what it cannot express: one note each on stderr)")
+
+
+def _cmd_read(args: argparse.Namespace) -> int:
+    from gpipe_sim.spec.command_scenario import load_command_scenario
+    from gpipe_sim.spec.files import read_text_file
+
+    base = load_command_scenario(args.base)
+    text = sys.stdin.read(MAX_FILE_BYTES) if args.file == "-" else \
+        read_text_file(args.file, ScenarioError, MAX_FILE_BYTES, what=f"the {args.framework} file ")
+    read = reader(args.framework)(text, base)
+    sys.stdout.write(read.scenario.with_overrides(args.set).to_yaml())
+    write_notes(read.notes)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `read` to the gpipe-sim command line."""
+    p = subparsers.add_parser(
+        "read", help="read Megatron-LM arguments or a torchtitan TOML into a scenario (printed as YAML)",
+        description="Read a Megatron-LM launch line or arguments file, or a torchtitan job TOML, into a scenario "
+                    "on the base scenario's hardware (and its model, for torchtitan). One note on stderr for each "
+                    "flag or key ignored.")
+    p.add_argument("framework", choices=READABLE)
+    p.add_argument("file", help="the arguments or TOML file (- for stdin)")
+    p.add_argument("--base", metavar="SCENARIO", help="scenario YAML for what the file does not say "
+                                                      "(default: scenarios/default.yaml)")
+    add_set_option(p)
+    p.set_defaults(func=_cmd_read)

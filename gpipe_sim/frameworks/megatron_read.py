@@ -1,0 +1,232 @@
+"""Megatron-LM arguments read into a scenario: a launch line (`torchrun ... pretrain_gpt.py --flags`)
+or an arguments file (the flags alone, any layout, `#` comments). The hardware comes from a base
+scenario; every flag taken is one `write_megatron` writes, and every other one gets a note."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from gpipe_sim.errors import ScenarioError
+from gpipe_sim.frameworks.common import Read, scenario_from, whole
+from gpipe_sim.frameworks.megatron import SCHEDULES, layout_sizes
+from gpipe_sim.spec.scenario import Scenario
+
+VALUE_FLAGS = (
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--pipeline-model-parallel-layout",
+    "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--seq-length",
+    "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by", "--hidden-dropout",
+    "--attention-dropout", "--attention-backend", "--micro-batch-size", "--global-batch-size",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--optimizer", "--sgd-momentum",
+    "--train-samples", "--train-iters",
+)
+BOOL_FLAGS = ("--sequence-parallel", "--bf16", "--fp16", "--use-distributed-optimizer",
+              "--untie-embeddings-and-output-weights", "--use-flash-attn")
+LAUNCHERS = ("torchrun", "torch.distributed.run")  # `torchrun` or `python -m torch.distributed.run`
+PYTHONS = ("python", "python3")
+LAUNCHER_FLAGS = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
+MEGATRON_DEFAULT_VOCAB_MULTIPLE = 128  # --make-vocab-size-divisible-by's default
+MEGATRON_DEFAULT_DROPOUT = 0.1  # --hidden-dropout's and --attention-dropout's defaults
+SOURCE = "Megatron-LM arguments"
+
+
+def split_launch(text: str) -> tuple[list[str], list[str], list[str]]:
+    """(what precedes the launcher, the launcher's tokens, the training script's arguments): a line
+    with a `*.py` script splits there; a file of flags alone is all arguments."""
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as exc:
+        raise ScenarioError(f"{SOURCE}: cannot split into arguments: {exc}") from None
+    script = next((i for i, tok in enumerate(tokens) if tok.endswith(".py")), None)
+    if script is None:
+        return [], [], tokens
+    head = tokens[:script]
+    launcher = next((i for i, tok in enumerate(head) if tok in LAUNCHERS), None)
+    if launcher is None:
+        return [tok for tok in head if tok not in PYTHONS], [], tokens[script + 1:]
+    before = [tok for tok in head[:launcher] if tok not in PYTHONS and tok != "-m"]
+    return before, head[launcher + 1:], tokens[script + 1:]
+
+
+def parse_flags(tokens: list[str], values: tuple[str, ...], bools: tuple[str, ...],
+                notes: list[str], what: str) -> dict[str, Any]:
+    """Flags to their values (True for a switch; the last of a repeated flag, as argparse);
+    a note for each other token, with the value it carries."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        name, eq, inline = tok.partition("=")
+        if name in values:
+            if not eq:
+                if i + 1 >= len(tokens):
+                    raise ScenarioError(f"{SOURCE}: {name}: expected a value")
+                inline, i = tokens[i + 1], i + 1
+            out[name] = inline
+        elif name in bools and not eq:
+            out[name] = True
+        else:
+            carried = not eq and tok.startswith("-") and i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+            shown = f"{tok} {tokens[i + 1]}" if carried else tok
+            notes.append(f"ignored {what} {shown}: not a figure of the step gpipe-sim models")
+            i += carried
+        i += 1
+    return out
+
+
+def read_megatron(text: str, base: Scenario) -> Read:
+    """The scenario Megatron-LM arguments describe, on the base scenario's hardware; a note for
+    each flag ignored and each figure taken from the base or from Megatron-LM's defaults."""
+    notes: list[str] = []
+    before, launcher, rest = split_launch(text)
+    for tok in before:
+        notes.append(f"ignored {tok!r} before the launcher")
+    launch = {LAUNCHER_FLAGS[k]: v for k, v in
+              parse_flags(launcher, tuple(LAUNCHER_FLAGS), (), notes, "launcher option").items()}
+    args = parse_flags(rest, VALUE_FLAGS, BOOL_FLAGS, notes, "flag")
+    data = base.to_dict()
+    data["model"] = model_data(args, data["model"], notes)
+    data["pipeline"] = pipeline_data(args, launch, data, notes)
+    data["training"] = training_data(args, data, notes)
+    return Read(scenario_from(data, SOURCE), notes)
+
+
+def _int(args: dict[str, Any], flag: str, default: int | None = None, low: int = 1) -> int | None:
+    return default if flag not in args else whole(SOURCE, flag, args[flag], low)
+
+
+def _float(args: dict[str, Any], flag: str, default: float) -> float:
+    if flag not in args:
+        return default
+    try:
+        return float(args[flag])
+    except ValueError:
+        raise ScenarioError(f"{SOURCE}: {flag}: expected a number, got {str(args[flag])[:40]!r}") from None
+
+
+def model_data(args: dict[str, Any], base: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The transformer's fields from the model flags (the base model when none is given)."""
+    if "--num-layers" not in args and "--hidden-size" not in args:
+        notes.append("model: no --num-layers or --hidden-size; kept the base scenario's model")
+        return base
+    model = dict(base) if base.get("preset") == "transformer" else {"preset": "transformer"}
+    hidden = _int(args, "--hidden-size", model.get("d_model"))
+    sizes = {"layers": _int(args, "--num-layers", model.get("layers")), "d_model": hidden,
+             "d_ff": _int(args, "--ffn-hidden-size", None if hidden is None else 4 * hidden),
+             "heads": _int(args, "--num-attention-heads", model.get("heads")),
+             "seq_len": _int(args, "--seq-length", model.get("seq_len")),
+             "vocab_multiple": _int(args, "--make-vocab-size-divisible-by", MEGATRON_DEFAULT_VOCAB_MULTIPLE)}
+    model.update({k: v for k, v in sizes.items() if v is not None})
+    if "--vocab-size" in args:
+        model["vocab"] = _int(args, "--vocab-size")
+    else:
+        notes.append(f"model.vocab: no --vocab-size (the tokenizer sets it); kept {model.get('vocab', 'the default')}")
+    hidden_p = _float(args, "--hidden-dropout", MEGATRON_DEFAULT_DROPOUT)
+    if _float(args, "--attention-dropout", MEGATRON_DEFAULT_DROPOUT) != hidden_p:
+        notes.append("--attention-dropout: the transformer preset has one dropout rate; took --hidden-dropout's")
+    model["dropout"] = hidden_p
+    backend = args.get("--attention-backend", "flash" if args.get("--use-flash-attn") else "auto")
+    model["attention"] = "standard" if backend == "unfused" else "flash"
+    if backend not in ("flash", "unfused"):
+        notes.append(f"--attention-backend {backend}: a fused kernel that keeps no scores; taken as flash")
+    if not args.get("--untie-embeddings-and-output-weights"):
+        notes.append("--untie-embeddings-and-output-weights not given: Megatron-LM ties the output layer to the "
+                     "embedding; the transformer preset's output layer has weights of its own")
+    positions = _int(args, "--max-position-embeddings", model.get("seq_len"))
+    if positions != model.get("seq_len"):
+        notes.append(f"--max-position-embeddings {positions}: the preset's position table has seq_len rows")
+    return model
+
+
+def pipeline_data(args: dict[str, Any], launch: dict[str, Any], data: dict[str, Any],
+                  notes: list[str]) -> dict[str, Any]:
+    """K, v, D, T, sequence parallelism, the batch, M, the schedule, the partition and remat."""
+    pipe = dict(data["pipeline"])
+    T = _int(args, "--tensor-model-parallel-size", 1)
+    K = _int(args, "--pipeline-model-parallel-size", 1)
+    sizes = layout_sizes(args["--pipeline-model-parallel-layout"]) if "--pipeline-model-parallel-layout" in args \
+        else None
+    v = len(sizes) // K if sizes is not None else _virtual_stages(args, data["model"], K)
+    layers = int(data["model"].get("layers", 0))
+    if sizes is not None and data["model"].get("preset") == "transformer" and sum(sizes) != layers + 2:
+        raise ScenarioError(f"{SOURCE}: --pipeline-model-parallel-layout: {sum(sizes) - 2} transformer layers, "
+                            f"--num-layers {layers}")
+    if sizes is not None and len(sizes) % K:
+        raise ScenarioError(f"{SOURCE}: --pipeline-model-parallel-layout: {len(sizes)} stages for "
+                            f"--pipeline-model-parallel-size {K}")
+    D = _data_parallel(launch, T * K, pipe.get("data_parallel", 1), notes)
+    mbs = _int(args, "--micro-batch-size", 1)
+    batch = _int(args, "--global-batch-size", mbs * D)
+    if batch % (mbs * D):
+        raise ScenarioError(f"{SOURCE}: --global-batch-size {batch} is not a multiple of --micro-batch-size {mbs} "
+                            f"x {D} data-parallel replicas")
+    pipe.update(stages=K, chunks=v, data_parallel=D, tensor_parallel=T, batch_size=batch,
+                micro_batches=batch // (mbs * D), sequence_parallel=bool(args.get("--sequence-parallel")) and T > 1,
+                schedule=SCHEDULES[min(v, 2)],
+                partition=list(sizes) if sizes is not None else _default_split(data["model"], K * v, notes))
+    granularity = args.get("--recompute-granularity")
+    pipe["remat"] = "always" if granularity == "full" else "none"
+    if granularity not in (None, "full"):
+        notes.append(f"--recompute-granularity {granularity}: not a re-computation gpipe-sim models; taken as none")
+    return pipe
+
+
+def _virtual_stages(args: dict[str, Any], model: dict[str, Any], K: int) -> int:
+    if "--num-virtual-stages-per-pipeline-rank" in args:
+        return _int(args, "--num-virtual-stages-per-pipeline-rank") or 1
+    per_stage = _int(args, "--num-layers-per-virtual-pipeline-stage")
+    if per_stage is None:
+        return 1
+    layers = int(model.get("layers", 0))
+    if layers % (per_stage * K):
+        raise ScenarioError(f"{SOURCE}: --num-layers-per-virtual-pipeline-stage {per_stage}: {layers} layers do "
+                            f"not split into {K} ranks of such stages")
+    return layers // (per_stage * K)
+
+
+def _data_parallel(launch: dict[str, Any], model_parallel: int, base_d: int, notes: list[str]) -> int:
+    """D = world size / (T x K), the world size torchrun's --nnodes x --nproc-per-node."""
+    if "nproc" not in launch:
+        notes.append(f"pipeline.data_parallel: no torchrun --nproc-per-node to give the world size; kept D={base_d}")
+        return base_d
+    world = whole(SOURCE, "--nnodes", launch.get("nnodes", 1)) * whole(SOURCE, "--nproc-per-node", launch["nproc"])
+    if world % model_parallel:
+        raise ScenarioError(f"{SOURCE}: {world} processes do not split into tensor x pipeline groups of {model_parallel}")
+    return world // model_parallel
+
+
+def _default_split(model: dict[str, Any], chunks: int, notes: list[str]) -> Any:
+    """Megatron-LM's split without a layout: the transformer layers evenly over the chunks, the
+    embedding on the first and the output layer on the last."""
+    layers = int(model.get("layers", 0))
+    if chunks == 1:
+        return "uniform"
+    if model.get("preset") != "transformer" or layers % chunks:
+        notes.append(f"partition: {layers} layers do not split evenly into {chunks} chunks as Megatron-LM "
+                     "requires without a layout; taken as uniform")
+        return "uniform"
+    sizes = [layers // chunks] * chunks
+    sizes[0] += 1
+    sizes[-1] += 1
+    return sizes
+
+
+def training_data(args: dict[str, Any], data: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The dtype, the optimizer, ZeRO-1 and the token budget."""
+    training = dict(data["training"])
+    training["dtype"] = "bf16" if args.get("--bf16") else "fp16" if args.get("--fp16") else "fp32"
+    optimizer = args.get("--optimizer", "adam")
+    if optimizer == "sgd":
+        training["optimizer"] = "momentum" if _float(args, "--sgd-momentum", 0.9) > 0 else "sgd"
+    elif optimizer == "adam":
+        training["optimizer"] = "adam"
+    else:
+        notes.append(f"--optimizer {optimizer}: not one gpipe-sim models; kept {training.get('optimizer', 'adam')}")
+    training["zero"] = 1 if args.get("--use-distributed-optimizer") else 0
+    seq = data["model"].get("seq_len")
+    if seq and "--train-samples" in args:
+        training["tokens"] = _int(args, "--train-samples") * seq
+    elif seq and "--train-iters" in args:
+        training["tokens"] = _int(args, "--train-iters") * data["pipeline"]["batch_size"] * seq
+    return training

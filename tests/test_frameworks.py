@@ -1,0 +1,220 @@
+"""Training frameworks' configurations (issue 36, items 2 and 3): a scenario written as Megatron-LM
+arguments, a torchtitan job TOML or a DeepSpeed JSON file, and Megatron-LM arguments and torchtitan
+TOML files read back; write-then-read gives back the planner's picks."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+
+from gpipe_sim.cli import main
+from gpipe_sim.frameworks.common import chunk_sizes
+from gpipe_sim.frameworks.megatron import layout_sizes, layout_text, write_megatron
+from gpipe_sim.frameworks.megatron_read import read_megatron
+from gpipe_sim.frameworks.torchtitan import module_parts, write_torchtitan
+from gpipe_sim.frameworks.torchtitan_read import read_torchtitan
+from gpipe_sim.planner.search import PlanOptions, plan
+from gpipe_sim.spec.scenario import Scenario, parse_scenario
+
+
+def _model(layers: int, d: int, heads: int) -> dict:
+    return {"preset": "transformer", "layers": layers, "d_model": d, "d_ff": 4 * d, "heads": heads,
+            "seq_len": 128, "vocab": 1000}
+
+
+MODELS = {"gpt-8x256": _model(8, 256, 4), "gpt-12x512": _model(12, 512, 8)}
+BASE = {"hardware": {"preset": "a100-80gb", "devices_per_node": 8},
+        "pipeline": {"batch_size": 16}, "training": {"dtype": "bf16"}}
+
+
+def _base(model: str) -> Scenario:
+    return parse_scenario({**BASE, "model": MODELS[model]})
+
+
+def _shape(s: Scenario) -> dict:
+    """What a framework's configuration states: the model, the layout with each chunk's layers,
+    the batches, the schedule where there is a pipeline, remat and the training numerics."""
+    p, t = s.pipeline, s.training
+    return {"model": s.model.model_dump(), "T": p.tensor_parallel, "K": p.stages, "v": p.chunks,
+            "D": p.data_parallel, "M": p.micro_batches, "batch": p.batch_size,
+            "sp": p.sequence_parallel and p.tensor_parallel > 1, "schedule": p.schedule if p.stages > 1 else None,
+            "remat": p.remat, "chunks": chunk_sizes(s), "dtype": t.dtype, "optimizer": t.optimizer, "zero": t.zero,
+            "tokens": t.tokens}
+
+
+def _picks(model: str, devices: int, schedules: tuple[str, ...], zero: tuple[int, ...]) -> list[Scenario]:
+    """The configurations the planner simulated for the question (its ranking's candidates), at most 16."""
+    base = _base(model).with_updates({"training.tokens": 16 * 128 * 1000})  # whole steps and samples
+    options = PlanOptions(devices=devices, schedules=schedules, zero=zero, remat=("none", "always"),
+                          partitions=("uniform", "time"), max_chunks=2, stages=(1, 2, 4), tensor_parallel=(1, 2),
+                          even_micro_batches=True, sequence_parallel=True, top=8)
+    search = plan(base, options)
+    simulated = search.simulated_entries
+    return [search.base.with_updates(e.overrides) for e in simulated[::max(1, len(simulated) // 16)]]
+
+
+def _megatron_runs(s: Scenario) -> bool:
+    """Megatron-LM runs 1F1B at v = 1 and interleaved 1F1B at v > 1 (not torch's interleaved
+    schedule at v = 1, which warms up twice as deep)."""
+    p = s.pipeline
+    return p.stages == 1 or p.schedule == ("1f1b" if p.chunks == 1 else "interleaved_1f1b")
+
+
+ROUND_TRIPS = [("megatron", write_megatron, read_megatron, ("1f1b", "interleaved_1f1b"), (0, 1), _megatron_runs),
+               ("torchtitan", write_torchtitan, read_torchtitan, ("gpipe", "1f1b", "interleaved_1f1b", "zbv"), (0,),
+                lambda s: True)]
+
+
+@pytest.mark.parametrize("framework, write, read, schedules, zero, runs", ROUND_TRIPS, ids=[r[0] for r in ROUND_TRIPS])
+def test_write_then_read_gives_back_the_planners_picks(framework, write, read, schedules, zero, runs):
+    seen = set()
+    for model in MODELS:
+        for devices in (4, 8):
+            for scenario in filter(runs, _picks(model, devices, schedules, zero)):
+                written = write(scenario)
+                back = read(written.text, _base(model))
+                assert _shape(back.scenario) == _shape(scenario), (framework, written.text)
+                p = scenario.pipeline
+                seen.add((p.stages > 1, p.chunks > 1, p.tensor_parallel > 1, p.data_parallel > 1))
+    covered = [any(s[i] for s in seen) for i in range(4)]
+    assert all(covered), f"the grid's picks never had a pipeline, v > 1, T > 1 or D > 1: {seen}"
+
+
+def test_layout_strings_parse_as_megatron_unrolls_them():
+    assert layout_text((3, 2, 2, 3)) == "Et*2|t*2|t*2|t*2L"
+    assert layout_sizes("Et*2|t*2|t*2|t*2L") == (3, 2, 2, 3)
+    assert layout_sizes("E|(tt|)*3,L") == (1, 2, 2, 2, 1)  # Megatron-LM's own example form
+    assert layout_text((1, 4, 1)) == "E|t*4|L"
+
+
+def test_module_parts_name_torchtitans_modules():
+    assert module_parts((2, 1, 2)) == [["tok_embeddings", "layers.0"], ["layers.1"], ["layers.2", "norm", "output"]]
+
+
+# Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh with its variables filled in
+GPT3_175B = """
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+torchrun --nproc_per_node 8 --nnodes 16 --master_addr localhost --master_port 29500 pretrain_gpt.py \\
+    --num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 \\
+    --max-position-embeddings 2048 --attention-backend auto \\
+    --micro-batch-size 1 --global-batch-size 1536 --train-iters 500000 --weight-decay 0.1 \\
+    --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006 --clip-grad 1.0 --fp16 \\
+    --lr 6.0e-5 --lr-decay-style cosine --min-lr 6.0e-6 --lr-warmup-fraction .001 --lr-decay-iters 430000 \\
+    --tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 \\
+    --data-path /data/gpt_text_document --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --split 949,50,1
+"""
+
+
+def test_reads_megatrons_gpt3_example():
+    read = read_megatron(GPT3_175B, parse_scenario({"hardware": {"preset": "a100-80gb"}}))
+    s = read.scenario
+    p = s.pipeline
+    assert (p.tensor_parallel, p.stages, p.data_parallel, p.chunks) == (8, 16, 1, 1)  # 128 GPUs = 8 x 16 x 1
+    assert (p.batch_size, p.micro_batches, p.schedule, p.remat) == (1536, 1536, "1f1b", "none")
+    m = s.model
+    assert (m.layers, m.d_model, m.d_ff, m.heads, m.seq_len) == (96, 12288, 4 * 12288, 96, 2048)
+    assert s.training.dtype == "fp16" and s.training.tokens == 500000 * 1536 * 2048
+    assert chunk_sizes(s) == (7,) + (6,) * 14 + (7,)  # 96 layers evenly, the embedding and head at the ends
+    text = "\n".join(read.notes)
+    for flag in ("--lr 6.0e-5", "--weight-decay 0.1", "--data-path", "--master_addr localhost", "--split 949,50,1"):
+        assert flag in text
+    assert "'export'" in text and "--vocab-size" in text and "--untie-embeddings-and-output-weights" in text
+
+
+# torchtitan's torchtitan/models/llama3/train_configs/llama3_8b.toml, trimmed, with PP and TP added
+LLAMA3_TOML = """
+[job]
+dump_folder = "./outputs"
+description = "Llama 3 8B training"
+
+[model]
+name = "llama3"
+flavor = "8B"
+
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+
+[training]
+local_batch_size = 8
+global_batch_size = 32
+seq_len = 256
+steps = 1000
+
+[parallelism]
+data_parallel_replicate_degree = 2
+data_parallel_shard_degree = 1
+tensor_parallel_degree = 2
+pipeline_parallel_degree = 2
+pipeline_parallel_schedule = "Interleaved1F1B"
+pipeline_parallel_microbatch_size = 2
+module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "layers.3"], ["layers.4", "layers.5"], ["layers.6", "layers.7", "norm", "output"]]
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+"""
+
+
+def test_reads_a_torchtitan_job():
+    read = read_torchtitan(LLAMA3_TOML, _base("gpt-8x256"))
+    p = read.scenario.pipeline
+    assert (p.data_parallel, p.tensor_parallel, p.stages, p.chunks) == (2, 2, 2, 2)
+    # 32 / (8 x 2 replicas) = 2 accumulated steps, each of 8 / 2 = 4 micro-batches
+    assert (p.batch_size, p.micro_batches, p.schedule, p.sequence_parallel) == (32, 8, "interleaved_1f1b", True)
+    assert chunk_sizes(read.scenario) == (3, 2, 2, 3) and read.scenario.model.seq_len == 256
+    assert read.scenario.training.tokens == 1000 * 32 * 256
+    text = "\n".join(read.notes)
+    for key in ("[job] dump_folder", "[optimizer] lr", "activation_checkpoint.mode selective",
+                "[activation_checkpoint] selective_ac_option", "[model] llama3 8B", "2 accumulated steps"):
+        assert key in text, text
+
+
+def test_emit_prints_a_file_the_framework_parses(capsys):
+    assert main(["simulate", "--emit", "torchtitan", "--set", "pipeline.schedule=1f1b"]) == 0
+    out = capsys.readouterr()
+    job = tomllib.loads(out.out)
+    assert job["parallelism"]["pipeline_parallel_schedule"] == "1F1B" and job["training"]["global_batch_size"] == 64
+    assert "gpipe-sim: note: [model]" in out.err
+    assert main(["simulate", "--emit", "deepspeed"]) == 0
+    out = capsys.readouterr()
+    config = json.loads(out.out)
+    assert config["train_batch_size"] == config["train_micro_batch_size_per_gpu"] * config[
+        "gradient_accumulation_steps"]  # D = 1
+    assert "PipelineModule(num_stages=4)" in out.err
+
+
+def test_what_megatron_cannot_express_is_one_note_each():
+    s = _base("gpt-8x256").with_updates({"pipeline.stages": 2, "pipeline.schedule": "gpipe", "pipeline.micro_batches": 3,
+                                        "pipeline.remat": "except_last", "training.optimizer": "rmsprop"})
+    notes = write_megatron(s).notes
+    assert len(notes) == 4 and all("\n" not in n for n in notes)
+    assert [n.split(":")[0] for n in notes] == ["pipeline.micro_batches", "pipeline.schedule", "pipeline.remat",
+                                                "training.optimizer"]
+
+
+def test_read_command_prints_the_scenario_and_its_notes(capsys, tmp_path):
+    path = tmp_path / "args.txt"
+    path.write_text("--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --num-layers 8 --hidden-size 256 "
+                    "--num-attention-heads 4 --seq-length 128 --vocab-size 1000 --micro-batch-size 2 "
+                    "--global-batch-size 16 --bf16 --lr 1e-4\n")
+    assert main(["read", "megatron", str(path), "--set", "pipeline.remat=none"]) == 0
+    out = capsys.readouterr()
+    s = parse_scenario(__import__("yaml").safe_load(out.out))
+    assert (s.pipeline.stages, s.pipeline.micro_batches, s.model.layers, s.training.dtype) == (2, 8, 8, "bf16")
+    assert "gpipe-sim: note: ignored flag --lr 1e-4" in out.err
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'E|tL'", "--pipeline-model-parallel-layout"),
+    ("--global-batch-size 10 --micro-batch-size 4", "--global-batch-size 10"),
+    ("--tensor-model-parallel-size two", "--tensor-model-parallel-size: expected a whole number"),
+])
+def test_bad_megatron_arguments_are_one_line(capsys, tmp_path, text, fragment):
+    path = tmp_path / "args.sh"
+    path.write_text(text)
+    assert main(["read", "megatron", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err
