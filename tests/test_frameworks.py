@@ -44,10 +44,11 @@ def _shape(s: Scenario) -> dict:
             "tokens": t.tokens}
 
 
-def _picks(model: str, devices: int, schedules: tuple[str, ...], zero: tuple[int, ...]) -> list[Scenario]:
+def _picks(model: str, devices: int, schedules: tuple[str, ...], zero: tuple[int, ...],
+           remat: tuple[str, ...]) -> list[Scenario]:
     """The configurations the planner simulated for the question (its ranking's candidates), at most 16."""
     base = _base(model).with_updates({"training.tokens": 16 * 128 * 1000})  # whole steps and samples
-    options = PlanOptions(devices=devices, schedules=schedules, zero=zero, remat=("none", "always"),
+    options = PlanOptions(devices=devices, schedules=schedules, zero=zero, remat=remat,
                           partitions=("uniform", "time"), max_chunks=2, stages=(1, 2, 4), tensor_parallel=(1, 2),
                           even_micro_batches=True, sequence_parallel=True, top=8)
     search = plan(base, options)
@@ -62,24 +63,36 @@ def _megatron_runs(s: Scenario) -> bool:
     return p.stages == 1 or p.schedule == ("1f1b" if p.chunks == 1 else "interleaved_1f1b")
 
 
-ROUND_TRIPS = [("megatron", write_megatron, read_megatron, ("1f1b", "interleaved_1f1b"), (0, 1), _megatron_runs),
+ROUND_TRIPS = [("megatron", write_megatron, read_megatron, ("1f1b", "interleaved_1f1b"), (0, 1),
+                ("none", "always"), _megatron_runs),
                ("torchtitan", write_torchtitan, read_torchtitan, ("gpipe", "1f1b", "interleaved_1f1b", "zbv"), (0,),
-                lambda s: True)]
+                ("none", "selective"), lambda s: True)]
 
 
-@pytest.mark.parametrize("framework, write, read, schedules, zero, runs", ROUND_TRIPS, ids=[r[0] for r in ROUND_TRIPS])
-def test_write_then_read_gives_back_the_planners_picks(framework, write, read, schedules, zero, runs):
+@pytest.mark.parametrize("framework, write, read, schedules, zero, remat, runs", ROUND_TRIPS,
+                         ids=[r[0] for r in ROUND_TRIPS])
+def test_write_then_read_gives_back_the_planners_picks(framework, write, read, schedules, zero, remat, runs):
     seen = set()
     for model in MODELS:
         for devices in (4, 8):
-            for scenario in filter(runs, _picks(model, devices, schedules, zero)):
+            for scenario in filter(runs, _picks(model, devices, schedules, zero, remat)):
                 written = write(scenario)
                 back = read(written.text, _base(model))
                 assert _shape(back.scenario) == _shape(scenario), (framework, written.text)
                 p = scenario.pipeline
-                seen.add((p.stages > 1, p.chunks > 1, p.tensor_parallel > 1, p.data_parallel > 1))
+                seen.add((p.stages > 1, p.chunks > 1, p.tensor_parallel > 1, p.data_parallel > 1, p.remat))
     covered = [any(s[i] for s in seen) for i in range(4)]
     assert all(covered), f"the grid's picks never had a pipeline, v > 1, T > 1 or D > 1: {seen}"
+
+
+@pytest.mark.parametrize("framework, write, read, remat", [
+    *(("megatron", write_megatron, read_megatron, mode) for mode in ("none", "always", "full", "selective")),
+    *(("torchtitan", write_torchtitan, read_torchtitan, mode) for mode in ("none", "full", "selective"))])
+def test_each_remat_mode_the_framework_has_comes_back(framework, write, read, remat):
+    scenario = _base("gpt-12x512").with_updates({"pipeline.stages": 2, "pipeline.tensor_parallel": 2,
+                                                 "pipeline.sequence_parallel": True, "pipeline.micro_batches": 4,
+                                                 "pipeline.schedule": "1f1b", "pipeline.remat": remat})
+    assert _shape(read(write(scenario).text, _base("gpt-12x512")).scenario) == _shape(scenario)
 
 
 def test_layout_strings_parse_as_megatron_unrolls_them():
@@ -167,8 +180,9 @@ def test_reads_a_torchtitan_job():
     assert chunk_sizes(read.scenario) == (3, 2, 2, 3) and read.scenario.model.seq_len == 256
     assert read.scenario.training.tokens == 1000 * 32 * 256
     text = "\n".join(read.notes)
+    assert read.scenario.pipeline.remat == "selective"
     for key in ("[job] dump_folder", "[optimizer] lr", "activation_checkpoint.mode selective",
-                "[activation_checkpoint] selective_ac_option", "[model] llama3 8B", "2 accumulated steps"):
+                "[model] llama3 8B", "2 accumulated steps"):
         assert key in text, text
 
 

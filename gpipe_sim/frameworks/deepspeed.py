@@ -38,12 +38,13 @@ def write_deepspeed(scenario: Scenario) -> Written:
     if t.dtype in ("bf16", "fp16"):
         config[t.dtype] = {"enabled": True}
     config["zero_optimization"] = {"stage": t.zero}
-    if p.remat == "always" and p.stages > 1:
-        config["pipeline"] = {"activation_checkpoint_interval": max(chunk_sizes(scenario))}  # one per chunk
+    # PipelineModule checkpoints groups of this many layers: one group per chunk (always), one per layer (full)
+    interval = {"always": max(chunk_sizes(scenario)), "full": 1}.get(p.remat)
+    if interval is not None and p.stages > 1:
+        config["pipeline"] = {"activation_checkpoint_interval": interval}
     elif p.remat != "none":
         notes.append(f"pipeline.remat: {p.remat} re-computation is the model code's (deepspeed.checkpointing), "
-                     "not a config key" if p.stages == 1 else
-                     f"pipeline.remat: DeepSpeed re-computes every chunk or none, not {p.remat}")
+                     "not a config key")
     notes += layout_notes(scenario)
     return Written(json.dumps(config, indent=2), notes)
 

@@ -131,9 +131,14 @@ def training_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]
         blocks = max(1, max(n - (i == 0) - (i == len(sizes) - 1) for i, n in enumerate(sizes)))
         flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                   ("--recompute-num-layers", blocks)]  # one group per chunk: only its input is kept
+    elif p.remat == "full":  # each block from its own input
+        flags += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                  ("--recompute-num-layers", 1)]
+    elif p.remat == "selective":
+        flags.append(("--recompute-granularity", "selective"))
     elif p.remat != "none":
-        notes.append(f"pipeline.remat: Megatron-LM has no {p.remat} re-computation (full, on every chunk, "
-                     "or none); left out")
+        notes.append(f"pipeline.remat: Megatron-LM has no {p.remat} re-computation (whole chunks, blocks, the "
+                     "attention core, or none); left out")
     if t.dtype in DTYPE_FLAGS:
         flags.append((DTYPE_FLAGS[t.dtype], None))
     if t.optimizer == "adam":

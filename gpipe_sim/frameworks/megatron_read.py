@@ -165,11 +165,24 @@ def pipeline_data(args: dict[str, Any], launch: dict[str, Any], data: dict[str, 
                 micro_batches=batch // (mbs * D), sequence_parallel=bool(args.get("--sequence-parallel")) and T > 1,
                 schedule=SCHEDULES[min(v, 2)],
                 partition=list(sizes) if sizes is not None else _default_split(data["model"], K * v, notes))
-    granularity = args.get("--recompute-granularity")
-    pipe["remat"] = "always" if granularity == "full" else "none"
-    if granularity not in (None, "full"):
-        notes.append(f"--recompute-granularity {granularity}: not a re-computation gpipe-sim models; taken as none")
+    pipe["remat"] = _remat(args, notes)
     return pipe
+
+
+def _remat(args: dict[str, Any], notes: list[str]) -> str:
+    """selective: the attention core; full with groups of one block: `full`; with larger groups
+    (one per chunk as `write_megatron` writes them): whole chunks, `always`."""
+    granularity = args.get("--recompute-granularity")
+    if granularity in (None, "selective"):
+        return "none" if granularity is None else "selective"
+    if granularity != "full":
+        notes.append(f"--recompute-granularity {granularity}: not a re-computation gpipe-sim models; taken as none")
+        return "none"
+    method, group = args.get("--recompute-method"), _int(args, "--recompute-num-layers", 1)
+    if method != "uniform":
+        notes.append(f"--recompute-method {method}: re-computes some blocks of a stage; taken as every block (full)")
+        return "full"
+    return "full" if group == 1 else "always"
 
 
 def _virtual_stages(args: dict[str, Any], model: dict[str, Any], K: int) -> int:

@@ -138,11 +138,15 @@ def parallelism_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
 def checkpoint_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
     """Activation checkpointing: full where every chunk is re-computed, none where none is."""
     remat = scenario.pipeline.remat
+    if remat in ("full", "none"):
+        return {"mode": remat}
+    if remat == "selective":
+        notes.append("pipeline.remat: selective re-computes the attention core; torchtitan's selective mode "
+                     "saves the outputs its op policy picks (selective_ac_option)")
+        return {"mode": "selective", "selective_ac_option": "op"}
     if remat == "always":
-        notes.append("pipeline.remat: always keeps each chunk's input only; torchtitan's full mode checkpoints each "
-                     "block (it keeps every block's input)")
+        notes.append("pipeline.remat: always keeps each chunk's input only; torchtitan's nearest is full, which "
+                     "keeps every block's input (written)")
         return {"mode": "full"}
-    if remat == "none":
-        return {"mode": "none"}
     notes.append(f"pipeline.remat: torchtitan has no {remat} checkpointing (full, selective, none); left out")
     return {}

@@ -20,7 +20,7 @@ TAKEN = {
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
                     "pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
                     "module_fqns_per_model_part"},
-    "activation_checkpoint": {"mode"},
+    "activation_checkpoint": {"mode", "selective_ac_option"},
     "optimizer": {"name"},
 }
 # JobConfig's defaults for the keys taken (torchtitan/config/job_config.py)
@@ -129,9 +129,15 @@ def _parts(parts: Any, blocks: Any) -> tuple[int, ...] | None:
 
 
 def _remat(mode: str, notes: list[str]) -> str:
-    if mode not in ("full", "none"):
+    """full: each block from its own input; selective: gpipe-sim's attention-core re-computation
+    (torchtitan's op policy is its own, noted); memory_budget: none, noted."""
+    if mode == "selective":
+        notes.append("activation_checkpoint.mode selective: torchtitan's op policy; taken as re-computing the "
+                     "attention core (selective)")
+    elif mode not in ("full", "none"):
         notes.append(f"activation_checkpoint.mode {mode}: not a checkpointing gpipe-sim models; taken as none")
-    return "always" if mode == "full" else "none"
+        return "none"
+    return mode
 
 
 def _training(cfg: dict[str, Any], data: dict[str, Any], notes: list[str]) -> dict[str, Any]:
