@@ -53,3 +53,24 @@ def test_measurement_entries_name_their_date_and_commit():
                 shown = _git("show", "-s", "--format=%as", f"{entry['commit']}^{{commit}}")
                 assert shown.returncode == 0, f"{log.name}: no commit {entry['commit']}"
                 assert shown.stdout.strip() == entry["date"], f"{log.name}: {entry['commit']} is not of {entry['date']}"
+
+
+def _log_sections(log: str) -> dict[str, str]:
+    """Each heading's anchor (as the site slugs it) -> its text up to the next heading."""
+    from markdown.extensions.toc import slugify
+
+    parts = re.split(r"(?m)^(#{2,3} .*)$", log)
+    return {slugify(re.sub(r"[`*]", "", head.lstrip("# ")), "-"): body for head, body in zip(parts[1::2], parts[2::2])}
+
+
+def test_the_accuracy_page_quotes_its_log():
+    """Every figure of the accuracy page's summary is in the log entry its row links to."""
+    pytest.importorskip("markdown")
+    page = (ROOT / "docs" / "guide" / "accuracy.md").read_text(encoding="utf-8")
+    sections = _log_sections((MEASUREMENTS / "accuracy.md").read_text(encoding="utf-8"))
+    rows = re.findall(r"(?m)^\|([^|]*)\|([^|]*)\|.*\(\.\./measurements/accuracy\.md#([^)]+)\) \|$", page)
+    assert len(rows) >= 5
+    for _, figures, anchor in rows:
+        assert anchor in sections, f"no log entry {anchor}"
+        for figure in re.findall(r"\d+\.\d+%?|\d+%", figures):
+            assert figure in sections[anchor], f"{figure} is not in the log entry {anchor}"
