@@ -182,15 +182,7 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
     link_bw = text("link_bandwidth", "link bandwidth (per direction)", link["bandwidth"], "bandwidth",
                    "Between consecutive ranks, e.g. '300 GB/s'.")
     latency = text("link_latency", "link latency", link["latency_s"], "seconds", "e.g. '3 us'.")
-    n1, n2 = box.columns(2)
-    per_node = n1.number_input("devices per node", min_value=0, max_value=65_536, step=1,
-                               key=_init(PREFIX + "hardware.devices_per_node", int(base.get("devices_per_node") or 0)),
-                               help="0: every device in one node. Otherwise devices 0..N-1 fill nodes of "
-                                    "this many; traffic between nodes uses the network.")
-    given_network = base.get("network") if base.get("preset") == preset else None
-    network_text = format_quantity(given_network["bandwidth"], "bandwidth") if given_network else ""
-    network = n2.text_input("network bandwidth (per device)", key=_init(key + "network", network_text),
-                            help="Between nodes, e.g. '50 GB/s' (empty: the link bandwidth).")
+    per_node, network = _node_fields(box, key, preset, data, base, latency)
     placement = box.text_input(
         "rank → device map",
         key=_init(PREFIX + "hardware.stage_to_device", ", ".join(map(str, base.get("stage_to_device") or ()))),
@@ -199,8 +191,8 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
     device_map = parse_device_map(placement)
     return {
         **({} if device_map is None else {"stage_to_device": device_map}),
-        **({"devices_per_node": int(per_node)} if per_node else {}),
-        **({"network": {"bandwidth": network.strip(), "latency_s": latency}} if network.strip() else {}),
+        **per_node,
+        **network,
         "preset": preset,
         "accelerator": {
             "peak_flops": {**{k: v for k, v in acc["peak_flops"].items()}, dtype: peak},
@@ -209,6 +201,32 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
         },
         "link": {"bandwidth": link_bw, "latency_s": latency},
     }
+
+
+def _node_fields(box: Any, key: str, preset: str, data: dict[str, Any], base: dict[str, Any],
+                 latency: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The devices-per-node and network widgets, from the scenario's own figures (its network where
+    it has the same preset) or the preset's (a cluster preset's nodes and NICs); what they give the
+    hardware: each field as shown, 0 and an empty network stated (None) where the preset would
+    otherwise fill them."""
+    mine = base.get("preset") == preset
+    nodes = base.get("devices_per_node") or data.get("devices_per_node")
+    net = (base.get("network") if mine else None) or data.get("network")
+    n1, n2 = box.columns(2)
+    per_node = n1.number_input("devices per node", min_value=0, max_value=65_536, step=1,
+                               key=_init(key + "devices_per_node", int(nodes or 0)),
+                               help="0: every device in one node. Otherwise devices 0..N-1 fill nodes of "
+                                    "this many; traffic between nodes uses the network.")
+    text = n2.text_input("network bandwidth (per port or NIC)",
+                         key=_init(key + "network", format_quantity(net["bandwidth"], "bandwidth") if net else ""),
+                         help="Between nodes, e.g. '200 Gb/s' or '25 GB/s': a device's port, or each NIC of a "
+                              "cluster preset (empty: the link bandwidth).")
+    preset_net = data.get("network")
+    nodes_out = {"devices_per_node": int(per_node) if per_node else None} \
+        if per_node or data.get("devices_per_node") else {}
+    if not text.strip():
+        return nodes_out, {"network": None} if preset_net else {}
+    return nodes_out, {"network": {"bandwidth": text.strip(), **({} if preset_net else {"latency_s": latency})}}
 
 
 def parse_device_map(text: str) -> list[int] | str | None:
