@@ -1,15 +1,36 @@
 """gpipe_sim: a discrete-event model of GPipe-style pipeline-parallel training (no torch needed)."""
 
-from gpipe_sim.errors import GpipeError, ScenarioError, ScheduleError, SimulationError
-from gpipe_sim.plan.compile import Plan, compile_plan
-from gpipe_sim.results.result import Result, StageResult, Timeline, analytic_bubble, summarize
-from gpipe_sim.spec.scenario import Scenario, load_scenario, parse_scenario
-from gpipe_sim.schedule import ACTION_KINDS, SCHEDULES, Action, Schedule, build_schedule, register
-from gpipe_sim.api import simulate
+from __future__ import annotations
 
-__all__ = [
-    "ACTION_KINDS", "Action", "GpipeError", "Plan", "Result", "SCHEDULES", "Scenario",
-    "ScenarioError", "Schedule", "ScheduleError", "SimulationError", "StageResult", "Timeline",
-    "analytic_bubble", "build_schedule", "compile_plan", "load_scenario", "parse_scenario",
-    "register", "simulate", "summarize",
-]
+from importlib import import_module
+from typing import Any
+
+# Each public name and the module it lives in, imported on first use (PEP 562): a command that
+# only prints its help never loads NumPy, pydantic or SimPy.
+_EXPORTS = {
+    "GpipeError": "gpipe_sim.errors", "ScenarioError": "gpipe_sim.errors",
+    "ScheduleError": "gpipe_sim.errors", "SimulationError": "gpipe_sim.errors",
+    "Plan": "gpipe_sim.plan.compile", "compile_plan": "gpipe_sim.plan.compile",
+    "Result": "gpipe_sim.results.result", "StageResult": "gpipe_sim.results.result",
+    "Timeline": "gpipe_sim.results.result", "analytic_bubble": "gpipe_sim.results.result",
+    "summarize": "gpipe_sim.results.result",
+    "Scenario": "gpipe_sim.spec.scenario", "load_scenario": "gpipe_sim.spec.scenario",
+    "parse_scenario": "gpipe_sim.spec.scenario",
+    "ACTION_KINDS": "gpipe_sim.schedule", "SCHEDULES": "gpipe_sim.schedule", "Action": "gpipe_sim.schedule",
+    "Schedule": "gpipe_sim.schedule", "build_schedule": "gpipe_sim.schedule", "register": "gpipe_sim.schedule",
+    "simulate": "gpipe_sim.api",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'gpipe_sim' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -18,7 +18,7 @@ import yaml
 from gpipe_sim.errors import GpipeError, ScenarioError, first_line
 from gpipe_sim.spec import limits
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's safe loader where built (10x the Python one)
 _OPEN = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
 _CLOSE = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
@@ -65,7 +65,7 @@ def read_data_file(path: str | Path, what: str, error: type[GpipeError] = Scenar
             data = json.loads(text)
         else:
             _check_yaml_shape(text)
-            data = yaml.load(text, Loader=_Loader)
+            data = yaml.load(text, Loader=YAML_LOADER)
     except _ShapeError as exc:
         raise error(f"{what} {name}: {exc}") from None
     except json.JSONDecodeError as exc:
@@ -132,7 +132,7 @@ def _check_yaml_shape(text: str) -> None:
             if total > limits.MAX_NODES:
                 raise _ShapeError(_too_many())
 
-    for event in yaml.parse(text, Loader=_Loader):
+    for event in yaml.parse(text, Loader=YAML_LOADER):
         if isinstance(event, _OPEN):
             stack.append([event.anchor, 1, 1])  # height: container levels, itself included
             if len(stack) > limits.MAX_DEPTH:

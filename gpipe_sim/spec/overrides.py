@@ -23,13 +23,13 @@ import yaml
 
 from gpipe_sim.errors import ScenarioError, one_line
 from gpipe_sim.spec import limits
+from gpipe_sim.spec.files import YAML_LOADER
 from gpipe_sim.spec.validation import closest_key
 
 SECTIONS = ("model", "hardware", "pipeline", "training")
 MAX_ITEM_CHARS = 4096
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")
 _EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")  # 1e-3: text to YAML 1.1, a number here
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 SET_HELP = ("change a scenario field without editing the file, e.g. --set pipeline.stages=8 "
             "--set pipeline.schedule=1f1b (repeatable; VALUE is read as YAML)")
@@ -66,7 +66,7 @@ def _value(text: str, where: str) -> Any:
     if _EXPONENT.match(text):
         return float(text)
     try:
-        value = yaml.load(text, Loader=_Loader)
+        value = yaml.load(text, Loader=YAML_LOADER)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ScenarioError(f"{where}: the value is not valid YAML ({one_line(str(problem), 100)})") from None

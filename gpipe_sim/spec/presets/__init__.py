@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from gpipe_sim.spec.files import YAML_LOADER
+
 
 @lru_cache(maxsize=1)
 def hardware_presets() -> dict[str, dict[str, Any]]:
@@ -16,7 +18,7 @@ def hardware_presets() -> dict[str, dict[str, Any]]:
     cluster presets' accelerator) merged in: the preset's own fields over the base's, mappings
     field by field (`_over`). Do not mutate the result: it is cached."""
     text = resources.files(__package__).joinpath("hardware.yaml").read_text()
-    raw: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    raw: dict[str, dict[str, Any]] = yaml.load(text, Loader=YAML_LOADER)
     return {name: _resolved(name, raw, ()) for name in raw}
 
 
