@@ -289,6 +289,27 @@ def show_memory_verdict(result: Result, box: Any = st) -> None:
                 icon=":material/check_circle:")
 
 
+FRAMEWORK_FILES = {"megatron": ("Megatron-LM (launch line)", "megatron.sh", "text/x-shellscript"),
+                   "torchtitan": ("torchtitan (job TOML)", "torchtitan.toml", "application/toml"),
+                   "deepspeed": ("DeepSpeed (JSON)", "deepspeed.json", "application/json")}
+
+
+def framework_downloads(scenario: Scenario, key: str, box: Any = st) -> None:
+    """The configuration as each framework's file to download (`gpipe-sim simulate --emit`), and
+    what each cannot express, one line each, in an expander."""
+    from gpipe_sim.frameworks.command import writer
+
+    cols = box.columns(len(FRAMEWORK_FILES))
+    notes = []
+    for col, (framework, (label, name, mime)) in zip(cols, FRAMEWORK_FILES.items()):
+        written = writer(framework)(scenario)
+        col.download_button(label, written.text + "\n", file_name=name, mime=mime, key=f"dl.{key}.{framework}",
+                            on_click="ignore", icon=":material/download:")
+        notes += [f"{label}: {note}" for note in written.notes]
+    if notes:
+        box.expander("What the frameworks' files cannot express").markdown("\n".join(f"- {note}" for note in notes))
+
+
 def download_buttons(scenario: Scenario | None, result: Result, key: str, box: Any = st) -> None:
     """Download the scenario (YAML), the result (JSON) and the timeline (Chrome trace JSON)."""
     cols = box.columns(3)

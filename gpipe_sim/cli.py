@@ -25,6 +25,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.emit:
         from gpipe_sim.frameworks.command import emit
 
+        if args.json or args.trace:
+            raise GpipeError("--emit: prints the scenario's configuration, not a simulation: leave out "
+                             + ("--json" if args.json else "--trace"))
         return emit(args.emit, scenario)
     plan = compile_plan(scenario)
     write_schedule_notes(scenario)

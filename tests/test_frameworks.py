@@ -232,3 +232,18 @@ def test_bad_megatron_arguments_are_one_line(capsys, tmp_path, text, fragment):
     assert main(["read", "megatron", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err, err
+
+
+def test_plan_emits_its_pick(capsys):
+    assert main(["plan", "--devices", "4", "--quiet", "--emit", "megatron", "--schedules", "1f1b",
+                 "--tensor-parallel", "1", "--partitions", "uniform"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("torchrun --nnodes 1 --nproc-per-node 4 pretrain_gpt.py \\\n")
+    assert out.err.startswith("gpipe-sim: note: the pick: T=1, ")
+
+
+@pytest.mark.parametrize("argv", [["simulate", "--emit", "megatron", "--json"],
+                                  ["plan", "--devices", "4", "--emit", "deepspeed", "--json"]])
+def test_emit_with_json_is_refused(capsys, argv):
+    assert main(argv) == 2
+    assert "--emit:" in capsys.readouterr().err

@@ -18,7 +18,8 @@ from gpipe_sim.planner.report import (
 )
 from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, PlanSearch, plan
 from gpipe_app.ui_form import PREFIX, scenario_form
-from gpipe_app.ui_run import MAX_GANTT_BARS, label_error, show_elapsed, show_metrics, simulate_cached
+from gpipe_app.ui_run import (MAX_GANTT_BARS, framework_downloads, label_error, show_elapsed, show_metrics,
+                              simulate_cached)
 
 MAX_DEVICES = 4096
 
@@ -142,6 +143,7 @@ result = simulate_cached(scenario)
 show_metrics(scenario, result)
 st.button("Open in Explore", key="plan.open", icon=":material/insights:", on_click=_open_in_explore,
           args=(chosen.overrides,), help="Load this configuration into the form and show it in Explore.")
+framework_downloads(scenario, key="plan")
 p = scenario.pipeline
 title = (f"Timeline (data parallel with gradient accumulation, D={p.data_parallel}, M={p.micro_batches})"
          if p.stages == 1 else f"Schedule timeline ({p.schedule}, D={p.data_parallel}, K={p.stages}, "

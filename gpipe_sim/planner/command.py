@@ -114,6 +114,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from gpipe_sim.planner.report import plan_json, plan_text, write_csv, write_html
     from gpipe_sim.planner.search import DEFAULT_RESERVE, TIE, PlanOptions, check_options, device_layouts, plan
 
+    if args.emit and args.json:
+        raise ScenarioError("--emit: prints the pick's configuration, --json the ranking: give one of them")
     devices = _count("--devices", args.devices)
     top = _count("--top", args.top, 1, 10_000)
     max_chunks = _count("--max-chunks", args.max_chunks, 1, 64)
@@ -144,12 +146,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if search.enumerated == 0:
         raise ScenarioError("--devices: no configuration of this scenario runs on "
                             f"{devices:,} device{'s' if devices != 1 else ''} with the schedules asked for")
-    if args.emit:
-        return _emit_pick(search, args.emit)
     if args.csv:
         _write("--csv", args.csv, lambda: write_csv(search, args.csv))
     if args.html:
         _write("--html", args.html, lambda: write_html(search, args.html, top))
+    if args.emit:
+        return _emit_pick(search, args.emit)
     if args.json:
         sys.stdout.write(plan_json(search, top) + "\n")
     else:
