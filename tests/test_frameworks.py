@@ -247,3 +247,11 @@ def test_plan_emits_its_pick(capsys):
 def test_emit_with_json_is_refused(capsys, argv):
     assert main(argv) == 2
     assert "--emit:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan", "deepspeed"])
+def test_a_model_without_sizes_is_noted_not_invented(capsys, framework):
+    assert main(["simulate", "--emit", framework, "--set", "model.preset=uniform"]) == 0
+    out = capsys.readouterr()
+    assert "a uniform model" in out.err or framework == "deepspeed"
+    assert "--num-layers" not in out.out and "layers." not in out.out

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.frameworks.common import Written, chunk_sizes, devices, micro_batch_size, transformer
+from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Scenario
 
 SCRIPT = "pretrain_gpt.py"
@@ -84,8 +85,11 @@ def parallel_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]
     p = scenario.pipeline
     flags: list[tuple[str, Any]] = [("--tensor-model-parallel-size", p.tensor_parallel),
                                     ("--pipeline-model-parallel-size", p.stages)]
-    if p.num_chunks > 1:
+    if p.num_chunks > 1 and isinstance(scenario.model, TransformerModel):
         flags.append(("--pipeline-model-parallel-layout", layout_text(chunk_sizes(scenario))))
+    elif p.num_chunks > 1:
+        notes.append(f"pipeline.partition: Megatron-LM's layout places transformer layers; the chunks of a "
+                     f"{scenario.model.preset} model are not expressible")
     if p.sequence_parallel and p.tensor_parallel > 1:
         flags.append(("--sequence-parallel", None))
     mbs = micro_batch_size(p)
