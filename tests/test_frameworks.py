@@ -249,9 +249,10 @@ def test_emit_with_json_is_refused(capsys, argv):
     assert "--emit:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("framework", ["megatron", "torchtitan", "deepspeed"])
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
 def test_a_model_without_sizes_is_noted_not_invented(capsys, framework):
     assert main(["simulate", "--emit", framework, "--set", "model.preset=uniform"]) == 0
     out = capsys.readouterr()
-    assert "a uniform model" in out.err or framework == "deepspeed"
-    assert "--num-layers" not in out.out and "layers." not in out.out
+    assert "model: a uniform model is not a transformer" in out.err
+    assert "--num-layers" not in out.out and "--pipeline-model-parallel-layout" not in out.out
+    assert "module_fqns_per_model_part" not in out.out
