@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpipe_sim.errors import ScenarioError, one_line
-from gpipe_sim.frameworks.common import FRAMEWORKS, Read, Written
+from gpipe_sim.frameworks import FRAMEWORKS, READABLE
 from gpipe_sim.spec.limits import MAX_FILE_BYTES
 from gpipe_sim.spec.overrides import add_set_option
-from gpipe_sim.spec.scenario import Scenario
 
-READABLE = ("megatron", "torchtitan")
+if TYPE_CHECKING:  # the writers and readers load pydantic's models: imported when a command runs
+    from gpipe_sim.frameworks.common import Read, Written
+    from gpipe_sim.spec.scenario import Scenario
 
 
-def writer(framework: str) -> Callable[[Scenario], Written]:
+def writer(framework: str) -> Callable[["Scenario"], "Written"]:
     """The function writing a scenario as `framework`'s configuration (one of FRAMEWORKS)."""
     if framework == "megatron":
         from gpipe_sim.frameworks.megatron import write_megatron
@@ -29,7 +30,7 @@ def writer(framework: str) -> Callable[[Scenario], Written]:
     raise ScenarioError(f"--emit: unknown framework {framework!r} (choose from {', '.join(FRAMEWORKS)})")
 
 
-def reader(framework: str) -> Callable[[str, Scenario], Read]:
+def reader(framework: str) -> Callable[[str, "Scenario"], "Read"]:
     """The function reading `framework`'s configuration text into a scenario (one of READABLE)."""
     if framework == "megatron":
         from gpipe_sim.frameworks.megatron_read import read_megatron
@@ -46,7 +47,7 @@ def write_notes(notes: list[str]) -> None:
         sys.stderr.write(f"gpipe-sim: note: {one_line(note)}\n")
 
 
-def emit(framework: str, scenario: Scenario) -> int:
+def emit(framework: str, scenario: "Scenario") -> int:
     """Print the scenario as `framework`'s configuration on stdout, its notes on stderr."""
     written = writer(framework)(scenario)
     sys.stdout.write(written.text + "\n")

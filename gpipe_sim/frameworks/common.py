@@ -10,8 +10,6 @@ from gpipe_sim.errors import ScenarioError
 from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Pipeline, Scenario, parse_scenario
 
-FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
-
 
 @dataclass
 class Written:
