@@ -257,62 +257,9 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     file_box = box.expander("Open or save a scenario file", expanded=False)
     upload_box(file_box)  # first: an opened file sets what the widgets below start from
     base = form_base(default_scenario_data)
-    bp, bt = base["pipeline"], base["training"]
 
-    pipe_box.subheader("Pipeline")
-    c1, c2 = pipe_box.columns(2)
-    stages = c1.number_input("stages K", min_value=1, max_value=1024, step=1,
-                             key=_init(PREFIX + "pipeline.stages", bp["stages"]),
-                             help="Pipeline ranks: the devices the model is cut across.")
-    micro = c2.number_input("micro-batches M", min_value=1, max_value=8192, step=1,
-                            key=_init(PREFIX + "pipeline.micro_batches", bp["micro_batches"]))
-    s1, s2 = pipe_box.columns([3, 2])
-    schedule = s1.selectbox("schedule", list(SCHEDULES), key=_init(PREFIX + "pipeline.schedule", bp["schedule"]),
-                            help=schedule_help())
-    chunks = s2.number_input("chunks per rank v", min_value=1, max_value=64, step=1,
-                             key=_init(PREFIX + "pipeline.chunks", bp.get("chunks", 1)),
-                             help="The model is cut into K*v chunks, v on each rank (interleaved "
-                                  "schedules run several; the others one).")
-    b1, b2 = pipe_box.columns([3, 2])
-    batch = b1.number_input("mini-batch size (global)", min_value=1, max_value=10_000_000, step=1,
-                            key=_init(PREFIX + "pipeline.batch_size", bp["batch_size"]))
-    replicas = b2.number_input("data-parallel D", min_value=1, max_value=4096, step=1,
-                               key=_init(PREFIX + "pipeline.data_parallel", bp.get("data_parallel", 1)),
-                               help="Replicas of the K-rank pipeline (D x K devices); the global batch is "
-                                    "split evenly over them and each chunk's gradients are all-reduced.")
-    tensor = pipe_box.selectbox("tensor parallel T", TENSOR_PARALLEL_CHOICES,
-                                key=_init(PREFIX + "pipeline.tensor_parallel", int(bp.get("tensor_parallel", 1))),
-                                help="Each rank's layers split over T devices of one node the Megatron way "
-                                     "(T x K x D devices; transformer preset), with two all-reduces in the "
-                                     "forward and two in the backward of every block on the node's link.")
-    seq_par = pipe_box.checkbox("sequence parallel (T > 1)",
-                                key=_init(PREFIX + "pipeline.sequence_parallel",
-                                          bool(bp.get("sequence_parallel", False))),
-                                help="Sequence parallelism: shard the LayerNorm and residual activations "
-                                     "over the T devices too.")
-    remat = pipe_box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
-                               help="always: every forward keeps only its input and is re-computed "
-                                    "before backward (GPipe); none: keep all activations.")
-    partition_default = bp["partition"] if isinstance(bp["partition"], str) else "uniform"
-    partition = pipe_box.selectbox("partition", PARTITION_METHODS,
-                                   key=_init(PREFIX + "pipeline.partition", partition_default),
-                                   help="uniform: equal layer counts; time: balance compute; memory: the "
-                                        "smallest largest device peak, as the schedule holds activations; "
-                                        "fit: the fastest partition whose every device fits its memory.")
-
-    train_box.subheader("Training")
-    t1, t2 = train_box.columns(2)
-    optimizer = t1.selectbox("optimizer", list(OPTIMIZER_STATES), key=_init(PREFIX + "training.optimizer", bt["optimizer"]))
-    dtype = t2.selectbox("dtype", list(DTYPE_BYTES), key=_init(PREFIX + "training.dtype", bt["dtype"]))
-    step = train_box.selectbox(
-        "optimizer step", ("default", *OPTIMIZER_STEPS),
-        key=_init(PREFIX + "training.optimizer_step", bt.get("optimizer_step", "default")),
-        help="How the update runs, which sets its temporary memory: for_loop (one tensor at a time, "
-             "torch's default on CPU), foreach (lists of all tensors, torch's default on CUDA: Adam "
-             "makes an fp32 copy of every parameter), fused (none); default: the hardware's.")
-    zero = train_box.checkbox("ZeRO-1 (shard optimizer states over the D replicas)",
-                              key=_init(PREFIX + "training.zero", bool(bt.get("zero", 0))))
-    run_fields, price = _run_fields(train_box, bt, base["hardware"])
+    pipeline = _pipeline_fields(pipe_box, base["pipeline"])
+    training, price = _training_fields(train_box, base["training"], base["hardware"])
 
     preset = model_box.selectbox("model preset", MODEL_CHOICES,
                                  key=_init(PREFIX + "model.preset", base["model"]["preset"]))
@@ -326,21 +273,81 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
     hw_preset = hw_box.selectbox("hardware preset", hw_presets,
                                  key=_init(PREFIX + "hardware.preset", base["hardware"].get("preset", "v100")))
     hw_box.caption(hardware_presets()[hw_preset].get("description", ""))
-    hardware = _hardware_fields(hw_box, hw_preset, dtype, base["hardware"])
+    hardware = _hardware_fields(hw_box, hw_preset, training["dtype"], base["hardware"])
     if price:
         hardware = {**hardware, "price_per_device_hour": price}
 
     data = None if model is None else {
-        "model": model,
-        "hardware": hardware,
-        "pipeline": {"stages": stages, "chunks": chunks, "data_parallel": replicas, "micro_batches": micro,
-                     "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition,
-                     **({"tensor_parallel": int(tensor), "sequence_parallel": bool(seq_par)} if tensor > 1 else {})},
-        "training": {"optimizer": optimizer, "dtype": dtype, "zero": int(zero), "optimizer_step": step,
-                     **run_fields},
+        "model": model, "hardware": hardware, "pipeline": pipeline, "training": training,
     }
     finish_boxes(notice_box, file_box, data)
     return data, None if data is not None else notice
+
+
+def _pipeline_fields(box: Any, bp: dict[str, Any]) -> dict[str, Any]:
+    """The Pipeline section's widgets, started from the scenario's pipeline `bp`; its scenario data
+    (tensor and sequence parallel only where T > 1)."""
+    box.subheader("Pipeline")
+    c1, c2 = box.columns(2)
+    stages = c1.number_input("stages K", min_value=1, max_value=1024, step=1,
+                             key=_init(PREFIX + "pipeline.stages", bp["stages"]),
+                             help="Pipeline ranks: the devices the model is cut across.")
+    micro = c2.number_input("micro-batches M", min_value=1, max_value=8192, step=1,
+                            key=_init(PREFIX + "pipeline.micro_batches", bp["micro_batches"]))
+    s1, s2 = box.columns([3, 2])
+    schedule = s1.selectbox("schedule", list(SCHEDULES), key=_init(PREFIX + "pipeline.schedule", bp["schedule"]),
+                            help=schedule_help())
+    chunks = s2.number_input("chunks per rank v", min_value=1, max_value=64, step=1,
+                             key=_init(PREFIX + "pipeline.chunks", bp.get("chunks", 1)),
+                             help="The model is cut into K*v chunks, v on each rank (interleaved "
+                                  "schedules run several; the others one).")
+    b1, b2 = box.columns([3, 2])
+    batch = b1.number_input("mini-batch size (global)", min_value=1, max_value=10_000_000, step=1,
+                            key=_init(PREFIX + "pipeline.batch_size", bp["batch_size"]))
+    replicas = b2.number_input("data-parallel D", min_value=1, max_value=4096, step=1,
+                               key=_init(PREFIX + "pipeline.data_parallel", bp.get("data_parallel", 1)),
+                               help="Replicas of the K-rank pipeline (D x K devices); the global batch is "
+                                    "split evenly over them and each chunk's gradients are all-reduced.")
+    tensor = box.selectbox("tensor parallel T", TENSOR_PARALLEL_CHOICES,
+                           key=_init(PREFIX + "pipeline.tensor_parallel", int(bp.get("tensor_parallel", 1))),
+                           help="Each rank's layers split over T devices of one node the Megatron way "
+                                "(T x K x D devices; transformer preset), with two all-reduces in the "
+                                "forward and two in the backward of every block on the node's link.")
+    seq_par = box.checkbox("sequence parallel (T > 1)",
+                           key=_init(PREFIX + "pipeline.sequence_parallel", bool(bp.get("sequence_parallel", False))),
+                           help="Sequence parallelism: shard the LayerNorm and residual activations "
+                                "over the T devices too.")
+    remat = box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
+                          help="always: every forward keeps only its input and is re-computed "
+                               "before backward (GPipe); none: keep all activations.")
+    partition_default = bp["partition"] if isinstance(bp["partition"], str) else "uniform"
+    partition = box.selectbox("partition", PARTITION_METHODS,
+                              key=_init(PREFIX + "pipeline.partition", partition_default),
+                              help="uniform: equal layer counts; time: balance compute; memory: the "
+                                   "smallest largest device peak, as the schedule holds activations; "
+                                   "fit: the fastest partition whose every device fits its memory.")
+    return {"stages": stages, "chunks": chunks, "data_parallel": replicas, "micro_batches": micro,
+            "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition,
+            **({"tensor_parallel": int(tensor), "sequence_parallel": bool(seq_par)} if tensor > 1 else {})}
+
+
+def _training_fields(box: Any, bt: dict[str, Any], hardware: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The Training section's widgets, started from the scenario's training `bt`; its scenario data
+    and the price per device-hour ("" where not given; it belongs to the hardware)."""
+    box.subheader("Training")
+    t1, t2 = box.columns(2)
+    optimizer = t1.selectbox("optimizer", list(OPTIMIZER_STATES), key=_init(PREFIX + "training.optimizer", bt["optimizer"]))
+    dtype = t2.selectbox("dtype", list(DTYPE_BYTES), key=_init(PREFIX + "training.dtype", bt["dtype"]))
+    step = box.selectbox(
+        "optimizer step", ("default", *OPTIMIZER_STEPS),
+        key=_init(PREFIX + "training.optimizer_step", bt.get("optimizer_step", "default")),
+        help="How the update runs, which sets its temporary memory: for_loop (one tensor at a time, "
+             "torch's default on CPU), foreach (lists of all tensors, torch's default on CUDA: Adam "
+             "makes an fp32 copy of every parameter), fused (none); default: the hardware's.")
+    zero = box.checkbox("ZeRO-1 (shard optimizer states over the D replicas)",
+                        key=_init(PREFIX + "training.zero", bool(bt.get("zero", 0))))
+    run_fields, price = _run_fields(box, bt, hardware)
+    return {"optimizer": optimizer, "dtype": dtype, "zero": int(zero), "optimizer_step": step, **run_fields}, price
 
 
 def _run_fields(box: Any, training: dict[str, Any], hardware: dict[str, Any]) -> tuple[dict[str, Any], str]:
