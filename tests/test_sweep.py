@@ -346,8 +346,13 @@ def test_a_large_shared_axis_value_is_summarised_not_expanded(tmp_path):
     assert "expected a whole number, got a mapping" in run.table["error"].iloc[2]
 
 
+def _table_lines(text: str) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
+
+
 def test_cli_sweep_prints_the_best_configurations_that_fit(tmp_path, capsys):
-    """Top 5 by throughput among the rows that fit, with the inputs that vary and the figures."""
+    """On one device count, the top 5 by throughput among the rows that fit; over several, the
+    fastest of each device count (like with like), with throughput per device."""
     sweep_file = tmp_path / "s.yaml"
     base = {**BASE, "hardware": {"preset": "ideal", "accelerator": {"memory_bytes": "300 MB"}},
             "model": {**BASE["model"], "params_per_layer": 1_000_000}}
@@ -362,18 +367,32 @@ def test_cli_sweep_prints_the_best_configurations_that_fit(tmp_path, capsys):
     table = pd.read_parquet(out / "results.parquet")
     fits = table[table["fits_in_memory"].astype(bool)]
     assert 5 < len(fits) < len(table)  # some do not fit: they must not be listed
+    assert f"the fastest of each device count among the {len(fits)} configurations that fit in memory" in text
+    header = next(line for line in text.splitlines() if "stages" in line and "step time" in line)
+    for name in ("stages", "micro_batches", "remat", "N", "step time", "samples/s", "per device", "bubble", "peak"):
+        assert name in header
+    lines = _table_lines(text)
+    assert [int(cells[4]) for cells in lines] == sorted(fits["num_devices"].unique())
+    for cells in lines:
+        same = fits[fits["num_devices"] == int(cells[4])]
+        row = same.loc[same["throughput_samples_per_s"].idxmax()]
+        assert cells[1:4] == [str(row["pipeline.stages"]), str(row["pipeline.micro_batches"]), row["pipeline.remat"]]
+        assert cells[6] == f"{row['throughput_samples_per_s']:,.1f}"
+        assert cells[7] == f"{row['throughput_samples_per_s'] / row['num_devices']:,.2f}"
+    # one device count: the five fastest
+    roomy = {**base, "hardware": {"preset": "ideal"}, "pipeline": {**base["pipeline"], "stages": 2}}
+    sweep_file.write_text(yaml.safe_dump({"base": roomy, "axes": {
+        "pipeline.micro_batches": [1, 2, 4], "pipeline.remat": ["none", "always"]}}))
+    assert main(["sweep", str(sweep_file), "--out", str(tmp_path / "o1"), "--workers", "0", "--quiet",
+                 "--no-report"]) == 0
+    text = capsys.readouterr().out
+    table = pd.read_parquet(tmp_path / "o1" / "results.parquet")
+    fits = table[table["fits_in_memory"].astype(bool)]
     best = fits.sort_values("throughput_samples_per_s", ascending=False, kind="stable").head(5)
     assert f"best 5 of the {len(fits)} configurations that fit in memory" in text
-    lines = [line for line in text.splitlines() if line.startswith("│")]
-    assert len(lines) == 5
-    header = next(line for line in text.splitlines() if "stages" in line and "step time" in line)
-    for name in ("stages", "micro_batches", "remat", "step time", "samples/s", "bubble", "largest device peak"):
-        assert name in header
-    for line, (_, row) in zip(lines, best.iterrows()):
-        cells = [cell.strip() for cell in line.strip("│").split("│")]
-        assert cells[1:4] == [str(row["pipeline.stages"]), str(row["pipeline.micro_batches"]), row["pipeline.remat"]]
-        assert cells[5] == f"{row['throughput_samples_per_s']:,.1f}"
-        assert cells[6] == f"{row['bubble_fraction']:.3f}"
+    lines = _table_lines(text)
+    assert [(cells[1], cells[2]) for cells in lines] == [
+        (str(r["pipeline.micro_batches"]), r["pipeline.remat"]) for _, r in best.iterrows()]
     # none fits: one line naming the nearest miss
     sweep_file.write_text(yaml.safe_dump({"base": {**base, "hardware": {"preset": "ideal", "accelerator": {
         "memory_bytes": "1 MB"}}}, "axes": {"pipeline.stages": [1, 2]}}))

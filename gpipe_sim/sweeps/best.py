@@ -27,18 +27,33 @@ def varying_inputs(table: Any, axes: Sequence[str] | None = None, *, keep_named:
     return varying
 
 
+def _fitting(table: Any) -> Any:
+    return table[(table["status"] == "ok") & table["fits_in_memory"].fillna(False).astype(bool)]
+
+
+def device_counts_differ(table: Any) -> bool:
+    """Whether the rows that ran and fit use different numbers of devices (throughputs on different
+    device counts answer different questions: the ranking then groups by device count)."""
+    return "num_devices" in table.columns and len(table) > 0 and _fitting(table)["num_devices"].nunique() > 1
+
+
 def best_configurations(table: Any, top: int = BEST_SHOWN) -> Any:
-    """The `top` rows that ran and fit in memory, fastest (highest throughput) first (a DataFrame)."""
+    """The rows that ran and fit in memory, fastest (highest throughput) first (a DataFrame): the
+    `top` fastest where all use the same number of devices, else the fastest of each device count,
+    fewest devices first (like compared with like)."""
     if not len(table):
         return table
-    ok = table[(table["status"] == "ok") & table["fits_in_memory"].fillna(False).astype(bool)]
-    return ok.sort_values(["throughput_samples_per_s", "sweep.index"], ascending=[False, True],
-                          kind="stable").head(top)
+    ok = _fitting(table).sort_values(["throughput_samples_per_s", "sweep.index"], ascending=[False, True],
+                                     kind="stable")
+    if not device_counts_differ(table):
+        return ok.head(top)
+    return ok.drop_duplicates("num_devices").sort_values(["num_devices", "sweep.index"], kind="stable")
 
 
 def best_text(table: Any, axes: Sequence[str] = (), top: int = BEST_SHOWN) -> str:
-    """The best configurations that fit, as a table: their varying inputs, step time, throughput,
-    bubble and largest device peak; or one line saying that none fits (and the nearest miss)."""
+    """The best configurations that fit, as a table: their varying inputs, devices N, step time,
+    throughput (and per device), bubble and largest device peak; or one line saying that none fits
+    (and the nearest miss)."""
     from rich.table import Table
 
     from gpipe_sim.summary import render
@@ -56,23 +71,36 @@ def best_text(table: Any, axes: Sequence[str] = (), top: int = BEST_SHOWN) -> st
                 f"{int(near['sweep.index'])}, needs {format_bytes(float(near['max_device_peak_memory_bytes']))} "
                 f"on its fullest device (capacity {capacity})")
     fits = int(ran["fits_in_memory"].fillna(False).astype(bool).sum())
+    grouped = device_counts_differ(table)
     columns = varying_inputs(table, axes, keep_named=True)
     short = _short_names(columns)
-    out = Table(title=f"best {len(best)} of the {fits} configurations that fit in memory (by throughput)")
+    title = (f"the fastest of each device count among the {fits} configurations that fit in memory"
+             if grouped else f"best {len(best)} of the {fits} configurations that fit in memory (by throughput)")
+    caps = {float(c) for c in best["memory_capacity_bytes"] if c is not None and c == c}
+    shared_cap = len(caps) == 1 and best["memory_capacity_bytes"].notna().all()
+    if shared_cap:
+        title += f"; capacity {format_bytes(caps.pop())} a device"
+    out = Table(title=title)
     out.add_column("#", justify="right")
     for name in columns:
         out.add_column(short[name])
-    for name in ("step time", "samples/s", "bubble", "largest device peak"):
+    per_device = "num_devices" in best.columns
+    for name in ("N",) * per_device + ("step time", "samples/s") + ("per device",) * per_device \
+            + ("bubble", "largest device peak"):
         out.add_column(name, justify="right")
     for rank, (_, row) in enumerate(best.iterrows(), start=1):
         cap = row["memory_capacity_bytes"]
         peak = format_bytes(float(row["max_device_peak_memory_bytes"]))
-        if cap is not None and cap == cap:
+        if cap is not None and cap == cap and not shared_cap:
             peak += f" of {format_bytes(float(cap))}"
+        rate = float(row["throughput_samples_per_s"])
+        devices = int(row["num_devices"]) if per_device else 1
         out.add_row(
             str(rank), *(_cell(row[name]) for name in columns),
+            *((str(devices),) if per_device else ()),
             format_seconds(float(row["step_time_s"])),
-            f"{float(row['throughput_samples_per_s']):,.1f}",
+            f"{rate:,.1f}",
+            *((f"{rate / devices:,.2f}",) if per_device else ()),
             f"{float(row['bubble_fraction']):.3f}",
             peak,
         )

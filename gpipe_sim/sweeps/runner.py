@@ -50,8 +50,14 @@ RUNS_DIR = "runs"
 # one scenario -> one row
 
 
+# A list field longer than this as JSON text (a large per-layer table) is kept as "<N entries>".
+MAX_LIST_CELL_CHARS = 20_000
+
+
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested plain data as dotted names; lists of scalars become JSON text, tables their length."""
+    """Nested plain data as dotted names. A list (of scalars, lists or mappings: GEMM tiles, a
+    placement, per-pair links) becomes its JSON text, which rebuilds it exactly; one over
+    MAX_LIST_CELL_CHARS characters (a large layer table) only its length, "<N entries>"."""
     out: dict[str, Any] = {}
     if isinstance(data, dict):
         for key, value in data.items():
@@ -59,10 +65,8 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
         return out
     name = prefix[:-1]
     if isinstance(data, (list, tuple)):
-        if any(isinstance(v, (dict, list, tuple)) for v in data):
-            out[name] = f"<{len(data)} entries>"
-        else:
-            out[name] = json.dumps(list(data))
+        text = json.dumps(list(data))
+        out[name] = text if len(text) <= MAX_LIST_CELL_CHARS else f"<{len(data)} entries>"
     else:
         out[name] = data
     return out
