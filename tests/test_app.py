@@ -9,7 +9,7 @@ import statistics
 import pytest
 import yaml
 
-from gpipe_sim.results.result import analytic_bubble
+from gpipe_sim.schedule.registry import fill_drain_bubble
 from test_app_support import (
     ANALYTIC, UNIFORM, app_test, metric, page_ms, plotly_specs, set_widget, sweep_table, write_validation,
 )
@@ -42,7 +42,7 @@ def test_explore_defaults_render_every_part():
     assert not at.error
     K = at.sidebar.number_input(key="cfg.pipeline.stages").value
     M = at.sidebar.number_input(key="cfg.pipeline.micro_batches").value
-    assert metric(at, ANALYTIC) == f"{analytic_bubble(K, M):.4f}"
+    assert metric(at, ANALYTIC) == f"{fill_drain_bubble(K, M):.4f}"
     bubble = float(metric(at, "Bubble fraction"))
     assert 0.0 < bubble < 1.0
     specs = plotly_specs(at)
@@ -64,7 +64,7 @@ def test_explore_bubble_follows_k_and_m_to_the_analytic_value():
         at.sidebar.number_input(key="cfg.pipeline.stages").set_value(K)
         at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(M).run()
         assert_clean(at)
-        expected = f"{analytic_bubble(K, M):.4f}"
+        expected = f"{fill_drain_bubble(K, M):.4f}"
         assert metric(at, "Bubble fraction") == expected, (K, M)
         assert metric(at, ANALYTIC) == expected
         shown.append(metric(at, "Bubble fraction"))
@@ -106,7 +106,7 @@ def test_explore_every_preset_schedule_and_remat_renders():
     at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(1).run()
     assert_clean(at)
     assert not any(w.value.startswith(STALE) for w in at.warning)
-    assert metric(at, ANALYTIC) == f"{analytic_bubble(4, 1):.4f}"
+    assert metric(at, ANALYTIC) == f"{fill_drain_bubble(4, 1):.4f}"
 
 
 def test_explore_interleaved_bubble_is_the_schedules_own():
@@ -124,7 +124,7 @@ def test_explore_interleaved_bubble_is_the_schedules_own():
         expected = f"{(K - 1) / (v * M + K - 1):.4f}"
         assert metric(at, "Bubble fraction") == expected, (K, M)
         assert metric(at, ANALYTIC) == expected
-        assert expected != f"{analytic_bubble(K, M):.4f}"  # not GPipe's
+        assert expected != f"{fill_drain_bubble(K, M):.4f}"  # not GPipe's
     table = at.dataframe[0].value
     assert list(table["rank"]) == list(range(8))
     assert list(table["chunks"]) == [f"{k}, {k + 8}" for k in range(8)]
@@ -259,11 +259,11 @@ def test_explore_uploaded_layer_table():
     at.sidebar.number_input(key="cfg.pipeline.stages").set_value(4)
     at.sidebar.number_input(key="cfg.pipeline.micro_batches").set_value(8).run()
     assert_clean(at)
-    assert metric(at, "Bubble fraction") == f"{analytic_bubble(4, 8):.4f}"
+    assert metric(at, "Bubble fraction") == f"{fill_drain_bubble(4, 8):.4f}"
     at.switch_page("views/validate.py").run()
     at.switch_page("views/explore.py").run()  # the upload widget is new: the table is kept
     assert_clean(at)
-    assert metric(at, "Bubble fraction") == f"{analytic_bubble(4, 8):.4f}"
+    assert metric(at, "Bubble fraction") == f"{fill_drain_bubble(4, 8):.4f}"
     assert any("Using layers.yaml (8 layers)" in c.value for c in at.sidebar.caption)
     at.button(key="btn.forget_table").click().run()
     assert not at.metric and "Upload a per-layer table" in at.info[0].value
@@ -412,7 +412,7 @@ def test_compare_bubble_of_b_follows_its_k_and_m():
         assert_clean(at)
         bubbles = [m.value for m in at.metric if m.label == "Bubble fraction"]
         analytic = [m.value for m in at.metric if m.label == ANALYTIC]
-        assert bubbles[1] == analytic[1] == f"{analytic_bubble(K, M):.4f}", (K, M)
+        assert bubbles[1] == analytic[1] == f"{fill_drain_bubble(K, M):.4f}", (K, M)
     at.selectbox(key=B + "pipeline.schedule").set_value("interleaved_1f1b")
     at.number_input(key=B + "pipeline.chunks").set_value(2).run()  # B changes v: K=8, M=32
     assert_clean(at)
@@ -467,7 +467,7 @@ def test_validate_plots_prediction_against_measurement(tmp_path):
         at.text_input(key="cfg.validate.path").set_value(str(path)).run()
         assert_clean(at)
         assert not at.error
-        assert metric(at, "Predicted bubble") == f"{analytic_bubble(K, M):.4f}"
+        assert metric(at, "Predicted bubble") == f"{fill_drain_bubble(K, M):.4f}"
         assert metric(at, "Measured bubble") == f"{doc['measured']['bubble_fraction']:.4f}"
         specs = plotly_specs(at)
         gantt, errors = specs[0], specs[1]
@@ -509,7 +509,7 @@ def test_validate_upload_and_bad_files(tmp_path):
     good = write_validation(tmp_path / "v.json", 2, 4)
     at.file_uploader[0].set_value(("v.json", (tmp_path / "v.json").read_bytes(), "application/json")).run()
     assert_clean(at)
-    assert metric(at, "Predicted bubble") == f"{analytic_bubble(2, 4):.4f}"
+    assert metric(at, "Predicted bubble") == f"{fill_drain_bubble(2, 4):.4f}"
     at.file_uploader[0].set_value(("bad.json", b"{not json", "application/json")).run()
     assert_clean(at)
     assert at.error[0].value.startswith("bad.json: not valid JSON")
@@ -554,7 +554,7 @@ def test_sweep_plots_any_result_against_any_input(tmp_path):
     assert len(fig["data"]) == 3  # one series per K; the failed K=32 row is left out
     for trace in fig["data"]:
         K = int(trace["name"].split("=")[1])
-        assert trace["y"] == pytest.approx([analytic_bubble(K, m) for m in trace["x"]])
+        assert trace["y"] == pytest.approx([fill_drain_bubble(K, m) for m in trace["x"]])
     options = at.selectbox(key="cfg.sweep.y").options
     assert "stage_peak_memory_bytes[0]" in options and "sweep.index" not in options
     at.selectbox(key="cfg.sweep.x").set_value("pipeline.stages")

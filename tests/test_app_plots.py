@@ -25,7 +25,8 @@ from gpipe_sim.spec.scenario import REMAT_MODES
 CHUNK_REMAT_MODES = [m for m in REMAT_MODES if not per_layer(m)]  # the uniform model has no blocks
 from gpipe_sim import charts as plots
 from gpipe_sim.spec.presets import hardware_presets
-from gpipe_sim.results.result import Result, Timeline, analytic_bubble
+from gpipe_sim.results.result import Result, Timeline
+from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.units import parse_quantity
 from test_app_support import ROOT, sweep_table, uniform_data, write_validation
 
@@ -287,7 +288,7 @@ def test_bubble_vs_m_curves_are_the_analytic_formula():
     curves = {t.name: t for t in fig.data}
     for K in (2, 4, 8):
         trace = curves[f"K={K} analytic"]
-        assert list(trace.y) == pytest.approx([analytic_bubble(K, int(m)) for m in trace.x])
+        assert list(trace.y) == pytest.approx([fill_drain_bubble(K, int(m)) for m in trace.x])
     assert list(curves["current (simulated)"].x) == [16]
 
 
@@ -388,7 +389,7 @@ def test_downloaded_yaml_has_no_raw_floats():
 def test_validation_round_trip(tmp_path):
     doc = write_validation(tmp_path / "v.json", 4, 8)
     v = ValidationDocument.from_json((tmp_path / "v.json").read_text())
-    assert v.predicted.bubble_fraction == pytest.approx(analytic_bubble(4, 8))
+    assert v.predicted.bubble_fraction == pytest.approx(fill_drain_bubble(4, 8))
     assert v.measured.step_time_s == doc["measured"]["step_time_s"]
     assert len(v.measured.timeline) == len(doc["measured"]["timeline"])
     assert v.relative_error == doc["relative_error"]

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from gpipe_sim import parse_scenario, simulate
-from gpipe_sim.results.result import analytic_bubble
+from gpipe_sim.schedule.registry import fill_drain_bubble
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app" / "streamlit_app.py"
@@ -86,7 +86,7 @@ def sweep_table(stages=(2, 4, 8), micro=(1, 2, 4, 8, 16)) -> pd.DataFrame:
         else:
             row.update({
                 "step_time_s": r.step_time_s, "throughput_samples_per_s": r.throughput_samples_per_s,
-                "bubble_fraction": r.bubble_fraction, "analytic_bubble_fraction": analytic_bubble(k, m),
+                "bubble_fraction": r.bubble_fraction, "analytic_bubble_fraction": fill_drain_bubble(k, m),
                 "fits_in_memory": r.fits_in_memory,
                 "stage_peak_memory_bytes": [s.peak_memory_bytes for s in r.stages],
                 "status": "ok", "error": None,

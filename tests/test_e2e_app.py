@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpipe_sim import load_scenario, simulate
-from gpipe_sim.results.result import analytic_bubble
+from gpipe_sim.schedule.registry import fill_drain_bubble
 
 pytestmark = pytest.mark.e2e
 
@@ -138,13 +138,13 @@ def test_change_k_in_the_browser_updates_the_bubble(app_url, tmp_path):
             scenario = load_scenario(DEFAULT_SCENARIO)
             K, M = scenario.pipeline.stages, scenario.pipeline.micro_batches
             expect(bubble).to_have_text(_expected_bubble(K, M), timeout=60_000)
-            expect(analytic).to_have_text(f"{analytic_bubble(K, M):.4f}")
+            expect(analytic).to_have_text(f"{fill_drain_bubble(K, M):.4f}")
             expect(page.locator(".js-plotly-plot").first).to_be_visible()
             _screenshot(page, "explore_default.png")
 
             for field, K, M in (("stages K", 8, M), ("stages K", 16, M), ("micro-batches M", 16, 64),
                                 ("stages K", 2, 64), ("stages K", 8, 64)):
-                want = (_expected_bubble(K, M), f"{analytic_bubble(K, M):.4f}")
+                want = (_expected_bubble(K, M), f"{fill_drain_bubble(K, M):.4f}")
                 box = page.get_by_label(field, exact=True)
                 box.fill(str(K if field == "stages K" else M))
                 page.wait_for_timeout(1000)  # a person's pace: the previous page has finished drawing
@@ -170,7 +170,7 @@ def test_change_k_in_the_browser_updates_the_bubble(app_url, tmp_path):
             expect(page.get_by_text("No validation loaded")).to_be_visible()
             page.get_by_label("... or a path on the server").fill(str(validation))
             page.get_by_label("... or a path on the server").press("Enter")
-            expect(metric("Predicted bubble")).to_have_text(f"{analytic_bubble(4, 8):.4f}")
+            expect(metric("Predicted bubble")).to_have_text(f"{fill_drain_bubble(4, 8):.4f}")
             expect(page.locator(".js-plotly-plot")).to_have_count(5)
             _screenshot(page, "validate.png")
 

@@ -398,11 +398,6 @@ def _optional_finite(value: float | None) -> float | None:
     return None if value is None else _finite_or_none(value)
 
 
-def analytic_bubble(stages: int, micro_batches: int, chunks: int = 1) -> float:
-    """A fill-drain pipeline's bubble overhead (K-1)/(v*M+K-1) (GPipe's (K-1)/(M+K-1) at v = 1)."""
-    return (stages - 1) / (chunks * micro_batches + stages - 1)
-
-
 def _stage_results(layout: Layout, busy: np.ndarray, exposed: np.ndarray, peak_activation_bytes: Sequence[float],
                    param_bytes: Sequence[float], state_bytes: Sequence[float],
                    peak_memory_bytes: Sequence[float] | None,

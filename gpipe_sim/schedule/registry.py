@@ -53,8 +53,9 @@ def fixed_chunks(name: str, count: int) -> Check:
     return check
 
 
-def fill_drain_bubble(ranks: int, micro_batches: int, chunks: int) -> float:
-    """(K-1)/(v*M+K-1): the idle share of a fill-drain pipeline of v*M chunk passes per rank."""
+def fill_drain_bubble(ranks: int, micro_batches: int, chunks: int = 1) -> float:
+    """(K-1)/(v*M+K-1): the idle share of a fill-drain pipeline of v*M chunk passes per rank
+    (GPipe's (K-1)/(M+K-1) at v = 1); the default analytic bubble of a registered family."""
     return (ranks - 1) / (chunks * micro_batches + ranks - 1)
 
 
