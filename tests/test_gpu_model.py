@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import glob
 import statistics
-from pathlib import Path
 
 import pytest
 import yaml
 
 from gpipe_sim.api import simulate
 from gpipe_sim.spec.costs import layer_seconds
+from gpipe_sim.reference import H100_DIR
 from gpipe_sim.spec.gpu_fit import gemm_pairs, membound_pairs, read_rows, relative_errors
 from gpipe_sim.spec.gpu_model import gemm_seconds, layer_pass_seconds
 from gpipe_sim.spec.hardware import Hardware
@@ -20,9 +20,7 @@ from gpipe_sim.spec.layers import build_layers
 from gpipe_sim.spec.model import LayerSpec, Timing, TransformerModel
 from gpipe_sim.spec.scenario import Scenario
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
-H100 = sorted(glob.glob(str(REFERENCE / "h100" / "*.jsonl")))
-needs_reference = pytest.mark.skipif(not H100, reason="shared/reference/h100 not present")
+H100 = sorted(glob.glob(str(H100_DIR / "*.jsonl")))
 
 
 def _accel(preset: str):
@@ -45,7 +43,6 @@ def test_small_k_and_unaligned_n_are_slower_per_flop():
     assert price(Gemm("g", 8192, 50257, 4096)) > 4 * price(Gemm("g", 8192, 51200, 4096))
 
 
-@needs_reference
 def test_fitted_h100_tables_reproduce_the_microbenchmarks():
     """The preset's tables against gemm.jsonl (bf16, rows timed >= 50 us: median 4.9%) and the
     forward memory-bound rows of 16M+ elements (median 5.6%)."""
@@ -57,17 +54,15 @@ def test_fitted_h100_tables_reproduce_the_microbenchmarks():
     assert statistics.median(mem) < 0.08
 
 
-@needs_reference
 def test_h100_blocks_held_out():
     """Per-block forward and forward+backward against block.jsonl, never fitted to."""
     from gpipe_sim.studies.vtrain import block_check
 
-    figures = block_check(REFERENCE / "h100" / "block.jsonl")
+    figures = block_check(H100_DIR / "block.jsonl")
     assert figures["forward_median_error"] < 0.12
     assert figures["fwd_bwd_median_error"] < 0.12
 
 
-@needs_reference
 def test_vtrain_calibration_half_within_stated_bounds():
     """docs/measurements/accuracy.md's figures: the issue's 50257 padded to 50304 by the preset's default
     vocab_multiple (what Megatron's GEMMs run), the same as giving 50304, and unpadded
@@ -114,7 +109,6 @@ def test_every_gpu_preset_prices_every_model_preset():
             assert 0 < r.step_time_s < 10
 
 
-@needs_reference
 def test_gpu_calibration_fits_rows_and_writes_a_yaml_gpipe_sim_takes(tmp_path):
     from gpipe_exec.calibration.gpu_tables import calibrate_gpu_tables
 

@@ -169,10 +169,8 @@ def test_sweep_axis_over_tensor_parallel():
 
 
 def test_vtrain_tp_study_figures():
-    from gpipe_sim.studies.vtrain_tp import CALIBRATION_TP_CSV, tp_study
+    from gpipe_sim.studies.vtrain_tp import tp_study
 
-    if not CALIBRATION_TP_CSV.exists():
-        pytest.skip("no shared/reference/vtrain-a100/calibration_tp.csv")
     figures = tp_study(by_tp=False)["all"]  # docs/measurements/accuracy.md: 6.5%, 17.8%, tau 1.00
     assert figures["rows"] == 400 and figures["median_error"] < 0.07 and figures["p90_error"] < 0.20
     assert figures["tau_median"] >= 0.9

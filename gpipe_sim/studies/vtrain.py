@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpipe_sim.api import simulate
+from gpipe_sim.reference import H100_DIR, VTRAIN_CSV
 from gpipe_sim.spec.scenario import Scenario
 
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
-CALIBRATION_CSV = REFERENCE / "vtrain-a100" / "calibration.csv"
-BLOCK_JSONL = REFERENCE / "h100" / "block.jsonl"
+CALIBRATION_CSV = VTRAIN_CSV
+BLOCK_JSONL = H100_DIR / "block.jsonl"
 
 
 @dataclass(frozen=True)

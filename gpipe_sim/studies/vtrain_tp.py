@@ -12,10 +12,11 @@ from typing import Any, Sequence
 
 from gpipe_sim.api import simulate
 from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.studies.vtrain import (REFERENCE, VOCAB, Row, _print, accuracy, predict, read_csv_rows, read_rows,
+from gpipe_sim.reference import VTRAIN_TP_CSV
+from gpipe_sim.studies.vtrain import (VOCAB, Row, _print, accuracy, predict, read_csv_rows, read_rows,
                                       scenario_data)
 
-CALIBRATION_TP_CSV = REFERENCE / "vtrain-a100" / "calibration_tp.csv"
+CALIBRATION_TP_CSV = VTRAIN_TP_CSV
 
 
 def read_tp_rows(path: Path = CALIBRATION_TP_CSV) -> list[Row]:
