@@ -24,9 +24,15 @@ RANK_OVERHEAD_BYTES = 0.5 * 2**30  # a rank's interpreter, torch and gloo, befor
 def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
-    evenly over the T devices (each sends and receives an equal shard)."""
+    evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
+    chunk on one device per rank."""
     check_buildable(scenario.model)
     T, seq_len = scenario.pipeline.tensor_parallel, getattr(scenario.model, "seq_len", 0)
+    p = scenario.pipeline
+    if getattr(scenario.model, "tied_embeddings", False) and (p.stages * p.chunks > 1 or T > 1):
+        raise ScenarioError("model.tied_embeddings: the executor ties the token table and the output projection "
+                            "within one chunk on one device per rank (pipeline.stages 1, chunks 1, "
+                            "tensor_parallel 1); untie them or simulate only")
     if T > 1 and scenario.pipeline.sequence_parallel and seq_len % T:
         raise ScenarioError(f"model.seq_len: {seq_len:,} does not split over pipeline.tensor_parallel {T} "
                             f"with sequence parallelism (give a multiple of {T})")

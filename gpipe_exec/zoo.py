@@ -17,61 +17,100 @@ from gpipe_sim.spec.tensor_parallel import split_vocab
 ZOO_PRESETS = ("mlp", "transformer", "convnet")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_DROPOUT = 0.1
+RMS_EPS = 1e-5
+ROPE_BASE = 10000.0
 
 
 class Embedding(nn.Module):
-    """Token plus learned position embedding."""
+    """Token embedding, plus a learned position table unless the blocks rotate (RoPE)."""
 
-    def __init__(self, vocab: int, seq_len: int, d_model: int, dropout: float) -> None:
+    def __init__(self, vocab: int, seq_len: int, d_model: int, dropout: float, positions: bool = True) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, d_model)
-        self.positions = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
+        self.positions = nn.Parameter(torch.randn(seq_len, d_model) * 0.02) if positions else None
         self.drop = nn.Dropout(dropout)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.tokens(ids) + self.positions[: ids.shape[1]])
+        x = self.tokens(ids)
+        return self.drop(x if self.positions is None else x + self.positions[: ids.shape[1]])
+
+
+def norm_layer(model: TransformerModel) -> nn.Module:
+    """The model's normalisation: torch's LayerNorm, or RMSNorm (a weight, eps 1e-5 as Llama's)."""
+    if model.norm == "rmsnorm":
+        return nn.RMSNorm(model.d_model, eps=RMS_EPS)
+    return nn.LayerNorm(model.d_model)
+
+
+def rotary_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos and sin (seq_len x head_dim), the halves' frequencies repeated (rotate-half
+    layout, as Megatron-LM's and Hugging Face's Llama), base ROPE_BASE."""
+    inv = 1.0 / ROPE_BASE ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (batch, heads, seq, head_dim) rotated by position: x cos + rotate_half(x) sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class Block(nn.Module):
-    """A pre-LayerNorm GPT block: causal self-attention and a GELU MLP, each with a residual.
+    """A pre-norm decoder block: causal self-attention and an MLP, each with a residual.
 
-    `attention` "standard" computes softmax(QK^T)V step by step (autograd keeps the scores);
-    "flash" calls torch's fused `scaled_dot_product_attention` without attention dropout (the
-    residual branches keep theirs), which keeps only its output and log-sum-exp for backward."""
+    QKV is one GEMM whose rows are the queries of every head, then the keys, then the values of
+    every key/value head (`kv_heads` of them, each shared by heads / kv_heads query heads; a
+    tensor-parallel device holds its own heads' rows in the same order). `attention` "standard"
+    computes softmax(QK^T)V step by step (autograd keeps the scores; keys and values repeated for
+    each query head of their group, as Megatron-LM's unfused attention does); "flash" calls torch's
+    fused `scaled_dot_product_attention` (grouped: `enable_gqa`) without attention dropout (the
+    residual branches keep theirs), which keeps only its output and log-sum-exp for backward. The
+    MLP is fc1, GeLU, fc2, or SwiGLU's silu(fc1) x up, then fc2 (torchtitan's w1, w3, w2)."""
 
-    def __init__(self, d_model: int, d_ff: int, heads: int, seq_len: int, dropout: float,
-                 attention: str = "standard") -> None:
+    def __init__(self, model: TransformerModel, dropout: float) -> None:
         super().__init__()
-        self.heads = heads  # this device's: heads / T on a tensor-parallel rank
-        self.heads_major = False  # the QKV rows' order (see forward; runtime.tensor_parallel)
-        self.flash = attention == "flash"
-        self.ln1 = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.fc1 = nn.Linear(d_model, d_ff)
-        self.fc2 = nn.Linear(d_ff, d_model)
+        d, hd = model.d_model, model.d_model // model.heads
+        self.heads, self.kv_heads = model.heads, model.query_groups  # this device's, once split
+        self.flash = model.attention == "flash"
+        self.ln1 = norm_layer(model)
+        self.qkv = nn.Linear(d, d + 2 * self.kv_heads * hd, bias=model.bias)
+        self.proj = nn.Linear(d, d, bias=model.bias)
+        self.ln2 = norm_layer(model)
+        self.fc1 = nn.Linear(d, model.d_ff, bias=model.bias)
+        self.up = nn.Linear(d, model.d_ff, bias=model.bias) if model.mlp == "swiglu" else None
+        self.fc2 = nn.Linear(model.d_ff, d, bias=model.bias)
         self.drop = nn.Dropout(dropout)
         self.attn_drop = nn.Dropout(dropout)
-        # A buffer, so the saved-bytes meter (which skips parameters and buffers) does not count it.
-        self.register_buffer("causal", torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1),
+        # Buffers, so the saved-bytes meter (which skips parameters and buffers) does not count them.
+        self.register_buffer("causal", torch.ones(model.seq_len, model.seq_len, dtype=torch.bool).triu(1),
                              persistent=False)
+        self.rotary = model.position == "rope"
+        if self.rotary:
+            cos, sin = rotary_tables(model.seq_len, hd)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(self.ln1(x))
-        b, s, _ = qkv.shape  # the whole sequence (`x` holds 1/T of it under sequence parallelism)
-        width = qkv.shape[-1] // 3  # d, or d / T of a tensor-parallel rank's heads
-        if self.heads_major:  # rows (head, q|k|v, dim), as tensor_parallel lays them out for a split
-            q, k, v = qkv.view(b, s, self.heads, 3, width // self.heads).unbind(3)
-        else:
-            q, k, v = qkv.view(b, s, 3, self.heads, width // self.heads).unbind(2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        b, s, width = qkv.shape  # the whole sequence (`x` holds 1/T of it under sequence parallelism)
+        hd = width // (self.heads + 2 * self.kv_heads)
+        q, k, v = qkv.split((self.heads * hd, self.kv_heads * hd, self.kv_heads * hd), dim=-1)
+        q, k, v = (t.view(b, s, -1, hd).transpose(1, 2) for t in (q, k, v))
+        if self.rotary:
+            q, k = rotate(q, self.cos[:s], self.sin[:s]), rotate(k, self.cos[:s], self.sin[:s])
+        grouped = self.kv_heads != self.heads
         if self.flash:
-            context = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, width)
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         else:
-            context = self._attention(q, k, v, s).transpose(1, 2).reshape(b, s, width)
-        x = x + self.drop(self.proj(context))
-        return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+            if grouped:
+                k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
+            context = self._attention(q, k, v, s)
+        x = x + self.drop(self.proj(context.transpose(1, 2).reshape(b, s, self.heads * hd)))
+        n = self.ln2(x)
+        h = F.gelu(self.fc1(n)) if self.up is None else F.silu(self.fc1(n)) * self.up(n)
+        return x + self.drop(self.fc2(h))
 
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int) -> torch.Tensor:
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
@@ -81,12 +120,13 @@ class Block(nn.Module):
 
 
 class Head(nn.Module):
-    """Final LayerNorm and the vocabulary projection (logits)."""
+    """Final norm and the vocabulary projection (logits); with tied embeddings `build_model` makes
+    its weight the token table."""
 
-    def __init__(self, d_model: int, vocab: int) -> None:
+    def __init__(self, model: TransformerModel, vocab: int) -> None:
         super().__init__()
-        self.ln = nn.LayerNorm(d_model)
-        self.out = nn.Linear(d_model, vocab, bias=False)
+        self.ln = norm_layer(model)
+        self.out = nn.Linear(model.d_model, vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(self.ln(x))
@@ -130,10 +170,10 @@ class ConvHead(nn.Module):
 def _transformer_layer(m: TransformerModel, i: int, dropout: float, tp: int = 1) -> nn.Module:
     # the vocabulary padded as T devices split it (gpipe_sim.spec.tensor_parallel.split_vocab)
     if i == 0:
-        return Embedding(split_vocab(m, tp), m.seq_len, m.d_model, dropout)
+        return Embedding(split_vocab(m, tp), m.seq_len, m.d_model, dropout, positions=m.position == "learned")
     if i == m.layers + 1:
-        return Head(m.d_model, split_vocab(m, tp))
-    return Block(m.d_model, m.d_ff, m.heads, m.seq_len, dropout, m.attention)
+        return Head(m, split_vocab(m, tp))
+    return Block(m, dropout)
 
 
 def _mlp_layer(m: MlpModel, i: int, dropout: float) -> nn.Module:
@@ -194,8 +234,12 @@ def build_layer(model: ModelSpec, index: int, *, seed: int = 0, dropout: float |
 
 
 def build_layers_range(model: ModelSpec, first: int, last: int, **kwargs: object) -> list[nn.Module]:
-    """Layers `first..last` (inclusive), e.g. one model chunk."""
-    return [build_layer(model, i, **kwargs) for i in range(first, last + 1)]  # type: ignore[arg-type]
+    """Layers `first..last` (inclusive), e.g. one model chunk; with tied embeddings, where the range
+    holds both the embedding and the head, the head's projection is the token table itself."""
+    layers = [build_layer(model, i, **kwargs) for i in range(first, last + 1)]  # type: ignore[arg-type]
+    if isinstance(model, TransformerModel) and model.tied_embeddings and first == 0 and last == model.layers + 1:
+        layers[-1].out.weight = layers[0].tokens.weight
+    return layers
 
 
 def build_model(model: ModelSpec, **kwargs: object) -> nn.Sequential:

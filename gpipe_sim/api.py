@@ -14,7 +14,8 @@ from gpipe_sim.plan.tensor_parallel import action_tp_seconds, rank_tp_comm_secon
 from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize
 from gpipe_sim.results.run_cost import scenario_run_cost
 from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.model import LayerSpec, TableModel
+from gpipe_sim.spec.model import LayerSpec, TableModel, TransformerModel
+from gpipe_sim.spec.model_flops import megatron_flops_per_token, palm_flops_per_token, tied_parameters
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.training_run import tokens_per_sample
 
@@ -33,9 +34,11 @@ def run_engine(plan: Plan, engine: Engine = "simpy") -> tuple[np.ndarray, np.nda
 
 def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None) -> ModelFigures:
     """What the model, batch and accelerator fix about a step (`ModelFigures`): total parameters of
-    the layers; model FLOPs per step = batch x sum over layers of (forward + backward FLOPs per
-    sample), re-computation not counted (None where a layer has no FLOPs); tokens per step = batch
-    x seq_len for the transformer preset (None for models without tokens); the accelerator's peak
+    the layers (a tied table once); model FLOPs per step: for the transformer preset Megatron-LM's
+    (`megatron_flops_per_token` x tokens, causal attention), beside PaLM's (`palm_flops_per_token`),
+    for other models batch x sum over layers of (forward + backward FLOPs per sample),
+    re-computation not counted (None where a layer has no FLOPs); tokens per step = batch x
+    seq_len for the transformer preset (None for models without tokens); the accelerator's peak
     FLOP/s for the training dtype (the highest given where that dtype has none, as the cost model
     does). `layers`: the plan's, where built already (the whole model's: not split over tensor
     parallelism). A layer table profiled at T > 1 (rows of one device's share) gives its whole
@@ -55,8 +58,13 @@ def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None)
     parameters = model.parameters if isinstance(model, TableModel) else None  # profiled at T > 1: the whole's
     if parameters is None:
         parameters = sum(layer.params for layer in layers)
+    palm = None
+    if isinstance(model, TransformerModel) and tokens is not None:
+        parameters -= tied_parameters(model)
+        flops = tokens * megatron_flops_per_token(model)
+        palm = tokens * palm_flops_per_token(model, parameters)
     return ModelFigures(parameters=int(parameters), model_flops_per_step=flops,
-                        tokens_per_step=tokens, peak_flops_per_device=float(peak))
+                        tokens_per_step=tokens, peak_flops_per_device=float(peak), palm_flops_per_step=palm)
 
 
 def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Sequence[float],

@@ -50,8 +50,10 @@ def _hand_parameters(d=D_MODEL, f=D_FF, s=SEQ, v=PADDED_VOCAB, layers=L):
 
 
 def _hand_forward_flops_per_sample(d=D_MODEL, f=D_FF, s=SEQ, v=PADDED_VOCAB, layers=L):
-    block = 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d  # the matmuls, and QK^T and the context
-    return s * d + layers * block + 2 * s * d * v  # the position add, the blocks, the head
+    """Megatron-LM's count: the GEMMs and the causal half of QK^T and of the context; no norms,
+    no position add."""
+    block = 2 * s * (4 * d * d + 2 * d * f) + 2 * s * s * d
+    return layers * block + 2 * s * d * v  # the blocks, the head
 
 
 def test_transformer_parameters_are_the_hand_count():
@@ -121,7 +123,8 @@ def test_models_without_tokens_or_flops():
 
 def test_figures_are_finite_or_none():
     figures = ModelFigures(parameters=10, model_flops_per_step=1e30, tokens_per_step=5, peak_flops_per_device=1.0)
-    assert figures.rates(0.0, 1) == {"parameters": 10, "tokens_per_s": None, "tflops_per_device": None, "mfu": None}
+    assert figures.rates(0.0, 1) == {"parameters": 10, "tokens_per_s": None, "tflops_per_device": None, "mfu": None,
+                                     "mfu_palm": None}
     assert figures.rates(1e-320, 1)["mfu"] is None  # would overflow to inf
     assert ModelFigures(parameters=1, model_flops_per_step=math.inf).to_dict()["model_flops_per_step"] is None
 

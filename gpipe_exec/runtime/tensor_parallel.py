@@ -15,6 +15,8 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
 
 from gpipe_exec.measure.saved_hooks import nested_saved_tensors_hooks
 from gpipe_exec.zoo import Block, Embedding, Head
+from gpipe_sim.errors import ScenarioError
+from gpipe_sim.spec.model import TransformerModel
 
 MESH_DIMS = ("dp", "pp", "tp")
 
@@ -32,11 +34,16 @@ def device_mesh(device_type: str, D: int, K: int, T: int) -> DeviceMesh:
     return _MESH[2]
 
 
-def heads_major_rows(d_model: int, heads: int) -> torch.Tensor:
-    """The QKV rows reordered from (q|k|v, head, dim) to (head, q|k|v, dim), so that a contiguous
-    split of the rows gives each device whole heads with their queries, keys and values (Megatron's
-    layout); its argsort restores the model's order."""
-    return torch.arange(3 * d_model).view(3, heads, d_model // heads).transpose(0, 1).reshape(-1)
+def device_major_rows(heads: int, kv_heads: int, head_dim: int, T: int) -> torch.Tensor:
+    """The QKV rows reordered from the model's (queries of every head | keys | values of every
+    key/value head) to T contiguous shares, each (its heads' queries | its key/value heads' keys |
+    their values), so that a contiguous split gives each device whole heads with the keys and
+    values of their groups (Megatron-LM's query-group layout); its argsort restores the model's
+    order. T must divide kv_heads (`gpipe_sim.spec.block_shape.kv_heads_per_device`)."""
+    q = torch.arange(heads * head_dim).view(T, -1)
+    k = heads * head_dim + torch.arange(kv_heads * head_dim).view(T, -1)
+    v = k + kv_heads * head_dim
+    return torch.cat((q, k, v), dim=1).reshape(-1)
 
 
 def _keep_input_sharded(module: nn.Module, mesh: DeviceMesh) -> None:
@@ -83,26 +90,37 @@ def _block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     (its gradient all-gathered)."""
     if not sequence_parallel:
         return {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
-                "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+                "fc1": ColwiseParallel(), "up": ColwiseParallel(), "fc2": RowwiseParallel()}
     return {"ln1": SequenceParallel(), "qkv": ColwiseParallel(input_layouts=Shard(1)),
             "proj": RowwiseParallel(output_layouts=Shard(1)),
             "ln2": SequenceParallel(), "fc1": ColwiseParallel(input_layouts=Shard(1)),
-            "fc2": RowwiseParallel(output_layouts=Shard(1))}
+            "up": ColwiseParallel(input_layouts=Shard(1)), "fc2": RowwiseParallel(output_layouts=Shard(1))}
 
 
 def _split_block(block: Block, mesh: DeviceMesh, T: int, sequence_parallel: bool) -> None:
-    """A block split as `_block_plan` says, heads / T per device (QKV rows reordered so each
-    device's share holds whole heads)."""
-    rows = heads_major_rows(block.qkv.in_features, block.heads)
+    """A block split as `_block_plan` says (SwiGLU's up matrix as fc1), heads / T and key/value
+    heads / T per device (QKV rows reordered so each device's share holds whole heads with their
+    groups' keys and values: `device_major_rows`)."""
+    if block.kv_heads % T:
+        raise ScenarioError(f"model.kv_heads: the executor splits key/value heads over tensor_parallel {T} "
+                            f"but does not replicate {block.kv_heads} of them (the simulator does)")
+    head_dim = block.qkv.out_features // (block.heads + 2 * block.kv_heads)
+    rows = device_major_rows(block.heads, block.kv_heads, head_dim, T)
     with torch.no_grad():
         block.qkv.weight.copy_(block.qkv.weight[rows])
-        block.qkv.bias.copy_(block.qkv.bias[rows])
-    parallelize_module(block, mesh, _block_plan(sequence_parallel))
+        if block.qkv.bias is not None:
+            block.qkv.bias.copy_(block.qkv.bias[rows])
+    plan = _block_plan(sequence_parallel)
+    if block.up is None:
+        del plan["up"]
+    parallelize_module(block, mesh, plan)
     if sequence_parallel:
         _keep_input_sharded(block.qkv, mesh)
         _keep_input_sharded(block.fc1, mesh)
+        if block.up is not None:
+            _keep_input_sharded(block.up, mesh)
     block.heads //= T
-    block.heads_major = True
+    block.kv_heads //= T
 
 
 def _split_embedding(layer: Embedding, mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -116,6 +134,8 @@ def _split_embedding(layer: Embedding, mesh: DeviceMesh, sequence_parallel: bool
     parallelize_module(layer, mesh, {
         "tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
         "drop": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Shard(1), use_local_output=True)})
+    if layer.positions is None:  # rotary positions: no table
+        return
     # equal on every device (built from one seed): no broadcast
     table = distribute_tensor(layer.positions.detach(), mesh, [Replicate()], src_data_rank=None)
     layer.positions = nn.Parameter(table, requires_grad=layer.positions.requires_grad)
@@ -216,16 +236,16 @@ class LocalShards:
         return [q.grad for q in self.local]  # type: ignore[misc]
 
 
-def full_parameters(named: dict[str, nn.Parameter], heads: int
+def full_parameters(named: dict[str, nn.Parameter], model: TransformerModel, T: int
                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """Every parameter and its gradient whole (gathered from the T devices: a collective every
-    device of the rank calls, in the same order), QKV rows back in the model's order (`heads`:
-    the model's), on the CPU."""
+    device of the rank calls, in the same order), QKV rows back in the model's order, on the CPU."""
     out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    rows = device_major_rows(model.heads, model.query_groups, model.d_model // model.heads, T)
     for key, p in named.items():
         whole = [t.full_tensor() if isinstance(t, DTensor) else t for t in (p.detach(), p.grad)]
         if key.endswith(("qkv.weight", "qkv.bias")):
-            order = torch.argsort(heads_major_rows(whole[0].shape[0] // 3, heads))
+            order = torch.argsort(rows)
             whole = [None if t is None else t[order] for t in whole]
         out[key] = (whole[0].cpu().clone(), None if whole[1] is None else whole[1].cpu().clone())
     return out

@@ -10,7 +10,7 @@ from torch import nn
 
 from gpipe_sim.spec.scenario import Scenario
 
-LEARNING_RATES = {"sgd": 0.05, "momentum": 0.05, "rmsprop": 1e-3, "adagrad": 0.01, "adam": 1e-3}
+LEARNING_RATES = {"sgd": 0.05, "momentum": 0.05, "rmsprop": 1e-3, "adagrad": 0.01, "adam": 1e-3, "adamw": 1e-3}
 STEP_OPTIONS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
@@ -28,6 +28,8 @@ def make_optimizer(params: list[nn.Parameter], scenario: Scenario) -> torch.opti
         return torch.optim.RMSprop(params, lr=lr, **how)
     if name == "adagrad":
         return torch.optim.Adagrad(params, lr=lr, **how)
+    if name == "adamw":  # torch's default decoupled weight decay (0.01)
+        return torch.optim.AdamW(params, lr=lr, **how)
     return torch.optim.Adam(params, lr=lr, **how)
 
 

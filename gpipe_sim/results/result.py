@@ -177,11 +177,12 @@ class ModelFigures:
     """What the model, the batch and the accelerator fix about a step whatever the schedule: the
     inputs of `Result.tokens_per_s`, `tflops_per_device` and `mfu` (`gpipe_sim.api.model_figures`).
 
-    `model_flops_per_step`: the model FLOPs of one training step, the batch's forward and backward
-    passes as the layer table counts them (sum over layers of forward + backward FLOPs per sample,
-    times the batch size; the presets' backward is 2x their forward, so 3x the forward FLOPs),
-    re-computation NOT counted: model FLOPs as PaLM and Megatron-LM define MFU. None where a layer
-    gives no FLOPs (timed in seconds). `tokens_per_step`: batch x seq_len for a token model (the
+    `model_flops_per_step`: the model FLOPs of one training step, re-computation NOT counted: for
+    the transformer preset Megatron-LM's count (`gpipe_sim.spec.model_flops`: its GEMMs and causal
+    attention, 3x the forward), for other models the batch's forward and backward passes as the
+    layer table counts them (sum over layers of forward + backward FLOPs per sample, times the
+    batch size). None where a layer gives no FLOPs (timed in seconds). `palm_flops_per_step`: the
+    transformer preset's under PaLM's convention (6 N + 12 L H Q T per token), else None. `tokens_per_step`: batch x seq_len for a token model (the
     transformer preset), None for others (their rate is samples/s). `peak_flops_per_device`: the
     accelerator's peak for the training dtype (the highest given where that dtype has none, as the
     cost model does).
@@ -191,12 +192,14 @@ class ModelFigures:
     model_flops_per_step: float | None = None
     tokens_per_step: int | None = None
     peak_flops_per_device: float | None = None
+    palm_flops_per_step: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"parameters": int(self.parameters),
                 "model_flops_per_step": _optional_finite(self.model_flops_per_step),
                 "tokens_per_step": self.tokens_per_step,
-                "peak_flops_per_device": _optional_finite(self.peak_flops_per_device)}
+                "peak_flops_per_device": _optional_finite(self.peak_flops_per_device),
+                "palm_flops_per_step": _optional_finite(self.palm_flops_per_step)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelFigures | None":
@@ -204,9 +207,11 @@ class ModelFigures:
         if d.get("parameters") is None:
             return None
         flops, tokens, peak = d.get("model_flops_per_step"), d.get("tokens_per_step"), d.get("peak_flops_per_device")
+        palm = d.get("palm_flops_per_step")
         return cls(parameters=int(d["parameters"]), model_flops_per_step=None if flops is None else float(flops),
                    tokens_per_step=None if tokens is None else int(tokens),
-                   peak_flops_per_device=None if peak is None else float(peak))
+                   peak_flops_per_device=None if peak is None else float(peak),
+                   palm_flops_per_step=None if palm is None else float(palm))
 
     def tokens_per_s(self, step_time_s: float) -> float | None:
         """Tokens per second: tokens per step / step time (None for a non-token model)."""
@@ -220,20 +225,24 @@ class ModelFigures:
             return None
         return _optional_finite(self.model_flops_per_step / step_time_s / devices / 1e12)
 
-    def mfu(self, step_time_s: float, devices: int) -> float | None:
-        """Model FLOPs utilisation: model FLOPs per step / (step time x devices x peak FLOP/s)."""
-        if self.model_flops_per_step is None or not self.peak_flops_per_device or not step_time_s > 0 or devices < 1:
+    def mfu(self, step_time_s: float, devices: int, flops: float | None = None) -> float | None:
+        """Model FLOPs utilisation: model FLOPs per step (`flops`, else `model_flops_per_step`:
+        Megatron-LM's for the transformer preset) / (step time x devices x peak FLOP/s)."""
+        flops = self.model_flops_per_step if flops is None else flops
+        if flops is None or not self.peak_flops_per_device or not step_time_s > 0 or devices < 1:
             return None
-        return _optional_finite(self.model_flops_per_step / (step_time_s * devices * self.peak_flops_per_device))
+        return _optional_finite(flops / (step_time_s * devices * self.peak_flops_per_device))
 
     def rates(self, step_time_s: float, devices: int) -> dict[str, Any]:
-        """The four figures people quote, under the keys of `Result.to_dict`."""
+        """The figures people quote, under the keys of `Result.to_dict`: `mfu` Megatron-LM's,
+        `mfu_palm` PaLM's (None but for the transformer preset)."""
+        palm = None if self.palm_flops_per_step is None else self.mfu(step_time_s, devices, self.palm_flops_per_step)
         return {"parameters": int(self.parameters), "tokens_per_s": self.tokens_per_s(step_time_s),
                 "tflops_per_device": self.tflops_per_device(step_time_s, devices),
-                "mfu": self.mfu(step_time_s, devices)}
+                "mfu": self.mfu(step_time_s, devices), "mfu_palm": palm}
 
 
-NO_FIGURES = {"parameters": None, "tokens_per_s": None, "tflops_per_device": None, "mfu": None}
+NO_FIGURES = {"parameters": None, "tokens_per_s": None, "tflops_per_device": None, "mfu": None, "mfu_palm": None}
 
 
 @dataclass
@@ -289,7 +298,13 @@ class Result:
 
     @property
     def mfu(self) -> float | None:
+        """Megatron-LM's MFU (`ModelFigures.mfu`)."""
         return self.quoted_figures["mfu"]
+
+    @property
+    def mfu_palm(self) -> float | None:
+        """PaLM's MFU (the transformer preset's; None for other models)."""
+        return self.quoted_figures["mfu_palm"]
 
     @property
     def exposed_allreduce_s(self) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
+from gpipe_sim.spec.block_shape import BlockShape
+
 
 @dataclass(frozen=True)
 class Gemm:
@@ -127,23 +129,26 @@ def _elementwise(name: str, elements: float, p: int, reads: int = 1, writes: int
     return MemOp(name, elements * p * (reads + writes) + extra * elements)
 
 
-def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropout: bool, p: int,
-                      mask: int, tp: int = 1, sequence_parallel: bool = False) -> LayerKernels:
-    """A pre-LayerNorm GPT block as torch runs it (the zoo's Block): LN, QKV, attention, output
-    projection, dropout + residual, LN, fc1, GeLU, fc2, dropout + residual. On one of `tp` devices
-    (Megatron-LM's split): QKV and fc1 column-parallel (n / T), the projection and fc2 row-parallel
-    (k / T), heads / T; LayerNorms, dropouts and residual adds on whole tokens unless
-    `sequence_parallel` (then on s / T of them)."""
-    hd = d // heads
+def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropout: bool, p: int, mask: int,
+                      tp: int = 1, sequence_parallel: bool = False, *, shape: BlockShape | None = None,
+                      rope: bool = False) -> LayerKernels:
+    """A pre-norm decoder block as torch runs it (the zoo's Block) on one device's share: norm,
+    QKV, (RoPE on the queries and keys), attention (standard attention repeats each key/value
+    head for its group's query heads), output projection, dropout + residual, norm, the MLP (fc1,
+    GeLU, fc2; or gate and up, silu(gate) x up, fc2), dropout + residual. On one of T devices
+    (Megatron-LM's split): QKV and the d -> d_ff GEMMs column-parallel (n / T), the projection and
+    fc2 row-parallel (k / T), heads / T; norms, dropouts and residual adds on whole tokens unless
+    `sequence_parallel` (then on s / T of them). `shape`: the device's sizes where the block is not
+    a GPT block of these sizes (grouped keys and values, SwiGLU, no biases, RMSNorm)."""
+    b = shape or BlockShape(d=d, f=f, s=s, head_dim=d // heads, heads=heads // tp, kv_heads=heads // tp,
+                            mlp_matrices=2, bias=True, norm_params=2 * d, tp=tp)
+    hd, a = b.head_dim, b.heads
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
     full = float(s * d)
     tok = full / tp if sequence_parallel else full
-    a = heads // tp
-    qkv, qkv_b = linear("qkv", s, d, 3 * d // tp)
-    proj, proj_b = linear("proj", s, d // tp, d)
-    fc1, fc1_b = linear("fc1", s, d, f // tp)
-    fc2, fc2_b = linear("fc2", s, f // tp, d)
+    qkv, qkv_b = linear("qkv", s, d, b.qkv)
+    proj, proj_b = linear("proj", s, b.q, d)
     drop = (lambda name, n: [_elementwise(name, n, p, 1, 1, mask)]) if dropout else (lambda name, n: [])
     fwd += [_elementwise("ln1", tok, p), qkv]
     bwd_attn: list[Kernel]
@@ -160,11 +165,19 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
         bwd_attn = [Gemm("context.dgrad_p", s, s, hd, a, "batch"), Gemm("context.dgrad_v", s, hd, s, a, "batch"),
                     *drop("attn.dropout.bwd", scores), softmax_bwd,
                     Gemm("scores.dgrad_q", s, hd, s, a, "batch"), Gemm("scores.dgrad_k", s, hd, s, a, "batch")]
-    heads_copy = 3 * full / tp
+        if b.kv != b.q:  # keys and values repeated per query head; their gradients summed back
+            fwd.insert(2, MemOp("kv.repeat", 2.0 * s * (b.kv + b.q) * p))
+            bwd_attn.append(MemOp("kv.repeat.bwd", 2.0 * s * (b.q + b.kv) * p))
+    if rope:  # x cos + rotate_half(x) sin on the queries and keys, and its transpose backward
+        rotated = float(s * (b.q + b.kv))
+        fwd.insert(2, _elementwise("rope", rotated, p, 1, 1, 2 * p))
+        bwd_attn.append(_elementwise("rope.bwd", rotated, p, 1, 1, 2 * p))
+    heads_copy = float(s * b.qkv)
     fwd += [_elementwise("heads.copy", heads_copy, p), proj, *drop("dropout1", tok),
-            _elementwise("residual1", tok, p, 2, 1), _elementwise("ln2", tok, p), fc1,
-            _elementwise("gelu", float(s * f) / tp, p), fc2, *drop("dropout2", tok), _elementwise("residual2", tok, p, 2, 1)]
-    bwd += [*drop("dropout2.bwd", tok), *fc2_b, _elementwise("gelu.bwd", float(s * f) / tp, p, 2, 1), *fc1_b,
+            _elementwise("residual1", tok, p, 2, 1), _elementwise("ln2", tok, p)]
+    mlp_fwd, mlp_bwd = _mlp(b, p)
+    fwd += [*mlp_fwd, *drop("dropout2", tok), _elementwise("residual2", tok, p, 2, 1)]
+    bwd += [*drop("dropout2.bwd", tok), *mlp_bwd,
             _elementwise("ln2.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1), *drop("dropout1.bwd", tok),
             *proj_b, _elementwise("heads.copy.bwd", heads_copy, p), *bwd_attn, *qkv_b,
             _elementwise("ln1.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1)]
@@ -172,21 +185,40 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
     # beside its weight-gradient GEMM; under sequence parallelism it also all-gathers its input
     # again beside its input-gradient GEMM
     beside = ("qkv.wgrad", "fc1.wgrad") + (("qkv.dgrad", "fc1.dgrad") if sequence_parallel else ())
-    return LayerKernels(tuple(fwd), tuple(bwd), tensors=12, beside_collectives=beside)
+    # the norms' tensors (LayerNorm: weight and bias; RMSNorm: weight) and the GEMMs' weights and biases
+    tensors = 2 * (b.norm_params // d) + (2 + b.mlp_matrices) * (2 if b.bias else 1)
+    return LayerKernels(tuple(fwd), tuple(bwd), tensors=tensors, beside_collectives=beside)
 
 
-def embedding(v: int, d: int, s: int, dropout: bool, p: int, mask: int) -> LayerKernels:
-    """Token lookup, position add and dropout; backward: the token table's dense gradient (a
-    zeroed vocab x d table, then an index add) and the positions' sum over the batch. `v`: the
-    padded vocabulary (TransformerModel.padded_vocab), the table's rows."""
+def _mlp(b: BlockShape, p: int) -> tuple[list[Kernel], list[Kernel]]:
+    """The MLP's forward and backward kernels after its norm: fc1, GeLU, fc2; or SwiGLU's gate and
+    up GEMMs, silu(gate) x up (reading both, writing one), fc2."""
+    s, d, f = b.s, b.d, b.f_share
+    fc1, fc1_b = linear("fc1", s, d, f)
+    fc2, fc2_b = linear("fc2", s, f, d)
+    act = float(s * f)
+    if b.mlp_matrices == 2:
+        return ([fc1, _elementwise("gelu", act, p), fc2],
+                [*fc2_b, _elementwise("gelu.bwd", act, p, 2, 1), *fc1_b])
+    up, up_b = linear("up", s, d, f)
+    return ([fc1, up, _elementwise("swiglu", act, p, 2, 1), fc2],
+            [*fc2_b, _elementwise("swiglu.bwd", act, p, 3, 2), *up_b, *fc1_b])
+
+
+def embedding(v: int, d: int, s: int, dropout: bool, p: int, mask: int, positions: bool = True) -> LayerKernels:
+    """Token lookup, the learned positions' add (`positions`) and dropout; backward: the token
+    table's dense gradient (a zeroed vocab x d table, then an index add) and the positions' sum
+    over the batch. `v`: the padded vocabulary (TransformerModel.padded_vocab), the table's rows."""
     tok = float(s * d)
-    fwd = [_elementwise("lookup", tok, p), _elementwise("positions", tok, p, 2, 1)]
-    bwd = [MemOp("table.grad.zero", 0.0, float(v * d * p)), _elementwise("table.grad.add", tok, p, 2, 1),
-           _elementwise("positions.grad", tok, p)]
+    fwd = [_elementwise("lookup", tok, p)]
+    bwd = [MemOp("table.grad.zero", 0.0, float(v * d * p)), _elementwise("table.grad.add", tok, p, 2, 1)]
+    if positions:
+        fwd.append(_elementwise("positions", tok, p, 2, 1))
+        bwd.append(_elementwise("positions.grad", tok, p))
     if dropout:
         fwd.append(_elementwise("dropout", tok, p, 1, 1, mask))
         bwd.insert(0, _elementwise("dropout.bwd", tok, p, 1, 1, mask))
-    return LayerKernels(tuple(fwd), tuple(bwd), tensors=2)
+    return LayerKernels(tuple(fwd), tuple(bwd), tensors=2 if positions else 1)
 
 
 # Bytes per logit a cross-entropy moves forward and backward (the logits upcast to fp32, the

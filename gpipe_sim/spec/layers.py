@@ -6,6 +6,7 @@ import math
 from typing import Any, Callable
 
 from gpipe_sim.spec import kernels as K
+from gpipe_sim.spec.block_shape import BlockShape, norm_parameters
 from gpipe_sim.spec.recompute import attention_core_bytes_per_token
 from gpipe_sim.spec.tensor_parallel import split_vocab
 from gpipe_sim.spec.model import (
@@ -131,6 +132,18 @@ def _table(model: TableModel, dtype_bytes: int, mask_bytes: int) -> list[LayerSp
 _NORM_STATS = 8
 
 
+def _norm_saved(model: TransformerModel, p: int) -> int:
+    """Bytes per token one norm saves for backward, its output (the next GEMM's input) included.
+    LayerNorm: its input, output and statistics. RMSNorm as torch's composite rms_norm keeps it
+    (torch.nn.RMSNorm on CPU): its input, the input upcast to fp32 where narrower, the fp32
+    1/rms, the normalised input (for the weight's gradient) and the output; CUDA's fused kernel
+    keeps only the input and 1/rms."""
+    d = model.d_model
+    if model.norm == "layernorm":
+        return 2 * d * p + _NORM_STATS
+    return 3 * d * p + 4 + (4 * d if p < 4 else 0)
+
+
 def _share(amount: int, parts: int) -> float:
     """One of `parts` equal shares of `amount` (exactly `amount` for one part)."""
     return amount // parts if amount % parts == 0 else amount / parts
@@ -138,30 +151,31 @@ def _share(amount: int, parts: int) -> float:
 
 @_builder("transformer")
 def _transformer(model: TransformerModel, p: int, m: int, tp: int = 1, sequence_parallel: bool = False) -> list[LayerSpec]:
-    """Saved bytes as torch's autograd keeps them for the zoo's modules (pre-LayerNorm GPT block;
+    """Saved bytes as torch's autograd keeps them for the zoo's modules (pre-norm decoder block;
     Korthikanti et al. 2022's 34sbh + 5as^2b with 1-byte masks at p = 2, plus LayerNorm statistics),
     with masks of `m` bytes an element where the model has dropout. With `tp` > 1, one device's
     share under Megatron-LM's tensor parallelism: what the split divides over T (the GEMMs'
     weights, heads, the vocabulary, the activations inside attention and the MLP), the rest whole
-    (LayerNorms, biases of row-parallel GEMMs, the activations at block boundaries) unless
+    (norms, biases of row-parallel GEMMs, the activations at block boundaries) unless
     `sequence_parallel`, which shards those activations too (Korthikanti et al.'s 34sbh/t)."""
     r = tp if sequence_parallel and tp > 1 else 1  # the share of the replicated activations
     # The vocabulary as the tables, the logits and the head's GEMM have it: padded (`vocab_multiple`,
     # times T when split, as Megatron-LM pads), one device's rows.
-    d, f, s, a = model.d_model, model.d_ff, model.seq_len, model.heads
     v = split_vocab(model, tp) // tp  # T = 1: padded_vocab
     mask = m if model.dropout > 0 else 0
-    return [_embedding(model, p, mask, v, r), *_blocks(model, p, mask, tp, r), _head(d, s, v, p, r)]
+    head = _head(model, v, p, r)
+    return [_embedding(model, p, mask, v, r), *_blocks(model, p, mask, tp, r), head]
 
 
 def _embedding(model: TransformerModel, p: int, mask: int, v: int, r: int) -> LayerSpec:
-    """Token and learned position tables (the token table's `v` rows of one device); saves the
-    token ids and its dropout's mask."""
+    """Token table (its `v` rows of one device) and, for learned positions, the position table;
+    saves the token ids and its dropout's mask."""
     d, s = model.d_model, model.seq_len
+    learned = model.position == "learned"
     return _layer(
         name="embedding",
-        params=v * d + s * d,
-        largest_tensor_params=max(v, s) * d,  # the token table or the positions
+        params=v * d + (s * d if learned else 0),
+        largest_tensor_params=max(v, s if learned else 0) * d,  # the token table or the positions
         activation_bytes_per_sample=8.0 * s + _share(s * d * mask, r),
         output_bytes_per_sample=float(_share(s * d * p, r)),
         # the token lookup before the position add; the token table's gradient before accumulation
@@ -170,62 +184,80 @@ def _embedding(model: TransformerModel, p: int, mask: int, v: int, r: int) -> La
         forward_flops_per_sample=float(s * d),
         backward_flops_per_sample=float(2 * s * d),
         backward_input_flops_per_sample=0.0,  # token ids have no gradient: all of it is the tables'
-        kernels=3,
-        ops=K.embedding(v, d, s, model.dropout > 0, p, mask),
+        kernels=3 if learned else 2,
+        ops=K.embedding(v, d, s, model.dropout > 0, p, mask, learned),
     )
 
 
 def _blocks(model: TransformerModel, p: int, mask: int, tp: int, r: int) -> list[LayerSpec]:
     """The `layers` identical blocks: attention (QKV, scores, context, projection) and MLP,
-    pre-LayerNorm; on one of `tp` devices, replicated activations shared over `r` of them."""
-    d, f, s, a = model.d_model, model.d_ff, model.seq_len, model.heads
-    # the split weights and the column-parallel biases over T; the row-parallel biases (projection,
-    # fc2) and both LayerNorms whole
-    block_params = (4 * d * d + 3 * d + 2 * d * f + f) // tp + d + d + 4 * d
-    matmul_flops = (2.0 * s * (4 * d * d + 2 * d * f) + 4.0 * s * s * d) / tp
-    # Saved for backward, every block: both LayerNorms' inputs, outputs and statistics and the masks
-    # of the two residual branches' dropouts (replicated); Q, K, V, the attention's output (the
-    # projection's input), the MLP's fc1 output and GeLU output (split). Standard attention also
-    # keeps the softmax output (a*s*s) and, with dropout, its mask and the dropped-out
-    # probabilities; flash keeps the log-sum-exp (fp32, a*s) instead.
-    attention = attention_core_bytes_per_token(model, p, mask)
-    per_token = _share(4 * d * p + 2 * _NORM_STATS + 2 * d * mask, r) + (4 * d * p + 2 * f * p + attention) // tp
+    pre-norm; on one of `tp` devices (`BlockShape`), replicated activations shared over `r` of them."""
+    b = BlockShape.of(model, tp)
+    s, d = b.s, b.d
+    # Saved for backward, every block: both norms' (`_norm_saved`) and the masks of the two residual
+    # branches' dropouts (replicated); the attention's inputs (Q and, for standard attention, K and V
+    # repeated for each query head; flash keeps K and V as they are), its output (the projection's
+    # input), the MLP's (gelu: fc1's output and GeLU's; swiglu: gate's and up's outputs, silu's and
+    # the product) (split). Standard attention also keeps the softmax output (a*s*s) and, with
+    # dropout, its mask and the dropped-out probabilities; flash keeps the log-sum-exp (fp32, a*s).
+    flash = model.attention == "flash"
+    core = attention_core_bytes_per_token(model, p, mask) / tp
+    qkv_saved = b.qkv if flash else 3 * b.q
+    mlp_saved = 2 * (b.mlp_matrices - 1) * b.f_share
+    per_token = (_share(2 * _norm_saved(model, p) + 2 * d * mask, r)
+                 + (qkv_saved + b.q + mlp_saved) * p + core)
     # Transient: standard attention's scores before the softmax (the product and its masked copy),
     # and in backward the gradients of the probabilities and the scores; flash's fused kernels
     # need about the gradient of Q, K and V beside the gradient flowing in. Fixed: the largest
     # weight's gradient before it is added to the accumulated one.
-    transient = (2.0 * a * s * s * p if model.attention == "standard" else 4.0 * s * d * p) / tp
+    transient = 2.0 * b.heads * s * s * p if not flash else 4.0 * s * b.q * p
     if r > 1:  # sequence parallel: a column-parallel backward's gathered input and its input's gradient
         transient = max(transient, 2.0 * s * d * p)
-    # Gradients the input pass keeps for the weight pass: at the outputs of QKV and fc1 (split), of
-    # the projection, fc2 and both LayerNorms (replicated).
+    # a weight matmul's input and weight gradients each cost its forward; the attention scores and
+    # context (4 s^2 q) have no weights: both their gradients are the input's
+    attention = 4.0 * s * s * b.q
     block = dict(
         transient_bytes_per_sample=transient,
-        transient_bytes=float(max(3 * d * d, d * f) * p) / tp,
-        params=block_params,
-        largest_tensor_params=max(3 * d * d, d * f) // tp,
+        transient_bytes=float(b.largest_tensor * p),
+        params=b.params,
+        largest_tensor_params=b.largest_tensor,
         activation_bytes_per_sample=float(s * per_token),
         output_bytes_per_sample=float(_share(s * d * p, r)),
-        kept_for_weight_bytes_per_sample=float(s * p * ((3 * d + f) // tp + _share(4 * d, r))),
-        forward_flops_per_sample=matmul_flops,
-        backward_flops_per_sample=2.0 * matmul_flops,
-        # a weight matmul's input and weight gradients each cost its forward; the attention
-        # scores and context (4 s^2 d) have no weights: both their gradients are the input's
-        backward_input_flops_per_sample=(2.0 * s * (4 * d * d + 2 * d * f) + 8.0 * s * s * d) / tp,
+        # Gradients the input pass keeps for the weight pass: at the outputs of QKV and the MLP's
+        # d -> d_ff matrices (split), of the projection, the down matrix and both norms (replicated).
+        kept_for_weight_bytes_per_sample=float(s * p * (b.qkv + (b.mlp_matrices - 1) * b.f_share + _share(4 * d, r))),
+        forward_flops_per_sample=b.matmul_flops,
+        backward_flops_per_sample=2.0 * b.matmul_flops,
+        backward_input_flops_per_sample=b.matmul_flops + attention,
         # flash fuses the scores, scaling, mask, softmax, dropout and context product into one
-        kernels=14 if model.attention == "standard" else 9,
-        ops=K.transformer_block(d, f, s, a, model.attention, model.dropout > 0, p, mask, tp, r > 1),
+        kernels=_block_kernel_count(model),
+        ops=K.transformer_block(d, b.f, s, model.heads, model.attention, model.dropout > 0, p, mask, tp, r > 1,
+                                shape=b, rope=model.position == "rope"),
     )
     return [_layer(name=f"block{i}", **block) for i in range(model.layers)]
 
 
-def _head(d: int, s: int, v: int, p: int, r: int) -> LayerSpec:
-    """LayerNorm (input, statistics, output; whole unless shared over `r`) and the projection on
-    one device's `v` vocabulary rows, with the loss's fp32 log-softmax and target ids."""
-    norm = _share(2 * d * p + _NORM_STATS, r)
+def _block_kernel_count(model: TransformerModel) -> int:
+    """Kernels a block launches forward (the uniform presets' host-issue count): 14 for today's
+    GPT block with standard attention, 9 with flash; SwiGLU adds its up GEMM and the product,
+    RoPE its two rotations, standard grouped attention its two repeats."""
+    count = 9 if model.attention == "flash" else 14
+    count += 2 if model.mlp == "swiglu" else 0
+    count += 2 if model.position == "rope" else 0
+    count += 2 if model.attention == "standard" and model.query_groups != model.heads else 0
+    return count
+
+
+def _head(model: TransformerModel, v: int, p: int, r: int) -> LayerSpec:
+    """The final norm (whole unless shared over `r`) and the projection on one device's `v`
+    vocabulary rows, with the loss's fp32 log-softmax and target ids. Tied embeddings: its weight
+    is a copy of the token table, held here as Megatron-LM's last pipeline stage holds it (counted
+    once in the model's parameters: `model_parameters`)."""
+    d, s = model.d_model, model.seq_len
+    norm = _share(_norm_saved(model, p), r)  # its output is the projection's input
     return _layer(
         name="head",
-        params=d * v + 2 * d,
+        params=d * v + norm_parameters(model),
         largest_tensor_params=d * v,
         activation_bytes_per_sample=float(s * (norm + 4 * v + 8)),
         output_bytes_per_sample=4.0,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from gpipe_sim.errors import ScenarioError
+from gpipe_sim.spec.architectures import ARCHITECTURES, expand_architecture
 from gpipe_sim.spec.fields import (Amount, BatchSize, Dimension, DropoutRate, Duration, Kernels, LayerCount, Params,
                                    TensorParallel, _Strict)
 from gpipe_sim.spec.limits import MAX_DIMENSION, MAX_LAYERS
@@ -148,12 +149,35 @@ class TransformerModel(_Strict):
     # The zoo's flash blocks run attention without dropout (on CPU torch's fused kernel has none).
     attention: Literal["standard", "flash"] = "standard"
     dropout: DropoutRate = 0.1  # after the embedding, the attention probabilities and each residual branch
+    # Key/value heads (grouped-query attention; 1: multi-query); None: `heads` (multi-head).
+    kv_heads: Dimension | None = None
+    # gelu: fc1 (d_model -> d_ff), GeLU, fc2; swiglu: silu(gate) x up, two d_model -> d_ff
+    # matrices, then down (d_ff -> d_model): d_ff is the intermediate size either way.
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # rmsnorm: a weight, no bias, no mean
+    position: Literal["learned", "rope"] = "learned"  # rope: rotary, no parameters
+    tied_embeddings: bool = False  # the output projection is the token table
+    bias: bool = True  # biases on the linear layers (Megatron-LM's --disable-bias-linear: false)
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "TransformerModel":
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of heads ({self.heads})")
+        g = self.query_groups
+        if g > self.heads:
+            raise ValueError(f"model.kv_heads: {g:,} key/value heads exceed the {self.heads:,} query heads")
+        if self.heads % g:
+            raise ValueError(f"model.kv_heads: {self.heads:,} heads do not form groups of {g:,} key/value heads "
+                             f"(give a divisor of {self.heads:,})")
+        if self.position == "rope" and (self.d_model // self.heads) % 2:
+            raise ValueError(f"model.position: rope rotates pairs of a head's {self.d_model // self.heads} "
+                             f"dimensions (d_model / heads must be even)")
         return self
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value heads, each shared by heads / query_groups query heads (`kv_heads`, else `heads`)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
 
     @model_validator(mode="after")
     def _padded_vocab_bounded(self) -> "TransformerModel":
@@ -249,10 +273,11 @@ class TableModel(_Strict):
 
 
 ModelSpec = Annotated[
-    Union[UniformModel, TransformerModel, AmoebaNetModel, MlpModel, ConvNetModel, TableModel],
-    Field(discriminator="preset"),
+    Annotated[Union[UniformModel, TransformerModel, AmoebaNetModel, MlpModel, ConvNetModel, TableModel],
+              Field(discriminator="preset")],
+    BeforeValidator(expand_architecture),  # `preset: llama3-8b`: the transformer preset's fields
 ]
-MODEL_PRESETS = ("uniform", "transformer", "amoebanet", "mlp", "convnet", "table")
+MODEL_PRESETS = ("uniform", "transformer", "amoebanet", "mlp", "convnet", "table", *ARCHITECTURES)
 
 
 def load_layer_table_file(path: Path) -> dict[str, Any]:

@@ -31,12 +31,12 @@ from gpipe_sim.spec.training_run import Goodput, TokenCount, tokens_per_sample
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"  # package data
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
-OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2}
+OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2}
 # How an optimizer's step runs (torch.optim's implementations): one tensor at a time ("for_loop",
 # torch's default on CPU), on lists of all its tensors at once ("foreach", torch's default on CUDA),
 # or one fused kernel ("fused"). torch has no fused RMSprop.
 OPTIMIZER_STEPS = ("for_loop", "foreach", "fused")
-FUSED_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
+FUSED_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "adamw")
 # The fp32 temporaries a step makes and frees, in multiples of what it steps at once: the largest
 # tensor for "for_loop" (Adam: the square root and its scaling; RMSprop and Adagrad: the square
 # root), all of the optimizer's parameters for "foreach" (Adam and RMSprop: the list of square roots;
@@ -44,9 +44,9 @@ FUSED_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
 # step makes none. Measured with gpipe_exec's tensor tracker on torch 2.13
 # (tests/test_exec_memory.py checks every entry against torch).
 OPTIMIZER_SCRATCH: dict[str, dict[str, int]] = {
-    "for_loop": {"sgd": 0, "momentum": 0, "rmsprop": 1, "adagrad": 1, "adam": 2},
-    "foreach": {"sgd": 0, "momentum": 0, "rmsprop": 1, "adagrad": 2, "adam": 1},
-    "fused": {"sgd": 0, "momentum": 0, "rmsprop": 0, "adagrad": 0, "adam": 0},
+    "for_loop": {"sgd": 0, "momentum": 0, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2},
+    "foreach": {"sgd": 0, "momentum": 0, "rmsprop": 1, "adagrad": 2, "adam": 1, "adamw": 1},
+    "fused": {"sgd": 0, "momentum": 0, "rmsprop": 0, "adagrad": 0, "adam": 0, "adamw": 0},
 }
 # Whole chunks re-computed (torchgpipe's modes: none, except_last, always) or blocks checkpointed
 # one by one (Megatron-LM's and torchtitan's: full, selective; gpipe_sim.spec.recompute)
@@ -158,7 +158,8 @@ class Pipeline(_Strict):
 class Training(_Strict):
     """Optimizer and numeric type; they set bytes per parameter and activation element size."""
 
-    optimizer: Literal["sgd", "momentum", "rmsprop", "adagrad", "adam"] = "adam"
+    # adamw: Adam with decoupled weight decay (torch.optim.AdamW): the same states and temporaries
+    optimizer: Literal["sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw"] = "adam"
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     zero: Literal[0, 1] = 0  # 1: ZeRO-1, optimizer states sharded over the D replicas
     # How the optimizer's step runs (OPTIMIZER_STEPS); "default": the accelerator's framework default

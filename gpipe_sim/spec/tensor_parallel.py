@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gpipe_sim.spec.block_shape import kv_heads_problem
 from gpipe_sim.spec.model import ModelSpec, TableModel, TransformerModel
 
 # A reduce-scatter or an all-gather of B bytes moves half what a ring all-reduce of B bytes moves
@@ -37,7 +38,7 @@ def split_vocab(model: TransformerModel, tp: int) -> int:
 def tensor_parallel_problem(model: ModelSpec, tp: int, hardware: Any) -> str | None:
     """One line naming the field where `tp` devices per rank cannot split this model or fit this
     hardware; None where they can. The transformer preset splits at any `tp` dividing its heads
-    and d_ff; a measured layer table runs at the T it was profiled at only (its rows are one
+    and d_ff whose key/value heads it splits or replicates (`kv_heads_problem`); a measured layer table runs at the T it was profiled at only (its rows are one
     device's share: `TableModel.tensor_parallel`), T = 1 included; other presets at T = 1 only.
     With nodes, a rank's T devices lie in one node (T divides its devices) or fill whole nodes
     (T a multiple of them: the collectives then cross the network, `gpipe_sim.plan.tensor_parallel.tp_ring`)."""
@@ -54,6 +55,9 @@ def tensor_parallel_problem(model: ModelSpec, tp: int, hardware: Any) -> str | N
         for field, value in (("model.heads", model.heads), ("model.d_ff", model.d_ff)):
             if value % tp:
                 return f"{field}: {value:,} does not split over pipeline.tensor_parallel {tp} (give a multiple of {tp})"
+        problem = kv_heads_problem(model.query_groups, tp)
+        if problem:
+            return problem
     per_node = hardware.devices_per_node
     if per_node is not None and per_node % tp and tp % per_node:
         return (f"pipeline.tensor_parallel: {tp} devices per rank do not tile nodes of "

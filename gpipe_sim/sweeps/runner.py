@@ -31,6 +31,7 @@ RESULT_COLUMNS = (
     "tokens_per_s",
     "tflops_per_device",
     "mfu",
+    "mfu_palm",
     "max_stage_peak_memory_bytes",
     "max_stage_peak_activation_bytes",
     "max_device_peak_memory_bytes",
