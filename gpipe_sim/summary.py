@@ -146,11 +146,10 @@ def quoted_figures_rows(result: Result) -> list[tuple[str, str]]:
         peak = (f.peak_flops_per_device or 0.0) / 1e12
         rows.append(("TFLOP/s per device", f"{tflops:,.1f} (model FLOPs: forward + backward, "
                                            "re-computation not counted)"))
-        convention = "Megatron-LM's model FLOPs, causal attention; " if result.mfu_palm is not None else ""
+        convention = "Megatron-LM's; " if result.mfu_palm is not None else ""
         rows.append(("MFU", f"{mfu:.1%} ({convention}of the accelerator's peak {peak:,.1f} TFLOP/s per device)"))
         if result.mfu_palm is not None:
-            rows.append(("MFU (PaLM)", f"{result.mfu_palm:.1%} (6 x parameters + 12 x layers x heads x head_dim "
-                                       "x seq_len FLOPs per token)"))
+            rows.append(("MFU (PaLM)", f"{result.mfu_palm:.1%} (6 N + 12 L H Q T FLOPs per token)"))
     return rows
 
 
