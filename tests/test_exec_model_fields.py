@@ -65,7 +65,7 @@ def _run(world: int, scenarios: list[Scenario]) -> None:
             torch.testing.assert_close(got[name][0], param, rtol=1e-5, atol=1e-5, msg=f"param {name}: {sc.model}")
 
 
-@pytest.mark.slow  # a two-process launch: about 30 s
+@pytest.mark.slow  # a two-process launch: 10 s and more
 def test_pipelined_and_data_parallel_steps_equal_plain_training():
     _run(2, [_scenario("llama", K=2), _scenario("llama flash", K=2, schedule="gpipe"),
              _scenario("multi-query rope gelu with biases", K=2, optimizer="momentum"),
@@ -73,7 +73,7 @@ def test_pipelined_and_data_parallel_steps_equal_plain_training():
              _scenario("tied gpt", D=2, M=2, optimizer="momentum")])
 
 
-@pytest.mark.slow  # a two-process launch: about 30 s
+@pytest.mark.slow  # a two-process launch: 10 s and more
 def test_tensor_parallel_steps_split_key_value_heads_and_swiglu_as_plain_training():
     _run(2, [_scenario("llama", T=2, M=2), _scenario("llama flash", T=2, schedule="gpipe", M=2)])
 

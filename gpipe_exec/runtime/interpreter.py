@@ -537,7 +537,8 @@ class RankRunner:
         out: dict[str, Any] = {}
         for ch in self.chunks.values():
             if self.mesh is not None:  # gathered whole from the rank's T devices (a collective)
-                out.update(full_parameters(ch.named_parameters(), self.model, self.T))  # type: ignore[arg-type]
+                heads = self.model.heads  # type: ignore[attr-defined]
+                out.update(full_parameters(ch.named_parameters(), heads))
                 continue
             for key, p in ch.named_parameters().items():
                 out[key] = (p.detach().cpu().clone(), None if p.grad is None else p.grad.detach().cpu().clone())

@@ -16,7 +16,6 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
 from gpipe_exec.measure.saved_hooks import nested_saved_tensors_hooks
 from gpipe_exec.zoo import Block, Embedding, Head
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.model import TransformerModel
 
 MESH_DIMS = ("dp", "pp", "tp")
 
@@ -236,16 +235,20 @@ class LocalShards:
         return [q.grad for q in self.local]  # type: ignore[misc]
 
 
-def full_parameters(named: dict[str, nn.Parameter], model: TransformerModel, T: int
+def full_parameters(named: dict[str, nn.Parameter], heads: int
                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """Every parameter and its gradient whole (gathered from the T devices: a collective every
-    device of the rank calls, in the same order), QKV rows back in the model's order, on the CPU."""
+    device of the rank calls, in the same order), QKV rows back in the model's order (`heads`:
+    the model's query heads; its key/value heads and T read off the QKV weight), on the CPU."""
     out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
-    rows = device_major_rows(model.heads, model.query_groups, model.d_model // model.heads, T)
     for key, p in named.items():
         whole = [t.full_tensor() if isinstance(t, DTensor) else t for t in (p.detach(), p.grad)]
-        if key.endswith(("qkv.weight", "qkv.bias")):
-            order = torch.argsort(rows)
+        if key.endswith(("qkv.weight", "qkv.bias")) and isinstance(p, DTensor):
+            weight = named[key[: -len("bias")] + "weight"] if key.endswith("bias") else p
+            rows, d_model = weight.shape
+            head_dim = d_model // heads
+            kv_heads = (rows // head_dim - heads) // 2
+            order = torch.argsort(device_major_rows(heads, kv_heads, head_dim, p.device_mesh.size()))
             whole = [None if t is None else t[order] for t in whole]
         out[key] = (whole[0].cpu().clone(), None if whole[1] is None else whole[1].cpu().clone())
     return out
