@@ -89,19 +89,27 @@ def _levels(col: np.ndarray, val: np.ndarray, width: int, cap: int | None = _MAX
     return _undominated(level, cap)
 
 
+_BLOCK = 2**20  # entries of one block of the pairwise comparison
+
+
 def _undominated(rows: np.ndarray, cap: int | None) -> np.ndarray | None:
-    """The rows no other row dominates (every count >=): only they can be the peak."""
+    """The rows no other row dominates (every count >=): only they can be the peak; by total
+    count, largest first (ties in `np.unique`'s order); None when more than `cap`. Rows are made
+    distinct first, so a row is dominated exactly when another row is >= it everywhere (compared
+    pairwise, a block of rows at a time)."""
     rows = np.unique(rows, axis=0)
     rows = rows[np.argsort(-rows.sum(axis=1), kind="stable")]
-    kept: list[np.ndarray] = []
-    block = np.zeros((0, rows.shape[1]))
-    for row in rows:
-        if not np.any(np.all(block >= row, axis=1)):
-            kept.append(row)
-            block = np.asarray(kept)
-            if cap is not None and len(kept) > cap:
-                return None
-    return block
+    n, width = rows.shape
+    dominated = np.zeros(n, dtype=bool)
+    step = max(1, _BLOCK // max(1, n * width))
+    for lo in range(0, n, step):
+        part = rows[lo:lo + step]
+        covers = (rows[None, :, :] >= part[:, None, :]).all(axis=2)  # [part row, other row]
+        dominated[lo:lo + step] = covers.sum(axis=1) > 1  # beyond the row itself
+    kept = rows[~dominated]
+    if cap is not None and len(kept) > cap:
+        return None
+    return kept
 
 
 @dataclass(frozen=True)
