@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpipe_sim import parse_scenario, simulate
-from gpipe_sim.spec.costs import layer_seconds
+from gpipe_sim.spec.costs import layer_seconds, measured_host_seconds, measured_seconds
 from gpipe_sim.spec.hardware import Accelerator
 from gpipe_sim.spec.model import LayerSpec
 
@@ -53,3 +53,25 @@ def test_too_many_micro_batches_lower_throughput_when_kernels_have_overhead():
     best = max((throughput(m), m) for m in (1, 2, 4, 8, 16, 32, 64))
     assert 1 < best[1] < 64, "the optimum lies between no micro-batching and one sample each"
     assert throughput(64) < best[0]
+
+
+def test_host_issue_times_follow_the_device_times_rule_outside_the_measured_sizes():
+    """One interpolation rule for every timings column: host seconds measured equal to the device
+    seconds give the device seconds at every size, inside, below and beyond the measurements."""
+    for points in ([(2, 1.0e-3)], [(2, 1.0e-3), (8, 2.0e-3)], [(1, 1.0e-3), (4, 2.5e-3), (16, 8.5e-3)]):
+        layer = LayerSpec(name="l", timings=[
+            {"micro_batch": b, "forward_s": f, "backward_s": 2 * f, "forward_host_s": f, "backward_host_s": 2 * f}
+            for b, f in points])
+        for b in (1, 2, 3, 8, 16, 40):
+            assert measured_host_seconds(layer, b) == layer_seconds(layer, b, CPU, "fp32", 4)
+    one = LayerSpec(name="l", timings=[{"micro_batch": 2, "forward_s": 1.0, "backward_s": 2.0,
+                                         "forward_host_s": 0.5, "backward_host_s": 0.25}])
+    assert measured_host_seconds(one, 8) == (2.0, 1.0)  # one measurement scales proportionally
+    assert measured_host_seconds(_measured([(2, 1.0)]), 8) == (0.0, 0.0)  # none measured
+
+
+def test_below_the_smallest_measurement_time_is_not_under_proportional_scaling():
+    # the first segment's line gives 1.0 - 1 * 1.0 = 0 at one sample; half of 2 samples' 1.0 is more
+    assert measured_seconds([2, 4], [1.0, 3.0], 1) == 0.5
+    assert measured_seconds([2, 4], [1.0, 3.0], 6) == 5.0  # beyond: the last segment's line
+    assert measured_seconds([2, 4], [1.0, 0.1], 40) == 0.0  # never below zero

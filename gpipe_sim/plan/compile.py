@@ -19,7 +19,7 @@ from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScenarioError, ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
-from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, update_seconds
+from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, measured_host_seconds, update_seconds
 from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
 from gpipe_sim.spec.limits import MAX_PASSES
@@ -474,19 +474,6 @@ def input_pass_bytes(layers: Sequence[LayerSpec]) -> float:
     return best
 
 
-def host_seconds(layer: LayerSpec, micro_batch: int) -> tuple[float, float]:
-    """(forward, backward) seconds the host takes to issue the layer's passes on a micro-batch, from
-    its timings' `forward_host_s`/`backward_host_s` (linear between measured sizes, the nearest
-    measurement outside them: issuing is nearly independent of the batch); (0, 0) where unmeasured."""
-    points = sorted((t for t in layer.timings if t.forward_host_s is not None and t.backward_host_s is not None),
-                    key=lambda t: t.micro_batch)
-    if not points:
-        return 0.0, 0.0
-    sizes = [float(t.micro_batch) for t in points]
-    return (float(np.interp(micro_batch, sizes, [t.forward_host_s for t in points])),
-            float(np.interp(micro_batch, sizes, [t.backward_host_s for t in points])))
-
-
 def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, device: int,
                  sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
     """A chunk's [size, (forward, backward, backward input, backward weight)] seconds for each of
@@ -497,7 +484,8 @@ def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, devic
     accel, dtype, dtype_bytes = scenario.hardware.accelerator, scenario.training.dtype, scenario.training.dtype_bytes
     mine = collective_work(scenario, device, sizes, slice(first, first + len(own)))
     host = np.array([[math.fsum(h[i] for h in hosts) for i in range(2)]
-                     for hosts in ([host_seconds(layer, b) for layer in own] for b in sizes)]).reshape(len(sizes), 2)
+                     for hosts in ([measured_host_seconds(layer, b) for layer in own] for b in sizes)]
+                    ).reshape(len(sizes), 2)
 
     def summed(work: list[list[StreamWork]] | None) -> np.ndarray:
         """[size, 4] of the chunk's passes with `work`'s collectives inside, at least the host's issue."""

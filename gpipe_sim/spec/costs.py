@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -84,27 +85,45 @@ def _own_seconds(layer: LayerSpec, micro_batch: int, accelerator: Accelerator, d
 
 
 def _interpolate(layer: LayerSpec, micro_batch: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the layer's `timings` at `micro_batch` (`measured_seconds`)."""
     points = sorted(layer.timings, key=lambda t: t.micro_batch)
-    sizes = np.array([t.micro_batch for t in points], dtype=float)
-    result = []
-    for values in ([t.forward_s for t in points], [t.backward_s for t in points]):
-        v = np.asarray(values, dtype=float)
-        if len(sizes) == 1:
-            result.append(float(v[0] * micro_batch / sizes[0]))
-            continue
-        if micro_batch <= sizes[0]:
-            i = 0
-        elif micro_batch >= sizes[-1]:
-            i = len(sizes) - 2
-        else:
-            i = int(np.searchsorted(sizes, micro_batch)) - 1
-        slope = (v[i + 1] - v[i]) / (sizes[i + 1] - sizes[i])
-        value = v[i] + slope * (micro_batch - sizes[i])
-        # Below the smallest measurement, do not fall under proportional scaling from it.
-        if micro_batch < sizes[0]:
-            value = max(value, float(v[0] * micro_batch / sizes[0]))
-        result.append(max(0.0, float(value)))
-    return result[0], result[1]
+    sizes = [t.micro_batch for t in points]
+    return (measured_seconds(sizes, [t.forward_s for t in points], micro_batch),
+            measured_seconds(sizes, [t.backward_s for t in points], micro_batch))
+
+
+def measured_seconds(sizes: Sequence[int], seconds: Sequence[float], micro_batch: int) -> float:
+    """The seconds a quantity measured at the micro-batch `sizes` (ascending, distinct) takes at
+    `micro_batch`: the one rule for every column of a layer's `timings`. Exact at a measured size,
+    linear between two; outside them, the nearest segment's line, not under proportional scaling
+    from the smallest measurement below it and never below zero; one measurement scales
+    proportionally."""
+    if len(sizes) == 1:
+        return float(seconds[0] * micro_batch / sizes[0])
+    if micro_batch <= sizes[0]:
+        i = 0
+    elif micro_batch >= sizes[-1]:
+        i = len(sizes) - 2
+    else:
+        i = int(np.searchsorted(sizes, micro_batch)) - 1
+    slope = (seconds[i + 1] - seconds[i]) / (sizes[i + 1] - sizes[i])
+    value = seconds[i] + slope * (micro_batch - sizes[i])
+    if micro_batch < sizes[0]:  # below the smallest measurement, not under proportional scaling from it
+        value = max(value, seconds[0] * micro_batch / sizes[0])
+    return max(0.0, float(value))
+
+
+def measured_host_seconds(layer: LayerSpec, micro_batch: int) -> tuple[float, float]:
+    """(forward, backward) seconds the host takes to issue the layer's passes on a micro-batch, from
+    its timings' `forward_host_s`/`backward_host_s` (`measured_seconds`, as the device seconds
+    they floor); (0, 0) where unmeasured."""
+    points = sorted((t for t in layer.timings if t.forward_host_s is not None and t.backward_host_s is not None),
+                    key=lambda t: t.micro_batch)
+    if not points:
+        return 0.0, 0.0
+    sizes = [t.micro_batch for t in points]
+    return (measured_seconds(sizes, [t.forward_host_s for t in points], micro_batch),  # type: ignore[misc]
+            measured_seconds(sizes, [t.backward_host_s for t in points], micro_batch))  # type: ignore[misc]
 
 
 def update_seconds(
