@@ -14,6 +14,7 @@ from gpipe_sim.plan.partition import held_activations, micro_batch_sizes, resolv
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
 from gpipe_sim.schedule.lower import build_schedule, saves_activations
+from gpipe_sim.schedule.registry import looped
 from gpipe_sim.spec.costs import layer_pass_times, update_seconds
 from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.plan.tensor_parallel import stream_work, tp_ring
@@ -263,14 +264,15 @@ def coarse_bounds(costs: CostTable, cand: Candidate, work: Work) -> tuple[float,
 
 
 def chunk_placement(cand: Candidate) -> tuple[int, ...]:
-    """The rank of each chunk under the candidate's schedule family."""
+    """The rank of each chunk under the candidate's schedule family (`looped` where unregistered)."""
     return _family_placement(cand.schedule, cand.stages, cand.chunks)
 
 
 @lru_cache(maxsize=1024)
 def _family_placement(name: str, K: int, v: int) -> tuple[int, ...]:
+    """The registry's placement, cached: the planner asks for it for every candidate."""
     family = SCHEDULES.get(name)
-    return tuple(family.placement(K, v)) if family is not None else tuple(c % K for c in range(K * v))
+    return (family.placement if family is not None else looped)(K, v)
 
 
 def _cum(values: np.ndarray) -> np.ndarray:
