@@ -54,7 +54,7 @@ def test_only_t2_fits_and_the_pick_says_why():
     """40 MB a device: at K=1 the whole model on one device (T=1, D=2) does not fit, split over 2 it does."""
     base = parse_scenario(_with(GPT, accelerator={"memory_bytes": "40 MB"}))
     search = plan(base, PlanOptions(devices=2, stages=(1,), reserve=0.0))
-    assert search.pick.get("T") == 2 and search.pick.tp_comm_s > 0
+    assert search.pick.get("T") == 2 and search.pick.max_stage_tp_comm_s > 0
     assert all(e.get("T") == 2 for e in search.ranked)
     text = plan_text(search)
     assert "picked T=2" in text and "T=1: no configuration fits" in text and "TP collectives" in text

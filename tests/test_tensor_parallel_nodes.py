@@ -88,4 +88,4 @@ def test_the_planners_bound_prices_the_same_ring():
     assert tensor_parallel_values(scenario, options) == [16]
     assert tensor_parallel_values(scenario, PlanOptions(devices=16)) == [1, 2, 4, 8]
     search = plan(scenario, options)
-    assert search.best is not None and search.best.get("T") == 16 and search.best.tp_comm_s > 0
+    assert search.best is not None and search.best.get("T") == 16 and search.best.max_stage_tp_comm_s > 0

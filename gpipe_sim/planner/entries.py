@@ -36,8 +36,9 @@ class PlanEntry:
     even: bool = True  # M divides the per-replica batch (else micro-batches differ by one sample)
     vs_fastest: float = 0.0  # step time over the fastest fitting one's, less 1
     tied: bool = False  # within the tie of the fastest (`PlanOptions.tie`)
-    tp_comm_s: float = 0.0  # the most seconds tensor-parallel collectives add to one rank's step (max over ranks,
-    # as the sweep's max_stage_tp_comm_s; not necessarily the busiest rank's, which `gpipe-sim simulate` names)
+    # the most seconds tensor-parallel collectives add to one rank's passes over the step: the max over
+    # ranks of their `StageResult.tp_comm_s`, as the sweep's column of that name
+    max_stage_tp_comm_s: float = 0.0
 
     @property
     def signature(self) -> tuple[Any, ...]:
@@ -81,7 +82,8 @@ class PlanEntry:
             bubble_fraction=self.bubble_fraction, imbalance_fraction=self.imbalance_fraction,
             exposed_allreduce_s=self.exposed_allreduce_s, peak_memory_bytes=self.peak_memory_bytes,
             capacity_bytes=self.capacity_bytes if math.isfinite(self.capacity_bytes) else None,
-            fits=self.fits, limiter=self.limiter, alike=self.alike, tp_comm_s=self.tp_comm_s,
+            fits=self.fits, limiter=self.limiter, alike=self.alike,
+            max_stage_tp_comm_s=self.max_stage_tp_comm_s,
         )
         return out
 
@@ -117,7 +119,7 @@ def _entry(index: int, cand: Candidate, result: Result, limit: float = math.inf)
         exposed_allreduce_s=result.exposed_allreduce_s, peak_memory_bytes=peak,
         capacity_bytes=result.memory_capacity_bytes, fits=result.fits_in_memory and peak <= limit,
         limiter=limiter_of(result), result=result, even=share % cand.micro_batches == 0,
-        tp_comm_s=max((s.tp_comm_s for s in result.stages), default=0.0),
+        max_stage_tp_comm_s=max((s.tp_comm_s for s in result.stages), default=0.0),
     )
 
 

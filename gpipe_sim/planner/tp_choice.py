@@ -19,12 +19,12 @@ def searched_tp(search: PlanSearch) -> list[int]:
 
 def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
     """Step (against the pick), peak and the tensor-parallel collectives of the rank with the most
-    (`PlanEntry.tp_comm_s`)."""
+    (`PlanEntry.max_stage_tp_comm_s`)."""
     versus = ""
     if pick is not None and e is not pick and pick.step_time_s > 0:
         change = e.step_time_s / pick.step_time_s - 1.0
         versus = f" ({change:+.1%} on the pick)" if abs(change) >= 0.0005 else " (as fast as the pick)"
-    comm = f", TP collectives {format_seconds(e.tp_comm_s)} a step" if e.get("T") > 1 else ""
+    comm = f", TP collectives {format_seconds(e.max_stage_tp_comm_s)} a step" if e.get("T") > 1 else ""
     return f"step {format_seconds(e.step_time_s)}{versus}, peak {format_bytes(e.peak_memory_bytes)}{comm}"
 
 
