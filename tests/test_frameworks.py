@@ -24,9 +24,13 @@ def _model(layers: int, d: int, heads: int) -> dict:
             "seq_len": 128, "vocab": 1000}
 
 
-MODELS = {"gpt-8x256": _model(8, 256, 4), "gpt-12x512": _model(12, 512, 8)}
+MODELS = {"gpt-8x256": _model(8, 256, 4),
+          # Llama-style blocks: grouped-query attention, SwiGLU, RMSNorm, rotary positions, no biases
+          "llama-12x512": {**_model(12, 512, 8), "kv_heads": 2, "mlp": "swiglu", "norm": "rmsnorm",
+                           "position": "rope", "bias": False, "tied_embeddings": True}}
+# adamw: Megatron-LM's adam decouples weight decay
 BASE = {"hardware": {"preset": "a100-80gb", "devices_per_node": 8},
-        "pipeline": {"batch_size": 16}, "training": {"dtype": "bf16"}}
+        "pipeline": {"batch_size": 16}, "training": {"dtype": "bf16", "optimizer": "adamw"}}
 
 
 def _base(model: str) -> Scenario:
@@ -89,10 +93,24 @@ def test_write_then_read_gives_back_the_planners_picks(framework, write, read, s
     *(("megatron", write_megatron, read_megatron, mode) for mode in ("none", "always", "full", "selective")),
     *(("torchtitan", write_torchtitan, read_torchtitan, mode) for mode in ("none", "full", "selective"))])
 def test_each_remat_mode_the_framework_has_comes_back(framework, write, read, remat):
-    scenario = _base("gpt-12x512").with_updates({"pipeline.stages": 2, "pipeline.tensor_parallel": 2,
+    scenario = _base("llama-12x512").with_updates({"pipeline.stages": 2, "pipeline.tensor_parallel": 2,
                                                  "pipeline.sequence_parallel": True, "pipeline.micro_batches": 4,
                                                  "pipeline.schedule": "1f1b", "pipeline.remat": remat})
-    assert _shape(read(write(scenario).text, _base("gpt-12x512")).scenario) == _shape(scenario)
+    assert _shape(read(write(scenario).text, _base("llama-12x512")).scenario) == _shape(scenario)
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "gpt3-175b"])
+def test_published_architectures_come_back(preset):
+    scenario = parse_scenario({**BASE, "model": {"preset": preset, "seq_len": 4096},
+                               "pipeline": {"stages": 8, "tensor_parallel": 8, "sequence_parallel": True,
+                                            "batch_size": 64, "micro_batches": 16, "schedule": "1f1b",
+                                            "remat": "full"}})
+    base = parse_scenario({**BASE, "model": {"preset": "transformer"}})
+    assert _shape(read_megatron(write_megatron(scenario).text, base).scenario) == _shape(scenario)
+    if preset.startswith("llama3"):  # torchtitan's registered llama3 flavors: the model comes back by name
+        written = write_torchtitan(scenario)
+        assert '[model]\nname = "llama3"\nflavor = "8B"' in written.text
+        assert _shape(read_torchtitan(written.text, base).scenario) == _shape(scenario)
 
 
 def test_layout_strings_parse_as_megatron_unrolls_them():
@@ -133,10 +151,12 @@ def test_reads_megatrons_gpt3_example():
     text = "\n".join(read.notes)
     for flag in ("--lr 6.0e-5", "--weight-decay 0.1", "--data-path", "--master_addr localhost", "--split 949,50,1"):
         assert flag in text
-    assert "'export'" in text and "--vocab-size" in text and "--untie-embeddings-and-output-weights" in text
+    assert "'export'" in text and "--vocab-size" in text
+    assert m.tied_embeddings and m.bias and (m.mlp, m.norm, m.position, m.kv_heads) == ("gelu", "layernorm", "learned",
+                                                                                     None)  # Megatron's defaults
 
 
-# torchtitan's torchtitan/models/llama3/train_configs/llama3_8b.toml, trimmed, with PP and TP added
+# torchtitan's torchtitan/models/llama3/train_configs/llama3_8b.toml, trimmed, on its debug flavor, with PP and TP
 LLAMA3_TOML = """
 [job]
 dump_folder = "./outputs"
@@ -144,7 +164,7 @@ description = "Llama 3 8B training"
 
 [model]
 name = "llama3"
-flavor = "8B"
+flavor = "debugmodel"
 
 [optimizer]
 name = "AdamW"
@@ -182,7 +202,7 @@ def test_reads_a_torchtitan_job():
     text = "\n".join(read.notes)
     assert read.scenario.pipeline.remat == "selective"
     for key in ("[job] dump_folder", "[optimizer] lr", "activation_checkpoint.mode selective",
-                "[model] llama3 8B", "2 accumulated steps"):
+                "[model] llama3 debugmodel: not a flavor", "2 accumulated steps"):
         assert key in text, text
 
 

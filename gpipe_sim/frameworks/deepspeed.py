@@ -15,7 +15,7 @@ from typing import Any
 from gpipe_sim.frameworks.common import Written, chunk_sizes, devices, micro_batch_size
 from gpipe_sim.spec.scenario import Scenario
 
-OPTIMIZER_TYPES = {"adam": "Adam", "adagrad": "Adagrad"}  # of DeepSpeed's DEEPSPEED_OPTIMIZERS
+OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad"}  # of DeepSpeed's DEEPSPEED_OPTIMIZERS
 
 
 def write_deepspeed(scenario: Scenario) -> Written:

@@ -119,10 +119,16 @@ def model_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]]:
         ("--num-layers", m.layers), ("--hidden-size", m.d_model), ("--ffn-hidden-size", m.d_ff),
         ("--num-attention-heads", m.heads), ("--seq-length", m.seq_len), ("--max-position-embeddings", m.seq_len),
         ("--vocab-size", m.vocab), ("--make-vocab-size-divisible-by", m.vocab_multiple),
-        ("--untie-embeddings-and-output-weights", None),
-        ("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout),
-        ("--attention-backend", "flash" if m.attention == "flash" else "unfused"),
     ]
+    if m.kv_heads is not None:
+        flags += [("--group-query-attention", None), ("--num-query-groups", m.kv_heads)]
+    flags += [(flag, value) for wanted, flag, value in (
+        (m.mlp == "swiglu", "--swiglu", None), (m.norm == "rmsnorm", "--normalization", "RMSNorm"),
+        (m.position == "rope", "--position-embedding-type", "rope"),
+        (not m.tied_embeddings, "--untie-embeddings-and-output-weights", None),
+        (not m.bias, "--disable-bias-linear", None)) if wanted]
+    flags += [("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout),
+              ("--attention-backend", "flash" if m.attention == "flash" else "unfused")]
     return flags
 
 
@@ -145,12 +151,15 @@ def training_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]
                      "attention core, or none); left out")
     if t.dtype in DTYPE_FLAGS:
         flags.append((DTYPE_FLAGS[t.dtype], None))
-    if t.optimizer == "adam":
+    if t.optimizer in ("adam", "adamw"):  # Megatron-LM's adam decouples weight decay: AdamW
         flags.append(("--optimizer", "adam"))
+        if t.optimizer == "adam":
+            notes.append("training.optimizer: Megatron-LM's adam is AdamW (OptimizerConfig.decoupled_weight_decay); "
+                         "the same states")
     elif t.optimizer in ("sgd", "momentum"):
         flags += [("--optimizer", "sgd"), ("--sgd-momentum", SGD_MOMENTUM if t.optimizer == "momentum" else 0)]
     else:
-        notes.append(f"training.optimizer: Megatron-LM has adam and sgd, not {t.optimizer}; left out")
+        notes.append(f"training.optimizer: Megatron-LM has adam (AdamW) and sgd, not {t.optimizer}; left out")
     if t.zero == 1:
         flags.append(("--use-distributed-optimizer", None))
     elif t.zero:

@@ -19,10 +19,13 @@ VALUE_FLAGS = (
     "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by", "--hidden-dropout",
     "--attention-dropout", "--attention-backend", "--micro-batch-size", "--global-batch-size",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--optimizer", "--sgd-momentum",
-    "--train-samples", "--train-iters",
+    "--train-samples", "--train-iters", "--num-query-groups", "--normalization", "--position-embedding-type",
 )
 BOOL_FLAGS = ("--sequence-parallel", "--bf16", "--fp16", "--use-distributed-optimizer",
-              "--untie-embeddings-and-output-weights", "--use-flash-attn")
+              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--group-query-attention", "--swiglu",
+              "--disable-bias-linear")
+NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}  # --normalization's choices
+POSITIONS = {"learned_absolute": "learned", "rope": "rope"}  # of --position-embedding-type's
 LAUNCHERS = ("torchrun", "torch.distributed.run")  # `torchrun` or `python -m torch.distributed.run`
 PYTHONS = ("python", "python3")
 LAUNCHER_FLAGS = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
@@ -112,8 +115,11 @@ def model_data(args: dict[str, Any], base: dict[str, Any], notes: list[str]) -> 
         return base
     model = dict(base) if base.get("preset") == "transformer" else {"preset": "transformer"}
     hidden = _int(args, "--hidden-size", model.get("d_model"))
+    swiglu = bool(args.get("--swiglu"))
+    # Megatron-LM's default FFN: 4 h, or 2/3 of it rounded down to a multiple of 64 for SwiGLU
+    ffn = None if hidden is None else int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
     sizes = {"layers": _int(args, "--num-layers", model.get("layers")), "d_model": hidden,
-             "d_ff": _int(args, "--ffn-hidden-size", None if hidden is None else 4 * hidden),
+             "d_ff": _int(args, "--ffn-hidden-size", ffn),
              "heads": _int(args, "--num-attention-heads", model.get("heads")),
              "seq_len": _int(args, "--seq-length", model.get("seq_len")),
              "vocab_multiple": _int(args, "--make-vocab-size-divisible-by", MEGATRON_DEFAULT_VOCAB_MULTIPLE)}
@@ -130,13 +136,30 @@ def model_data(args: dict[str, Any], base: dict[str, Any], notes: list[str]) -> 
     model["attention"] = "standard" if backend == "unfused" else "flash"
     if backend not in ("flash", "unfused"):
         notes.append(f"--attention-backend {backend}: a fused kernel that keeps no scores; taken as flash")
-    if not args.get("--untie-embeddings-and-output-weights"):
-        notes.append("--untie-embeddings-and-output-weights not given: Megatron-LM ties the output layer to the "
-                     "embedding; the transformer preset's output layer has weights of its own")
+    model.update(block_data(args, notes))
     positions = _int(args, "--max-position-embeddings", model.get("seq_len"))
-    if positions != model.get("seq_len"):
+    if positions != model.get("seq_len") and model.get("position") == "learned":
         notes.append(f"--max-position-embeddings {positions}: the preset's position table has seq_len rows")
     return model
+
+
+def block_data(args: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """Key/value heads, the MLP, the norm, positions, tied embeddings and biases (Megatron-LM's
+    defaults where a flag is absent: multi-head, GeLU, LayerNorm, learned, tied, biases)."""
+    norm = str(args.get("--normalization", "LayerNorm"))
+    position = str(args.get("--position-embedding-type", "learned_absolute"))
+    for value, known, flag in ((norm, NORMS, "--normalization"), (position, POSITIONS, "--position-embedding-type")):
+        if value not in known:
+            notes.append(f"{flag} {value}: not one the transformer preset has; taken as Megatron-LM's default")
+    out = {"mlp": "swiglu" if args.get("--swiglu") else "gelu", "norm": NORMS.get(norm, "layernorm"),
+           "position": POSITIONS.get(position, "learned"),
+           "tied_embeddings": not args.get("--untie-embeddings-and-output-weights"),
+           "bias": not args.get("--disable-bias-linear"), "kv_heads": None}
+    if args.get("--group-query-attention"):
+        out["kv_heads"] = _int(args, "--num-query-groups", 1)  # its default: 1
+    elif "--num-query-groups" in args:
+        notes.append("--num-query-groups without --group-query-attention: Megatron-LM runs multi-head attention")
+    return out
 
 
 def pipeline_data(args: dict[str, Any], launch: dict[str, Any], data: dict[str, Any],
@@ -232,8 +255,8 @@ def training_data(args: dict[str, Any], data: dict[str, Any], notes: list[str]) 
     optimizer = args.get("--optimizer", "adam")
     if optimizer == "sgd":
         training["optimizer"] = "momentum" if _float(args, "--sgd-momentum", 0.9) > 0 else "sgd"
-    elif optimizer == "adam":
-        training["optimizer"] = "adam"
+    elif optimizer == "adam":  # decoupled weight decay (OptimizerConfig.decoupled_weight_decay)
+        training["optimizer"] = "adamw"
     else:
         notes.append(f"--optimizer {optimizer}: not one gpipe-sim models; kept {training.get('optimizer', 'adam')}")
     training["zero"] = 1 if args.get("--use-distributed-optimizer") else 0

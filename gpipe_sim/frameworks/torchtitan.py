@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from gpipe_sim.frameworks.common import Written, chunk_sizes, micro_batch_size, transformer
+from gpipe_sim.spec.architectures import ARCHITECTURES
 from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Scenario
 
@@ -22,6 +23,12 @@ SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interle
                   "looped_bfs": "LoopedBFS", "interleaved_zb": "InterleavedZeroBubble",
                   "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 PRECISION = {"bf16": "bfloat16", "fp32": "float32"}  # training.mixed_precision_param's choices
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}  # torchtitan's build_optimizers names
+# gpipe-sim's architectures that are torchtitan's registered models: [model] name and flavor
+# (torchtitan/models/llama3/__init__.py: llama3_configs; FFN from ffn_dim_multiplier and multiple_of)
+FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
+FLAVOR_FIELDS = ("layers", "d_model", "heads", "kv_heads", "d_ff", "vocab", "mlp", "norm", "position",
+                 "tied_embeddings", "bias")
 EMBEDDING, HEAD = ["tok_embeddings"], ["norm", "output"]
 
 
@@ -56,25 +63,40 @@ def write_torchtitan(scenario: Scenario) -> Written:
     return Written("\n".join(lines), notes)
 
 
+def flavor_of(m: TransformerModel) -> str | None:
+    """The gpipe-sim architecture whose torchtitan flavor this model is (its sizes and block kinds
+    equal), or None."""
+    for name in FLAVORS:
+        if all(getattr(m, key) == value for key, value in ARCHITECTURES[name].items() if key in FLAVOR_FIELDS):
+            return name
+    return None
+
+
 def model_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
-    """torchtitan names its model ([model] name and flavor, its registered configurations): none
-    is written, with a note giving the sizes to choose one by."""
+    """[model] name and flavor where the model is one of torchtitan's registered configurations;
+    else none, with a note giving the sizes to choose one by."""
     m = transformer(scenario, "torchtitan", notes)
-    if m is not None:
+    if m is None:
+        return {}
+    name = flavor_of(m)
+    if name is None:
         notes.append(f"[model]: torchtitan builds a registered model by name and flavor, not by sizes: choose the "
-                     f"flavor with {m.layers} layers, dim {m.d_model}, {m.heads} heads, FFN {m.d_ff}, vocabulary "
-                     f"{m.vocab} (and the gpipe-sim preset's GPT-style blocks: learned positions, LayerNorm, GELU)")
-    return {}
+                     f"flavor with {m.layers} layers, dim {m.d_model}, {m.heads} heads ({m.query_groups} key/value), "
+                     f"FFN {m.d_ff} ({m.mlp}), vocabulary {m.vocab}, {m.norm}, {m.position} positions")
+        return {}
+    if m.dropout or m.attention != "flash":
+        notes.append("model: torchtitan's Llama 3 runs fused attention without dropout")
+    return dict(zip(("name", "flavor"), FLAVORS[name]))
 
 
 def optimizer_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
     t = scenario.training
-    if t.optimizer != "adam":
+    if t.optimizer not in OPTIMIZERS:
         notes.append(f"training.optimizer: torchtitan builds Adam or AdamW, not {t.optimizer}; [optimizer] left out")
         return {}
     if t.optimizer_step not in ("default", "fused"):
         notes.append(f"training.optimizer_step: torchtitan chooses torch's step itself, not {t.optimizer_step}")
-    return {"name": "Adam"}
+    return {"name": OPTIMIZERS[t.optimizer]}
 
 
 def training_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:

@@ -8,7 +8,9 @@ from typing import Any
 
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.frameworks.common import Read, scenario_from, whole
-from gpipe_sim.frameworks.torchtitan import EMBEDDING, HEAD, PRECISION, SCHEDULE_NAMES
+from gpipe_sim.frameworks.torchtitan import EMBEDDING, FLAVORS, HEAD, OPTIMIZERS, PRECISION, SCHEDULE_NAMES
+from gpipe_sim.spec.architectures import expand_architecture
+from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import Scenario
 
@@ -41,15 +43,27 @@ def read_torchtitan(text: str, base: Scenario) -> Read:
     got = {k: v for section in TAKEN for k, v in job.get(section, {}).items() if k in TAKEN[section]}
     cfg = {**DEFAULTS, **got}
     data = base.to_dict()
-    model = job.get("model", {})
-    if model:
-        notes.append(f"[model] {model.get('name', '?')} {model.get('flavor', '')}: torchtitan names a registered model; "
-                     "the sizes are the base scenario's".replace("  ", " "))
+    data["model"] = _model(job.get("model", {}), data["model"], notes)
     if "seq_len" in cfg and "seq_len" in data["model"]:
         data["model"]["seq_len"] = whole(SOURCE, "training.seq_len", cfg["seq_len"])
     data["pipeline"] = _pipeline(cfg, data, notes)
     data["training"] = _training(cfg, data, notes)
     return Read(scenario_from(data, SOURCE), notes)
+
+
+def _model(model: dict[str, Any], base: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The architecture [model] name and flavor name (FLAVORS), else the base scenario's model."""
+    named = (model.get("name"), model.get("flavor"))
+    for preset, flavor in FLAVORS.items():
+        if flavor == named:
+            return TransformerModel.model_validate(expand_architecture({"preset": preset})).model_dump(
+                mode="json", exclude_none=True)
+    if model:
+        notes.append(f"[model] {named[0]} {named[1]}: not a flavor gpipe-sim has the sizes of; the model is the "
+                     "base scenario's")
+    for key in set(model) - {"name", "flavor"}:
+        notes.append(f"ignored [model] {key}")
+    return base
 
 
 def _ignored(job: dict[str, Any]) -> list[str]:
@@ -149,10 +163,11 @@ def _training(cfg: dict[str, Any], data: dict[str, Any], notes: list[str]) -> di
                      "taken as bf16 mixed precision")
         training["dtype"] = "bf16"
     name = str(cfg["name"])
-    if name not in ("Adam", "AdamW"):
+    optimizer = next((ours for ours, theirs in OPTIMIZERS.items() if theirs == name), None)
+    if optimizer is None:
         notes.append(f"optimizer.name {name}: not an optimizer gpipe-sim models; kept {training.get('optimizer')}")
     else:
-        training["optimizer"] = "adam"
+        training["optimizer"] = optimizer
     training["zero"] = 0
     if "steps" in cfg and "seq_len" in data["model"]:
         training["tokens"] = whole(SOURCE, "training.steps", cfg["steps"]) * data["pipeline"]["batch_size"] \
