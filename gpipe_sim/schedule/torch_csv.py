@@ -1,11 +1,13 @@
-"""torch.distributed.pipelining's schedule CSV, read and written without torch.
+"""torch.distributed.pipelining's schedule CSV, parsed and written as text without torch.
 
 One row per rank; a cell is an action as torch's `_Action` prints it: `2F0` (stage 2, forward,
 micro-batch 0), `1I3`, `1W3`, `0B1` (full backward), `(0F3;3B1)OVERLAP_F_B` (a forward and a
 backward that torch runs together; run here one after the other), the comms format's
 `0SEND_F1` / `1RECV_F1` / `SEND_B` / `RECV_B` (dropped: the lowering adds transfers itself),
 and `0REDUCE_GRAD`, `0UNSHARD`, `0RESHARD` (skipped, with a note). Empty cells are idle slots.
-A torch stage is a chunk here, and the rank whose row runs it is where it lives.
+A torch stage is a chunk here, and the rank whose row runs it is where it lives. Files are read by
+`gpipe_sim.spec.scenario.read_schedule_csv` (the scenario's `pipeline.schedule.csv`) and written by
+`gpipe-sim schedule --csv`.
 """
 
 from __future__ import annotations
@@ -14,14 +16,12 @@ import csv
 import io
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-
 
 from gpipe_sim.errors import ScheduleError
 from gpipe_sim.schedule.actions import Kind
 from gpipe_sim.schedule.program import Schedule
 
-MAX_CSV_BYTES = 64 * 2**20
+MAX_CSV_BYTES = 64 * 2**20  # the largest schedule CSV read
 _LETTER_TO_KIND = {"F": Kind.FORWARD, "B": Kind.BACKWARD, "I": Kind.BACKWARD_INPUT, "W": Kind.BACKWARD_WEIGHT}
 _KIND_TO_LETTER = {int(v): k for k, v in _LETTER_TO_KIND.items()}
 _ACTION = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
@@ -47,19 +47,6 @@ class TorchSchedule:
     def chunks(self) -> int:
         """Chunks per rank (v)."""
         return len(self.placement) // max(1, self.ranks)
-
-
-def read_torch_csv(path: str | Path) -> TorchSchedule:
-    """Read a CSV file in torch's format; ScheduleError naming the rank and cell on bad input."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_CSV_BYTES:
-            raise ScheduleError(f"pipeline.schedule.csv: {path} is {size:,} bytes, over the limit of {MAX_CSV_BYTES:,}")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScheduleError(f"pipeline.schedule.csv: cannot read {path} ({type(exc).__name__})") from None
-    return parse_torch_csv(text)
 
 
 def parse_torch_csv(text: str) -> TorchSchedule:
@@ -130,7 +117,3 @@ def torch_csv_text(schedule: Schedule) -> str:
         writer.writerow([f"{a.chunk}{_KIND_TO_LETTER[int(a.kind)]}{a.micro_batch}" for a in actions
                          if int(a.kind) in _KIND_TO_LETTER])
     return out.getvalue()
-
-
-def write_torch_csv(schedule: Schedule, path: str | Path) -> None:
-    Path(path).write_text(torch_csv_text(schedule))
