@@ -84,6 +84,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches), ("--repeat", args.repeat)):
         if value < 1:
             raise GpipeError(f"{flag}: must be >= 1, got {value}")
+    if args.against is not None:
+        from gpipe_sim.waits import STARTUP, compare_waits, checkout
+
+        sys.stdout.write(compare_waits(checkout(args.against), STARTUP, args.repeat) + "\n")
+        return 0
     sys.stdout.write(run_benchmark(args.stages, args.micro_batches, args.repeat) + "\n")
     return 0
 
@@ -119,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", type=int, default=128)
     p.add_argument("--micro-batches", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--against", metavar="DIR", help="instead: start-up and the published runs "
+                   "(scenarios/scale/) as whole processes, this checkout beside the one in DIR, as ratios")
     p.set_defaults(func=_cmd_bench)
 
     for register in EXTRA_COMMANDS:

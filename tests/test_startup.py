@@ -38,3 +38,20 @@ def test_public_names_resolve_on_first_use():
     from gpipe_sim.api import simulate
     assert gpipe_sim.simulate is simulate
     assert set(gpipe_sim.__all__) <= set(dir(gpipe_sim))
+
+
+def test_waits_are_timed_beside_a_baseline_checkout_as_ratios(tmp_path):
+    from gpipe_sim.waits import HERE, Wait, compare_waits
+
+    text = compare_waits(HERE, [Wait("help", lambda tree, tmp: ["--help"]),
+                                Wait("refused", lambda tree, tmp: ["simulate", str(tmp_path / "none.yaml")])], repeat=1)
+    assert "ratio" in text.split("refused")[0]  # both sides ran: a ratio of medians
+    assert "against: exit 2: gpipe-sim: error:" in text  # a command refused: said, with no ratio
+    assert "ratio" not in text.split("refused")[1]
+
+
+def test_bench_against_a_directory_without_the_project_is_one_line(tmp_path):
+    for command in (["bench", "--against", str(tmp_path)], ["plan-bench", "--against", str(tmp_path)]):
+        done = subprocess.run([sys.executable, "-m", "gpipe_sim.cli", *command], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.startswith("gpipe-sim: error: --against:"), done.stderr
+        assert len(done.stderr.splitlines()) == 1

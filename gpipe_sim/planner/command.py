@@ -218,10 +218,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_plan)
 
     p = subparsers.add_parser("plan-bench", help="time the planner on the 8- and 1,024-GPU questions")
+    p.add_argument("--against", metavar="DIR", help="instead: the 16-GPU question and an 8-GPU one, whole and "
+                   "narrowed, as whole processes, this checkout beside the one in DIR, as ratios")
+    p.add_argument("--repeat", type=int, default=3, help="with --against: alternating runs (default 3)")
     p.set_defaults(func=_cmd_plan_bench)
 
 
 def _cmd_plan_bench(args: argparse.Namespace) -> int:
+    if args.against is not None:
+        from gpipe_sim.waits import PLANNER, checkout, compare_waits
+
+        sys.stdout.write(compare_waits(checkout(args.against), PLANNER, args.repeat) + "\n")
+        return 0
     from gpipe_sim.planner.bench import run_plan_benchmark
 
     sys.stdout.write(run_plan_benchmark() + "\n")

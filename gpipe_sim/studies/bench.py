@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
 import time
 import subprocess
@@ -28,6 +26,7 @@ from gpipe_sim.engines.reference import straightforward_simpy
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import COMPUTE_KINDS
 from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.waits import spread, timed_child
 
 
 def _uniform_scenario(stages: int, micro_batches: int, schedule: str, chunks: int = 1) -> dict[str, object]:
@@ -173,21 +172,10 @@ def compare_evaluator(against: Path, stages: int = 128, micro_batches: int = 102
 
 
 def _child(command: list[str], tree: Path, cwd: str, stdin: str | None = None) -> tuple[float, float, str]:
-    """(wall seconds, CPU seconds, stdout) of `command` run with `tree` first on PYTHONPATH, in
-    `cwd` (not a checkout: `python -m` and `-c` put the working directory before PYTHONPATH),
-    reading `stdin`."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env, cwd=cwd, input=stdin)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, done.stdout
-
-
-def _spread(values: Sequence[float]) -> str:
-    """Median [min-max], in seconds."""
-    return f"{statistics.median(values):.4f} [{min(values):.4f}-{max(values):.4f}]"
+    """`timed_child`'s (wall seconds, CPU seconds) and the stdout of a command that must succeed."""
+    wall, cpu, done = timed_child(command, tree, cwd, stdin)
+    done.check_returncode()
+    return wall, cpu, done.stdout
 
 
 def compare(against: Path, stages: int = 128, micro_batches: int = 1024, repeat: int = 5, inner: int = 3) -> str:
@@ -213,7 +201,7 @@ def compare(against: Path, stages: int = 128, micro_batches: int = 1024, repeat:
     for label, _ in _cases(stages, micro_batches):
         for figure in ("process wall", "process CPU", "in-process best"):
             old, new = figures[(label, figure, "against")], figures[(label, figure, "this")]
-            lines.append(f"  {label:<32}{figure:<17} against {_spread(old)}  this {_spread(new)}  "
+            lines.append(f"  {label:<32}{figure:<17} against {spread(old)}  this {spread(new)}  "
                          f"ratio {statistics.median(new) / statistics.median(old):.3f}")
     return "\n".join(lines)
 
