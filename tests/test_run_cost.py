@@ -3,6 +3,7 @@ goodput model give days, device-hours and cost in simulate, plan and sweeps; abs
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 
@@ -134,9 +135,14 @@ def test_plan_ranks_with_the_run_columns(capsys, tmp_path):
                  "--tensor-parallel", "1", "--partitions", "uniform"]) == 0
     header = capsys.readouterr().out.splitlines()[2].split()
     assert header[-4:] == ["days", "device-hours", "goodput", "cost"]
+    table = tmp_path / "plan.csv"
     assert main(["plan", str(path), "--devices", "4", "--quiet", "--top", "3", "--json", "--schedules", "1f1b",
-                 "--tensor-parallel", "1", "--partitions", "uniform"]) == 0
+                 "--tensor-parallel", "1", "--partitions", "uniform", "--csv", str(table)]) == 0
     pick = json.loads(capsys.readouterr().out)["pick"]
+    first = next(csv.DictReader(table.open()))
+    assert float(first["run_cost"]) == pytest.approx(float(first["run_device_hours"]) * 2)
+    assert "training_run" not in first and float(first["run_goodput"]) == pytest.approx(
+        pick["training_run"]["goodput"]["goodput"])
     run = pick["training_run"]
     steps = math.ceil(1e9 / (BATCH * SEQ))
     assert run["steps"] == steps and run["devices"] == pick["devices"]
@@ -145,7 +151,8 @@ def test_plan_ranks_with_the_run_columns(capsys, tmp_path):
 
 
 def test_sweep_rows_carry_the_run_only_when_asked():
-    from gpipe_sim.sweeps.runner import RUN_COLUMNS, result_columns
+    from gpipe_sim.results.run_cost import RUN_COLUMNS
+    from gpipe_sim.sweeps.runner import result_columns
 
     assert not set(RUN_COLUMNS) & set(result_columns(_scenario(), "fast"))
     row = result_columns(_scenario(**RUN), "fast")

@@ -13,7 +13,8 @@ from gpipe_sim.api import model_figures
 from gpipe_sim.results.result import NO_FIGURES, ModelFigures
 from gpipe_sim.spec.units import format_bytes, format_seconds
 from gpipe_sim.planner.search import PlanEntry, PlanSearch
-from gpipe_sim.planner.run_table import run_cells, run_columns, run_dict
+from gpipe_sim.planner.run_table import entry_run, run_cells, run_dict, table_run_columns
+from gpipe_sim.results.run_cost import run_columns
 from gpipe_sim.planner.tp_choice import searched_tp, tp_text
 from gpipe_sim.spec.scenario import Scenario
 
@@ -47,9 +48,14 @@ def entry_dict(e: PlanEntry, figures: ModelFigures, base: Scenario) -> dict[str,
     return {**e.to_dict(), **entry_figures(e, figures), **run_dict(base, e, figures)}
 
 
+def entry_row_dict(e: PlanEntry, figures: ModelFigures, base: Scenario) -> dict[str, Any]:
+    """`entry_dict` flat, for a CSV row: the training run's figures as RUN_COLUMNS."""
+    return {**e.to_dict(), **entry_figures(e, figures), **run_columns(entry_run(base, e, figures))}
+
+
 def table_columns(search: PlanSearch) -> tuple[str, ...]:
     """The ranked table's columns: COLUMNS, then the run's where the scenario asks for them."""
-    return COLUMNS + run_columns(search.base)
+    return COLUMNS + table_run_columns(search.base)
 
 
 def table_rows(search: PlanSearch, top: int) -> list[list[str]]:
@@ -231,14 +237,14 @@ def csv_rows(search: PlanSearch) -> list[dict[str, Any]]:
     shown = {id(e) for e in search.order}
     fitting = search.order + [e for e in search.ranked if id(e) not in shown]
     rows = [{"rank": i + 1 if i < len(search.order) else "", "status": "fits",
-             "reason": "tied with the fastest" if e.tied else "", **entry_dict(e, figures, search.base)}
+             "reason": "tied with the fastest" if e.tied else "", **entry_row_dict(e, figures, search.base)}
             for i, e in enumerate(fitting)]
     for e in search.simulated_entries:
         if not e.fits:
             over = e.peak_memory_bytes > search.capacity_bytes
             reason = (f"does not fit: peak {format_bytes(e.peak_memory_bytes)} > {format_bytes(search.capacity_bytes)}"
                       if over else f"leaves less than the {search.options.headroom:.0%} headroom")
-            rows.append({"rank": "", "status": "simulated", "reason": reason, **entry_dict(e, figures, search.base)})
+            rows.append({"rank": "", "status": "simulated", "reason": reason, **entry_row_dict(e, figures, search.base)})
     for i in sorted(search.pruned):
         rows.append({"rank": "", "status": "pruned", "reason": _reason(*search.pruned[i]),
                      **search.candidates[i].shown_axes()})

@@ -16,7 +16,7 @@ def entry_run(base: Scenario, e: PlanEntry, figures: ModelFigures) -> RunCost | 
     return scenario_run_cost(base, e.step_time_s, e.devices, figures.tokens_per_step)
 
 
-def run_columns(base: Scenario) -> tuple[str, ...]:
+def table_run_columns(base: Scenario) -> tuple[str, ...]:
     """The table's run columns for what the scenario gives: days and device-hours with a token
     budget, goodput with its model, the run's cost (or, without tokens, the cost per hour) with a price."""
     t, price = base.training, base.hardware.price_per_device_hour
@@ -29,7 +29,7 @@ def run_columns(base: Scenario) -> tuple[str, ...]:
 
 
 def run_cells(base: Scenario, e: PlanEntry, figures: ModelFigures) -> list[str]:
-    """An entry's cells under `run_columns` ("-" where the run never finishes: goodput 0)."""
+    """An entry's cells under `table_run_columns` ("-" where the run never finishes: goodput 0)."""
     rc = entry_run(base, e, figures)
     if rc is None:
         return []
@@ -39,7 +39,7 @@ def run_cells(base: Scenario, e: PlanEntry, figures: ModelFigures) -> list[str]:
     }
     shown = {"days": "{:,.1f}", "device-hours": "{:,.0f}", "goodput": "{:.1%}"}
     return ["-" if cells[c] is None else (money(cells[c]) if c.startswith("cost") else shown[c].format(cells[c]))
-            for c in run_columns(base)]
+            for c in table_run_columns(base)]
 
 
 def run_dict(base: Scenario, e: PlanEntry, figures: ModelFigures) -> dict[str, Any]:

@@ -104,6 +104,19 @@ class RunCost:
                    goodput=None if g is None else GoodputFigures(**g))
 
 
+# A run's figures as flat columns (sweep tables, the planner's CSV)
+RUN_COLUMNS = ("run_days", "run_device_hours", "run_goodput", "run_cost", "run_cost_per_hour")
+
+
+def run_columns(run: RunCost | None) -> dict[str, Any]:
+    """The RUN_COLUMNS of a run (none for None: the scenario asks for no run figures)."""
+    if run is None:
+        return {}
+    return {"run_days": run.days, "run_device_hours": run.device_hours,
+            "run_goodput": None if run.goodput is None else run.goodput.goodput,
+            "run_cost": run.cost, "run_cost_per_hour": run.cost_per_hour}
+
+
 def run_cost(*, devices: int, step_time_s: float, tokens_per_step: float | None, tokens: float | None,
              price_per_device_hour: float | None, goodput: Goodput | None) -> RunCost | None:
     """The run's figures (RunCost) for a step of `step_time_s` on `devices` devices; None when

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError
-from gpipe_sim.results.run_cost import RunCost
+from gpipe_sim.results.run_cost import RUN_COLUMNS, run_columns
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.scenario import Scenario, parse_scenario, set_dotted
 from gpipe_sim.sweeps.points import SweepPoint
@@ -40,9 +40,8 @@ RESULT_COLUMNS = (
     "stage_param_bytes",
     "max_stage_tp_comm_s",
 )
-# The training run's figures (gpipe_sim.results.run_cost), columns only where some row has them:
-# the scenario gives training.tokens, training.goodput or hardware.price_per_device_hour.
-RUN_COLUMNS = ("run_days", "run_device_hours", "run_goodput", "run_cost", "run_cost_per_hour")
+# The training run's figures (gpipe_sim.results.run_cost.RUN_COLUMNS) are columns only where some
+# row has them: the scenario gives training.tokens, training.goodput or hardware.price_per_device_hour.
 STATUS_COLUMNS = ("sweep.index", "sweep.key", "status", "error", "elapsed_s")
 RUNS_DIR = "runs"
 
@@ -113,15 +112,6 @@ def result_columns(scenario: Scenario, engine: str) -> dict[str, Any]:
         "max_stage_tp_comm_s": max(s.tp_comm_s for s in stages),  # tensor-parallel collectives
         **run_columns(result.run),
     }
-
-
-def run_columns(run: RunCost | None) -> dict[str, Any]:
-    """The RUN_COLUMNS of a result's training run (none where the scenario asks for none)."""
-    if run is None:
-        return {}
-    return {"run_days": run.days, "run_device_hours": run.device_hours,
-            "run_goodput": None if run.goodput is None else run.goodput.goodput,
-            "run_cost": run.cost, "run_cost_per_hour": run.cost_per_hour}
 
 
 def run_task(task: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
