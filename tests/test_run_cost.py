@@ -111,6 +111,7 @@ def test_price_without_tokens_gives_the_hourly_cost(capsys):
     ("training.tokens=-1T", "training.tokens"),
     ("hardware.price_per_device_hour=nan", "hardware.price_per_device_hour"),
     ("training.goodput.restart_s=5", "training.goodput.mtbf_device_hours: required"),
+    ("training.goodput={mtbf_device_hours: 1000, checkpoint_save_s: 0}", "training.goodput.checkpoint_save_s: 0 s"),
 ])
 def test_bad_run_fields_are_one_line(capsys, item, fragment):
     assert main(["simulate", "--set", item]) == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, model_validator
 
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.fields import Seconds, _bounded, _real, _Strict
@@ -35,6 +35,13 @@ class Goodput(_Strict):
     checkpoint_save_s: Seconds
     restart_s: Seconds = 0.0
     checkpoint_interval_s: Annotated[float, _real(high=limits.MAX_SECONDS, low_open=True, unit=" s")] | None = None
+
+    @model_validator(mode="after")
+    def _interval_exists(self) -> "Goodput":
+        if self.checkpoint_interval_s is None and self.checkpoint_save_s == 0:
+            raise ValueError("training.goodput.checkpoint_save_s: 0 s makes the best interval 0 (checkpoint "
+                             "continuously); give a save time above 0 or a checkpoint_interval_s")
+        return self
 
 
 def tokens_per_sample(model: ModelSpec) -> float | None:
