@@ -21,7 +21,8 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS
 from gpipe_app.ui_data import read_layer_table
 from gpipe_app.ui_scenario import (
-    KEPT_TABLE as _KEPT_TABLE, PREFIX, TENSOR_PARALLEL_CHOICES, finish_boxes, form_base, upload_box,
+    KEPT_TABLE as _KEPT_TABLE, PREFIX, TENSOR_PARALLEL_CHOICES, carry_unheld, choice_value, file_choice, finish_boxes, form_base,
+    upload_box,
 )
 MODEL_CLASSES = {
     cls.model_fields["preset"].default: cls
@@ -190,7 +191,7 @@ def _hardware_fields(box: Any, preset: str, dtype: str, base: dict[str, Any]) ->
              "taking turns there and sharing its memory. Empty: one device per rank.")
     device_map = parse_device_map(placement)
     return {
-        **({} if device_map is None else {"stage_to_device": device_map}),
+        "stage_to_device": device_map,
         **per_node,
         **network,
         "preset": preset,
@@ -221,12 +222,13 @@ def _node_fields(box: Any, key: str, preset: str, data: dict[str, Any], base: di
                          key=_init(key + "network", format_quantity(net["bandwidth"], "bandwidth") if net else ""),
                          help="Between nodes, e.g. '200 Gb/s' or '25 GB/s': a device's port, or each NIC of a "
                               "cluster preset (empty: the link bandwidth).")
-    preset_net = data.get("network")
-    nodes_out = {"devices_per_node": int(per_node) if per_node else None} \
-        if per_node or data.get("devices_per_node") else {}
+    nodes_out = {"devices_per_node": int(per_node) or None}
     if not text.strip():
-        return nodes_out, {"network": None} if preset_net else {}
-    return nodes_out, {"network": {"bandwidth": text.strip(), **({} if preset_net else {"latency_s": latency})}}
+        return nodes_out, {"network": None}
+    # The network's latency, ports and NICs: the preset's, or the opened scenario's (carried through,
+    # ui_scenario.carry_unheld); a network only the form gives runs at the link's latency.
+    held = data.get("network") or (mine and base.get("network"))
+    return nodes_out, {"network": {"bandwidth": text.strip(), **({} if held else {"latency_s": latency})}}
 
 
 def parse_device_map(text: str) -> list[int] | str | None:
@@ -274,12 +276,11 @@ def scenario_form(box: Any) -> tuple[dict[str, Any] | None, FormNotice | None]:
                                  key=_init(PREFIX + "hardware.preset", base["hardware"].get("preset", "v100")))
     hw_box.caption(hardware_presets()[hw_preset].get("description", ""))
     hardware = _hardware_fields(hw_box, hw_preset, training["dtype"], base["hardware"])
-    if price:
-        hardware = {**hardware, "price_per_device_hour": price}
+    hardware["price_per_device_hour"] = price or None
 
-    data = None if model is None else {
+    data = None if model is None else carry_unheld({
         "model": model, "hardware": hardware, "pipeline": pipeline, "training": training,
-    }
+    })
     finish_boxes(notice_box, file_box, data)
     return data, None if data is not None else notice
 
@@ -295,8 +296,9 @@ def _pipeline_fields(box: Any, bp: dict[str, Any]) -> dict[str, Any]:
     micro = c2.number_input("micro-batches M", min_value=1, max_value=8192, step=1,
                             key=_init(PREFIX + "pipeline.micro_batches", bp["micro_batches"]))
     s1, s2 = box.columns([3, 2])
-    schedule = s1.selectbox("schedule", list(SCHEDULES), key=_init(PREFIX + "pipeline.schedule", bp["schedule"]),
-                            help=schedule_help())
+    held = file_choice(bp["schedule"])
+    schedule = choice_value(s1.selectbox("schedule", list(dict.fromkeys([*SCHEDULES, held])),
+                                         key=_init(PREFIX + "pipeline.schedule", held), help=schedule_help()))
     chunks = s2.number_input("chunks per rank v", min_value=1, max_value=64, step=1,
                              key=_init(PREFIX + "pipeline.chunks", bp.get("chunks", 1)),
                              help="The model is cut into K*v chunks, v on each rank (interleaved "
@@ -308,7 +310,7 @@ def _pipeline_fields(box: Any, bp: dict[str, Any]) -> dict[str, Any]:
                                key=_init(PREFIX + "pipeline.data_parallel", bp.get("data_parallel", 1)),
                                help="Replicas of the K-rank pipeline (D x K devices); the global batch is "
                                     "split evenly over them and each chunk's gradients are all-reduced.")
-    tensor = box.selectbox("tensor parallel T", TENSOR_PARALLEL_CHOICES,
+    tensor = box.selectbox("tensor parallel T", sorted({*TENSOR_PARALLEL_CHOICES, int(bp.get("tensor_parallel", 1))}),
                            key=_init(PREFIX + "pipeline.tensor_parallel", int(bp.get("tensor_parallel", 1))),
                            help="Each rank's layers split over T devices of one node the Megatron way "
                                 "(T x K x D devices; transformer preset), with two all-reduces in the "
@@ -320,15 +322,16 @@ def _pipeline_fields(box: Any, bp: dict[str, Any]) -> dict[str, Any]:
     remat = box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
                           help="always: every forward keeps only its input and is re-computed "
                                "before backward (GPipe); none: keep all activations.")
-    partition_default = bp["partition"] if isinstance(bp["partition"], str) else "uniform"
-    partition = box.selectbox("partition", PARTITION_METHODS,
-                              key=_init(PREFIX + "pipeline.partition", partition_default),
+    held = file_choice(bp["partition"])
+    partition = choice_value(box.selectbox("partition", list(dict.fromkeys([*PARTITION_METHODS, held])),
+                              key=_init(PREFIX + "pipeline.partition", held),
                               help="uniform: equal layer counts; time: balance compute; memory: the "
                                    "smallest largest device peak, as the schedule holds activations; "
-                                   "fit: the fastest partition whose every device fits its memory.")
+                                   "fit: the fastest partition whose every device fits its memory; "
+                                   "layers: the opened file's list of layer counts, one per chunk."))
     return {"stages": stages, "chunks": chunks, "data_parallel": replicas, "micro_batches": micro,
             "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition,
-            **({"tensor_parallel": int(tensor), "sequence_parallel": bool(seq_par)} if tensor > 1 else {})}
+            "tensor_parallel": int(tensor), "sequence_parallel": bool(seq_par) and tensor > 1}
 
 
 def _training_fields(box: Any, bt: dict[str, Any], hardware: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -351,16 +354,15 @@ def _training_fields(box: Any, bt: dict[str, Any], hardware: dict[str, Any]) -> 
 
 
 def _run_fields(box: Any, training: dict[str, Any], hardware: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The training run's fields: the token budget (and the goodput model, carried from the file
-    unchanged) for the training section, and the price per device-hour ("" where not given)."""
+    """The training run's fields: the token budget (None where not given) for the training section,
+    and the price per device-hour ("" where not given)."""
     r1, r2 = box.columns(2)
     tokens = r1.text_input("tokens to train on", key=_init(PREFIX + "training.tokens", _given(training.get("tokens"))),
                            help="The run's token budget (1T, 300B, 2.5e12): days and device-hours; empty: none.")
     price = r2.text_input("price per device-hour", key=_init(PREFIX + "hardware.price_per_device_hour",
                                                              _given(hardware.get("price_per_device_hour"))),
                           help="Any currency per device per hour: the run's cost; empty: none.")
-    fields = {**({"tokens": tokens.strip()} if tokens.strip() else {}),
-              **({"goodput": training["goodput"]} if training.get("goodput") else {})}
+    fields = {"tokens": tokens.strip() or None}  # the goodput model is carried from the file (carry_unheld)
     return fields, price.strip()
 
 

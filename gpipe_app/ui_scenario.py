@@ -3,8 +3,9 @@
 
 A loaded scenario becomes the data the form starts from (`form_base`): its widgets are cleared and
 re-initialised from it. A bad file is one error line in the sidebar; the form keeps what it had.
-Fields the form has no widget for (a CSV schedule, an explicit partition, per-pair links, host
-costs...) are named in a warning: the form runs without them.
+A CSV schedule and a list of layer counts are options of their boxes (`file_choice`); the fields
+the form has no widget for (per-pair links, host costs...) are carried through unchanged
+(`carry_unheld`); anything still left out is named in a warning.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import streamlit as st
 import yaml
 
 from gpipe_sim.errors import GpipeError, first_line, one_line
-from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.files import read_data_file
 from gpipe_sim.spec.presets import hardware_presets
-from gpipe_sim.spec.scenario import PARTITION_METHODS, load_scenario, parse_scenario
+from gpipe_sim.spec.scenario import load_scenario, parse_scenario
 from gpipe_app.ui_run import round_floats
 
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages (the form's)
@@ -60,21 +60,63 @@ def read_scenario_upload(name: str, data: bytes) -> dict[str, Any]:
 
 
 def _form_ready(data: dict[str, Any]) -> dict[str, Any]:
-    """Scenario data the form's widgets can start from: values they cannot show (a CSV schedule,
-    an explicit partition, custom hardware without a preset) at the form's own choices; the check
-    after the form's run names what that left out."""
+    """Scenario data the form's widgets can start from: custom hardware (no preset) as its figures
+    over the `ideal` preset's (every figure of it is the file's: to_dict resolved them all)."""
     base = copy.deepcopy(data)
-    pipeline = base.setdefault("pipeline", {})
-    if not isinstance(pipeline.get("schedule"), str) or pipeline["schedule"] not in SCHEDULES:
-        pipeline["schedule"] = "gpipe"
-    if pipeline.get("partition") not in PARTITION_METHODS:
-        pipeline["partition"] = "uniform"
-    if pipeline.get("tensor_parallel", 1) not in TENSOR_PARALLEL_CHOICES:
-        pipeline["tensor_parallel"] = 1
     hardware = base.setdefault("hardware", {})
-    if hardware.get("preset") not in hardware_presets():  # custom: its figures over a preset's
+    if hardware.get("preset") not in hardware_presets():
         hardware["preset"] = "ideal"
     return base
+
+
+_CSV, _LAYERS = "csv: ", "layers: "  # the options a CSV schedule and a list of layer counts show as
+
+
+def file_choice(value: Any) -> Any:
+    """A scenario's schedule or partition as the form's selectbox option: a CSV schedule as
+    'csv: PATH', a list of layer counts as 'layers: 6, 8'; a name as it is (`choice_value` inverts)."""
+    if isinstance(value, dict) and "csv" in value:
+        return _CSV + str(value["csv"])
+    if isinstance(value, (list, tuple)):
+        return _LAYERS + ", ".join(str(v) for v in value)
+    return value
+
+
+def choice_value(option: Any) -> Any:
+    """The scenario value of a schedule or partition option (`file_choice`'s inverse)."""
+    if isinstance(option, str) and option.startswith(_CSV):
+        return {"csv": option[len(_CSV):]}
+    if isinstance(option, str) and option.startswith(_LAYERS):
+        return [int(v) for v in option[len(_LAYERS):].split(",")]
+    return option
+
+
+def carry_unheld(data: dict[str, Any]) -> dict[str, Any]:
+    """The form's scenario `data` with every field of the opened scenario that no widget holds
+    carried through unchanged (host costs, per-pair links, placement, the network's latency, ports
+    and NICs, the goodput model, kernel tables...), so that the app runs what the file says. Only
+    into a model or hardware section of the file's preset (another preset is another device); a
+    field the form gives, None included (a widget left empty), is the form's."""
+    opened = st.session_state.get(BASE)  # set by opening a file only
+    if not opened:
+        return data
+    out = copy.deepcopy(data)
+    for section, given in opened.items():
+        mine = out.get(section)
+        if not isinstance(mine, dict) or not isinstance(given, dict):
+            continue
+        if section in ("model", "hardware") and mine.get("preset") != given.get("preset"):
+            continue
+        _fill(mine, given)
+    return out
+
+
+def _fill(mine: dict[str, Any], given: dict[str, Any]) -> None:
+    for key, value in given.items():
+        if key not in mine:
+            mine[key] = copy.deepcopy(value)
+        elif isinstance(mine[key], dict) and isinstance(value, dict):
+            _fill(mine[key], value)
 
 
 def open_in_form(name: str, data: dict[str, Any]) -> None:
