@@ -22,9 +22,10 @@ from gpipe_sim.spec.training_run import tokens_per_sample
 Engine = Literal["simpy", "fast", "auto"]
 
 
-def run_engine(plan: Plan, engine: Engine = "simpy") -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of every action. "auto" takes the fast evaluator (exact, linear in the
-    actions) where no device or link is shared, else the SimPy engine."""
+def run_engine(plan: Plan, engine: Engine = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of every action. "auto" (every tool's default) takes the fast evaluator
+    (exact, linear in the actions) where no device or link is shared (`contention_free`), else
+    the SimPy engine."""
     if engine == "fast":
         return evaluate_fast(plan)
     if engine == "auto" and contention_free(plan):

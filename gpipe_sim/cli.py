@@ -104,8 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timeline")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
-    p.add_argument("--engine", choices=("simpy", "fast", "auto"), default="simpy",
-                   help="simpy (default, models contention) or the fast evaluator (contention-free)")
+    p.add_argument("--engine", choices=("auto", "simpy", "fast"), default="auto",
+                   help="auto (default): the fast evaluator where no device or link is shared by two "
+                        "ranks, else simpy; simpy: the SimPy engine (models contention); fast: the "
+                        "vectorised evaluator (contention-free plans only)")
     add_emit_option(p, "the scenario")
     add_set_option(p)
     p.set_defaults(func=_cmd_simulate)

@@ -178,3 +178,20 @@ def test_the_apps_model_box_says_what_the_layers_are():
         "This model has 26 layers (24 blocks + embedding + head)."
     assert layer_count_caption({"preset": "uniform", "layers": 16}) == "This model has 16 layers."
     assert layer_count_caption({"preset": "transformer", "layers": 0}) is None  # the scenario's check names it
+
+
+def test_simulate_defaults_to_the_apis_engine_auto(scenario_file, capsys, monkeypatch):
+    """`gpipe-sim simulate` without --engine runs what `api.simulate` does by default: auto, the
+    fast evaluator where no device or link is shared, the SimPy engine where ranks share a device."""
+    import gpipe_sim.api as api
+
+    ran: list[str] = []
+    fast, simpy = api.evaluate_fast, api.run_simpy
+    monkeypatch.setattr(api, "evaluate_fast", lambda plan: (ran.append("fast"), fast(plan))[1])
+    monkeypatch.setattr(api, "run_simpy", lambda plan: (ran.append("simpy"), simpy(plan))[1])
+    default = _json(capsys, ["simulate", str(scenario_file), "--json", "--no-timeline"])
+    assert ran == ["fast"]
+    assert default == _json(capsys, ["simulate", str(scenario_file), "--json", "--no-timeline", "--engine", "auto"])
+    assert _json(capsys, ["simulate", str(scenario_file), "--json", "--no-timeline",
+                          "--set", "hardware.stage_to_device=[0, 0]"])["num_devices"] == 1
+    assert ran == ["fast", "fast", "simpy"]
