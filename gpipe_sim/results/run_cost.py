@@ -156,11 +156,13 @@ def count_short(value: float) -> str:
 
 
 def duration_text(seconds: float) -> str:
-    """A long duration in the unit people plan in: days from two days up, else hours, else seconds."""
+    """A long duration in the unit people plan in: days from two days up, else hours, minutes or seconds."""
     if seconds >= 2 * DAY_S:
         return f"{seconds / DAY_S:,.1f} days"
     if seconds >= HOUR_S:
         return f"{seconds / HOUR_S:,.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:,.1f} min"
     return format_seconds(seconds)
 
 
