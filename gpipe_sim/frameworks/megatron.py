@@ -62,6 +62,9 @@ def launch_counts(scenario: Scenario, notes: list[str]) -> tuple[int, int]:
     `hardware.devices_per_node` (one node when not given or when they fit one)."""
     n = devices(scenario.pipeline)
     per_node = scenario.hardware.devices_per_node
+    if per_node is None and n > 1:
+        notes.append(f"hardware.devices_per_node not given: written as one node of {n} processes; set torchrun's "
+                     "--nnodes and --nproc-per-node to your nodes (their product stays the world size)")
     if per_node is None or n <= per_node:
         return 1, n
     if n % per_node:
