@@ -23,7 +23,7 @@ import yaml
 from gpipe_sim.errors import GpipeError, first_line, one_line
 from gpipe_sim.spec.files import read_data_file
 from gpipe_sim.spec.presets import hardware_presets
-from gpipe_sim.spec.scenario import load_scenario, parse_scenario
+from gpipe_sim.spec.scenario import load_scenario, parse_scenario, with_default_sections
 from gpipe_app.ui_run import round_floats
 
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages (the form's)
@@ -54,7 +54,7 @@ def read_scenario_upload(name: str, data: bytes) -> dict[str, Any]:
         path = Path(tmp) / f"scenario{suffix}"
         path.write_bytes(data)
         try:  # an upload has no folder: its relative file names are the app's (not the temporary one's)
-            return parse_scenario(read_data_file(path, "scenario")).to_dict()
+            return parse_scenario(with_default_sections(read_data_file(path, "scenario"))).to_dict()
         except GpipeError as exc:
             raise type(exc)(str(exc).replace(repr(str(path)), repr(name)).replace(str(path), name)) from None
 

@@ -501,11 +501,39 @@ def parse_scenario_with_overrides(data: Any, overrides: Sequence[str] | None) ->
 
 
 def read_scenario_data(path: str | Path) -> Any:
-    """A scenario file's plain data, its relative file names made relative to its folder (unvalidated)."""
+    """A scenario file's plain data, its relative file names made relative to its folder and the
+    sections it leaves out the default scenario's (`with_default_sections`; unvalidated)."""
     path = Path(path)
-    data = read_data_file(path, "scenario")
+    data = with_default_sections(read_data_file(path, "scenario"))
     resolve_relative_paths(data, path.parent)
     return data
+
+
+SECTIONS = ("model", "hardware", "pipeline", "training")
+
+
+def with_default_sections(data: Any) -> Any:
+    """Scenario file data (None for an empty file) with each section it leaves out (model,
+    hardware, pipeline, training) taken whole from the default scenario, DEFAULT_SCENARIO: an empty
+    file runs the default scenario, as no file does. A section the file gives is as it wrote it
+    (its missing fields at the schema's defaults); data that is not a mapping is returned as it is
+    (validation names the problem)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict) or all(name in data for name in SECTIONS):
+        return data
+    default = _default_sections()
+    return {**{name: copy.deepcopy(default[name]) for name in SECTIONS if name not in data}, **data}
+
+
+_DEFAULT_DATA: dict[str, Any] = {}
+
+
+def _default_sections() -> dict[str, Any]:
+    if not _DEFAULT_DATA:
+        data = read_data_file(DEFAULT_SCENARIO, "scenario")
+        _DEFAULT_DATA.update({name: data.get(name, {}) for name in SECTIONS})
+    return _DEFAULT_DATA
 
 
 def resolve_relative_paths(data: Any, base: Path) -> None:
