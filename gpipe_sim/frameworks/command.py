@@ -38,6 +38,9 @@ def reader(framework: str) -> Callable[[str, "Scenario"], "Read"]:
     if framework == "torchtitan":
         from gpipe_sim.frameworks.torchtitan_read import read_torchtitan
         return read_torchtitan
+    if framework == "hf":
+        from gpipe_sim.frameworks.hf_read import read_hf
+        return read_hf
     raise ScenarioError(f"read: cannot read {framework!r} (choose from {', '.join(READABLE)})")
 
 
@@ -77,10 +80,12 @@ def _cmd_read(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `read` to the gpipe-sim command line."""
     p = subparsers.add_parser(
-        "read", help="read Megatron-LM arguments or a torchtitan TOML into a scenario (printed as YAML)",
+        "read", help="read Megatron-LM arguments, a torchtitan TOML or a Hugging Face config.json into a "
+                     "scenario (printed as YAML)",
         description="Read a Megatron-LM launch line or arguments file, or a torchtitan job TOML, into a scenario "
-                    "on the base scenario's hardware (and its model, for torchtitan). One note on stderr for each "
-                    "flag or key ignored.")
+                    "on the base scenario's hardware (and its model, for torchtitan); or a Hugging Face model's "
+                    "config.json (hf) into the base scenario's model. One note on stderr for each flag or key "
+                    "ignored.")
     p.add_argument("framework", choices=READABLE)
     p.add_argument("file", help="the arguments or TOML file (- for stdin)")
     p.add_argument("--base", metavar="SCENARIO", help="scenario YAML for what the file does not say "

@@ -9,6 +9,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.spec.architectures import ARCHITECTURES, expand_architecture
+from gpipe_sim.spec.hf_config import expand_hf_config
 from gpipe_sim.spec.fields import (Amount, BatchSize, Dimension, DropoutRate, Duration, Kernels, LayerCount, Params,
                                    TensorParallel, _Strict)
 from gpipe_sim.spec.limits import MAX_DIMENSION, MAX_LAYERS
@@ -275,7 +276,8 @@ class TableModel(_Strict):
 ModelSpec = Annotated[
     Annotated[Union[UniformModel, TransformerModel, AmoebaNetModel, MlpModel, ConvNetModel, TableModel],
               Field(discriminator="preset")],
-    BeforeValidator(expand_architecture),  # `preset: llama3-8b`: the transformer preset's fields
+    # `preset: llama3-8b` or `hf_config: PATH`: the transformer preset's fields
+    BeforeValidator(lambda data: expand_architecture(expand_hf_config(data))),
 ]
 MODEL_PRESETS = ("uniform", "transformer", "amoebanet", "mlp", "convnet", "table", *ARCHITECTURES)
 

@@ -537,10 +537,11 @@ def _default_sections() -> dict[str, Any]:
 
 
 def resolve_relative_paths(data: Any, base: Path) -> None:
-    """Make a table model's relative `path`, and a schedule CSV's relative `csv`, relative to `base`
-    (the scenario file's folder)."""
+    """Make a table model's relative `path`, a model's relative `hf_config`, and a schedule CSV's
+    relative `csv`, relative to `base` (the scenario file's folder)."""
     model = data.get("model") if isinstance(data, dict) else None
     _resolve(model, "path", base)
+    _resolve(model, "hf_config", base)
     pipeline = data.get("pipeline") if isinstance(data, dict) else None
     _resolve(pipeline.get("schedule") if isinstance(pipeline, dict) else None, "csv", base)
 
