@@ -367,8 +367,11 @@ def _run_fields(box: Any, training: dict[str, Any], hardware: dict[str, Any]) ->
 
 
 def _given(value: Any) -> str:
-    """A scenario's optional number as the form's text ("" where not given)."""
-    return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+    """A scenario's optional number as the form's text, exactly ("" where not given): 1e12 tokens
+    as 1000000000000, a price of 2.5 as 2.5."""
+    if value is None:
+        return ""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def keep_form_state() -> None:

@@ -36,3 +36,23 @@ def test_plan_page_offers_the_pick_as_each_frameworks_file():
     labels = [b.label for b in at.get("download_button")]
     assert {"Megatron-LM (launch line)", "torchtitan (job TOML)", "DeepSpeed (JSON)"} <= set(labels)
     assert any(e.label == "What the frameworks' files cannot express" for e in at.expander)
+
+
+
+def test_an_opened_files_token_budget_price_and_goodput_model_are_kept():
+    import yaml
+
+    data = {"model": {"preset": "transformer", "layers": 4, "d_model": 256, "d_ff": 1024, "heads": 4,
+                      "seq_len": 128, "vocab": 1000},
+            "hardware": {"preset": "a100-80gb", "price_per_device_hour": 2.5},
+            "pipeline": {"stages": 2, "micro_batches": 4, "batch_size": 8},
+            "training": {"dtype": "bf16", "tokens": 123_456_789,
+                         "goodput": {"mtbf_device_hours": 1000, "checkpoint_save_s": 30}}}
+    at = app_test().run()
+    at.sidebar.file_uploader(key="upload.scenario").set_value(("run.yaml", yaml.safe_dump(data).encode(),
+                                                               "application/x-yaml"))
+    at.run()
+    assert not at.exception and not at.error and not at.warning, [w.value for w in at.warning]
+    assert float(at.sidebar.text_input(key="cfg.training.tokens").value) == 123_456_789  # shown exactly
+    assert at.sidebar.text_input(key="cfg.hardware.price_per_device_hour").value == "2.5"
+    assert metric(at, "Goodput").endswith("%")  # the goodput model came through the form
