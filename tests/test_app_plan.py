@@ -12,6 +12,13 @@ SMALL = {"model.preset": "uniform", "hardware.preset": "v100", "pipeline.remat":
          "pipeline.partition": "uniform", "pipeline.schedule": "gpipe", "pipeline.chunks": 1}
 
 
+def search(at):
+    """Press Search and wait for the background search; the page as it shows the answer."""
+    at.button(key="plan.search").click().run()
+    assert at.session_state["plan.job"].wait(60)
+    return at.run()
+
+
 def plan_app(devices: int = 2):
     at = app_test().run()
     for key, value in SMALL.items():
@@ -19,7 +26,24 @@ def plan_app(devices: int = 2):
     at.switch_page("views/plan.py").run()
     set_widget(at, "plan.devices", devices)
     set_widget(at, "plan.schedules", ["gpipe", "1f1b"])
-    return at.run()
+    return search(at.run())
+
+
+def test_plan_page_searches_only_when_asked():
+    """Opening the page (and changing the question) shows a Search button, never a search; the
+    answer is kept for the question until it changes."""
+    at = app_test().run()
+    at.switch_page("views/plan.py").run()
+    assert not at.exception and "plan.job" not in at.session_state
+    assert not at.dataframe and [b.label for b in at.button if b.key == "plan.search"] == ["Search"]
+    at = plan_app()
+    assert at.dataframe and not [b for b in at.button if b.key == "plan.search"]
+    set_widget(at, "plan.devices", 4)
+    at.run()
+    assert not at.dataframe and [b for b in at.button if b.key == "plan.search"]
+    set_widget(at, "plan.devices", 2)  # the question answered before: shown again without a search
+    at.run()
+    assert at.dataframe
 
 
 def test_plan_page_ranks_and_plots():
@@ -61,7 +85,7 @@ def test_plan_page_nothing_fits_and_bad_devices():
     set_widget(at, "cfg.model.uniform.layers", 2)
     at.run()
     set_widget(at, "plan.devices", 7)  # no D x K = 7 with K <= 2 layers and D dividing the batch
-    at.run()
+    search(at.run())
     assert not at.exception
     assert at.warning and "no configuration" in at.warning[0].value
 

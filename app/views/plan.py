@@ -16,7 +16,8 @@ from gpipe_sim.planner.report import (
     choice_text, config_text, counts_text, memory_text, nothing_fits_text, pareto_figure, table_columns,
     table_rows, tp_text,
 )
-from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, PlanSearch, plan
+from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, plan
+from gpipe_app.ui_plan_search import searched_or_stop
 from gpipe_app.ui_form import PREFIX, scenario_form
 from gpipe_app.ui_run import (MAX_GANTT_BARS, framework_downloads, label_error, show_elapsed, show_metrics,
                               simulate_cached)
@@ -24,13 +25,8 @@ from gpipe_app.ui_run import (MAX_GANTT_BARS, framework_downloads, label_error, 
 MAX_DEVICES = 4096
 
 
-@st.cache_data(max_entries=16, show_spinner="Searching the configurations...")
-def _search(scenario_json: str, options_json: str) -> PlanSearch:
-    options = json.loads(options_json)
-    for key in ("schedules", "partitions", "stages", "tensor_parallel"):
-        if options.get(key) is not None:
-            options[key] = tuple(options[key])
-    return plan(parse_scenario(json.loads(scenario_json)), PlanOptions(**options))
+def _plan_options(options: dict[str, Any]) -> PlanOptions:
+    return PlanOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
 
 
 GOTO_EXPLORE = "plan.goto_explore"
@@ -111,10 +107,11 @@ options = {"devices": int(devices), "fewer_devices": bool(fewer), "top": int(top
            else list(range(int(min_k), min(int(max_k), int(devices)) + 1))}
 try:
     base = parse_scenario(question)
-    search = _search(json.dumps(base.to_dict(), sort_keys=True), json.dumps(options, sort_keys=True))
 except GpipeError as exc:
     st.error(label_error(str(exc)), icon=":material/error:")
     st.stop()
+search = searched_or_stop(json.dumps([base.to_dict(), options], sort_keys=True),
+                          lambda progress: plan(base, _plan_options(options), progress=progress))
 
 st.caption(memory_text(search) + ". " + counts_text(search))
 if not search.ranked:
