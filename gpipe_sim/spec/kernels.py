@@ -114,6 +114,18 @@ class LayerKernels:
     tensors: int = 0
     beside_collectives: tuple[str, ...] = ()
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once (a block has dozens of kernels; the cost tables key on it)."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.forward, self.backward, self.tensors, self.beside_collectives))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        """Pickled without the cached hash (strings hash differently in another process)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 def linear(name: str, rows: int, n_in: int, n_out: int, input_grad: bool = True) -> tuple[Gemm, tuple[Gemm, ...]]:
     """A Linear on `rows` rows a sample: the forward GEMM and its backward ones (the input's
