@@ -250,7 +250,8 @@ def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, can
         if held > cap:
             ranking.pruned[index] = ("memory", held, cap)
             return "memory"
-        plan_ = compile_plan(base.with_updates(cand.overrides()))
+        # alike replicas timed once (replicas that differ over the pass limit: infeasible, said why)
+        plan_ = compile_plan(base.with_updates(cand.overrides())).simulated()
     except GpipeError as exc:
         ranking.pruned[index] = ("infeasible:" + str(exc).split("\n")[0], math.nan, math.nan)
         return "infeasible"

@@ -293,7 +293,7 @@ def _family_accepts(family: Any, layout: tuple[int, int, int, int], name: str, M
     D, K, v, T = layout
     accepted = []
     for M in Ms:
-        problem = ("over the pass limit" if K * v * M * D > limits.MAX_PASSES else family.problem(K, M, v))
+        problem = ("over the pass limit" if K * v * M > limits.MAX_PASSES else family.problem(K, M, v))  # per replica
         if problem is None:
             accepted.append(M)
         elif rejected is not None:
