@@ -1,51 +1,6 @@
-"""Programs the built-in schedules do not generate, made from theirs: the backward split in two.
+"""Former home of the split-backward transform, now in gpipe_sim (schedule/split.py, plan/rescheduled.py): names kept for two callers until they move."""
 
-`split_backward` turns every full backward pass of a schedule into an input-gradient pass
-(backward_input, at the backward's place) and a weight-gradient pass (backward_weight), either
-right after it or deferred to the end of the rank's program, and lowers the result with
-gpipe_sim's own lowering (transfers, re-computation and the update placed the usual way).
-"""
+from gpipe_sim.plan.rescheduled import with_schedule
+from gpipe_sim.schedule.split import WeightPlacement, pass_orders, split_backward
 
-from __future__ import annotations
-
-import dataclasses
-from typing import Literal
-
-from gpipe_sim.plan.compile import Plan
-from gpipe_sim.schedule import PASS_KINDS, Kind, Pass, Schedule, lower
-
-WeightPlacement = Literal["adjacent", "deferred"]
-
-
-def pass_orders(schedule: Schedule) -> list[list[Pass]]:
-    """Each rank's passes (forward, backward, backward_input, backward_weight), in program order."""
-    return [[Pass(a.kind, a.chunk, a.micro_batch) for a in schedule.rank_actions(r) if a.kind in PASS_KINDS]
-            for r in range(schedule.ranks)]
-
-
-def split_backward(schedule: Schedule, weights: WeightPlacement = "adjacent") -> Schedule:
-    """The schedule with each backward split into backward_input then backward_weight: the weight
-    pass right after its input pass ("adjacent") or all of a rank's weight passes at the end of its
-    program, in the order of their input passes ("deferred")."""
-    orders = []
-    for passes in pass_orders(schedule):
-        order: list[Pass] = []
-        later: list[Pass] = []
-        for p in passes:
-            if p.kind != Kind.BACKWARD:
-                order.append(p)
-                continue
-            order.append(Pass(Kind.BACKWARD_INPUT, p.chunk, p.micro_batch))
-            weight = Pass(Kind.BACKWARD_WEIGHT, p.chunk, p.micro_batch)
-            (later if weights == "deferred" else order).append(weight)
-        orders.append(order + later)
-    return lower(f"{schedule.name}+split_{weights}", orders, schedule.placement, schedule.micro_batches,
-                 schedule.remat, schedule.chunks)
-
-
-def with_schedule(plan: Plan, schedule: Schedule) -> Plan:
-    """The plan with other programs for the same chunks and placement (costs, partition and devices
-    unchanged), for the simulator to predict and the executor to run."""
-    if schedule.placement != plan.schedule.placement or schedule.micro_batches != plan.schedule.micro_batches:
-        raise ValueError("the programs must place the plan's chunks alike and run its micro-batches")
-    return dataclasses.replace(plan, schedule=schedule)
+__all__ = ["WeightPlacement", "pass_orders", "split_backward", "with_schedule"]

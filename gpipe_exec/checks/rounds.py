@@ -8,12 +8,12 @@ from typing import Any, Callable, NamedTuple, Union
 from gpipe_exec.measure.steps import Measurement, measured_result
 
 from gpipe_exec.runtime.job import job_for
-from gpipe_exec.programs import with_schedule
 from gpipe_exec.profile import (ProfileOptions, default_sizes, profile_device, profile_model, profile_together,
                                 table_scenario)
 from gpipe_exec.calibration.runtime import LinkFit, RuntimeFit
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.plan.compile import Plan, compile_plan, scenario_schedule
+from gpipe_sim.plan.rescheduled import with_schedule
 from gpipe_sim.results.result import Result
 from gpipe_sim.schedule import Kind, Schedule
 from gpipe_sim.spec.scenario import Scenario
