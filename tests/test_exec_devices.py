@@ -91,9 +91,11 @@ def test_selfcheck_reports_each_case_and_a_summary():
     bad = dict(data, hardware={"preset": "cpu", "stage_to_device": [0]},
                model={**data["model"], "layers": 4})
     cases = [(name, parse_scenario(data)), ("broken", parse_scenario(bad).with_updates({"model.preset": "uniform"}))]
-    rows = run_selfcheck(cases, LaunchOptions(), steps=2)
+    rows = run_selfcheck(cases, LaunchOptions(), steps=2, plain=True)
     assert rows[0].error == "" and rows[0].predicted_step_s > 0 and rows[0].measured_step_s > 0
     assert rows[0].memory_error < 0.05
+    assert rows[0].same_work and not rows[0].gpu_bound and rows[0].plain_step_s > 0 and rows[0].preset_step_s > 0
     assert "model.preset" in rows[1].error
     text = selfcheck_text(rows, "cpu", 1.0)
     assert name in text and "failed" in text and "1 of 2 cases ran, 1 failed" in text
+    assert "executor vs plain loop (same work, 1 cases)" in text

@@ -473,3 +473,15 @@ def test_clock_across_machines_pings_on_the_backends_device() -> None:
 def test_clock_across_machines_pings_on_the_gpu_under_nccl() -> None:
     options = LaunchOptions(comm_timeout_s=30, device="cuda")
     assert launch(None, [0, 1], options, task=_clock_across_machines) == ("cuda:0", 0.0)
+
+
+def test_gpu_spans_replace_issue_times_and_keep_host_actions_after_the_gpu_work_they_follow():
+    """A step whose host queued two passes at 0-1 ms and 1-2 ms, then sent at 2-3 ms, while the GPU
+    ran the passes at 0.1-10 ms and 10-20 ms: the passes take their GPU spans, the send starts when
+    the second pass ended (its copy waited for it) and keeps a zero length, not a negative one."""
+    from gpipe_exec.measure.gpu_spans import place_spans
+
+    starts, ends = [0.0, 0.001, 0.002, 0.0205], [0.001, 0.002, 0.003, 0.021]
+    place_spans(starts, ends, {0: (0.0001, 0.010), 1: (0.010, 0.020)}, t0=0.0)
+    assert starts == [0.0001, 0.010, 0.020, 0.0205]
+    assert ends == [0.010, 0.020, 0.020, 0.021]

@@ -32,6 +32,7 @@ from gpipe_exec.errors import ExecutionError, PeerError
 from gpipe_sim.errors import first_line
 from gpipe_exec.measure.memory import (INPUTS, RECEIVE_BUFFERS, AllocatorPeak, StorageTracker, live_cuda_bytes,
                                        gradients_as_gradients, module_state)
+from gpipe_exec.measure.gpu_spans import GpuSpans
 from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_bytes, tensor_bytes
 from gpipe_exec.runtime.chunk import Chunk
 from gpipe_exec.runtime.device_lock import device_lock, holding
@@ -44,6 +45,10 @@ from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batc
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
 from gpipe_sim.schedule.global_program import process_program, tensor_parallel_rank
 from gpipe_sim.spec.model import ModelSpec
+
+# Actions whose time is the host's (transfers and the start of a reduction): on CUDA the others
+# are timed on the GPU by events (measure.gpu_spans), since the host only queues their kernels.
+HOST_KINDS = frozenset({Kind.SEND, Kind.RECV, Kind.ALLREDUCE})
 
 
 def boundary_shapes(model: ModelSpec, dtype: str, seed: int, dropout: float | None, last: int | None = None
@@ -484,8 +489,11 @@ class RankRunner:
         # The step's first receives are posted before the step starts, as a training loop posts
         # the next step's while it finishes this one (posting stalled for up to 5 ms at times here).
         post_ahead()
+        spans = GpuSpans(self.device) if self.device.type == "cuda" else None
+        if spans is not None:
+            torch.cuda.synchronize(self.device)
         dist.barrier()
-        rec.step_start = clock()
+        rec.step_start = clock() if spans is None else spans.begin(clock)
         for i, a in enumerate(acts):
             post_ahead()
             self._fault(step, i)
@@ -494,8 +502,11 @@ class RankRunner:
                 if meter is not None:
                     meter.mark()
                 start = clock()
+                on_gpu = spans.start() if spans is not None and a.kind not in HOST_KINDS else None
                 with tracker.during(a.kind.name.lower()) if tracker is not None else nullcontext():
                     kind, chunk, micro_batch = self.handlers[a.kind](i, a)
+                if on_gpu is not None:
+                    spans.end(len(rec.starts), on_gpu)  # type: ignore[union-attr]
                 now = clock()
             if self.zero is not None and a.kind == Kind.UPDATE:
                 self.comm._guarded("ZeRO-1 all-gather of the updated parameters with the replicas",
@@ -521,6 +532,8 @@ class RankRunner:
         for j, index, work in st.sends:
             self.comm.wait(work, acts[index])
             rec.ends[j] = clock()
+        if spans is not None:  # the step ends when its last kernel has run, not when it was queued
+            spans.resolve(rec.starts, rec.ends)
         leftover = [k for k, v in (("inputs", st.inputs), ("gradients", st.grads), ("unsent", st.outbox),
                                    ("unawaited reductions", st.reductions)) if v]
         if leftover or any(ch.micro for ch in self.chunks.values()):
