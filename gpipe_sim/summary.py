@@ -14,6 +14,8 @@ from gpipe_sim.results.fit import over_capacity_text
 from gpipe_sim.results.result import Result
 from gpipe_sim.results.run_cost import run_cost_rows
 from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TableModel, TransformerModel, UniformModel
+from gpipe_sim.spec.architectures import ARCHITECTURES
+from gpipe_sim.spec.model_flops import tied_parameters
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.schedule import Schedule
 from gpipe_sim.spec.units import format_bytes, format_seconds
@@ -163,6 +165,12 @@ def presets_text() -> str:
         fields = ", ".join(f"{k}={v}" for k, v in spec.model_dump(exclude_none=True).items() if k != "preset")
         layers = build_layers(spec)
         models.add_row(spec.preset, fields, describe_layer_count(spec), f"{total_params(layers) / 1e6:,.1f}M")
+    for name, sizes in ARCHITECTURES.items():  # published architectures: the transformer preset's fields
+        spec = TransformerModel(**sizes)
+        shown = ", ".join(f"{k}={sizes[k]}" for k in ("d_model", "heads", "kv_heads", "d_ff", "mlp", "position")
+                          if k in sizes)
+        models.add_row(name, f"transformer: {shown}", describe_layer_count(spec),
+                       parameters_short(total_params(build_layers(spec)) - tied_parameters(spec)))
     models.add_row("table", "path: per-layer YAML/JSON (as written by gpipe-exec profile)", "one per row", "-")
     hw = Table(title="hardware presets")
     for col in ("preset", "accelerator", "peak fp32/bf16", "memory", "mem bw", "link bw", "latency", "nodes"):
