@@ -54,6 +54,9 @@ def test_selective_drops_the_attention_core_5as2b() -> None:
     for before, after in zip(_blocks(plain), _blocks(sel)):
         assert before.activation_bytes_per_sample - after.activation_bytes_per_sample == core
         assert after.recompute_bytes_per_sample == core
+        # re-made only once the block's MLP half (LayerNorm 2, both dropout masks, the projection's
+        # input, fc1's and the GeLU's outputs) has been freed by its backward
+        assert after.freed_before_recompute_bytes_per_sample == s * (2 * d * p + 8 + 2 * d * mask + d * p + 2 * 1024 * p)
         assert after.backward_flops_per_sample - before.backward_flops_per_sample == 4.0 * s * s * d
 
 

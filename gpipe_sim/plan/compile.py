@@ -262,7 +262,7 @@ def layer_table(scenario: Scenario, tensor_parallel: int, remat: str) -> list[La
     layers = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel)
     model = scenario.model
     dropout_mask = mask if getattr(model, "dropout", 0.0) > 0 else 0
-    return recompute_layers(layers, model, remat, tensor_parallel, dtype_bytes, dropout_mask)
+    return recompute_layers(layers, model, remat, tensor_parallel, dtype_bytes, dropout_mask, p.sequence_parallel)
 
 
 def compile_plan(scenario: Scenario) -> Plan:
@@ -423,7 +423,7 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
         device_map=scenario.device_map,
         capacity_bytes=scenario.hardware.accelerator.usable_memory_bytes,
         transient_bytes=[max(layer.transient_bytes + largest * (layer.transient_bytes_per_sample
-                                                                 + layer.recompute_bytes_per_sample),
+                                                                 + recompute_peak_bytes(layer)),
                              largest * input_pass_bytes([layer]) if split else 0.0) for layer in layers],
         update_bytes=update[0],
         update_largest_bytes=update[1],
@@ -440,14 +440,13 @@ def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed
     anything; its backward, after they have freed what they saved) the layers after j hold
     nothing: max over j of (transient_j - saved bytes of the layers after j), at least 0 (what a
     layer saves in common with its previous one counted once). `recomputed` (a full backward):
-    a layer's transient counts what it re-makes before its backward too
-    (`recompute_bytes_per_sample`, per-layer recomputation)."""
+    a layer's transient counts what it re-makes before its backward too (`recompute_peak_bytes`)."""
     samples = np.asarray(samples, dtype=float)
     offsets, slopes, after = [], [], 0.0
     for layer in reversed(layers):
         own_fixed = layer.transient_bytes if fixed else 0.0
         own_slope = (layer.transient_bytes_per_sample
-                     + (layer.recompute_bytes_per_sample if recomputed else 0.0)) if per_sample else 0.0
+                     + (recompute_peak_bytes(layer) if recomputed else 0.0)) if per_sample else 0.0
         if own_fixed or own_slope:
             offsets.append(own_fixed)
             slopes.append(own_slope - after)
@@ -456,6 +455,12 @@ def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed
         return np.zeros_like(samples)
     lines = np.asarray(offsets)[:, None] + np.asarray(slopes)[:, None] * samples[None, :]
     return np.maximum(lines.max(axis=0), 0.0)
+
+
+def recompute_peak_bytes(layer: LayerSpec) -> float:
+    """Per sample, what a layer's per-layer recomputation adds to its backward's transient: the
+    bytes it re-makes less those its backward has freed by then, at least 0."""
+    return max(layer.recompute_bytes_per_sample - layer.freed_before_recompute_bytes_per_sample, 0.0)
 
 
 def input_pass_bytes(layers: Sequence[LayerSpec]) -> float:

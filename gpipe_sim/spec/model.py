@@ -77,6 +77,9 @@ class LayerSpec(_Strict):
     # `pipeline.remat: full | selective`: gpipe_sim.spec.recompute): held on top of the saved bytes
     # while its backward (or input-gradient pass) runs, like a transient.
     recompute_bytes_per_sample: Amount = 0.0
+    # Of its saved bytes, those its backward frees before the re-made ones are live (a block's
+    # MLP, whose backward runs before its attention core is recomputed under `selective`).
+    freed_before_recompute_bytes_per_sample: Amount = 0.0
     forward_flops_per_sample: Amount | None = None
     backward_flops_per_sample: Amount | None = None
     forward_s_per_sample: Duration | None = None

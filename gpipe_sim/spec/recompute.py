@@ -63,11 +63,12 @@ def attention_core_bytes_per_token(model: TransformerModel, p: int, mask: int) -
 
 
 def recompute_layers(layers: Sequence[LayerSpec], model: ModelSpec, remat: str, tensor_parallel: int,
-                     p: int, mask: int) -> list[LayerSpec]:
+                     p: int, mask: int, sequence_parallel: bool = False) -> list[LayerSpec]:
     """The layer table under `remat`: unchanged unless per-layer (`full`, `selective`); then each
     block keeps less (`activation_bytes_per_sample`), re-makes the rest before its backward
-    (`recompute_bytes_per_sample`) and its backward runs the recomputed forward's kernels and FLOPs
-    first. `p`: bytes of an activation element, `mask`: of a dropout mask element (0 without
+    (`recompute_bytes_per_sample`; under `selective` only once the block's backward has freed
+    what it keeps after the core: `freed_before_recompute_bytes_per_sample`) and its backward runs
+    the recomputed forward's kernels and FLOPs first. `p`: bytes of an activation element, `mask`: of a dropout mask element (0 without
     dropout), as `build_layers` took them."""
     if not per_layer(remat) or not isinstance(model, TransformerModel):
         return list(layers)
@@ -86,7 +87,22 @@ def recompute_layers(layers: Sequence[LayerSpec], model: ModelSpec, remat: str, 
             redo = _core_kernels(block.ops)
             saved_with_previous = block.saved_with_previous_bytes_per_sample
         out[i] = _recomputed(block, kept, redo_flops, redo, saved_with_previous)
+        if remat == "selective":
+            after = model.seq_len * saved_after_core_per_token(model, p, mask, tensor_parallel, sequence_parallel)
+            out[i] = out[i].model_copy(update={"freed_before_recompute_bytes_per_sample": min(after, kept)})
     return out
+
+
+def saved_after_core_per_token(model: TransformerModel, p: int, mask: int, tensor_parallel: int,
+                               sequence_parallel: bool) -> float:
+    """Bytes a token's block keeps for the part of its backward that runs before its attention
+    core's (`gpipe_sim.spec.layers`' block, from its output back): the second LayerNorm's input,
+    output and statistics and both residual dropouts' masks (replicated unless sequence parallel),
+    the projection's input, fc1's and the GeLU's outputs (split over T). Freed by the time the
+    core is recomputed."""
+    d, f = model.d_model, model.d_ff
+    r = tensor_parallel if sequence_parallel and tensor_parallel > 1 else 1
+    return (2 * d * p + 8 + 2 * d * mask) / r + (d * p + 2 * f * p) / tensor_parallel
 
 
 def recompute_collectives(comms: Sequence[Collectives], model: TransformerModel, remat: str) -> list[Collectives]:
