@@ -9,6 +9,7 @@ from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.measure.steps import Measurement, measured_result
 from gpipe_exec.runtime.interpreter import boundary_shapes
 from gpipe_exec.runtime.job import job_for
+from gpipe_exec.runtime.recompute import check_recompute
 from gpipe_exec.zoo import check_buildable
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError, ScenarioError, first_line
@@ -25,8 +26,9 @@ def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
-    chunk on one device per rank."""
+    chunk on one device per rank; a per-layer remat it runs (`check_recompute`)."""
     check_buildable(scenario.model)
+    check_recompute(scenario)
     T, seq_len = scenario.pipeline.tensor_parallel, getattr(scenario.model, "seq_len", 0)
     p = scenario.pipeline
     if getattr(scenario.model, "tied_embeddings", False) and (p.stages * p.chunks > 1 or T > 1):

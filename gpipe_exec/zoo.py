@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpipe_exec.runtime.checkpoint import checkpointed
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.spec.layers import build_layers, layer_count
 from gpipe_sim.spec.model import ConvNetModel, MlpModel, ModelSpec, TransformerModel
@@ -67,13 +68,17 @@ class Block(nn.Module):
     each query head of their group, as Megatron-LM's unfused attention does); "flash" calls torch's
     fused `scaled_dot_product_attention` (grouped: `enable_gqa`) without attention dropout (the
     residual branches keep theirs), which keeps only its output and log-sum-exp for backward. The
-    MLP is fc1, GeLU, fc2, or SwiGLU's silu(fc1) x up, then fc2 (torchtitan's w1, w3, w2)."""
+    MLP is fc1, GeLU, fc2, or SwiGLU's silu(fc1) x up, then fc2 (torchtitan's w1, w3, w2).
+    `recompute` (set by runtime.recompute): "full" runs the block under a checkpoint, "selective"
+    its attention core (`_core`: Megatron-LM's DotProductAttention, the key/value repeat for the
+    query heads included; gpipe_sim.spec.recompute); "none" neither."""
 
     def __init__(self, model: TransformerModel, dropout: float) -> None:
         super().__init__()
         d, hd = model.d_model, model.d_model // model.heads
         self.heads, self.kv_heads = model.heads, model.query_groups  # this device's, once split
         self.flash = model.attention == "flash"
+        self.recompute = "none"
         self.ln1 = norm_layer(model)
         self.qkv = nn.Linear(d, d + 2 * self.kv_heads * hd, bias=model.bias)
         self.proj = nn.Linear(d, d, bias=model.bias)
@@ -93,6 +98,11 @@ class Block(nn.Module):
             self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute == "full":
+            return checkpointed(self._block, x)
+        return self._block(x)
+
+    def _block(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(self.ln1(x))
         b, s, width = qkv.shape  # the whole sequence (`x` holds 1/T of it under sequence parallelism)
         hd = width // (self.heads + 2 * self.kv_heads)
@@ -100,17 +110,21 @@ class Block(nn.Module):
         q, k, v = (t.view(b, s, -1, hd).transpose(1, 2) for t in (q, k, v))
         if self.rotary:
             q, k = rotate(q, self.cos[:s], self.sin[:s]), rotate(k, self.cos[:s], self.sin[:s])
-        grouped = self.kv_heads != self.heads
-        if self.flash:
-            context = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
-        else:
-            if grouped:
-                k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
-            context = self._attention(q, k, v, s)
+        context = checkpointed(self._core, q, k, v) if self.recompute == "selective" else self._core(q, k, v)
         x = x + self.drop(self.proj(context.transpose(1, 2).reshape(b, s, self.heads * hd)))
         n = self.ln2(x)
         h = F.gelu(self.fc1(n)) if self.up is None else F.silu(self.fc1(n)) * self.up(n)
         return x + self.drop(self.fc2(h))
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core: (batch, heads, seq, head_dim) queries and (batch, kv_heads, seq,
+        head_dim) keys and values to the context."""
+        grouped = self.kv_heads != self.heads
+        if self.flash:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
+        if grouped:
+            k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
+        return self._attention(q, k, v, q.shape[2])
 
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: int) -> torch.Tensor:
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))

@@ -9,17 +9,8 @@ import torch
 from torch import nn
 
 from gpipe_exec.measure.meters import SavedBytesMeter, tensor_bytes
+from gpipe_exec.runtime.checkpoint import rng_state, set_rng_state
 from gpipe_exec.runtime.split_backward import WeightPass, WeightWork, backward_input, backward_weight
-
-def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
 
 
 @dataclass
@@ -90,7 +81,7 @@ class Chunk:
             mb.input = self._input(x)
             mb.output = self._tracked("forward", m, mb.input, target, 0)
         else:
-            mb.rng = _rng_state(self.device)
+            mb.rng = rng_state(self.device)
             mb.input = x.detach()
             self.meter.retain(m, tensor_bytes(mb.input))
             with torch.no_grad():
@@ -103,14 +94,14 @@ class Chunk:
         """Re-run micro-batch m's forward with its RNG state restored, keeping the graph this time."""
         mb = self.micro[m]
         assert mb.input is not None and mb.rng is not None
-        current = _rng_state(self.device)
-        _set_rng_state(mb.rng, self.device)
+        current = rng_state(self.device)
+        set_rng_state(mb.rng, self.device)
         try:
             retained = tensor_bytes(mb.input)
             mb.input = self._input(mb.input)
             mb.output = self._tracked("recompute", m, mb.input, target, retained)
         finally:
-            _set_rng_state(current, self.device)
+            set_rng_state(current, self.device)
 
     def _tracked(self, phase: str, m: int, x: torch.Tensor, target: torch.Tensor | None,
                  retained: int) -> torch.Tensor:

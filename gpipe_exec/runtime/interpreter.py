@@ -41,6 +41,7 @@ from gpipe_exec.runtime.job import Job
 from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_parameters, sequence_shards,
                                                 split_chunk, vocab_parallel_loss)
 from gpipe_exec.runtime.update import Update, ZeroShardUpdate
+from gpipe_exec.runtime.recompute import apply_recompute
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
 from gpipe_sim.schedule.global_program import process_program, tensor_parallel_rank
@@ -276,6 +277,7 @@ class RankRunner:
             layers = build_layers_range(model, first, last, seed=job.seed, dropout=job.dropout,
                                         dtype=sc.training.dtype, tensor_parallel=self.T)
             module = torch.nn.Sequential(*layers).to(self.device)
+            apply_recompute(module, sc.pipeline.remat)
             if self.mesh is not None:
                 split_chunk(module, self.mesh["tp"], self.sequence_parallel)
             chunks[index] = Chunk(index, self.C, first, module, self.device, loss, sc.pipeline.batch_size,
