@@ -8,7 +8,8 @@ import yaml
 
 from gpipe_sim.api import simulate
 from gpipe_sim.cli import main
-from gpipe_sim.plan.compile import compile_plan, scenario_layers
+from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.plan.layer_table import scenario_layers
 from gpipe_sim.schedule import Kind
 from gpipe_sim.planner.space import PlanOptions, candidate_space
 from gpipe_sim.spec.scenario import parse_scenario

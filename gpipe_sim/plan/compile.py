@@ -21,9 +21,10 @@ from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule,
 from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, measured_host_seconds, update_seconds
 from gpipe_sim.spec.gpu_model import StreamWork
-from gpipe_sim.spec.layers import build_layers, input_bytes_per_sample
+from gpipe_sim.spec.layers import input_bytes_per_sample
 from gpipe_sim.spec.limits import MAX_PASSES
-from gpipe_sim.spec.recompute import per_layer, recompute_layers
+from gpipe_sim.plan.layer_table import scenario_layers
+from gpipe_sim.spec.recompute import per_layer, recompute_peak_bytes
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.files import shown_path
 from gpipe_sim.spec.scenario import OPTIMIZER_SCRATCH, Scenario, read_schedule_csv
@@ -249,22 +250,6 @@ def scenario_schedule(scenario: Scenario) -> Schedule:
     return schedule
 
 
-def scenario_layers(scenario: Scenario) -> list[LayerSpec]:
-    """The scenario's layer table as its devices run it: one of T devices' share, the blocks as
-    `pipeline.remat` checkpoints them (gpipe_sim.spec.recompute)."""
-    return layer_table(scenario, scenario.pipeline.tensor_parallel, scenario.pipeline.remat)
-
-
-def layer_table(scenario: Scenario, tensor_parallel: int, remat: str) -> list[LayerSpec]:
-    """`scenario_layers` at another T and remat mode (the planner's candidates)."""
-    p, dtype_bytes = scenario.pipeline, scenario.training.dtype_bytes
-    mask = scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes)
-    layers = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel)
-    model = scenario.model
-    dropout_mask = mask if getattr(model, "dropout", 0.0) > 0 else 0
-    return recompute_layers(layers, model, remat, tensor_parallel, dtype_bytes, dropout_mask, p.sequence_parallel)
-
-
 def compile_plan(scenario: Scenario) -> Plan:
     """Build the layer table, partition it into K*v chunks, place and cost them, build the programs."""
     p, training, accel = scenario.pipeline, scenario.training, scenario.hardware.accelerator
@@ -455,12 +440,6 @@ def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed
         return np.zeros_like(samples)
     lines = np.asarray(offsets)[:, None] + np.asarray(slopes)[:, None] * samples[None, :]
     return np.maximum(lines.max(axis=0), 0.0)
-
-
-def recompute_peak_bytes(layer: LayerSpec) -> float:
-    """Per sample, what a layer's per-layer recomputation adds to its backward's transient: the
-    bytes it re-makes less those its backward has freed by then, at least 0."""
-    return max(layer.recompute_bytes_per_sample - layer.freed_before_recompute_bytes_per_sample, 0.0)
 
 
 def input_pass_bytes(layers: Sequence[LayerSpec]) -> float:

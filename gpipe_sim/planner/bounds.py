@@ -18,7 +18,7 @@ from gpipe_sim.schedule.registry import looped
 from gpipe_sim.spec.costs import layer_pass_times, update_seconds
 from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.plan.tensor_parallel import stream_work, tp_ring
-from gpipe_sim.plan.compile import layer_table
+from gpipe_sim.plan.layer_table import layer_table
 from gpipe_sim.spec.recompute import per_layer, recompute_collectives
 from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Scenario

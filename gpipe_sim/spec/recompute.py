@@ -93,6 +93,12 @@ def recompute_layers(layers: Sequence[LayerSpec], model: ModelSpec, remat: str, 
     return out
 
 
+def recompute_peak_bytes(layer: LayerSpec) -> float:
+    """Per sample, what a layer's per-layer recomputation adds to its backward's transient: the
+    bytes it re-makes less those its backward has freed by then, at least 0."""
+    return max(layer.recompute_bytes_per_sample - layer.freed_before_recompute_bytes_per_sample, 0.0)
+
+
 def saved_after_core_per_token(model: TransformerModel, p: int, mask: int, tensor_parallel: int,
                                sequence_parallel: bool) -> float:
     """Bytes a token's block keeps for the part of its backward that runs before its attention
@@ -146,4 +152,5 @@ def _recomputed(block: LayerSpec, kept: float, redo_flops: float, redo: tuple,
 
 
 __all__ = ["PER_LAYER_REMAT", "attention_core_bytes_per_token", "checkpointed_layers", "per_layer",
-           "recompute_collectives", "recompute_layers", "remat_problem"]
+           "recompute_collectives", "recompute_layers", "recompute_peak_bytes", "remat_problem",
+           "saved_after_core_per_token"]
