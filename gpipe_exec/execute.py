@@ -26,9 +26,13 @@ def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
-    chunk on one device per rank; a per-layer remat it runs (`check_recompute`)."""
+    chunk on one device per rank; a per-layer remat it runs (`check_recompute`); gradients reduced
+    after the backward, not overlapping it."""
     check_buildable(scenario.model)
     check_recompute(scenario)
+    if scenario.training.overlap_grad_reduce and scenario.pipeline.data_parallel > 1:
+        raise ScenarioError("training.overlap_grad_reduce: gpipe-exec reduces each chunk's gradients after its "
+                            "last backward pass (gpipe-sim predicts the overlap); set it false to run")
     T, seq_len = scenario.pipeline.tensor_parallel, getattr(scenario.model, "seq_len", 0)
     p = scenario.pipeline
     if getattr(scenario.model, "tied_embeddings", False) and (p.stages * p.chunks > 1 or T > 1):

@@ -12,6 +12,7 @@ import numpy as np
 
 from gpipe_sim.plan.links import transfer_link_keys
 from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
+from gpipe_sim.plan.buckets import overlap_profiles
 from gpipe_sim.plan.replicas import data_parallel_groups
 from gpipe_sim.plan.tensor_parallel import collective_work
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
@@ -221,7 +222,8 @@ class Plan:
     @cached_property
     def steps(self) -> GlobalProgram:
         """The global program every engine and every executor rank runs (built once)."""
-        return global_program(self.schedule, self.replicas, self.program_replicas)
+        return global_program(self.schedule, self.replicas, self.program_replicas,
+                              self.scenario.training.overlap_grad_reduce)
 
     @cached_property
     def program(self) -> Program:
@@ -543,7 +545,7 @@ def _flatten(plan: Plan) -> Program:
     foreign = plan.symmetry.foreign if G < D * K else frozenset()  # replica 0 alone: other replicas' links
     collective, group_links, group_seconds = data_parallel_groups(
         plan.scenario, c, [ch.rank for ch in plan.chunks], [ch.params for ch in plan.chunks], dmap, per_node,
-        network, foreign)
+        network, foreign, overlap_profiles(plan, kind, chunk, mb, duration))
     users_key = np.concatenate([link_key, group_links[:, 1]])
     users_who = np.concatenate([s, G + group_links[:, 0]])  # a collective is a sender of its own
     keys_all, inverse = np.unique(users_key, return_inverse=True)

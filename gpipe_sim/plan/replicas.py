@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 import numpy as np
 
+from gpipe_sim.plan.buckets import bucket_bytes, overlapped_seconds
 from gpipe_sim.plan.links import ring_link_keys
 from gpipe_sim.schedule import Kind, ProgramColumns
 from gpipe_sim.spec.hardware import Link
@@ -25,13 +27,18 @@ def ring_allreduce_seconds(nbytes: float, members: int, bandwidth: float, latenc
 
 def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Sequence[int],
                          chunk_params: Sequence[int], dmap: np.ndarray, per_node: int, network: Link,
-                         foreign: frozenset[int] = frozenset()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                         foreign: frozenset[int] = frozenset(),
+                         overlap: Sequence[tuple[Sequence[float], Sequence[float]]] | None = None,
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(group of each allreduce action of the program `c`, [group, link key] rows of the links
     each group's ring uses, seconds of each group's ring all-reduce). One group per chunk (on
     pipeline rank `chunk_ranks[i]`, `chunk_params[i]` parameters): its D replicas, device
     dmap[d*K + rank] (at T > 1, the ring of the chunk's first devices stands for its T concurrent
     rings, one per shard: they share the nodes' NICs, `network_ring_bandwidth`). A ring holds
-    none of the `foreign` links (where the program holds replica 0 alone: ReplicaSymmetry.foreign)."""
+    none of the `foreign` links (where the program holds replica 0 alone: ReplicaSymmetry.foreign).
+    `overlap` (`training.overlap_grad_reduce`), per chunk: its layers' gradient bytes and their
+    seconds of its last backward pass, in backward order; a group's seconds then run from that
+    pass's start to the end of its bucketed reduction (gpipe_sim.plan.buckets)."""
     D = scenario.pipeline.data_parallel
     K = len(dmap) // D
     collective = np.full(len(c.kind), -1, dtype=np.int64)
@@ -43,6 +50,7 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     collective[starts] = c.chunk[starts]
     dtype_bytes = scenario.training.dtype_bytes
     tp = scenario.pipeline.tensor_parallel  # each of a rank's T devices runs its shard's ring
+    size = bucket_bytes(scenario)
     seconds, rows = [], []
     for index, (rank, params) in enumerate(zip(chunk_ranks, chunk_params)):
         ring = [int(dmap[d * K + rank]) for d in range(D)]
@@ -51,6 +59,14 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
         # the rings of the rank's shards in one node leave it together (all T, or a node's worth
         # where the rank's T devices fill several nodes)
         bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth(min(tp, per_node))
-        seconds.append(ring_allreduce_seconds(params * dtype_bytes, D, bandwidth, ln.latency_s))
+        reduce = partial(ring_allreduce_seconds, members=D, bandwidth=bandwidth, latency_s=ln.latency_s)
+        if overlap is None:
+            seconds.append(reduce(params * dtype_bytes))
+        elif scenario.training.zero:  # each bucket reduce-scattered, the parameters all-gathered after
+            grads, times = overlap[index]
+            seconds.append(overlapped_seconds(grads, times, size, lambda b: reduce(b) / 2,
+                                              reduce(params * dtype_bytes) / 2))
+        else:
+            seconds.append(overlapped_seconds(*overlap[index], size, reduce))
         rows.extend((index, key) for key in ring_link_keys(hardware, ring, n_dev, per_node) if key not in foreign)
     return collective, np.asarray(rows, dtype=np.int64).reshape(-1, 2), np.asarray(seconds)

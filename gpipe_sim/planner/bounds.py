@@ -130,9 +130,10 @@ class CostTable:
         """Per pipeline rank: (seconds per parameter, fixed seconds) of the D-member ring all-reduce
         of a chunk's gradients, `ring_allreduce_seconds` over the link `compile_plan` gives that
         ring: `link` when the replicas of the rank share a node, else `network`; the faster of the
-        two where the candidate keeps an explicit placement of the base."""
+        two where the candidate keeps an explicit placement of the base; none (0) under
+        `overlap_grad_reduce`, whose reduction the backward may hide but for its last bucket."""
         D, K, T = cand.data_parallel, cand.stages, cand.tensor_parallel
-        if D <= 1:
+        if D <= 1 or self.base.training.overlap_grad_reduce:  # overlapped: hidden up to its last bucket
             return np.zeros(K), np.zeros(K)
         hw = self.base.hardware
         network = hw.network or hw.link

@@ -5,7 +5,8 @@ step (`gpipe_sim.plan.compile`), by each of the executor's ranks (its slice, `Gl
 and by the measured timelines (which pair sends with receives by these ids).
 
 Data parallelism: each rank's program gains, after the last backward pass of each of its chunks
-(a full backward, or the weight pass of a split one), an `allreduce` of that chunk's gradients
+(a full backward, or the weight pass of a split one; with `overlap`, before it: its buckets are
+reduced while it runs, gpipe_sim.plan.buckets), an `allreduce` of that chunk's gradients
 (asynchronous: the rank goes on while the D replicas of the chunk reduce, as DDP's buckets do), and
 before its update a `recv` of the REDUCED gradients of each chunk, which waits for that reduction to
 end. Replica d runs the same programs as global ranks d*K .. d*K+K-1. With D = 1 nothing is added.
@@ -59,15 +60,17 @@ def per_replica_messages(num_chunks: int, micro_batches: int) -> int:
     return max(num_chunks - 1, 1) * 2 * micro_batches
 
 
-def global_program(schedule: Schedule, replicas: int, held: int | None = None) -> GlobalProgram:
+def global_program(schedule: Schedule, replicas: int, held: int | None = None,
+                   overlap: bool = False) -> GlobalProgram:
     """The schedule's programs for D = `replicas` replicas, with the all-reduces and their waits
     when D > 1, and every message numbered uniquely in the step. `held`: the replicas the program
-    holds, S (default all D; 1: replica 0 alone, whose all-reduces stand for D replicas')."""
+    holds, S (default all D; 1: replica 0 alone, whose all-reduces stand for D replicas');
+    `overlap`: each all-reduce starts with its chunk's last backward pass (`with_collectives`)."""
     D, M, C = replicas, schedule.micro_batches, schedule.num_chunks
     S = D if held is None else held
     if not 1 <= S <= D:
         raise ValueError(f"held: {S} replicas of {D}")
-    cols = schedule.columns if D == 1 else with_collectives(schedule.columns)
+    cols = schedule.columns if D == 1 else with_collectives(schedule.columns, overlap)
     cols = cols if S == 1 else replicate(cols, S)
     K = schedule.ranks
     replica = cols.rank.astype(np.int64) // K
@@ -80,9 +83,9 @@ def global_program(schedule: Schedule, replicas: int, held: int | None = None) -
     return GlobalProgram(cols, message, num_messages, keys)
 
 
-def with_collectives(columns: ProgramColumns) -> ProgramColumns:
+def with_collectives(columns: ProgramColumns, overlap: bool = False) -> ProgramColumns:
     """The pipeline's per-rank programs with each chunk's `allreduce` after its last backward pass
-    and the waits for them before the update (see the module docstring)."""
+    (`overlap`: right before it) and the waits for them before the update (see the module docstring)."""
     parts = []
     for r in range(len(columns.offsets) - 1):
         lo, hi = int(columns.offsets[r]), int(columns.offsets[r + 1])
@@ -93,7 +96,8 @@ def with_collectives(columns: ProgramColumns) -> ProgramColumns:
         order = sorted(mine, key=last.__getitem__)  # reductions start in this order
         update = int(np.flatnonzero(kind == Kind.UPDATE)[-1])
         # (position to insert before, kind, chunk): each allreduce right after its pass
-        inserts = [(last[c] + 1, Kind.ALLREDUCE, c) for c in order] + [(update, Kind.RECV, c) for c in order]
+        after = 0 if overlap else 1
+        inserts = [(last[c] + after, Kind.ALLREDUCE, c) for c in order] + [(update, Kind.RECV, c) for c in order]
         at = np.array([p for p, _, _ in inserts], dtype=np.int64)
         n = len(inserts)
         new = {"kind": [k for _, k, _ in inserts], "chunk": [c for _, _, c in inserts],

@@ -16,8 +16,8 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.schedule.torch_csv import MAX_CSV_BYTES, TorchSchedule, parse_torch_csv
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.fields import (
-    BatchSize, ChunkCount, MicroBatchCount, PartCount, ReplicaCount, StageCount, TensorParallel, _Strict,
-    whole_number,
+    BatchSize, ChunkCount, MicroBatchCount, PartCount, PositiveBytes, ReplicaCount, StageCount, TensorParallel,
+    _Strict, whole_number,
 )
 from gpipe_sim.spec.files import read_data_file, read_text_file, shown_path
 from gpipe_sim.spec.validation import describe_error, did_you_mean, error_location, user_key, valid_keys
@@ -165,6 +165,13 @@ class Training(_Strict):
     # How the optimizer's step runs (OPTIMIZER_STEPS); "default": the accelerator's framework default
     # (`hardware.accelerator.optimizer_step`). It sets the update's temporary memory.
     optimizer_step: Literal["default", "for_loop", "foreach", "fused"] = "default"
+    # The data-parallel gradient reduction (Megatron-LM's DistributedDataParallelConfig): each
+    # chunk's gradients reduced after its last backward pass (False: Megatron's default), or, with
+    # `overlap_grad_reduce` (--overlap-grad-reduce), in buckets of `bucket_bytes` of gradients, each
+    # reduced as soon as that pass has made it (gpipe_sim.plan.buckets). None: Megatron's default
+    # bucket, max(40M, 1M x D) parameters' gradients.
+    overlap_grad_reduce: bool = False
+    bucket_bytes: PositiveBytes | None = None
     # The run a step is part of (gpipe_sim.results.run_cost): the tokens it trains on ("15T", "300B"),
     # and what failures and checkpoints cost it. None: no run figures.
     tokens: TokenCount | None = None
@@ -172,6 +179,9 @@ class Training(_Strict):
 
     @model_validator(mode="after")
     def _step_exists(self) -> "Training":
+        if self.bucket_bytes is not None and not self.overlap_grad_reduce:
+            raise ValueError("training.bucket_bytes: buckets are reduced apart only with "
+                             "training.overlap_grad_reduce: true (else each chunk's gradients are one reduction)")
         if self.optimizer_step == "fused" and self.optimizer not in FUSED_OPTIMIZERS:
             raise ValueError(f"training.optimizer_step: torch has no fused {self.optimizer} step "
                              f"(fused: {', '.join(FUSED_OPTIMIZERS)}); use for_loop or foreach")

@@ -1,0 +1,111 @@
+"""Bucketed gradient reduction overlapping the backward (Megatron-LM's --overlap-grad-reduce, DDP's buckets).
+
+With `training.overlap_grad_reduce`, a chunk's gradients are reduced in buckets while its last
+backward pass still runs, as Megatron-LM's DistributedDataParallel does: parameters are assigned to
+buckets in the order the backward makes their gradients (the chunk's layers from its last to its
+first), a bucket closing once it holds `bucket_bytes` of gradients (whole layers here: a layer's
+parameters are never split); a bucket's reduction starts when the backward has finished its layers
+and the reductions run one after another on the ring. The reduction of the chunk ends at
+
+    t_0 = 0;  t_b = max(ready_b, t_{b-1}) + reduce(bytes_b)
+
+seconds after the pass starts (ready_b: the end of the bucket's last layer's backward, the pass's
+seconds shared over its layers as their own backward times are). Under ZeRO-1 (Megatron's
+distributed optimizer) each bucket is reduce-scattered (half a ring all-reduce) and the updated
+parameters are all-gathered after the optimizer step (the other half, not overlapped here:
+--overlap-param-gather is not modelled).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from gpipe_sim.schedule import Kind
+from gpipe_sim.spec.costs import layer_pass_times
+from gpipe_sim.spec.model import LayerSpec
+from gpipe_sim.spec.scenario import Scenario
+
+# Megatron-LM's default bucket (DistributedDataParallelConfig.bucket_size None): max(40M, 1M x D)
+# parameters, "larger DP sizes need larger buckets to ensure collectives do not become latency-bound"
+MEGATRON_BUCKET_PARAMS = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_REPLICA = 1_000_000
+
+
+def bucket_bytes(scenario: Scenario) -> float:
+    """Bytes of gradients a bucket holds: `training.bucket_bytes`, else Megatron-LM's default."""
+    training, D = scenario.training, scenario.pipeline.data_parallel
+    if training.bucket_bytes is not None:
+        return training.bucket_bytes
+    return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_REPLICA * D) * training.dtype_bytes
+
+
+def buckets(grad_bytes: Sequence[float], size: float) -> list[tuple[int, float]]:
+    """(index of its last layer, its bytes) per bucket, the layers `grad_bytes` given in the order
+    their gradients are made: a bucket closes once it holds at least `size` bytes, and the last
+    takes what is left."""
+    out: list[tuple[int, float]] = []
+    held = 0.0
+    for i, nbytes in enumerate(grad_bytes):
+        held += nbytes
+        if held >= size:
+            out.append((i, held))
+            held = 0.0
+    if held > 0 or not out:
+        out.append((len(grad_bytes) - 1, held))
+    return out
+
+
+def overlapped_seconds(grad_bytes: Sequence[float], layer_seconds: Sequence[float], size: float,
+                       reduce: Callable[[float], float], tail: float = 0.0) -> float:
+    """Seconds from the start of a chunk's last backward pass to the end of its bucketed reduction
+    (module docstring): `grad_bytes` and `layer_seconds` per layer in backward order, buckets of
+    `size` bytes, `reduce(bytes)` the seconds of one bucket's collective, `tail` what follows the
+    last (ZeRO-1's all-gather)."""
+    ready, t, done = 0.0, 0.0, 0
+    for last, nbytes in buckets(grad_bytes, size):
+        while done <= last:
+            ready += layer_seconds[done]
+            done += 1
+        t = max(ready, t) + reduce(nbytes)
+    return t + tail
+
+
+def backward_shares(scenario: Scenario, layers: Sequence[LayerSpec], samples: int, seconds: float,
+                    weight_pass: bool) -> list[float]:
+    """Per layer in backward order (the last first), its part of a backward pass of `seconds` on
+    `samples` samples: the pass shared as the layers' own backward (or weight-pass) times are
+    (evenly where they are all 0)."""
+    accel, training = scenario.hardware.accelerator, scenario.training
+    own = [layer_pass_times(layer, samples, accel, training.dtype, training.dtype_bytes)[3 if weight_pass else 1]
+           for layer in reversed(layers)]
+    total = sum(own)
+    if total <= 0:
+        return [seconds / len(own)] * len(own)
+    return [seconds * t / total for t in own]
+
+
+def overlap_profiles(plan: Any, kind: np.ndarray, chunk: np.ndarray, micro_batch: np.ndarray,
+                     duration: np.ndarray) -> list[tuple[list[float], list[float]]] | None:
+    """Per chunk of the compiled `plan` (its program's `kind`, `chunk` and `micro_batch` columns
+    and each action's `duration`): its layers' gradient bytes and their seconds of its last
+    backward pass (the pass right after its first `allreduce`, which `overlap_grad_reduce` puts
+    before it), in backward order; None without `overlap_grad_reduce` or data parallelism."""
+    scenario = plan.scenario
+    if not scenario.training.overlap_grad_reduce or plan.replicas == 1:
+        return None
+    element = scenario.training.dtype_bytes
+    starts = np.flatnonzero(kind == Kind.ALLREDUCE)
+    out = []
+    for ch in plan.chunks:
+        at = int(starts[chunk[starts] == ch.index][0]) + 1  # the pass the allreduce starts with
+        own = plan.layers[ch.first_layer:ch.last_layer + 1]
+        seconds = backward_shares(scenario, own, plan.micro_batch_sizes[int(micro_batch[at])], float(duration[at]),
+                                  int(kind[at]) == Kind.BACKWARD_WEIGHT)
+        out.append(([float(layer.params * element) for layer in reversed(own)], seconds))
+    return out
+
+
+__all__ = ["MEGATRON_BUCKET_PARAMS", "MEGATRON_BUCKET_PARAMS_PER_REPLICA", "backward_shares", "bucket_bytes",
+           "buckets", "overlap_profiles", "overlapped_seconds"]

@@ -1,0 +1,81 @@
+"""Bucketed data-parallel gradient reduction overlapping the backward (`training.overlap_grad_reduce`,
+Megatron-LM's --overlap-grad-reduce): the exposed reduction against the bucket schedule written out."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpipe_sim.api import simulate
+from gpipe_sim.errors import ScenarioError
+from gpipe_sim.plan.buckets import bucket_bytes, buckets, overlapped_seconds
+from gpipe_sim.spec.scenario import parse_scenario
+
+LAYERS, PARAMS = 8, 25_000_000  # fp32: 100 MB of gradients a layer, 800 MB a replica
+BACKWARD_S = 2e-3  # a layer's backward on one sample
+BANDWIDTH, LATENCY = 50e9, 5e-6  # the v100 preset's link
+
+
+def _scenario(overlap: bool, zero: int = 0, bucket: float | None = None, D: int = 2):
+    training = {"dtype": "fp32", "optimizer": "sgd", "zero": zero, "overlap_grad_reduce": overlap}
+    if bucket is not None:
+        training["bucket_bytes"] = bucket
+    return parse_scenario({
+        "model": {"preset": "uniform", "layers": LAYERS, "params_per_layer": PARAMS,
+                  "forward_s_per_sample": 1e-3, "backward_s_per_sample": BACKWARD_S},
+        "hardware": {"preset": "v100"},
+        "pipeline": {"stages": 1, "data_parallel": D, "micro_batches": 2, "batch_size": 2 * D, "schedule": "1f1b",
+                     "remat": "none"},
+        "training": training})
+
+
+def _ring(nbytes: float, D: int = 2) -> float:
+    return 2 * (D - 1) / D * nbytes / BANDWIDTH + 2 * (D - 1) * LATENCY
+
+
+def _exposed(scenario) -> float:
+    r = simulate(scenario)
+    assert r.step_time_s == pytest.approx(simulate(scenario, engine="fast").step_time_s, rel=1e-12)
+    return r.stages[0].exposed_allreduce_s
+
+
+def test_without_overlap_the_whole_reduction_follows_the_backward() -> None:
+    assert _exposed(_scenario(False)) == pytest.approx(_ring(LAYERS * PARAMS * 4), rel=1e-9)
+
+
+@pytest.mark.parametrize("bucket, per_bucket", [(None, 2), (100e6, 1), (250e6, 3)])
+def test_buckets_reduce_while_the_backward_runs(bucket, per_bucket) -> None:
+    """Buckets of whole layers, closed at `bucket` bytes (Megatron's default: 40M parameters, two
+    100 MB layers here); each reduced once its last layer's backward is done, one after another."""
+    ready, t, done = 0.0, 0.0, 0
+    while done < LAYERS:
+        n = min(per_bucket, LAYERS - done)
+        done += n
+        ready = done * BACKWARD_S
+        t = max(ready, t) + _ring(n * PARAMS * 4)
+    assert _exposed(_scenario(True, bucket=bucket)) == pytest.approx(t - LAYERS * BACKWARD_S, rel=1e-9)
+
+
+def test_zero1_reduce_scatters_the_buckets_and_gathers_the_parameters_after() -> None:
+    ready, t = 0.0, 0.0
+    for layer in range(LAYERS):
+        t = max((layer + 1) * BACKWARD_S, t) + _ring(PARAMS * 4) / 2
+    t += _ring(LAYERS * PARAMS * 4) / 2
+    assert _exposed(_scenario(True, zero=1, bucket=100e6)) == pytest.approx(t - LAYERS * BACKWARD_S, rel=1e-9)
+
+
+def test_megatron_default_bucket_grows_with_the_replicas() -> None:
+    assert bucket_bytes(_scenario(True)) == 40e6 * 4
+    assert bucket_bytes(_scenario(True, D=64)) == 64e6 * 4
+    assert bucket_bytes(_scenario(True, bucket=1e6)) == 1e6
+
+
+def test_bucket_rules() -> None:
+    assert buckets([3, 3, 3], 5) == [(1, 6), (2, 3)]
+    assert buckets([10], 5) == [(0, 10)]
+    # a single bucket reduces after the whole backward: the reduction follows it
+    assert overlapped_seconds([1.0, 1.0], [2.0, 3.0], float("inf"), lambda b: b) == 5.0 + 2.0
+
+
+def test_bucket_bytes_without_overlap_is_refused() -> None:
+    with pytest.raises(ScenarioError, match=r"^training.bucket_bytes: buckets are reduced apart only with"):
+        parse_scenario({"training": {"bucket_bytes": 1e6}})
