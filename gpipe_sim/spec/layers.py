@@ -237,6 +237,22 @@ def _blocks(model: TransformerModel, p: int, mask: int, tp: int, r: int) -> list
     return [_layer(name=f"block{i}", **block) for i in range(model.layers)]
 
 
+def selective_bytes_per_token(model: TransformerModel, p: int, mask: int, tp: int = 1,
+                              sequence_parallel: bool = False) -> tuple[float, float]:
+    """Per token of a block on one of `tp` devices, under selective recompute (the attention core
+    checkpointed: gpipe_sim.spec.recompute): (what the block no longer keeps: the core's own
+    saved bytes, and for standard attention with grouped heads the key/value copies repeated for
+    the query heads inside the core, whose inputs K and V it keeps instead; what it keeps for the
+    part of its backward that runs before the core's: the second norm, both residual dropouts'
+    masks, the projection's input and the MLP's tensors), as `_blocks` counts them."""
+    b = BlockShape.of(model, tp)
+    r = tp if sequence_parallel and tp > 1 else 1
+    repeated = 0 if model.attention == "flash" else (3 * b.q - b.qkv) * p
+    dropped = attention_core_bytes_per_token(model, p, mask) / tp + repeated
+    after = _share(_norm_saved(model, p) + 2 * b.d * mask, r) + (b.q + 2 * (b.mlp_matrices - 1) * b.f_share) * p
+    return dropped, float(after)
+
+
 def _block_kernel_count(model: TransformerModel) -> int:
     """Kernels a block launches forward (the uniform presets' host-issue count): 14 for today's
     GPT block with standard attention, 9 with flash; SwiGLU adds its up GEMM and the product,

@@ -63,52 +63,38 @@ def attention_core_bytes_per_token(model: TransformerModel, p: int, mask: int) -
 
 
 def recompute_layers(layers: Sequence[LayerSpec], model: ModelSpec, remat: str, tensor_parallel: int,
-                     p: int, mask: int, sequence_parallel: bool = False) -> list[LayerSpec]:
+                     selective: tuple[float, float] = (0.0, 0.0)) -> list[LayerSpec]:
     """The layer table under `remat`: unchanged unless per-layer (`full`, `selective`); then each
     block keeps less (`activation_bytes_per_sample`), re-makes the rest before its backward
-    (`recompute_bytes_per_sample`; under `selective` only once the block's backward has freed
-    what it keeps after the core: `freed_before_recompute_bytes_per_sample`) and its backward runs
-    the recomputed forward's kernels and FLOPs first. `p`: bytes of an activation element, `mask`: of a dropout mask element (0 without
-    dropout), as `build_layers` took them."""
+    (`recompute_bytes_per_sample`; under `selective` only once its backward has freed what it
+    keeps after the core: `freed_before_recompute_bytes_per_sample`) and its backward runs the
+    recomputed forward's kernels and FLOPs first. `selective`: per token, what a block no
+    longer keeps under `selective` and what it keeps after its core (`layers.selective_bytes_per_token`)."""
     if not per_layer(remat) or not isinstance(model, TransformerModel):
         return list(layers)
     out = list(layers)
+    s = model.seq_len
+    dropped, after = selective
     for i in checkpointed_layers(model):
         block = layers[i]
-        if remat == "full":
+        if remat == "full":  # re-made as the block's backward starts
             kept = layers[i - 1].output_bytes_per_sample  # the block's input
-            redo_flops = block.forward_flops_per_sample or 0.0
-            redo = block.ops.forward if isinstance(block.ops, LayerKernels) else ()
-            saved_with_previous = 0.0  # nothing else in the block keeps its input now
-        else:
-            core = model.seq_len * attention_core_bytes_per_token(model, p, mask) / tensor_parallel
-            kept = block.activation_bytes_per_sample - core
-            redo_flops = 4.0 * model.seq_len ** 2 * model.d_model / tensor_parallel  # Q K^T and P V
-            redo = _core_kernels(block.ops)
-            saved_with_previous = block.saved_with_previous_bytes_per_sample
-        out[i] = _recomputed(block, kept, redo_flops, redo, saved_with_previous)
-        if remat == "selective":
-            after = model.seq_len * saved_after_core_per_token(model, p, mask, tensor_parallel, sequence_parallel)
-            out[i] = out[i].model_copy(update={"freed_before_recompute_bytes_per_sample": min(after, kept)})
+            out[i] = _recomputed(block, kept, block.forward_flops_per_sample or 0.0,
+                                 block.ops.forward if isinstance(block.ops, LayerKernels) else (), 0.0)
+            continue
+        # the core re-made once the block's backward has freed what it keeps after the core
+        kept = block.activation_bytes_per_sample - s * dropped
+        redo_flops = 4.0 * s * s * model.d_model / tensor_parallel  # Q K^T and P V
+        out[i] = _recomputed(block, kept, redo_flops, _core_kernels(block.ops),
+                             block.saved_with_previous_bytes_per_sample).model_copy(
+            update={"freed_before_recompute_bytes_per_sample": min(s * after, kept)})
     return out
 
 
 def recompute_peak_bytes(layer: LayerSpec) -> float:
     """Per sample, what a layer's per-layer recomputation adds to its backward's transient: the
-    bytes it re-makes less those its backward has freed by then, at least 0."""
+    bytes it re-makes less those its backward has freed before re-making them, at least 0."""
     return max(layer.recompute_bytes_per_sample - layer.freed_before_recompute_bytes_per_sample, 0.0)
-
-
-def saved_after_core_per_token(model: TransformerModel, p: int, mask: int, tensor_parallel: int,
-                               sequence_parallel: bool) -> float:
-    """Bytes a token's block keeps for the part of its backward that runs before its attention
-    core's (`gpipe_sim.spec.layers`' block, from its output back): the second LayerNorm's input,
-    output and statistics and both residual dropouts' masks (replicated unless sequence parallel),
-    the projection's input, fc1's and the GeLU's outputs (split over T). Freed by the time the
-    core is recomputed."""
-    d, f = model.d_model, model.d_ff
-    r = tensor_parallel if sequence_parallel and tensor_parallel > 1 else 1
-    return (2 * d * p + 8 + 2 * d * mask) / r + (d * p + 2 * f * p) / tensor_parallel
 
 
 def recompute_collectives(comms: Sequence[Collectives], model: TransformerModel, remat: str) -> list[Collectives]:
@@ -152,5 +138,4 @@ def _recomputed(block: LayerSpec, kept: float, redo_flops: float, redo: tuple,
 
 
 __all__ = ["PER_LAYER_REMAT", "attention_core_bytes_per_token", "checkpointed_layers", "per_layer",
-           "recompute_collectives", "recompute_layers", "recompute_peak_bytes", "remat_problem",
-           "saved_after_core_per_token"]
+           "recompute_collectives", "recompute_layers", "recompute_peak_bytes", "remat_problem"]
