@@ -17,7 +17,8 @@ def _check_equal_to_plain_training(K: int, pipeline: dict[str, Any], split: str 
     from gpipe_exec.measure.steps import measured_result
     from gpipe_exec.runtime.job import job_for
     from gpipe_exec.launch.spawn import LaunchOptions, launch
-    from gpipe_exec.programs import split_backward, with_schedule
+    from gpipe_sim.plan.rescheduled import with_schedule
+    from gpipe_sim.schedule.split import split_backward
     from gpipe_exec.reference import reference_step
     from gpipe_sim.spec.scenario import parse_scenario
 
