@@ -51,7 +51,8 @@ def _gpt_16(tmp: Path) -> str:
 
 
 # The cluster presets the published runs name, written out (as presets/hardware.yaml gives them)
-# for checkouts older than those presets; the NICs in bytes, which every version reads alike.
+# for checkouts older than those presets; the NICs in bytes, which every version reads alike. (A
+# checkout older than the model presets, llama3-405b, refuses that run: reported so.)
 _NODES = {"dgx-a100": ("a100-80gb", "25 GB/s"), "dgx-h100": ("h100-sxm", "50 GB/s")}
 
 

@@ -40,6 +40,13 @@ ALIKE = {
                                                                            "nics": 8}},
                          {"stages": 4, "chunks": 2, "micro_batches": 8, "batch_size": 48, "data_parallel": 3,
                           "tensor_parallel": 8, "schedule": "interleaved_1f1b", "remat": "always"}),
+    # Megatron's bucketed reduction overlapping the last backward (buckets of layers, one after another)
+    "overlapped-buckets": _scenario({"preset": "h100-sxm", **NODES_OF_8,
+                                     "network": {"bandwidth": "400 Gb/s", "per": "node", "nics": 8}},
+                                    {"stages": 4, "micro_batches": 8, "batch_size": 32, "data_parallel": 2,
+                                     "tensor_parallel": 8, "schedule": "interleaved_1f1b", "chunks": 2},
+                                    {"dtype": "bf16", "zero": 1, "overlap_grad_reduce": True,
+                                     "bucket_bytes": "40 MB"}),
     # one node: rings and sends on NVLink pairs; GPipe
     "one-node": _scenario({"preset": "a100-80gb"}, {"stages": 4, "micro_batches": 8, "batch_size": 32,
                                                     "data_parallel": 2, "schedule": "gpipe"}),
