@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from gpipe_sim import SimulationError, parse_scenario
-from gpipe_sim.engines import sweeps
+from gpipe_sim.engines import fast_sweeps
 from gpipe_sim.engines.chain import rank_slices
 from gpipe_sim.engines.fast import evaluate_fast
 from gpipe_sim.engines.simpy_engine import run_simpy
 from gpipe_sim.engines.sweep_rank import SweepRank
-from gpipe_sim.engines.sweeps import Sweeps
+from gpipe_sim.engines.fast_sweeps import Sweeps
 from gpipe_sim.plan.compile import compile_plan
 
 SLOW_LINK = {"preset": "v100", "link": {"bandwidth": 2e7, "latency_s": 1e-5}}  # sends queue on their link
@@ -29,8 +29,8 @@ def _plan(schedule: str, K: int, M: int, v: int = 1, hardware: dict | None = Non
 
 def _sweep_on(monkeypatch) -> None:
     """Sweeps whatever they cost (a deadlock still ends them: its frontier stops advancing)."""
-    monkeypatch.setattr(sweeps, "TRIAL_SHARE", float("inf"))
-    monkeypatch.setattr(sweeps, "BUDGET_SHARE", 1e9)
+    monkeypatch.setattr(fast_sweeps, "TRIAL_SHARE", float("inf"))
+    monkeypatch.setattr(fast_sweeps, "BUDGET_SHARE", 1e9)
 
 
 CASES = [("1f1b", 4, 16, 1), ("interleaved_1f1b", 4, 8, 2), ("zbv", 4, 8, 2), ("zb_h1", 3, 9, 1),
@@ -41,7 +41,7 @@ CASES = [("1f1b", 4, 16, 1), ("interleaved_1f1b", 4, 8, 2), ("zbv", 4, 8, 2), ("
 @pytest.mark.parametrize("schedule, K, M, v", CASES)
 def test_sweeps_and_the_transfer_pass_give_the_same_bits(monkeypatch, schedule, K, M, v, hardware):
     plan = _plan(schedule, K, M, v, hardware, remat="always" if K == 3 else "none")
-    monkeypatch.setattr(sweeps, "TRIAL_SHARE", 0.0)  # the per-transfer pass after the first sweep
+    monkeypatch.setattr(fast_sweeps, "TRIAL_SHARE", 0.0)  # the per-transfer pass after the first sweep
     by_pass = evaluate_fast(plan)
     _sweep_on(monkeypatch)
     ranks = rank_slices(plan)
@@ -69,7 +69,7 @@ def test_queued_sends_are_timed_one_after_another(monkeypatch):
 
 def test_fill_drain_settles_in_the_first_sweep(monkeypatch):
     plan = _plan("gpipe", 4, 8)
-    monkeypatch.setattr(sweeps, "TRIAL_SHARE", 0.0)  # no sweeps after the first
+    monkeypatch.setattr(fast_sweeps, "TRIAL_SHARE", 0.0)  # no sweeps after the first
     arrival, link_start = np.zeros(plan.program.num_messages), np.zeros(len(plan.program.kind))
     assert Sweeps(rank_slices(plan), arrival, link_start).settle()
 

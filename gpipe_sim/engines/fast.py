@@ -2,7 +2,7 @@
 
 Each rank's program is a chain, T[i] = max(T[i-1], ready[i]) + d[i], where `ready` is a message's
 arrival for a recv (`gpipe_sim.engines.chain`), so only receives and sends need the messages'
-times. Vectorised sweeps over the ranks (`gpipe_sim.engines.sweeps`) are tried first: one pass
+times. Vectorised sweeps over the ranks (`gpipe_sim.engines.fast_sweeps`) are tried first: one pass
 (ranks up, then down) finishes fill-drain schedules, whose dependencies run one way per phase, and
 a few more finish 1F1B and interleaved ones; where they do not settle within a budget, or the plan
 has data-parallel all-reduces, a per-transfer pass (`gpipe_sim.engines.transfer_pass`) visits each
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpipe_sim.engines.chain import ALLREDUCE, RECV, SEND, RankSlices, chain, rank_slices
-from gpipe_sim.engines.sweeps import Sweeps
+from gpipe_sim.engines.fast_sweeps import Sweeps
 from gpipe_sim.engines.transfer_pass import transfer_pass
 from gpipe_sim.errors import SimulationError
 from gpipe_sim.plan.compile import Plan
