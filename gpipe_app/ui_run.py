@@ -74,6 +74,10 @@ FIELD_LABELS: dict[str, str] = {
     "pipeline.schedule": "schedule", "pipeline.remat": "re-materialization", "pipeline.partition": "partition",
     "pipeline.tensor_parallel": "tensor parallel T", "pipeline.sequence_parallel": "sequence parallel",
     "training.optimizer": "optimizer", "training.dtype": "dtype", "model.preset": "model preset",
+    "training.optimizer_step": "optimizer step", "training.zero": "ZeRO-1", "training.tokens": "tokens to train on",
+    "pipeline.data_parallel": "data-parallel D", "hardware.price_per_device_hour": "price per device-hour",
+    "hardware.devices_per_node": "devices per node",
+    "hardware.network.bandwidth": "network bandwidth (per port or NIC)",
     "model": "model", "hardware.preset": "hardware preset", "hardware.stage_to_device": "rank → device map",
     "hardware.accelerator.efficiency": "compute efficiency", "hardware.accelerator.memory_bytes": "device memory",
     "hardware.accelerator.memory_bandwidth": "memory bandwidth",
@@ -84,7 +88,8 @@ _FIELD = re.compile(r"^([a-z_]+(?:\.[A-Za-z0-9_\-]+)*): ")
 
 
 def field_label(dotted: str) -> str | None:
-    """The widget label for a dotted field, or None where the form has no such widget."""
+    """The widget label for a dotted field, or None where the form has no such widget (`readable_field`
+    names those)."""
     if dotted in FIELD_LABELS:
         return FIELD_LABELS[dotted]
     parts = dotted.split(".")
@@ -93,6 +98,16 @@ def field_label(dotted: str) -> str | None:
     if parts[0] == "model" and len(parts) == 2:
         return parts[1].replace("_", " ")
     return None
+
+
+def readable_field(dotted: str) -> str:
+    """A dotted field as a person reads it: its widget's label, else its last part spaced with
+    where it is ("latency s (hardware.network)")."""
+    label = field_label(dotted)
+    if label is not None:
+        return label
+    *where, name = dotted.split(".")
+    return name.replace("_", " ") + (f" ({'.'.join(where)})" if where else "")
 
 
 def label_error(message: str) -> str:

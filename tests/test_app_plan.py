@@ -97,3 +97,32 @@ def test_plan_page_opens_explore():
     assert not at.exception
     K = int(chosen.split("K=")[1].split(",")[0])
     assert at.sidebar.number_input(key="cfg.pipeline.stages").value == K
+
+
+def test_pareto_front_stops_at_the_capacity_and_marks_what_lies_past_it():
+    """A simulated configuration over the capacity (the memory bound let it through) is faster
+    than every one that fits: the front of what fits ends at the capacity; past it, dotted grey."""
+    from dataclasses import replace
+
+    from gpipe_sim import parse_scenario
+    from gpipe_sim.planner.entries import pareto_front
+    from gpipe_sim.planner.report import pareto_figure
+    from gpipe_sim.planner.search import PlanOptions, plan
+
+    base = parse_scenario({"model": {"preset": "uniform", "layers": 8, "params_per_layer": 1_000_000},
+                           "hardware": {"preset": "ideal", "accelerator": {"memory_bytes": "1 GB"}},
+                           "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": 16}})
+    search = plan(base, PlanOptions(devices=2, schedules=("gpipe", "1f1b"), partitions=("uniform",)))
+    fastest = max(search.simulated_entries, key=lambda e: e.throughput_samples_per_s)
+    over = replace(fastest, index=10**6, fits=False, peak_memory_bytes=1.5 * search.capacity_bytes,
+                   throughput_samples_per_s=2 * fastest.throughput_samples_per_s)
+    entries = [*search.simulated_entries, over]
+    front = pareto_front(entries)
+    assert front[-1] is over
+    fig = pareto_figure(entries, front, search.capacity_bytes)
+    traces = {t.name: t for t in fig.data}
+    inside, past = traces["Pareto front"], traces["front past capacity (does not fit)"]
+    assert max(inside.x) <= search.capacity_bytes / 2**30 and len(inside.x) == len(front) - 1
+    assert list(past.x) == [inside.x[-1], over.peak_memory_bytes / 2**30] and past.line.dash == "dot"
+    fig = pareto_figure(search.simulated_entries, pareto_front(search.simulated_entries), search.capacity_bytes)
+    assert "front past capacity (does not fit)" not in {t.name for t in fig.data}  # all fit: no such line

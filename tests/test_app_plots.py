@@ -215,6 +215,28 @@ def test_memory_over_time_peaks_match_the_result(max_points):
         assert np.all(np.diff(trace.x) >= 0)
 
 
+def test_memory_over_time_at_many_micro_batches_is_an_envelope_with_the_exact_peaks():
+    """M=32: each rank a band (least, most per time slice), no sawtooth; the top line's highest
+    point is the rank's peak, the band's bottom never above its top, and a slice's level is one
+    the step function really takes in it."""
+    from gpipe_sim.charts.memory import CHANGES_PER_SLICE, STEP_LINES_MAX_CHANGES, _envelope
+
+    result = run(4, 32, remat="none")
+    assert max(len(t) for t, _ in result.memory_timeline) > STEP_LINES_MAX_CHANGES
+    fig = plots.memory_timeline_figure(result)
+    assert len(fig.data) == 8 and "band" in fig.layout.title.text
+    for k, stage in enumerate(result.stages):
+        least, most = fig.data[2 * k], fig.data[2 * k + 1]
+        assert most.fill == "tonexty" and most.showlegend and not least.showlegend
+        assert len(most.x) == -(-max(len(t) for t, _ in result.memory_timeline) // CHANGES_PER_SLICE) + 1 and np.all(np.array(least.y) <= np.array(most.y))
+        static = stage.param_bytes + stage.state_bytes
+        assert max(most.y) * plots.GIB == pytest.approx(static + stage.peak_activation_bytes)
+    # levels 5 at 0.5, 8 at 1.2, 3 at 1.7, 2 at 3.5, over 4 slices of [0, 4]
+    edges, low, high = _envelope(np.array([0.5, 1.2, 1.7, 3.5]), np.array([5.0, 8.0, 3.0, 2.0]), 4.0, 4)
+    assert list(edges) == [0, 1, 2, 3, 4] and list(high) == [5, 8, 3, 3] and list(low) == [0, 3, 3, 2]
+    assert len(plots.memory_timeline_figure(run(4, 8, remat="none")).data) == 4  # few changes: step lines
+
+
 def test_memory_over_time_starts_at_zero_with_distinct_rank_colours():
     result = run(8, 16, remat="none")
     fig = plots.memory_timeline_figure(result)

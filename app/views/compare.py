@@ -20,8 +20,10 @@ from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STE
 from gpipe_sim.spec.units import format_bytes
 from gpipe_sim import charts as plots
 from gpipe_app.ui_form import MODEL_CLASSES, scenario_form
+from gpipe_app.ui_scenario import choice_value, file_choice
 from gpipe_app.ui_run import (
-    MAX_GANTT_BARS, bubble_text, compact_number, delta_parts, download_buttons, duration_text, field_label, largest_peak,
+    MAX_GANTT_BARS, bubble_text, compact_number, delta_parts, download_buttons, duration_text, largest_peak,
+    readable_field,
     show_elapsed, show_metrics, try_run,
 )
 
@@ -47,8 +49,14 @@ PIPELINE_FIELDS: tuple[tuple[str, str, Any], ...] = (
 )
 
 
+CHOICES = ("pipeline.schedule", "pipeline.partition")  # a CSV schedule, a list of layer counts: one option
+
+
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested scenario data as {dotted field: value}."""
+    """Nested scenario data as {dotted field: value}; a schedule or partition as the form's option
+    (`file_choice`: 'csv: PATH', 'layers: 6, 8')."""
+    if prefix[:-1] in CHOICES:
+        return {prefix[:-1]: file_choice(data)}
     if isinstance(data, dict):
         out: dict[str, Any] = {}
         for key, value in data.items():
@@ -76,7 +84,7 @@ def variant_data(a: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]
             if value != a["hardware"].get("preset"):
                 data["hardware"] = {"preset": value}
         else:
-            data.setdefault(section, {})[name] = value
+            data.setdefault(section, {})[name] = choice_value(value) if dotted in CHOICES else value
     return data
 
 
@@ -136,8 +144,7 @@ def _reset_variant(index: int) -> None:
     _variants()[index].clear()
 
 
-def _label(dotted: str) -> str:
-    return field_label(dotted) or dotted
+_label = readable_field
 
 
 def _widget(box: Any, name: str, index: int, dotted: str, kind: str, spec: Any, value: Any) -> None:

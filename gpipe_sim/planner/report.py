@@ -278,7 +278,8 @@ def config_text(e: PlanEntry) -> str:
 def pareto_figure(entries: Sequence[PlanEntry], front: Sequence[PlanEntry], capacity_bytes: float,
                   chosen: PlanEntry | None = None) -> go.Figure:
     """Throughput (samples/s) against peak memory per device (GiB) of every simulated configuration,
-    the Pareto front drawn as a line, the capacity as a vertical line; hover shows the configuration."""
+    the capacity as a vertical line, the Pareto front of what fits as a line and its continuation
+    past the capacity (configurations that do not fit) dotted and grey; hover shows the configuration."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -290,12 +291,17 @@ def pareto_figure(entries: Sequence[PlanEntry], front: Sequence[PlanEntry], capa
                 mode="markers", name=name, marker={"color": color, "size": 6, "opacity": 0.6},
                 text=[config_text(e) for e in part],
                 hovertemplate="%{text}<br>peak %{x:.2f} GiB<br>%{y:.2f} samples/s<extra></extra>"))
-    if front:
-        fig.add_trace(go.Scatter(
-            x=[e.peak_memory_bytes / GIB for e in front], y=[e.throughput_samples_per_s for e in front],
-            mode="lines+markers", name="Pareto front", line={"color": "#e45756", "shape": "hv"},
-            marker={"size": 9}, text=[config_text(e) for e in front],
-            hovertemplate="%{text}<br>peak %{x:.2f} GiB<br>%{y:.2f} samples/s<extra>front</extra>"))
+    inside = [e for e in front if e.fits]  # the front of what fits (a fitting entry has less memory)
+    beyond = inside[-1:] + [e for e in front if not e.fits]
+    for part, name, style in ((inside, "Pareto front", {"color": "#e45756", "shape": "hv"}),
+                              (beyond if len(beyond) > len(inside[-1:]) else [], "front past capacity (does not fit)",
+                               {"color": "#bbbbbb", "shape": "hv", "dash": "dot"})):
+        if part:
+            fig.add_trace(go.Scatter(
+                x=[e.peak_memory_bytes / GIB for e in part], y=[e.throughput_samples_per_s for e in part],
+                mode="lines+markers", name=name, line=style, marker={"size": 9 if part is inside else 6},
+                text=[config_text(e) for e in part],
+                hovertemplate=f"%{{text}}<br>peak %{{x:.2f}} GiB<br>%{{y:.2f}} samples/s<extra>{name}</extra>"))
     if chosen is not None:
         fig.add_trace(go.Scatter(
             x=[chosen.peak_memory_bytes / GIB], y=[chosen.throughput_samples_per_s], mode="markers",
