@@ -196,7 +196,9 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
     # Megatron-LM's column-parallel backward all-reduces (reduce-scatters) its input's gradient
     # beside its weight-gradient GEMM; under sequence parallelism it also all-gathers its input
     # again beside its input-gradient GEMM
-    beside = ("qkv.wgrad", "fc1.wgrad") + (("qkv.dgrad", "fc1.dgrad") if sequence_parallel else ())
+    # (SwiGLU's gate and up GEMMs are Megatron-LM's one fused fc1: both run beside)
+    column = ("qkv", "fc1", "up") if b.mlp_matrices == 3 else ("qkv", "fc1")
+    beside = tuple(f"{g}.wgrad" for g in column) + (tuple(f"{g}.dgrad" for g in column) if sequence_parallel else ())
     # the norms' tensors (LayerNorm: weight and bias; RMSNorm: weight) and the GEMMs' weights and biases
     tensors = 2 * (b.norm_params // d) + (2 + b.mlp_matrices) * (2 if b.bias else 1)
     return LayerKernels(tuple(fwd), tuple(bwd), tensors=tensors, beside_collectives=beside)
@@ -241,12 +243,13 @@ CROSS_ENTROPY_FORWARD_BYTES = 20.0
 CROSS_ENTROPY_BACKWARD_BYTES = 36.0
 
 
-def lm_head(d: int, v: int, s: int, p: int, norm_share: int = 1) -> LayerKernels:
+def lm_head(d: int, v: int, s: int, p: int, norm_share: int = 1, norm_tensors: int = 2) -> LayerKernels:
     """Final LayerNorm, the vocabulary projection and the cross-entropy loss. `v`: the padded
     vocabulary (TransformerModel.padded_vocab): the GEMM's n and the logits' width, as Megatron-LM
     and nanoGPT run them (an odd n such as GPT-2's 50257 runs far below a GEMM's usual efficiency);
     split over tensor parallelism, one device's share of it. `norm_share`: the LayerNorm runs on
-    1 / norm_share of the tokens (sequence parallelism)."""
+    1 / norm_share of the tokens (sequence parallelism). `norm_tensors`: the norm's parameter
+    tensors its optimizer step walks (LayerNorm 2, RMSNorm 1)."""
     out, out_b = linear("logits", s, d, v)
     logits = float(s * v)
     norm = float(s * d) / norm_share if norm_share > 1 else float(s * d)
@@ -254,7 +257,7 @@ def lm_head(d: int, v: int, s: int, p: int, norm_share: int = 1) -> LayerKernels
     bwd = (MemOp("cross_entropy.bwd", logits * CROSS_ENTROPY_BACKWARD_BYTES), *out_b,
            _elementwise("ln.bwd", norm, p, 3, 1))
     beside = ("logits.wgrad",) + (("logits.dgrad",) if norm_share > 1 else ())  # as a block's column-parallel GEMMs
-    return LayerKernels(fwd, bwd, tensors=3, beside_collectives=beside)
+    return LayerKernels(fwd, bwd, tensors=norm_tensors + 1, beside_collectives=beside)
 
 
 def mlp_linear(n_in: int, n_out: int, relu: bool, first: bool, p: int) -> LayerKernels:

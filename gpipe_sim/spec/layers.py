@@ -286,7 +286,7 @@ def _head(model: TransformerModel, v: int, p: int, r: int) -> LayerSpec:
         forward_flops_per_sample=2.0 * s * d * v,
         backward_flops_per_sample=4.0 * s * d * v,
         kernels=5,
-        ops=K.lm_head(d, v, s, p, r),
+        ops=K.lm_head(d, v, s, p, r, norm_parameters(model) // d),
     )
 
 
