@@ -189,7 +189,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                  "or why it was pruned or refused")
     p.add_argument("--html", metavar="FILE", help="write an HTML report: the table and the Pareto chart")
     p.add_argument("--schedules", help="comma-separated schedule names (default: every registered one)")
-    p.add_argument("--remat", help="comma-separated remat modes (default: none,except_last,always)")
+    p.add_argument("--remat", help="comma-separated remat modes (default: none,except_last,always, and "
+                   "full,selective where the model is a transformer and the schedule's backward is one pass)")
     p.add_argument("--partitions", help="comma-separated partition methods (default: uniform,time; "
                                         "memory and fit cost a partition search each)")
     p.add_argument("--zero", help="comma-separated ZeRO stages, 0 and/or 1 (default: 0,1 when D > 1)")
