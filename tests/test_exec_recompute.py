@@ -171,3 +171,11 @@ def test_the_executor_refuses_an_overlapped_gradient_reduction() -> None:
                                       "remat": "none"}, "training": {"overlap_grad_reduce": True}})
     with pytest.raises(ScenarioError, match=r"^training.overlap_grad_reduce: gpipe-exec reduces"):
         check_runnable(sc)
+
+
+def test_validate_refuses_per_layer_remat_in_one_line() -> None:
+    """validate predicts from a profiled layer table, which has no blocks to checkpoint."""
+    from gpipe_exec.checks.validate import validate
+
+    with pytest.raises(ScenarioError, match=r"^pipeline.remat: validate predicts from a profiled layer table"):
+        validate(_scenario(STANDARD, "1f1b", "selective", 2))

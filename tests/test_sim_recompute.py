@@ -8,6 +8,7 @@ import yaml
 
 from gpipe_sim.api import simulate
 from gpipe_sim.cli import main
+from gpipe_sim.errors import ScenarioError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.plan.layer_table import scenario_layers
 from gpipe_sim.schedule import Kind
@@ -148,3 +149,5 @@ def test_planner_searches_per_layer_remat_where_it_runs() -> None:
     data = yaml.safe_load(yaml.safe_dump(SMALL))
     data["model"] = {"preset": "mlp", "layers": 4}
     assert not any(c.remat in ("full", "selective") for c in candidate_space(parse_scenario(data), options))
+    with pytest.raises(ScenarioError, match=r"^--remat: selective checkpoints a transformer's blocks"):
+        candidate_space(parse_scenario(data), PlanOptions(devices=2, remat=("none", "selective")))

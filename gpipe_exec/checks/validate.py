@@ -16,10 +16,11 @@ from gpipe_exec.execute import check_layout, check_model, check_runnable, run_pl
 from gpipe_exec.measure.steps import Measurement
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions
-from gpipe_sim.errors import GpipeError
+from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.results.result import Result
 from gpipe_sim.results.validation import ValidationDocument
+from gpipe_sim.spec.recompute import per_layer
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.units import format_bytes, format_seconds
 
@@ -122,12 +123,17 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
     """Calibrate, then profile, simulate and execute `scenario` (`rounds` times, in one launch);
     everything on this machine. With a `table`, that profile is used and the run is done once (a
     table profiled at the scenario's tensor_parallel T: the simulator refuses another in one
-    line). With T > 1 the profile is of the layers split over each rank's T processes, taken by
-    all processes at once (`profile_on_rank`), as the run runs them."""
+    line; per-layer remat modes, which a table cannot take, are refused in one line). With T > 1
+    the profile is of the layers split over each rank's T processes, taken by all processes at
+    once (`profile_on_rank`), as the run runs them."""
     say = progress or (lambda _msg: None)
     if rounds < 1:
         raise GpipeError(f"rounds must be at least 1, got {rounds}")
     T = scenario.pipeline.tensor_parallel
+    if per_layer(scenario.pipeline.remat):  # the profile is a layer table, which has no blocks to checkpoint
+        raise ScenarioError(f"pipeline.remat: validate predicts from a profiled layer table, which gpipe-sim "
+                            f"cannot run {scenario.pipeline.remat} on; compare `gpipe-exec run` with "
+                            "`gpipe-sim simulate` of the preset instead (as tests/test_exec_recompute.py does)")
     if table is None:  # before profiling: the model builds and (on CPU) its ranks fit in free memory
         check_runnable(scenario, options.device)
     device_map = process_devices(scenario.device_map, T)  # one process per device (T per rank)

@@ -243,6 +243,10 @@ def candidate_space(base: Scenario, options: PlanOptions,
     pass limit) per M. Where `rejected` is a list, each (D, K, v, M, schedule, reason, T) refused
     is appended to it. ScenarioError when the options are malformed (`check_options`)."""
     check_options(options)
+    asked = [r for r in options.remat or () if per_layer(r)]
+    problem = remat_problem(base.model, asked[0]) if asked else None
+    if problem:  # asked for by name: refused, not left out
+        raise ScenarioError(f"--remat: {problem.split(': ', 1)[1]}")
     from gpipe_sim.spec.layers import layer_count
 
     layers = layer_count(base.model)
