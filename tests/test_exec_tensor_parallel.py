@@ -88,8 +88,8 @@ def test_a_process_per_device_sends_to_the_same_tensor_parallel_rank() -> None:
     assert process_devices(plan.device_map, 2) == [0, 1, 2, 3]
     for process in range(4):
         g, t = tensor_parallel_rank(process, 2)
-        mine = process_program(plan.steps, process, 2)
-        assert [a.kind for a in mine.actions] == [a.kind for a in plan.steps.rank(g).actions]
+        mine = process_program(plan.global_program, process, 2)
+        assert [a.kind for a in mine.actions] == [a.kind for a in plan.global_program.rank(g).actions]
         peers = {a.peer for a in mine.actions if a.kind in (Kind.SEND, Kind.RECV)}
         assert peers == {(1 - g) * 2 + t}
 

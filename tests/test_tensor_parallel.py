@@ -209,7 +209,7 @@ def test_per_action_collectives_add_up_to_each_ranks_tp_comm_s(pipeline):
     from gpipe_sim.schedule import Kind
 
     plan = compile_plan(_scenario(2, **pipeline))
-    seconds, c = action_tp_seconds(plan), plan.steps.columns
+    seconds, c = action_tp_seconds(plan), plan.global_program.columns
     assert seconds.shape == c.kind.shape and np.all(seconds >= 0)
     passes = np.isin(c.kind, [int(k) for k in (Kind.FORWARD, Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT)])
     assert np.all(seconds[passes] > 0) and not np.any(seconds[~passes])

@@ -208,7 +208,7 @@ class RankRunner:
         self.replica, self.pipeline_rank = divmod(self.program_rank, self.K)
         if self.replica >= self.D:
             raise ExecutionError(f"global rank {rank} is outside {self.D} replicas of {self.K} ranks x {self.T}")
-        mine = process_program(plan.steps, rank, self.T)
+        mine = process_program(plan.global_program, rank, self.T)
         self.actions, self.tags = mine.actions, mine.message
         dtype = sc.training.dtype
         self.mesh = device_mesh(device.type, self.D, self.K, self.T) if self.T > 1 else None

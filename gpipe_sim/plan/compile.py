@@ -99,8 +99,8 @@ class RankPlan:
 
 @dataclass(frozen=True)
 class Program:
-    """The step's global program (`steps`: its columns and message ids, built once by the schedule
-    layer) with what each action costs: action i of global rank g is at `offsets[g] + i`.
+    """The step's global program (`global_program`: its columns and message ids, built once by the
+    schedule layer) with what each action costs: action i of global rank g is at `offsets[g] + i`.
 
     `link[j]` is the directed device-pair link a send uses (-1 on the same device); `dedicated[l]`
     tells whether only one rank sends over link l. Data parallelism: `collective[j]` is the group
@@ -109,7 +109,7 @@ class Program:
     `group_links[g]`, and posts messages num_messages - C*D + g*D + d (the waits' ids).
     """
 
-    steps: GlobalProgram
+    global_program: GlobalProgram
     duration: np.ndarray  # seconds on the rank's own timeline: compute, and host time per transfer
     serialization: np.ndarray  # seconds a send occupies its link
     latency: np.ndarray  # seconds from leaving the link to arrival
@@ -122,16 +122,16 @@ class Program:
     group_size: int
 
     # the columns, as the engines read them
-    offsets = property(lambda self: self.steps.columns.offsets)
-    kind = property(lambda self: self.steps.columns.kind)
-    rank = property(lambda self: self.steps.columns.rank)
-    chunk = property(lambda self: self.steps.columns.chunk)
-    micro_batch = property(lambda self: self.steps.columns.micro_batch)
-    save = property(lambda self: self.steps.columns.save)  # passes: the forward kept the activations
-    peer = property(lambda self: self.steps.columns.peer)  # transfers: the other global rank
-    tensor = property(lambda self: self.steps.columns.tensor)  # transfers: a Tensor code (-1 elsewhere)
-    message = property(lambda self: self.steps.message)  # a send and its recv share an id
-    num_messages = property(lambda self: self.steps.num_messages)
+    offsets = property(lambda self: self.global_program.columns.offsets)
+    kind = property(lambda self: self.global_program.columns.kind)
+    rank = property(lambda self: self.global_program.columns.rank)
+    chunk = property(lambda self: self.global_program.columns.chunk)
+    micro_batch = property(lambda self: self.global_program.columns.micro_batch)
+    save = property(lambda self: self.global_program.columns.save)  # passes: the forward kept the activations
+    peer = property(lambda self: self.global_program.columns.peer)  # transfers: the other global rank
+    tensor = property(lambda self: self.global_program.columns.tensor)  # transfers: a Tensor code (-1 elsewhere)
+    message = property(lambda self: self.global_program.message)  # a send and its recv share an id
+    num_messages = property(lambda self: self.global_program.num_messages)
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ class Plan:
                          int(prog.peer[i]), int(prog.tensor[i]), bool(prog.save[i]))
 
     @cached_property
-    def steps(self) -> GlobalProgram:
+    def global_program(self) -> GlobalProgram:
         """The global program every engine and every executor rank runs (built once)."""
         return global_program(self.schedule, self.replicas, self.program_replicas,
                               self.scenario.training.overlap_grad_reduce)
@@ -494,10 +494,10 @@ def _flatten(plan: Plan) -> Program:
     Links: a directed device pair within a node (`hardware.link`, or `links[r]` between ranks r
     and r+1), or the sender's network port (its own or its node's NIC: `Hardware.network_ports`).
     """
-    steps = plan.steps
+    gp = plan.global_program
     D, K, M, C = plan.replicas, len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks)
     G = plan.num_ranks  # the ranks the program holds
-    c = steps.columns
+    c = gp.columns
     rank, kind, chunk, mb, peer = c.rank, c.kind, c.chunk, c.micro_batch, c.peer
     host = plan.scenario.hardware.host
     # [pass kind, chunk, micro-batch] seconds; row k of `table` serves Kind code `rows[k]`
@@ -511,7 +511,7 @@ def _flatten(plan: Plan) -> Program:
     updates = np.flatnonzero(kind == Kind.UPDATE)
     duration[updates] = np.array([r.update_s for r in plan.ranks])[rank[updates] % K] + host.action_s
 
-    keys = steps.keys  # a point-to-point transfer's key in its replica (-1 elsewhere)
+    keys = gp.keys  # a point-to-point transfer's key in its replica (-1 elsewhere)
     sends = np.flatnonzero(kind == Kind.SEND)
     recvs = np.flatnonzero((kind == Kind.RECV) & (keys >= 0))
     out = np.stack([ch.output_bytes for ch in plan.chunks])  # [chunk, micro-batch]
@@ -555,7 +555,7 @@ def _flatten(plan: Plan) -> Program:
     dedicated = np.bincount(pairs // (G + C + 1), minlength=len(keys_all)) == 1
     per_device = np.bincount(dmap)
     return Program(
-        steps=steps,
+        global_program=gp,
         duration=duration,
         serialization=serialization,
         latency=latency,

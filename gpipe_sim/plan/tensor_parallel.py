@@ -79,7 +79,7 @@ def action_tp_seconds(plan: Any) -> np.ndarray:
     collectives on that micro-batch, full backwards and input passes its backward ones), past
     what the host's issue and the weight-gradient GEMMs hide; 0 for every other kind, and for
     every action at T = 1 or where the plan prices no collectives (a measured table's passes)."""
-    c = plan.steps.columns
+    c = plan.global_program.columns
     seconds = np.zeros(len(c.kind))
     if plan.scenario.pipeline.tensor_parallel == 1 or plan.chunks[0].tp_forward_s is None:
         return seconds
@@ -96,7 +96,7 @@ def rank_tp_comm_seconds(plan: Any, per_action: np.ndarray | None = None) -> lis
     over the step, `action_tp_seconds` summed over its actions (all 0 at T = 1); `per_action`:
     that column, where already computed (a simulated timeline's `tp_s`)."""
     K = len(plan.ranks)
-    c = plan.steps.columns
+    c = plan.global_program.columns
     first = np.flatnonzero(c.rank < K)
     seconds = action_tp_seconds(plan) if per_action is None else per_action
     return [float(x) for x in np.bincount(c.rank[first], weights=seconds[first], minlength=K)]
