@@ -37,7 +37,7 @@ def write_deepspeed(scenario: Scenario) -> Written:
                      "deepspeed.initialize")
     if t.dtype in ("bf16", "fp16"):
         config[t.dtype] = {"enabled": True}
-    config["zero_optimization"] = {"stage": t.zero}
+    config["zero_optimization"] = {"stage": t.zero, **reduction_keys(scenario, notes)}
     # PipelineModule checkpoints groups of this many layers: one group per chunk (always), one per layer (full)
     interval = {"always": max(chunk_sizes(scenario)), "full": 1}.get(p.remat)
     if interval is not None and p.stages > 1:
@@ -47,6 +47,21 @@ def write_deepspeed(scenario: Scenario) -> Written:
                      "not a config key")
     notes += layout_notes(scenario)
     return Written(json.dumps(config, indent=2), notes)
+
+
+def reduction_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
+    """ZeRO's overlap_comm and reduce_bucket_size (in elements) for an overlapped reduction."""
+    t = scenario.training
+    if not t.overlap_grad_reduce:
+        return {}
+    if t.zero == 0:
+        notes.append("training.overlap_grad_reduce: DeepSpeed overlaps the reduction under ZeRO (overlap_comm); "
+                     "not at stage 0")
+        return {}
+    keys: dict[str, Any] = {"overlap_comm": True}
+    if t.bucket_bytes is not None:
+        keys["reduce_bucket_size"] = max(1, round(t.bucket_bytes / t.dtype_bytes))
+    return keys
 
 
 def layout_notes(scenario: Scenario) -> list[str]:

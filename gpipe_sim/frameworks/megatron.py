@@ -163,6 +163,7 @@ def training_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]
         flags += [("--optimizer", "sgd"), ("--sgd-momentum", SGD_MOMENTUM if t.optimizer == "momentum" else 0)]
     else:
         notes.append(f"training.optimizer: Megatron-LM has adam (AdamW) and sgd, not {t.optimizer}; left out")
+    flags += reduction_flags(scenario, notes)
     if t.zero == 1:
         flags.append(("--use-distributed-optimizer", None))
     elif t.zero:
@@ -170,6 +171,21 @@ def training_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]
     if t.optimizer_step not in ("default", "fused"):
         notes.append(f"training.optimizer_step: Megatron-LM steps with a fused optimizer, not {t.optimizer_step}")
     flags += token_flags(scenario, notes)
+    return flags
+
+
+def reduction_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]]:
+    """--overlap-grad-reduce, and --ddp-bucket-size in parameters (bucket_bytes / the dtype's bytes)."""
+    t = scenario.training
+    if not t.overlap_grad_reduce:
+        return []
+    flags: list[tuple[str, Any]] = [("--overlap-grad-reduce", None)]
+    if t.bucket_bytes is not None:
+        params = max(1, round(t.bucket_bytes / t.dtype_bytes))
+        if params * t.dtype_bytes != t.bucket_bytes:
+            notes.append(f"training.bucket_bytes: {t.bucket_bytes:,.0f} B is not whole {t.dtype} gradients; "
+                         f"written as {params:,} parameters")
+        flags.append(("--ddp-bucket-size", params))
     return flags
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.frameworks.common import Read, scenario_from, whole
 from gpipe_sim.frameworks.megatron import SCHEDULES, layout_sizes
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.spec.scenario import DTYPE_BYTES, Scenario
 
 VALUE_FLAGS = (
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--pipeline-model-parallel-layout",
@@ -20,10 +20,11 @@ VALUE_FLAGS = (
     "--attention-dropout", "--attention-backend", "--micro-batch-size", "--global-batch-size",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--optimizer", "--sgd-momentum",
     "--train-samples", "--train-iters", "--num-query-groups", "--normalization", "--position-embedding-type",
+    "--ddp-bucket-size",
 )
 BOOL_FLAGS = ("--sequence-parallel", "--bf16", "--fp16", "--use-distributed-optimizer",
               "--untie-embeddings-and-output-weights", "--use-flash-attn", "--group-query-attention", "--swiglu",
-              "--disable-bias-linear")
+              "--disable-bias-linear", "--overlap-grad-reduce")
 NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}  # --normalization's choices
 POSITIONS = {"learned_absolute": "learned", "rope": "rope"}  # of --position-embedding-type's
 LAUNCHERS = ("torchrun", "torch.distributed.run")  # `torchrun` or `python -m torch.distributed.run`
@@ -260,6 +261,13 @@ def training_data(args: dict[str, Any], data: dict[str, Any], notes: list[str]) 
     else:
         notes.append(f"--optimizer {optimizer}: not one gpipe-sim models; kept {training.get('optimizer', 'adam')}")
     training["zero"] = 1 if args.get("--use-distributed-optimizer") else 0
+    training["overlap_grad_reduce"] = bool(args.get("--overlap-grad-reduce"))
+    bytes_each = DTYPE_BYTES[training["dtype"]]  # a gradient in the training dtype
+    training["bucket_bytes"] = None
+    if "--ddp-bucket-size" in args and training["overlap_grad_reduce"]:
+        training["bucket_bytes"] = _int(args, "--ddp-bucket-size") * bytes_each
+    elif "--ddp-bucket-size" in args:
+        notes.append("--ddp-bucket-size without --overlap-grad-reduce: each chunk's gradients are one reduction")
     seq = data["model"].get("seq_len")
     if seq and "--train-samples" in args:
         training["tokens"] = _int(args, "--train-samples") * seq
