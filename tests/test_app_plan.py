@@ -107,12 +107,13 @@ def test_pareto_front_stops_at_the_capacity_and_marks_what_lies_past_it():
     from gpipe_sim import parse_scenario
     from gpipe_sim.planner.entries import pareto_front
     from gpipe_sim.planner.report import pareto_figure
-    from gpipe_sim.planner.search import PlanOptions, plan
+    from gpipe_sim.planner.search import PlanOptions, search_configurations
 
     base = parse_scenario({"model": {"preset": "uniform", "layers": 8, "params_per_layer": 1_000_000},
                            "hardware": {"preset": "ideal", "accelerator": {"memory_bytes": "1 GB"}},
                            "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": 16}})
-    search = plan(base, PlanOptions(devices=2, schedules=("gpipe", "1f1b"), partitions=("uniform",)))
+    search = search_configurations(base, PlanOptions(devices=2, schedules=("gpipe", "1f1b"),
+                                                     partitions=("uniform",)))
     fastest = max(search.simulated_entries, key=lambda e: e.throughput_samples_per_s)
     over = replace(fastest, index=10**6, fits=False, peak_memory_bytes=1.5 * search.capacity_bytes,
                    throughput_samples_per_s=2 * fastest.throughput_samples_per_s)

@@ -15,7 +15,7 @@ from gpipe_sim.frameworks.megatron import layout_sizes, layout_text, write_megat
 from gpipe_sim.frameworks.megatron_read import read_megatron
 from gpipe_sim.frameworks.torchtitan import module_parts, write_torchtitan
 from gpipe_sim.frameworks.torchtitan_read import read_torchtitan
-from gpipe_sim.planner.search import PlanOptions, plan
+from gpipe_sim.planner.search import PlanOptions, search_configurations
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
 
 
@@ -55,7 +55,7 @@ def _picks(model: str, devices: int, schedules: tuple[str, ...], zero: tuple[int
     options = PlanOptions(devices=devices, schedules=schedules, zero=zero, remat=remat,
                           partitions=("uniform", "time"), max_chunks=2, stages=(1, 2, 4), tensor_parallel=(1, 2),
                           even_micro_batches=True, sequence_parallel=True, top=8)
-    search = plan(base, options)
+    search = search_configurations(base, options)
     simulated = search.simulated_entries
     return [search.base.with_updates(e.overrides) for e in simulated[::max(1, len(simulated) // 16)]]
 

@@ -19,7 +19,8 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import parse_scenario
 from gpipe_sim.planner.search import (
     DATA_PARALLEL_SCHEDULE, Candidate, CostTable, PlanEntry, PlanOptions, candidate_space, enumerate_candidates,
-    held_memory_bound, memory_lower_bound, pareto_front, plan, program_step_bound, reserved_base, step_lower_bound,
+    held_memory_bound, memory_lower_bound, pareto_front, program_step_bound, reserved_base, search_configurations,
+    step_lower_bound,
 )
 
 UNIFORM = {
@@ -140,7 +141,7 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
     fitting = sorted((r.throughput_samples_per_s for _, r in brute if r is not None and r.fits_in_memory),
                      reverse=True)
     assert fitting and len(fitting) < len(brute)  # memory is tight: some do not fit
-    search = plan(base, options)
+    search = search_configurations(base, options)
     assert search.enumerated == len(brute)
     assert search.best.throughput_samples_per_s == pytest.approx(fitting[0], rel=1e-12)
     got = [e.throughput_samples_per_s for e in search.ranked[:options.top]]
@@ -180,7 +181,7 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
 def test_nothing_fits_names_the_smallest_peak():
     base = parse_scenario({**UNIFORM, "hardware": {"preset": "v100", "accelerator": {"memory_bytes": "100 MB"}}})
     options = PlanOptions(devices=2, schedules=("gpipe", "1f1b"), micro_batches=(1, 8), reserve=0.0)
-    search = plan(base, options)
+    search = search_configurations(base, options)
     assert not search.ranked and search.smallest_peak is not None
     least = min(max(simulate(base.with_updates(o), "auto").device_peak_memory_bytes.values())
                 for o in enumerate_candidates(base, options))

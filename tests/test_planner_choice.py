@@ -13,7 +13,7 @@ import yaml
 from gpipe_sim.cli import main
 from gpipe_sim.spec.scenario import parse_scenario
 from gpipe_sim.planner.report import csv_rows, plan_dict, plan_html, plan_text
-from gpipe_sim.planner.search import TIE, PlanEntry, PlanOptions, plan
+from gpipe_sim.planner.search import TIE, PlanEntry, PlanOptions, search_configurations
 from gpipe_sim.planner.search import _ordered as ordered
 
 UNIFORM = {
@@ -51,26 +51,26 @@ def test_ties_are_broken_toward_simplicity_then_headroom():
 
 def test_plan_picks_the_simplest_tied_configuration():
     base = parse_scenario(UNIFORM)
-    wide = plan(base, PlanOptions(**SMALL, tie=1.0))  # everything within 100%: all tied
+    wide = search_configurations(base, PlanOptions(**SMALL, tie=1.0))  # everything within 100%: all tied
     pick = wide.pick
     assert pick.get("K") == 1 and pick.get("remat") == "none" and pick.get("zero") == 0
     tied_dp = [e for e in wide.ranked if e.tied and e.get("K") == 1 and e.get("remat") == "none" and e.even
                and e.get("zero") == 0]
     assert pick.peak_memory_bytes == min(e.peak_memory_bytes for e in tied_dp)
-    exact = plan(base, PlanOptions(**SMALL, tie=0.0))
+    exact = search_configurations(base, PlanOptions(**SMALL, tie=0.0))
     assert exact.pick.step_time_s == exact.best.step_time_s == wide.best.step_time_s
 
 
 def test_reserve_and_headroom_exclude_configurations():
     base = parse_scenario(UNIFORM)
-    none = plan(base, PlanOptions(**SMALL, reserve=0.0))
+    none = search_configurations(base, PlanOptions(**SMALL, reserve=0.0))
     assert none.capacity_bytes == pytest.approx(4e9)
-    reserved = plan(base, PlanOptions(**SMALL, reserve=0.5))
+    reserved = search_configurations(base, PlanOptions(**SMALL, reserve=0.5))
     assert reserved.capacity_bytes == pytest.approx(2e9)
     peaks = sorted(e.peak_memory_bytes for e in none.ranked)
     assert any(p > 2e9 for p in peaks) and all(e.peak_memory_bytes <= 2e9 for e in reserved.ranked)
     assert reserved.ranked and len(reserved.ranked) < len(none.ranked)
-    roomy = plan(base, PlanOptions(**SMALL, reserve=0.0, headroom=0.5))
+    roomy = search_configurations(base, PlanOptions(**SMALL, reserve=0.0, headroom=0.5))
     assert roomy.limit_bytes == pytest.approx(2e9)
     assert roomy.ranked and all(e.peak_memory_bytes <= 2e9 for e in roomy.ranked)
     assert len(roomy.ranked) < len(none.ranked)
@@ -78,17 +78,17 @@ def test_reserve_and_headroom_exclude_configurations():
     assert any("memory bound" in r or "headroom" in r for r in reasons)
     # a hardware that already reserves more keeps its own figure
     h100 = parse_scenario({**UNIFORM, "hardware": {"preset": "h100-sxm"}})
-    assert plan(h100, PlanOptions(**SMALL)).capacity_bytes == pytest.approx(85017493504 * 0.94)
+    assert search_configurations(h100, PlanOptions(**SMALL)).capacity_bytes == pytest.approx(85017493504 * 0.94)
 
 
 def test_stage_range_and_even_micro_batches():
     base = parse_scenario({**UNIFORM, "pipeline": {**UNIFORM["pipeline"], "batch_size": 12}})
     options = dict(devices=4, schedules=("1f1b",), remat=("none",), partitions=("uniform",), reserve=0.0)
-    only2 = plan(base, PlanOptions(**options, stages=(2,)))
+    only2 = search_configurations(base, PlanOptions(**options, stages=(2,)))
     assert {c.stages for c in only2.candidates} == {2}
-    even = plan(base, PlanOptions(**options, even_micro_batches=True))
+    even = search_configurations(base, PlanOptions(**options, even_micro_batches=True))
     assert all((12 // c.data_parallel) % c.micro_batches == 0 for c in even.candidates)
-    uneven = plan(base, PlanOptions(**options, top=200))
+    uneven = search_configurations(base, PlanOptions(**options, top=200))
     marked = [e for e in uneven.order if not e.even]
     assert marked and all((12 // e.get("D")) % e.get("M") for e in marked)
     text = plan_text(uneven, 200)
@@ -97,7 +97,7 @@ def test_stage_range_and_even_micro_batches():
 
 def test_k1_is_named_data_parallel_everywhere(tmp_path):
     base = parse_scenario(UNIFORM)
-    search = plan(base, PlanOptions(**SMALL, tie=1.0, top=50))
+    search = search_configurations(base, PlanOptions(**SMALL, tie=1.0, top=50))
     dp = [e for e in search.order if e.get("K") == 1]
     assert dp and all(e.get("schedule") == "1f1b" and e.get("v") == 1 for e in dp)  # what runs
     text = plan_text(search, 50)
@@ -119,7 +119,7 @@ def test_csv_lists_every_configuration_with_figures_or_a_reason(tmp_path):
     statuses = {row["status"] for row in rows}
     assert {"fits", "pruned", "refused"} <= statuses
     considered = [r for r in rows if r["status"] != "refused"]
-    search = plan(parse_scenario(UNIFORM), PlanOptions(devices=2))
+    search = search_configurations(parse_scenario(UNIFORM), PlanOptions(devices=2))
     assert len(considered) == search.enumerated
     for row in rows:
         if row["status"] == "fits":

@@ -11,7 +11,7 @@ import yaml
 from gpipe_sim.cli import main
 from gpipe_sim.spec.scenario import parse_scenario
 from gpipe_sim.planner.report import csv_rows, plan_dict, plan_text
-from gpipe_sim.planner.search import PlanOptions, candidate_space, plan, tensor_parallel_values
+from gpipe_sim.planner.search import PlanOptions, candidate_space, search_configurations, tensor_parallel_values
 
 GPT = {
     "model": {"preset": "transformer", "layers": 4, "d_model": 256, "d_ff": 1024, "heads": 4, "seq_len": 128,
@@ -53,7 +53,7 @@ def test_tensor_parallel_searched_only_where_valid(data, devices, expected):
 def test_only_t2_fits_and_the_pick_says_why():
     """40 MB a device: at K=1 the whole model on one device (T=1, D=2) does not fit, split over 2 it does."""
     base = parse_scenario(_with(GPT, accelerator={"memory_bytes": "40 MB"}))
-    search = plan(base, PlanOptions(devices=2, stages=(1,), reserve=0.0))
+    search = search_configurations(base, PlanOptions(devices=2, stages=(1,), reserve=0.0))
     assert search.pick.get("T") == 2 and search.pick.max_stage_tp_comm_s > 0
     assert all(e.get("T") == 2 for e in search.ranked)
     text = plan_text(search)
@@ -67,7 +67,7 @@ def test_only_t2_fits_and_the_pick_says_why():
 def test_t1_preferred_in_a_tie_and_other_t_reported():
     base = parse_scenario(GPT)
     options = PlanOptions(devices=2, schedules=("1f1b",), remat=("none",), reserve=0.0)
-    wide = plan(base, PlanOptions(**{**options.__dict__, "tie": 1.0}))
+    wide = search_configurations(base, PlanOptions(**{**options.__dict__, "tie": 1.0}))
     assert wide.pick.get("T") == 1
     tied_t = sorted({e.get("T") for e in wide.order if e.tied})
     if tied_t == [1, 2]:

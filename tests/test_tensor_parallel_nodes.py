@@ -9,7 +9,7 @@ from gpipe_sim.api import simulate
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.plan.tensor_parallel import collective_work, tp_ring
 from gpipe_sim.planner.bounds import CostTable
-from gpipe_sim.planner.search import PlanOptions, plan, tensor_parallel_values
+from gpipe_sim.planner.search import PlanOptions, search_configurations, tensor_parallel_values
 from gpipe_sim.spec.scenario import parse_scenario
 
 D_MODEL, S, HEADS = 1024, 512, 16
@@ -87,5 +87,5 @@ def test_the_planners_bound_prices_the_same_ring():
                           partitions=("uniform",), max_chunks=1)
     assert tensor_parallel_values(scenario, options) == [16]
     assert tensor_parallel_values(scenario, PlanOptions(devices=16)) == [1, 2, 4, 8]
-    search = plan(scenario, options)
+    search = search_configurations(scenario, options)
     assert search.best is not None and search.best.get("T") == 16 and search.best.max_stage_tp_comm_s > 0

@@ -16,7 +16,7 @@ from gpipe_sim.planner.report import (
     choice_text, config_text, counts_text, memory_text, nothing_fits_text, pareto_figure, table_columns,
     table_rows, tp_text,
 )
-from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, plan
+from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, search_configurations
 from gpipe_app.ui_plan_search import searched_or_stop
 from gpipe_app.ui_form import PREFIX, scenario_form
 from gpipe_app.ui_run import (MAX_GANTT_BARS, framework_downloads, label_error, show_elapsed, show_metrics,
@@ -111,7 +111,7 @@ except GpipeError as exc:
     st.error(label_error(str(exc)), icon=":material/error:")
     st.stop()
 search = searched_or_stop(json.dumps([base.to_dict(), options], sort_keys=True),
-                          lambda progress: plan(base, _plan_options(options), progress=progress))
+                          lambda progress: search_configurations(base, _plan_options(options), progress=progress))
 
 st.caption(memory_text(search) + ". " + counts_text(search))
 if not search.ranked:

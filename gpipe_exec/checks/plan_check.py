@@ -255,16 +255,16 @@ class Prediction(NamedTuple):
 def predictions(scenarios: dict[int, Scenario], options: CheckOptions, configs: Sequence[dict[str, Any]]
                 ) -> list[Prediction]:
     """Every configuration that fits, in the planner's order. `scenarios[n]` is the model as this
-    machine's profile taken on n devices at once (and the runtime as calibrated here): `plan()`
-    runs on it for D*K = n, and the rankings of the device counts merge by predicted throughput
+    machine's profile taken on n devices at once (and the runtime as calibrated here):
+    `search_configurations()` runs on it for D*K = n, and the rankings of the device counts merge by predicted throughput
     (what one ranking over all of them gives when each device count has its own profile);
     restricted to `configs` (the M the check runs)."""
-    from gpipe_sim.planner.search import plan
+    from gpipe_sim.planner.search import search_configurations
 
     wanted = {_key(o) for o in configs}
     out = []
     for n, scenario in sorted(scenarios.items()):
-        search = plan(scenario, _plan_options(options, n))
+        search = search_configurations(scenario, _plan_options(options, n))
         out += [Prediction(dict(e.overrides), e.step_time_s, e.throughput_samples_per_s, scenario)
                 for e in search.ranked if _key(e.overrides) in wanted]
     out.sort(key=lambda p: -p.throughput)  # stable: each planner's order among equal figures

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpipe_sim.spec.scenario import Scenario, parse_scenario
 from gpipe_sim.planner.report import config_text
-from gpipe_sim.planner.search import PlanOptions, PlanSearch, plan
+from gpipe_sim.planner.search import PlanOptions, PlanSearch, search_configurations
 
 # The question: a 24-layer GPT (d_model 2048, seq 2048) on 8 A100-80GB, global batch 64.
 GPT_8: dict[str, Any] = {
@@ -72,7 +72,7 @@ def run_plan_benchmark(cases: tuple[BenchCase, ...] = CASES) -> str:
     for case in cases:
         base: Scenario = parse_scenario(case.base)
         t0 = time.perf_counter()
-        search = plan(base, case.options)
+        search = search_configurations(base, case.options)
         search.seconds = time.perf_counter() - t0
         lines.append(_line(case, search))
     try:

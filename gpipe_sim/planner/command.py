@@ -112,7 +112,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     2 on bad input (one line naming the option)."""
     from gpipe_sim.spec.command_scenario import load_command_scenario
     from gpipe_sim.planner.report import plan_json, plan_text, write_csv, write_html
-    from gpipe_sim.planner.search import DEFAULT_RESERVE, TIE, PlanOptions, check_options, device_layouts, plan
+    from gpipe_sim.planner.search import (DEFAULT_RESERVE, TIE, PlanOptions, check_options, device_layouts,
+                                          search_configurations)
 
     if args.emit and args.json:
         raise ScenarioError("--emit: prints the pick's configuration, --json the ranking: give one of them")
@@ -140,7 +141,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"{scenario.pipeline.batch_size}); try --fewer-devices")
     update, stop = _progress() if not args.quiet else (None, lambda: None)
     try:
-        search = plan(scenario, options, progress=update)
+        search = search_configurations(scenario, options, progress=update)
     finally:
         stop()
     if search.enumerated == 0:

@@ -277,8 +277,8 @@ def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, can
     return "simulated"
 
 
-def plan(base: Scenario, options: PlanOptions, *,
-         progress: Callable[[int, int], None] | None = None) -> PlanSearch:
+def search_configurations(base: Scenario, options: PlanOptions, *,
+                           progress: Callable[[int, int], None] | None = None) -> PlanSearch:
     """Search the space of `enumerate_candidates` for the fastest configurations that fit.
 
     The base is searched with at least `options.reserve` of each device's memory held back
