@@ -292,7 +292,7 @@ def test_memory_grid_covers_the_documented_cases_and_summarises() -> None:
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("step", ["for_loop", "foreach", "fused"])
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "rmsprop", "adagrad", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw"])
 def test_update_scratch_is_what_torch_allocates(optimizer: str, step: str, dtype: str) -> None:
     """The update's temporaries the simulator charges (OPTIMIZER_SCRATCH x the largest tensor, or
     x every parameter for a foreach step, fp32; in bf16 also an fp32 copy of every gradient for the
