@@ -97,7 +97,9 @@ def _undominated(rows: np.ndarray, cap: int | None) -> np.ndarray | None:
     count, largest first (ties in `np.unique`'s order); None when more than `cap`. Rows are made
     distinct first, so a row is dominated exactly when another row is >= it everywhere (compared
     pairwise, a block of rows at a time)."""
-    rows = np.unique(rows, axis=0)
+    if len(rows) > 1:  # np.unique(rows, axis=0), faster: rows in lexicographic order, repeats dropped
+        rows = rows[np.lexsort(rows.T[::-1])]
+        rows = rows[np.concatenate(([True], (rows[1:] != rows[:-1]).any(axis=1)))]
     rows = rows[np.argsort(-rows.sum(axis=1), kind="stable")]
     n, width = rows.shape
     dominated = np.zeros(n, dtype=bool)
