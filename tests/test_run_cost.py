@@ -158,3 +158,20 @@ def test_sweep_rows_carry_the_run_only_when_asked():
     assert not set(RUN_COLUMNS) & set(result_columns(_scenario(), "fast"))
     row = result_columns(_scenario(**RUN), "fast")
     assert row["run_cost"] == pytest.approx(row["run_device_hours"] * 2.5) and row["run_goodput"] is None
+
+
+@pytest.mark.parametrize("run", [True, False])
+def test_a_sweeps_best_table_shows_the_runs_days_and_cost(capsys, tmp_path, run):
+    import yaml
+
+    data = json.loads(json.dumps(BASE))
+    if run:
+        data["training"]["tokens"] = "1B"
+        data["hardware"]["price_per_device_hour"] = 2
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({"name": "run", "base": "base.yaml",
+                                                         "axes": {"pipeline.micro_batches": [2, 4]}}))
+    assert main(["sweep", str(tmp_path / "sweep.yaml"), "--out", str(tmp_path / "out"), "--quiet",
+                 "--no-report", "--workers", "0"]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if "step time" in line)
+    assert (" days " in header and " cost " in header) == run

@@ -85,8 +85,11 @@ def best_text(table: Any, axes: Sequence[str] = (), top: int = BEST_SHOWN) -> st
     for name in columns:
         out.add_column(short[name])
     per_device = "num_devices" in best.columns
+    run = {c: label for c, label in RUN_SHOWN.items() if c in best.columns and best[c].notna().any()}
+    if "run_cost" in run:
+        run.pop("run_cost_per_hour", None)  # the run's cost says it
     for name in ("N",) * per_device + ("step time", "samples/s") + ("per device",) * per_device \
-            + ("bubble", "largest device peak"):
+            + ("bubble", "largest device peak", *run.values()):
         out.add_column(name, justify="right")
     for rank, (_, row) in enumerate(best.iterrows(), start=1):
         cap = row["memory_capacity_bytes"]
@@ -103,8 +106,22 @@ def best_text(table: Any, axes: Sequence[str] = (), top: int = BEST_SHOWN) -> st
             *((f"{rate / devices:,.2f}",) if per_device else ()),
             f"{float(row['bubble_fraction']):.3f}",
             peak,
+            *(_run_cell(row[c], c) for c in run),
         )
     return render(out)
+
+
+# The training run's columns shown where the sweep's scenarios ask for them (gpipe_sim.results.run_cost)
+RUN_SHOWN = {"run_days": "days", "run_goodput": "goodput", "run_cost": "cost", "run_cost_per_hour": "cost/h"}
+
+
+def _run_cell(value: Any, column: str) -> str:
+    """A run figure: days to one decimal, goodput in percent, costs with thousands separators."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if column == "run_goodput":
+        return f"{float(value):.1%}"
+    return f"{float(value):,.1f}" if column == "run_days" else f"{float(value):,.2f}"
 
 
 def _short_names(columns: Sequence[str]) -> dict[str, str]:
