@@ -286,3 +286,22 @@ def test_megatrons_overlapped_reduction_comes_back(bucket):
     written = write_megatron(scenario)
     assert "--overlap-grad-reduce" in written.text and ("--ddp-bucket-size 10000000" in written.text) == bool(bucket)
     assert _shape(read_megatron(written.text, _base("gpt-8x256")).scenario) == _shape(scenario)
+
+
+@pytest.mark.parametrize("flags, sizes", [
+    ("", (3, 2, 2, 3)),  # 8 layers evenly over 4 stages, the embedding and the output layer at the ends
+    ("--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1", (2, 3, 3, 2)),
+    ("--decoder-first-pipeline-num-layers 2", (3, 2, 2, 3)),
+    ("--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --num-layers 10",
+     (3, 3, 3, 3)),  # 10 layers + E + L = 12, three a stage
+])
+def test_megatrons_split_without_a_layout(flags, sizes):
+    line = ("--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --vocab-size 1000 "
+            f"--pipeline-model-parallel-size 4 --global-batch-size 16 --micro-batch-size 1 {flags}")
+    read = read_megatron(line, _base("gpt-8x256"))
+    assert chunk_sizes(read.scenario) == sizes and not [n for n in read.notes if "partition" in n], read.notes
+
+
+def test_recompute_activations_is_selective():
+    read = read_megatron("--recompute-activations", _base("gpt-8x256"))
+    assert read.scenario.pipeline.remat == "selective"

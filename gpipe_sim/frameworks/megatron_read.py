@@ -20,11 +20,12 @@ VALUE_FLAGS = (
     "--attention-dropout", "--attention-backend", "--micro-batch-size", "--global-batch-size",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--optimizer", "--sgd-momentum",
     "--train-samples", "--train-iters", "--num-query-groups", "--normalization", "--position-embedding-type",
-    "--ddp-bucket-size",
+    "--ddp-bucket-size", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
 )
 BOOL_FLAGS = ("--sequence-parallel", "--bf16", "--fp16", "--use-distributed-optimizer",
               "--untie-embeddings-and-output-weights", "--use-flash-attn", "--group-query-attention", "--swiglu",
-              "--disable-bias-linear", "--overlap-grad-reduce")
+              "--disable-bias-linear", "--overlap-grad-reduce", "--recompute-activations",
+              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
 NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}  # --normalization's choices
 POSITIONS = {"learned_absolute": "learned", "rope": "rope"}  # of --position-embedding-type's
 LAUNCHERS = ("torchrun", "torch.distributed.run")  # `torchrun` or `python -m torch.distributed.run`
@@ -188,7 +189,7 @@ def pipeline_data(args: dict[str, Any], launch: dict[str, Any], data: dict[str, 
     pipe.update(stages=K, chunks=v, data_parallel=D, tensor_parallel=T, batch_size=batch,
                 micro_batches=batch // (mbs * D), sequence_parallel=bool(args.get("--sequence-parallel")) and T > 1,
                 schedule=SCHEDULES[min(v, 2)],
-                partition=list(sizes) if sizes is not None else _default_split(data["model"], K * v, notes))
+                partition=list(sizes) if sizes is not None else megatron_split(args, data["model"], K, v, notes))
     pipe["remat"] = _remat(args, notes)
     return pipe
 
@@ -196,7 +197,7 @@ def pipeline_data(args: dict[str, Any], launch: dict[str, Any], data: dict[str, 
 def _remat(args: dict[str, Any], notes: list[str]) -> str:
     """selective: the attention core; full with groups of one block: `full`; with larger groups
     (one per chunk as `write_megatron` writes them): whole chunks, `always`."""
-    granularity = args.get("--recompute-granularity")
+    granularity = args.get("--recompute-granularity", "selective" if args.get("--recompute-activations") else None)
     if granularity in (None, "selective"):
         return "none" if granularity is None else "selective"
     if granularity != "full":
@@ -233,17 +234,40 @@ def _data_parallel(launch: dict[str, Any], model_parallel: int, base_d: int, not
     return world // model_parallel
 
 
-def _default_split(model: dict[str, Any], chunks: int, notes: list[str]) -> Any:
-    """Megatron-LM's split without a layout: the transformer layers evenly over the chunks, the
-    embedding on the first and the output layer on the last."""
+def megatron_split(args: dict[str, Any], model: dict[str, Any], K: int, v: int, notes: list[str]) -> Any:
+    """Chunk sizes as Megatron-LM splits the transformer layers without a layout
+    (transformer_block.get_num_layers_to_build): --decoder-first/last-pipeline-num-layers on the
+    first and last stage and the rest evenly, or evenly with the embedding and the loss counted as
+    layers where --account-for-embedding/loss-in-pipeline-split says so, else evenly; the embedding
+    on the first chunk and the output layer on the last."""
     layers = int(model.get("layers", 0))
-    if chunks == 1:
+    if K * v == 1:
         return "uniform"
-    if model.get("preset") != "transformer" or layers % chunks:
-        notes.append(f"partition: {layers} layers do not split evenly into {chunks} chunks as Megatron-LM "
-                     "requires without a layout; taken as uniform")
+    first, last = (_int(args, f"--decoder-{end}-pipeline-num-layers", low=0) for end in ("first", "last"))
+    embedding, loss = (bool(args.get(f"--account-for-{what}-in-pipeline-split")) for what in ("embedding", "loss"))
+    if model.get("preset") != "transformer" or (v > 1 and (first, last, embedding, loss) != (None, None, False, False)):
+        notes.append("partition: not a split of transformer layers gpipe-sim reads here; taken as uniform")
         return "uniform"
-    sizes = [layers // chunks] * chunks
+    if first is not None or last is not None:
+        ends = [n for n in (first, last) if n is not None]
+        middle = K - len(ends)
+        rest = layers - sum(ends)
+        if rest < 0 or (middle and rest % middle) or (not middle and rest):
+            raise ScenarioError(f"{SOURCE}: --decoder-first/last-pipeline-num-layers: {layers} layers do not leave "
+                                f"an even share for the other {middle} stages")
+        blocks = [rest // middle if middle else 0] * K
+        blocks[0] = first if first is not None else blocks[0]
+        blocks[-1] = last if last is not None else blocks[-1]
+    else:
+        total = layers + embedding + loss
+        if total % (K * v):
+            notes.append(f"partition: {total} layers do not split evenly into {K * v} chunks as Megatron-LM "
+                         "requires without a layout; taken as uniform")
+            return "uniform"
+        blocks = [total // (K * v)] * (K * v)
+        blocks[0] -= embedding
+        blocks[-1] -= loss
+    sizes = list(blocks)
     sizes[0] += 1
     sizes[-1] += 1
     return sizes
