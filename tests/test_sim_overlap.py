@@ -1,5 +1,6 @@
 """Bucketed data-parallel gradient reduction overlapping the backward (`training.overlap_grad_reduce`,
-Megatron-LM's --overlap-grad-reduce): the exposed reduction against the bucket schedule written out."""
+Megatron-LM's --overlap-grad-reduce) and ZeRO-1's parameter gather overlapping the next forward
+(`training.overlap_param_gather`): the exposed reduction against the bucket schedule written out."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ BACKWARD_S = 2e-3  # a layer's backward on one sample
 BANDWIDTH, LATENCY = 50e9, 5e-6  # the v100 preset's link
 
 
-def _scenario(overlap: bool, zero: int = 0, bucket: float | None = None, D: int = 2):
-    training = {"dtype": "fp32", "optimizer": "sgd", "zero": zero, "overlap_grad_reduce": overlap}
+def _scenario(overlap: bool, zero: int = 0, bucket: float | None = None, D: int = 2, gather: bool = False):
+    training = {"dtype": "fp32", "optimizer": "sgd", "zero": zero, "overlap_grad_reduce": overlap,
+                "overlap_param_gather": gather}
     if bucket is not None:
         training["bucket_bytes"] = bucket
     return parse_scenario({
@@ -63,6 +65,21 @@ def test_zero1_reduce_scatters_the_buckets_and_gathers_the_parameters_after() ->
     assert _exposed(_scenario(True, zero=1, bucket=100e6)) == pytest.approx(t - LAYERS * BACKWARD_S, rel=1e-9)
 
 
+@pytest.mark.parametrize("bucket, per_bucket", [(100e6, 1), (None, 2)])
+def test_zero1_parameter_gather_overlaps_the_next_forward(bucket, per_bucket) -> None:
+    """--overlap-param-gather: the buckets' all-gathers run one after another from the next step's
+    first forward, each bucket's layers (1 ms each on one sample) waiting for theirs."""
+    reduced, t = 0.0, 0.0
+    for done in range(per_bucket, LAYERS + 1, per_bucket):
+        t = max(done * BACKWARD_S, t) + _ring(per_bucket * PARAMS * 4) / 2
+    gathered, computed = 0.0, 0.0
+    for _ in range(LAYERS // per_bucket):
+        gathered += _ring(per_bucket * PARAMS * 4) / 2
+        computed = max(computed, gathered) + per_bucket * 1e-3
+    expected = t - LAYERS * BACKWARD_S + computed - LAYERS * 1e-3
+    assert _exposed(_scenario(True, zero=1, bucket=bucket, gather=True)) == pytest.approx(expected, rel=1e-9)
+
+
 def test_megatron_default_bucket_grows_with_the_replicas() -> None:
     assert bucket_bytes(_scenario(True)) == 40e6 * 4
     assert bucket_bytes(_scenario(True, D=64)) == 64e6 * 4
@@ -79,3 +96,7 @@ def test_bucket_rules() -> None:
 def test_bucket_bytes_without_overlap_is_refused() -> None:
     with pytest.raises(ScenarioError, match=r"^training.bucket_bytes: buckets are reduced apart only with"):
         parse_scenario({"training": {"bucket_bytes": 1e6}})
+    with pytest.raises(ScenarioError, match=r"^training.overlap_param_gather: gathers ZeRO-1's parameter shards"):
+        parse_scenario({"training": {"overlap_param_gather": True, "overlap_grad_reduce": True}})
+    with pytest.raises(ScenarioError, match=r"^training.overlap_param_gather"):
+        parse_scenario({"training": {"overlap_param_gather": True, "zero": 1}})

@@ -12,8 +12,11 @@ and the reductions run one after another on the ring. The reduction of the chunk
 seconds after the pass starts (ready_b: the end of the bucket's last layer's backward, the pass's
 seconds shared over its layers as their own backward times are). Under ZeRO-1 (Megatron's
 distributed optimizer) each bucket is reduce-scattered (half a ring all-reduce) and the updated
-parameters are all-gathered after the optimizer step (the other half, not overlapped here:
---overlap-param-gather is not modelled).
+parameters are all-gathered after the optimizer step (the other half), the whole chunk's at once,
+or with `overlap_param_gather` bucket by bucket in forward order while the next step's first
+forward runs, a bucket's layers waiting for its gather: g_b = g_{b-1} + gather(bytes_b),
+c_b = max(c_{b-1}, g_b) + forward_b; what that forward is delayed, c_last - sum(forward_b), is
+charged here, after the reduction (one step's worth in a steady run).
 """
 
 from __future__ import annotations
@@ -72,6 +75,23 @@ def overlapped_seconds(grad_bytes: Sequence[float], layer_seconds: Sequence[floa
     return t + tail
 
 
+def gathered_forward_delay(grad_bytes: Sequence[float], layer_seconds: Sequence[float], size: float,
+                           gather: Callable[[float], float]) -> float:
+    """Seconds a chunk's first forward is delayed by its parameters' bucketed all-gather (module
+    docstring): `grad_bytes` and `layer_seconds` per layer in forward order, the buckets those of
+    the backward (`buckets` in backward order), gathered one after another from the forward's start."""
+    counts, previous = [], -1
+    for last, _ in buckets(list(reversed(grad_bytes)), size):
+        counts.append(last - previous)
+        previous = last
+    gathered, computed, i = 0.0, 0.0, 0
+    for n in reversed(counts):  # forward order
+        gathered += gather(sum(grad_bytes[i:i + n]))
+        computed = max(computed, gathered) + sum(layer_seconds[i:i + n])
+        i += n
+    return computed - sum(layer_seconds)
+
+
 def backward_shares(scenario: Scenario, layers: Sequence[LayerSpec], samples: int, seconds: float,
                     weight_pass: bool) -> list[float]:
     """Per layer in backward order (the last first), its part of a backward pass of `seconds` on
@@ -87,11 +107,12 @@ def backward_shares(scenario: Scenario, layers: Sequence[LayerSpec], samples: in
 
 
 def overlap_profiles(plan: Any, kind: np.ndarray, chunk: np.ndarray, micro_batch: np.ndarray,
-                     duration: np.ndarray) -> list[tuple[list[float], list[float]]] | None:
+                     duration: np.ndarray) -> list[tuple[list[float], list[float], list[float]]] | None:
     """Per chunk of the compiled `plan` (its program's `kind`, `chunk` and `micro_batch` columns
     and each action's `duration`): its layers' gradient bytes and their seconds of its last
     backward pass (the pass right after its first `allreduce`, which `overlap_grad_reduce` puts
-    before it), in backward order; None without `overlap_grad_reduce` or data parallelism."""
+    before it), in backward order, and their seconds of its first micro-batch's forward, in forward
+    order; None without `overlap_grad_reduce` or data parallelism."""
     scenario = plan.scenario
     if not scenario.training.overlap_grad_reduce or plan.replicas == 1:
         return None
@@ -103,9 +124,19 @@ def overlap_profiles(plan: Any, kind: np.ndarray, chunk: np.ndarray, micro_batch
         own = plan.layers[ch.first_layer:ch.last_layer + 1]
         seconds = backward_shares(scenario, own, plan.micro_batch_sizes[int(micro_batch[at])], float(duration[at]),
                                   int(kind[at]) == Kind.BACKWARD_WEIGHT)
-        out.append(([float(layer.params * element) for layer in reversed(own)], seconds))
+        own_forward = _forward_times(scenario, own, plan)
+        total, first = sum(own_forward), float(ch.forward_s[0])
+        forward = [first * t / total for t in own_forward] if total > 0 else [first / len(own)] * len(own)
+        out.append(([float(layer.params * element) for layer in reversed(own)], seconds, forward))
     return out
 
 
+def _forward_times(scenario: Scenario, layers: Sequence[LayerSpec], plan: Any) -> list[float]:
+    """The layers' own forward seconds on the plan's first micro-batch (what shares a chunk's forward)."""
+    accel, training = scenario.hardware.accelerator, scenario.training
+    return [layer_pass_times(layer, plan.micro_batch_sizes[0], accel, training.dtype, training.dtype_bytes)[0]
+            for layer in layers]
+
+
 __all__ = ["MEGATRON_BUCKET_PARAMS", "MEGATRON_BUCKET_PARAMS_PER_REPLICA", "backward_shares", "bucket_bytes",
-           "buckets", "overlap_profiles", "overlapped_seconds"]
+           "buckets", "gathered_forward_delay", "overlap_profiles", "overlapped_seconds"]

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from gpipe_sim.plan.buckets import bucket_bytes, overlapped_seconds
+from gpipe_sim.plan.buckets import bucket_bytes, gathered_forward_delay, overlapped_seconds
 from gpipe_sim.plan.links import ring_link_keys
 from gpipe_sim.schedule import Kind, ProgramColumns
 from gpipe_sim.spec.hardware import Link
@@ -28,7 +28,7 @@ def ring_allreduce_seconds(nbytes: float, members: int, bandwidth: float, latenc
 def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Sequence[int],
                          chunk_params: Sequence[int], dmap: np.ndarray, per_node: int, network: Link,
                          foreign: frozenset[int] = frozenset(),
-                         overlap: Sequence[tuple[Sequence[float], Sequence[float]]] | None = None,
+                         overlap: Sequence[tuple[Sequence[float], Sequence[float], Sequence[float]]] | None = None,
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(group of each allreduce action of the program `c`, [group, link key] rows of the links
     each group's ring uses, seconds of each group's ring all-reduce). One group per chunk (on
@@ -37,8 +37,10 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     rings, one per shard: they share the nodes' NICs, `network_ring_bandwidth`). A ring holds
     none of the `foreign` links (where the program holds replica 0 alone: ReplicaSymmetry.foreign).
     `overlap` (`training.overlap_grad_reduce`), per chunk: its layers' gradient bytes and their
-    seconds of its last backward pass, in backward order; a group's seconds then run from that
-    pass's start to the end of its bucketed reduction (gpipe_sim.plan.buckets)."""
+    seconds of its last backward pass, in backward order, and of its first forward, in forward
+    order; a group's seconds then run from that pass's start to the end of its bucketed reduction
+    (and ZeRO-1's parameter gather, or with `overlap_param_gather` what it delays the forward:
+    gpipe_sim.plan.buckets)."""
     D = scenario.pipeline.data_parallel
     K = len(dmap) // D
     collective = np.full(len(c.kind), -1, dtype=np.int64)
@@ -63,10 +65,13 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
         if overlap is None:
             seconds.append(reduce(params * dtype_bytes))
         elif scenario.training.zero:  # each bucket reduce-scattered, the parameters all-gathered after
-            grads, times = overlap[index]
-            seconds.append(overlapped_seconds(grads, times, size, lambda b: reduce(b) / 2,
-                                              reduce(params * dtype_bytes) / 2))
+            grads, times, forward = overlap[index]
+            half = lambda nbytes: reduce(nbytes) / 2  # noqa: E731 (a reduce-scatter or an all-gather)
+            gather = (gathered_forward_delay(list(reversed(grads)), forward, size, half)
+                      if scenario.training.overlap_param_gather else half(params * dtype_bytes))
+            seconds.append(overlapped_seconds(grads, times, size, half, gather))
         else:
-            seconds.append(overlapped_seconds(*overlap[index], size, reduce))
+            grads, times, _ = overlap[index]
+            seconds.append(overlapped_seconds(grads, times, size, reduce))
         rows.extend((index, key) for key in ring_link_keys(hardware, ring, n_dev, per_node) if key not in foreign)
     return collective, np.asarray(rows, dtype=np.int64).reshape(-1, 2), np.asarray(seconds)

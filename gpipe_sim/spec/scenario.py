@@ -172,6 +172,10 @@ class Training(_Strict):
     # bucket, max(40M, 1M x D) parameters' gradients.
     overlap_grad_reduce: bool = False
     bucket_bytes: PositiveBytes | None = None
+    # ZeRO-1's all-gather of the updated parameters, bucket by bucket, overlapping the next step's
+    # first forward passes (--overlap-param-gather; Megatron's default False; it needs the
+    # distributed optimizer and --overlap-grad-reduce, as Megatron-LM asserts)
+    overlap_param_gather: bool = False
     # The run a step is part of (gpipe_sim.results.run_cost): the tokens it trains on ("15T", "300B"),
     # and what failures and checkpoints cost it. None: no run figures.
     tokens: TokenCount | None = None
@@ -179,6 +183,9 @@ class Training(_Strict):
 
     @model_validator(mode="after")
     def _step_exists(self) -> "Training":
+        if self.overlap_param_gather and not (self.zero and self.overlap_grad_reduce):
+            raise ValueError("training.overlap_param_gather: gathers ZeRO-1's parameter shards (training.zero: 1) "
+                             "in the buckets of training.overlap_grad_reduce: true, as Megatron-LM requires")
         if self.bucket_bytes is not None and not self.overlap_grad_reduce:
             raise ValueError("training.bucket_bytes: buckets are reduced apart only with "
                              "training.overlap_grad_reduce: true (else each chunk's gradients are one reduction)")
