@@ -12,7 +12,7 @@ import pytest
 from gpipe_sim.api import simulate
 from gpipe_sim.cli import main
 from gpipe_sim.results.result import Result
-from gpipe_sim.results.run_cost import goodput_figures, goodput_share, optimal_interval
+from gpipe_sim.results.run_cost import goodput_figures, goodput_share, optimal_interval, run_cost_rows
 from gpipe_sim.spec.scenario import parse_scenario
 from gpipe_sim.spec.training_run import Goodput
 from gpipe_sim.spec.units import parse_count
@@ -136,9 +136,10 @@ def test_plan_ranks_with_the_run_columns(capsys, tmp_path):
                  "--tensor-parallel", "1", "--partitions", "uniform"]) == 0
     header = capsys.readouterr().out.splitlines()[2].split()
     assert header[-4:] == ["days", "device-hours", "goodput", "cost"]
-    table = tmp_path / "plan.csv"
+    table, page = tmp_path / "plan.csv", tmp_path / "plan.html"
     assert main(["plan", str(path), "--devices", "4", "--quiet", "--top", "3", "--json", "--schedules", "1f1b",
-                 "--tensor-parallel", "1", "--partitions", "uniform", "--csv", str(table)]) == 0
+                 "--tensor-parallel", "1", "--partitions", "uniform", "--csv", str(table), "--html", str(page)]) == 0
+    assert "<th>days</th><th>device-hours</th><th>goodput</th><th>cost</th>" in page.read_text()
     pick = json.loads(capsys.readouterr().out)["pick"]
     first = next(csv.DictReader(table.open()))
     assert float(first["run_cost"]) == pytest.approx(float(first["run_device_hours"]) * 2)
@@ -175,3 +176,14 @@ def test_a_sweeps_best_table_shows_the_runs_days_and_cost(capsys, tmp_path, run)
                  "--no-report", "--workers", "0"]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if "step time" in line)
     assert (" days " in header and " cost " in header) == run
+
+
+def test_a_given_interval_is_shown_beside_the_optimum():
+    spec = {**GOODPUT, "checkpoint_interval_s": 600}
+    scenario = _scenario(**RUN, **{"training.goodput": spec})
+    result = simulate(scenario)
+    best = optimal_interval(30, 600, 50_000 * 3600 / 2)
+    assert result.run.goodput.checkpoint_interval_s == 600 and result.run.goodput.optimal_interval_s == best
+    assert result.run.goodput.goodput < goodput_share(best, 30, 600, 50_000 * 3600 / 2)  # the optimum is better
+    text = dict(run_cost_rows(result.run))["goodput"]  # the summary's row (before the table wraps it)
+    assert "a checkpoint every 10.0 min (the optimum: " in text and text.endswith("Young/Daly)")
