@@ -239,9 +239,10 @@ def show_metrics(scenario: Scenario, result: Result, box: Any = st, reference: R
     show_memory_verdict(result, box)
 
 
-MFU_HELP = ("Model FLOPs utilisation: the model FLOPs of the step (forward + backward of every layer, 3x the "
-            "forward for the presets; re-computation not counted) over step time x devices x the accelerator's "
-            "peak FLOP/s for the training dtype.")
+MFU_HELP = ("Model FLOPs utilisation: the model FLOPs of the step (for a transformer Megatron-LM's count: its "
+            "GEMMs and causal attention, 3x the forward; for other models every layer's forward + backward; "
+            "re-computation not counted) over step time x devices x the accelerator's peak FLOP/s for the "
+            "training dtype. PaLM's convention (6 N + 12 L H Q T per token) is the result JSON's mfu_palm.")
 
 
 def show_model_metrics(result: Result, box: Any = st, reference: Result | None = None) -> None:
