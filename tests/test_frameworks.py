@@ -45,7 +45,7 @@ def _shape(s: Scenario) -> dict:
             "D": p.data_parallel, "M": p.micro_batches, "batch": p.batch_size,
             "sp": p.sequence_parallel and p.tensor_parallel > 1, "schedule": p.schedule if p.stages > 1 else None,
             "remat": p.remat, "chunks": chunk_sizes(s), "dtype": t.dtype, "optimizer": t.optimizer, "zero": t.zero,
-            "tokens": t.tokens, "overlap": (t.overlap_grad_reduce, t.bucket_bytes)}
+            "tokens": t.tokens, "overlap": (t.overlap_grad_reduce, t.bucket_bytes, t.overlap_param_gather)}
 
 
 def _picks(model: str, devices: int, schedules: tuple[str, ...], zero: tuple[int, ...],
@@ -278,13 +278,14 @@ def test_a_model_without_sizes_is_noted_not_invented(capsys, framework):
     assert "module_fqns_per_model_part" not in out.out
 
 
-@pytest.mark.parametrize("bucket", [None, 2 * 10_000_000])
-def test_megatrons_overlapped_reduction_comes_back(bucket):
+@pytest.mark.parametrize("bucket, gather", [(None, False), (2 * 10_000_000, True)])
+def test_megatrons_overlapped_reduction_comes_back(bucket, gather):
     scenario = _base("gpt-8x256").with_updates({"pipeline.data_parallel": 2, "pipeline.schedule": "1f1b",
-                                                "training.overlap_grad_reduce": True,
-                                                "training.bucket_bytes": bucket})
+                                                "training.overlap_grad_reduce": True, "training.zero": 1,
+                                                "training.bucket_bytes": bucket, "training.overlap_param_gather": gather})
     written = write_megatron(scenario)
     assert "--overlap-grad-reduce" in written.text and ("--ddp-bucket-size 10000000" in written.text) == bool(bucket)
+    assert ("--overlap-param-gather" in written.text) == gather
     assert _shape(read_megatron(written.text, _base("gpt-8x256")).scenario) == _shape(scenario)
 
 

@@ -61,6 +61,9 @@ def reduction_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
     keys: dict[str, Any] = {"overlap_comm": True}
     if t.bucket_bytes is not None:
         keys["reduce_bucket_size"] = max(1, round(t.bucket_bytes / t.dtype_bytes))
+    if t.overlap_param_gather:
+        notes.append("training.overlap_param_gather: DeepSpeed's ZeRO-1 gathers the parameters after the step; "
+                     "no overlap setting")
     return keys
 
 

@@ -175,7 +175,8 @@ def training_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]
 
 
 def reduction_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]]:
-    """--overlap-grad-reduce, and --ddp-bucket-size in parameters (bucket_bytes / the dtype's bytes)."""
+    """--overlap-grad-reduce, --ddp-bucket-size in parameters (bucket_bytes / the dtype's bytes) and
+    --overlap-param-gather."""
     t = scenario.training
     if not t.overlap_grad_reduce:
         return []
@@ -186,6 +187,8 @@ def reduction_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any
             notes.append(f"training.bucket_bytes: {t.bucket_bytes:,.0f} B is not whole {t.dtype} gradients; "
                          f"written as {params:,} parameters")
         flags.append(("--ddp-bucket-size", params))
+    if t.overlap_param_gather:
+        flags.append(("--overlap-param-gather", None))
     return flags
 
 

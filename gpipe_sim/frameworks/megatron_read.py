@@ -24,7 +24,7 @@ VALUE_FLAGS = (
 )
 BOOL_FLAGS = ("--sequence-parallel", "--bf16", "--fp16", "--use-distributed-optimizer",
               "--untie-embeddings-and-output-weights", "--use-flash-attn", "--group-query-attention", "--swiglu",
-              "--disable-bias-linear", "--overlap-grad-reduce", "--recompute-activations",
+              "--disable-bias-linear", "--overlap-grad-reduce", "--overlap-param-gather", "--recompute-activations",
               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
 NORMS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}  # --normalization's choices
 POSITIONS = {"learned_absolute": "learned", "rope": "rope"}  # of --position-embedding-type's
@@ -286,6 +286,7 @@ def training_data(args: dict[str, Any], data: dict[str, Any], notes: list[str]) 
         notes.append(f"--optimizer {optimizer}: not one gpipe-sim models; kept {training.get('optimizer', 'adam')}")
     training["zero"] = 1 if args.get("--use-distributed-optimizer") else 0
     training["overlap_grad_reduce"] = bool(args.get("--overlap-grad-reduce"))
+    training["overlap_param_gather"] = bool(args.get("--overlap-param-gather"))
     bytes_each = DTYPE_BYTES[training["dtype"]]  # a gradient in the training dtype
     training["bucket_bytes"] = None
     if "--ddp-bucket-size" in args and training["overlap_grad_reduce"]:

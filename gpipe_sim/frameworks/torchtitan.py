@@ -136,9 +136,9 @@ def parallelism_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
     p, t = scenario.pipeline, scenario.training
     keys: dict[str, Any] = {"data_parallel_replicate_degree": p.data_parallel, "data_parallel_shard_degree": 1,
                             "tensor_parallel_degree": p.tensor_parallel, "pipeline_parallel_degree": p.stages}
-    if t.overlap_grad_reduce:
-        notes.append("training.overlap_grad_reduce: torchtitan's data parallelism schedules its own reduction; "
-                     "not a job setting")
+    if t.overlap_grad_reduce or t.overlap_param_gather:
+        notes.append("training.overlap_grad_reduce: torchtitan's data parallelism schedules its own reduction "
+                     "and gathers; not a job setting")
     if t.zero:
         notes.append(f"training.zero: torchtitan shards with FSDP (data_parallel_shard_degree: parameters, gradients "
                      f"and optimizer states), not ZeRO-{t.zero}; written as replicas")
