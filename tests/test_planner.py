@@ -19,8 +19,8 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import parse_scenario
 from gpipe_sim.planner.search import (
     DATA_PARALLEL_SCHEDULE, Candidate, CostTable, PlanEntry, PlanOptions, candidate_space, enumerate_candidates,
-    held_memory_bound, memory_lower_bound, pareto_front, program_step_bound, reserved_base, search_configurations,
-    step_lower_bound,
+    family, held_memory_bound, memory_lower_bound, pareto_front, program_step_bound, reserved_base,
+    search_configurations, step_lower_bound,
 )
 
 UNIFORM = {
@@ -147,6 +147,15 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
     got = [e.throughput_samples_per_s for e in search.ranked[:options.top]]
     assert got == pytest.approx(fitting[:options.top], rel=1e-12)
     assert search.pruned_by_bound + search.pruned_by_memory > 0
+    # each schedule family's fastest fitting configuration, exactly (the app's first rows)
+    families: dict[str, float] = {}
+    for o, r in brute:
+        if r is not None and r.fits_in_memory:
+            name = family(Candidate.from_overrides(o))
+            families[name] = min(families.get(name, math.inf), r.step_time_s)
+    assert not search.family_unproven
+    assert {family(e.candidate): e.step_time_s for e in search.family_best} == pytest.approx(families, rel=1e-12)
+    assert [e.step_time_s for e in search.family_best] == sorted(families.values())
     assert {Candidate.from_overrides(o).tensor_parallel for o, _ in brute} == set(
         search.options.tensor_parallel or {c.tensor_parallel for c in search.candidates})
     # the distinct ranking: brute force's fitting results collapsed by (D, K, M, ZeRO, step, peak)

@@ -13,8 +13,8 @@ from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import PARTITION_METHODS, parse_scenario
 from gpipe_sim import charts as plots
 from gpipe_sim.planner.report import (
-    choice_text, config_text, counts_text, memory_text, nothing_fits_text, pareto_figure, table_columns,
-    table_rows, tp_text,
+    config_text, counts_text, family_first, family_heads, family_text, memory_text, nothing_fits_text, pareto_figure,
+    table_columns, table_rows, tp_text,
 )
 from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, search_configurations
 from gpipe_app.ui_plan_search import searched_or_stop
@@ -122,15 +122,16 @@ if not search.ranked:
     show_elapsed()
     st.stop()
 
-rows = table_rows(search, int(top))
+shown = family_first(search)[: int(top)]  # the schedules compared first, then the near-copies
+heads = min(len(shown), len(family_heads(search)))
+rows = table_rows(search, int(top), shown)
 st.subheader("Ranked configurations")
 st.dataframe(pd.DataFrame(rows, columns=list(table_columns(search))), hide_index=True, key="plan.table")
-why = " ".join(t for t in (choice_text(search), tp_text(search, config_text)) if t)
-st.caption(why + ("; * after M: it does not divide the per-replica batch"
-                                  if any(not e.even for e in search.order[: int(top)]) else ""))
-labels = {f"#{i + 1}: " + config_text(e): i for i, e in enumerate(search.order[: int(top)])}
+why = ". ".join(t for t in (family_text(search, heads), tp_text(search, config_text)) if t)
+st.caption(why + ("; * after M: it does not divide the per-replica batch" if any(not e.even for e in shown) else ""))
+labels = {f"#{i + 1}: " + config_text(e): i for i, e in enumerate(shown)}
 choice = st.selectbox("configuration", list(labels), key="plan.choice")
-chosen = search.order[labels[choice]]
+chosen = shown[labels[choice]]
 st.plotly_chart(pareto_figure(search.simulated_entries, search.front, search.capacity_bytes, chosen),
                 key="plan.pareto")
 

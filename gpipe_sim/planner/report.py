@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from gpipe_sim.api import model_figures
 from gpipe_sim.results.result import NO_FIGURES, ModelFigures
 from gpipe_sim.spec.units import format_bytes, format_seconds
-from gpipe_sim.planner.search import PlanEntry, PlanSearch
+from gpipe_sim.planner.search import PlanEntry, PlanSearch, family
 from gpipe_sim.planner.run_table import entry_run, run_cells, run_dict, table_run_columns
 from gpipe_sim.results.run_cost import run_columns
 from gpipe_sim.planner.tp_choice import searched_tp, tp_text
@@ -58,11 +58,43 @@ def table_columns(search: PlanSearch) -> tuple[str, ...]:
     return COLUMNS + table_run_columns(search.base)
 
 
-def table_rows(search: PlanSearch, top: int) -> list[list[str]]:
-    """The ranked table's first `top` rows as text, under `table_columns`."""
+def table_rows(search: PlanSearch, top: int, entries: Sequence[PlanEntry] | None = None) -> list[list[str]]:
+    """The ranked table's first `top` rows as text, under `table_columns`: of `entries`, by
+    default `search.order`."""
     figures = search_figures(search)
     return [entry_row(i + 1, e, figures) + run_cells(search.base, e, figures)
-            for i, e in enumerate(search.order[:top])]
+            for i, e in enumerate((search.order if entries is None else entries)[:top])]
+
+
+def family_heads(search: PlanSearch) -> list[PlanEntry]:
+    """The pick, then the fastest of each other schedule family (`search.family_best`)."""
+    if not search.order:
+        return []
+    pick = search.order[0]
+    return [pick, *(e for e in search.family_best if family(e.candidate) != family(pick.candidate))]
+
+
+def family_first(search: PlanSearch) -> list[PlanEntry]:
+    """The configurations with the schedules compared first: `family_heads`, then the rest of
+    `search.order` (the near-copies: other M, remat, partition... of the families shown)."""
+    heads = family_heads(search)
+    shown = {id(e) for e in heads}
+    return heads + [e for e in search.order if id(e) not in shown]
+
+
+def family_text(search: PlanSearch, count: int) -> str:
+    """What the first `count` rows of `family_first` are: the pick, and why, then each other
+    family's fastest."""
+    o = search.options
+    pick = (f"row 1 is the pick: of the {search.tied} configurations within {o.tie:.0%} of the fastest step "
+            "(the model's error, docs/measurements/accuracy.md: a tie) the simplest, then the roomiest"
+            if search.tied > 1 else f"row 1 is the fastest; nothing else is within {o.tie:.0%} of its step")
+    if count <= 1:
+        return pick
+    unproven = sorted(search.family_unproven & {family(e.candidate) for e in family_first(search)[1:count]})
+    return (pick + f"; rows 2-{count}: the fastest configuration of each other schedule family"
+            + (f" (for {', '.join(unproven)}: the fastest found, not proven)" if unproven else "")
+            + "; then the rest by the ranking")
 
 
 def _peak_text(e: PlanEntry) -> str:

@@ -66,6 +66,10 @@ class PlanSearch:
     order: list[PlanEntry] = field(default_factory=list)
     tied: int = 0  # how many of `order` (its first) are within the tie of the fastest
     limit_bytes: float = math.inf  # the peak a configuration may reach: capacity less the headroom
+    # each schedule family's fastest fitting configuration (`family`: the schedule, or "data
+    # parallel" at K=1), found exactly (`_family_bests`), fastest family first
+    family_best: list[PlanEntry] = field(default_factory=list)
+    family_unproven: set[str] = field(default_factory=set)  # families whose best is the best found only
     candidates: list[Candidate] = field(default_factory=list)
     pruned: dict[int, tuple[str, float, float]] = field(default_factory=dict)
     rejected: list[tuple[Any, ...]] = field(default_factory=list)
@@ -305,7 +309,10 @@ def search_configurations(base: Scenario, options: PlanOptions, *,
     _run_queue(base, costs, ranking, candidates, queue, refine, outcomes, progress)
     if options.tie > 0 and math.isfinite(ranking.fastest):
         _resolve_ties(base, costs, ranking, candidates, refine, outcomes, options)
+    unproven: set[str] = set()
+    bests = _family_bests(base, costs, ranking, candidates, refine, outcomes, unproven)
     search = _finish(base, options, candidates, costs, ranking.entries, outcomes, t0)
+    search.family_best, search.family_unproven = bests, unproven
     search.pruned, search.rejected = ranking.pruned, rejected
     return search
 
@@ -400,6 +407,59 @@ def _ordered(ranked: list[PlanEntry], distinct: list[PlanEntry], tie: float, bat
             first.alike += 1
     tied = list(kept.values())
     return tied + [e for e in distinct if not e.tied], len(tied)
+
+
+def family(cand: Candidate) -> str:
+    """A configuration's schedule family as reports name it: its schedule, "data parallel" at K=1."""
+    return DATA_PARALLEL if cand.data_parallel_only else cand.schedule
+
+
+MAX_FAMILY_DECISIONS = 32  # per family, after the main search (a bound on the extra work)
+
+
+def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate],
+                  refine: _Refiner, outcomes: Counter[str], unproven: set[str]) -> list[PlanEntry]:
+    """Each family's fastest fitting configuration, fastest family first. The main search proves
+    only the top N; a family whose configurations all rank below them has candidates pruned by a
+    bound above the N-th step, which may still beat the family's best found: those are decided
+    in the order of their bounds, against that family's best (`ranking.fixed`), until the next
+    bound is above it (at most MAX_FAMILY_DECISIONS a family: where reached, it goes in `unproven`)."""
+    best: dict[str, PlanEntry] = {}
+
+    def keep(entries: Sequence[PlanEntry]) -> None:
+        for e in entries:
+            f = family(e.candidate)
+            if e.fits and (f not in best or (e.step_time_s, e.index) < (best[f].step_time_s, best[f].index)):
+                best[f] = e
+
+    keep(ranking.entries)
+    pending: dict[str, list[tuple[float, int]]] = {}
+    for i, (what, bound, _) in ranking.pruned.items():
+        if what == "bound":
+            pending.setdefault(family(candidates[i]), []).append((bound, i))
+    for name, items in pending.items():
+        for n, (bound, i) in enumerate(sorted(items)):
+            limit = best[name].step_time_s if name in best else math.inf
+            if bound > limit:
+                break
+            if n == MAX_FAMILY_DECISIONS:
+                unproven.add(name)
+                break
+            del ranking.pruned[i]
+            outcomes["bound"] -= 1
+            ranking.fixed = limit
+            mem, step, counts = refine(candidates[i])
+            if mem > costs.capacity or step > limit:
+                what = "memory" if mem > costs.capacity else "bound"
+                ranking.pruned[i] = (what, mem if what == "memory" else step,
+                                     costs.capacity if what == "memory" else limit)
+                outcomes[what] += 1
+                continue
+            done = len(ranking.entries)
+            outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
+            keep(ranking.entries[done:])
+    ranking.fixed = None
+    return sorted(best.values(), key=lambda e: (e.step_time_s, e.index))
 
 
 def _finish(base: Scenario, options: PlanOptions, candidates: list[Candidate], costs: CostTable,
