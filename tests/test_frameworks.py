@@ -306,3 +306,16 @@ def test_megatrons_split_without_a_layout(flags, sizes):
 def test_recompute_activations_is_selective():
     read = read_megatron("--recompute-activations", _base("gpt-8x256"))
     assert read.scenario.pipeline.remat == "selective"
+
+
+@pytest.mark.parametrize("framework, write, read", [("megatron", write_megatron, read_megatron),
+                                                    ("torchtitan", write_torchtitan, read_torchtitan)])
+def test_the_pick_read_back_simulates_to_the_planners_step_time(framework, write, read):
+    from gpipe_sim.api import simulate
+
+    base = _base("llama-12x512")
+    options = PlanOptions(devices=8, schedules=("1f1b",), zero=(0,), remat=("none", "full"), partitions=("time",),
+                          tensor_parallel=(1, 2), stages=(2, 4), even_micro_batches=True, sequence_parallel=True, top=1)
+    search = search_configurations(base, options)
+    back = read(write(search.base.with_updates(search.pick.overrides)).text, base).scenario
+    assert simulate(back, "fast").step_time_s == pytest.approx(search.pick.step_time_s, rel=1e-12)
