@@ -139,7 +139,8 @@ def compare_waits(against: Path, waits: Sequence[Wait], repeat: int = 3) -> str:
         lines.append(f"  {wait.label}")
         if (wait.label, "this") in failed or (wait.label, "against") in failed:
             for name in ("against", "this"):
-                lines.append(f"    {name}: " + failed.get((wait.label, name), f"wall {spread(walls[(wait.label, name)])}"))
+                lines.append(f"    {name}: " + failed.get((wait.label, name), f"wall {spread(walls[(wait.label, name)])}"
+                                                                            f"  CPU {spread(cpus[(wait.label, name)])}"))
             continue
         for figure, table in (("wall", walls), ("CPU ", cpus)):
             old, new = table[(wait.label, "against")], table[(wait.label, "this")]
