@@ -1,4 +1,5 @@
-"""End to end: `streamlit run` on localhost driven in headless Chromium; change K, check the bubble."""
+"""End to end: `streamlit run` on localhost driven in headless Chromium; change K, check the bubble;
+every page; the Plan page's search run on request."""
 
 from __future__ import annotations
 
@@ -182,6 +183,15 @@ def test_change_k_in_the_browser_updates_the_bubble(app_url, tmp_path):
             expect(page.get_by_text("16 scenarios, 1 failed")).to_be_visible()
             expect(page.locator(".js-plotly-plot")).to_have_count(1)
             _screenshot(page, "sweep.png")
+
+            # the Plan page searches only when asked, in the background, then shows the answer
+            page.get_by_role("link", name="Plan").click()
+            search = page.get_by_role("button", name="Search")
+            expect(search).to_be_visible()
+            expect(page.get_by_text("Ranked configurations")).to_have_count(0)
+            search.click()
+            expect(page.get_by_text("Ranked configurations")).to_be_visible(timeout=120_000)
+            expect(page.locator(".js-plotly-plot").first).to_be_visible()
         finally:
             browser.close()
     print("\nafter Enter (s): bubble metric shown / run finished in the browser / server script: "
