@@ -17,6 +17,8 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.planner.report import family_heads, schedules_text
+from gpipe_sim.spec.units import format_seconds
 from gpipe_sim.planner.search import (
     DATA_PARALLEL_SCHEDULE, Candidate, CostTable, PlanEntry, PlanOptions, candidate_space, enumerate_candidates,
     family, held_memory_bound, memory_lower_bound, pareto_front, program_step_bound, reserved_base,
@@ -284,3 +286,18 @@ def test_k1_is_named_data_parallel_alike_for_entries_and_pruned_candidates():
     assert {k: entry.shown(k) for k in expected} == expected
     piped = cand._replace(stages=2, data_parallel=1)
     assert piped.shown_axes()["schedule"] == "gpipe" and piped.shown_axes()["v"] == 1
+
+
+def test_plan_prints_each_schedule_familys_fastest(scenario_file, capsys):
+    """After the table, one line compares each other schedule family's fastest with the pick."""
+    assert main(["plan", str(scenario_file), "--devices", "2", "--quiet", "--reserve", "0"]) == 0
+    assert any(x.startswith("each schedule family's fastest") for x in capsys.readouterr().out.splitlines())
+    options = PlanOptions(devices=2, reserve=0.0)
+    search = search_configurations(reserved_base(parse_scenario(UNIFORM), options), options)
+    heads = family_heads(search)
+    line = schedules_text(search)
+    assert len(heads) > 2 and f"the pick's {format_seconds(heads[0].step_time_s)} ({family(heads[0].candidate)}): " in line
+    names = [family(e.candidate) for e in heads]
+    assert len(set(names)) == len(names)
+    for e in heads[1:]:
+        assert f"{family(e.candidate)} {format_seconds(e.step_time_s)} (" in line

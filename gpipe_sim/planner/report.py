@@ -82,6 +82,21 @@ def family_first(search: PlanSearch) -> list[PlanEntry]:
     return heads + [e for e in search.order if id(e) not in shown]
 
 
+def schedules_text(search: PlanSearch) -> str:
+    """One line comparing the schedule families: the pick's, then each other family's fastest
+    step against the pick's ("fastest found" where not proven)."""
+    heads = family_heads(search)
+    pick = heads[0]
+
+    def one(e: PlanEntry) -> str:
+        name = family(e.candidate)
+        found = ", fastest found" if name in search.family_unproven else ""
+        return f"{name} {format_seconds(e.step_time_s)} ({e.step_time_s / pick.step_time_s - 1:+.1%}{found})"
+
+    return (f"each schedule family's fastest that fits, against the pick's {format_seconds(pick.step_time_s)} "
+            f"({family(pick.candidate)}): " + ", ".join(one(e) for e in heads[1:]))
+
+
 def family_text(search: PlanSearch, count: int) -> str:
     """What the first `count` rows of `family_first` are: the pick, and why, then each other
     family's fastest."""
@@ -188,6 +203,8 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
         why_t = tp_text(search, config_text)
         if why_t:
             lines.append(why_t)
+        if len(family_heads(search)) > 1:
+            lines.append(schedules_text(search))
         if any(not e.even for e in search.order[:top]):
             lines.append(f"{UNEVEN}: M does not divide the per-replica batch: micro-batches differ by one sample "
                          "(--even-m: only M that divide it)")
