@@ -29,6 +29,7 @@ from gpipe_app.ui_run import round_floats
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages (the form's)
 KEPT_TABLE = "kept.layer_table"  # (file name, table model) the form's `table` preset uses
 BASE = "scenario.base"  # the data the form starts from: a loaded scenario (else the default)
+SET_ASIDE = "scenario.set_aside"  # this run's note on carried fields left out (links, placement for other K, D)
 CHECK = "scenario.check"  # (file name, its scenario data): the next form run names what it leaves out
 NOTICE = "scenario.notice"  # (kind: "error" | "warning" | "success", one line) about the last file
 APPLIED = "scenario.upload_id"  # the upload already applied (the uploader keeps its file on reruns)
@@ -96,8 +97,11 @@ def carry_unheld(data: dict[str, Any]) -> dict[str, Any]:
     carried through unchanged (host costs, per-pair links, placement, the network's latency, ports
     and NICs, the goodput model, kernel tables...), so that the app runs what the file says. Only
     into a model or hardware section of the file's preset (another preset is another device); a
-    field the form gives, None included (a widget left empty), is the form's."""
+    field the form gives, None included (a widget left empty), is the form's. The file's per-pair
+    links and placement are left out, and named (`set_aside`), while the form's K or D differ
+    from theirs (they come back with them)."""
     opened = st.session_state.get(BASE)  # set by opening a file only
+    st.session_state.pop(SET_ASIDE, None)
     if not opened:
         return data
     out = copy.deepcopy(data)
@@ -108,6 +112,27 @@ def carry_unheld(data: dict[str, Any]) -> dict[str, Any]:
         if section in ("model", "hardware") and mine.get("preset") != given.get("preset"):
             continue
         _fill(mine, given)
+    aside = set_aside(out)
+    if aside:
+        st.session_state[SET_ASIDE] = ("Not used while K or D differ from the file's: " + "; ".join(aside)
+                                       + " (they come back with the file's K and D).")
+    return out
+
+
+def set_aside(data: dict[str, Any]) -> list[str]:
+    """Remove from scenario `data` the per-pair links and the placement that do not fit its K and
+    D (carried from a file for other ones); what was removed, one phrase each."""
+    hardware, pipeline = data.get("hardware") or {}, data.get("pipeline") or {}
+    stages, replicas = int(pipeline.get("stages", 1)), int(pipeline.get("data_parallel", 1))
+    out = []
+    links = hardware.get("links")
+    if links is not None and len(links) != stages - 1:
+        del hardware["links"]
+        out.append(f"hardware.links ({len(links)} per-pair links, for {len(links) + 1} stages)")
+    placement = hardware.get("placement")
+    if placement is not None and (len(placement) != replicas or any(len(row) != stages for row in placement)):
+        del hardware["placement"]
+        out.append(f"hardware.placement ({len(placement)} replicas of {len(placement[0]) if placement else 0} ranks)")
     return out
 
 
@@ -231,6 +256,9 @@ def finish_boxes(notice_box: Any, box: Any, data: dict[str, Any] | None) -> None
     """After the form: the notice about the last file opened (in `notice_box`, atop the form) and
     the download of the form's scenario (in `box`, under the uploader)."""
     check_form(data)
+    aside = st.session_state.get(SET_ASIDE)
+    if aside:
+        notice_box.warning(aside, icon=":material/warning:")
     notice = st.session_state.get(NOTICE)
     if notice is not None:
         kind, text = notice

@@ -186,3 +186,25 @@ def test_differing_fields():
     assert differing_fields({"a": {"b": 1.0, "c": [1, 2]}}, {"a": {"b": 1.000001, "c": [1, 2]}}) == []
     assert differing_fields({"a": {"b": 1.0}}, {"a": {"b": 2.0, "d": "x"}}) == ["a.b", "a.d"]
     assert differing_fields({"p": [1, 2]}, {"p": [1, 3]}) == ["p"]
+
+
+def test_carried_links_are_set_aside_while_k_differs_and_come_back(tmp_path, monkeypatch):
+    """A file's per-pair links (no widget) are for its K: with another K they are left out and
+    named, and with the file's K again the app runs the file's scenario."""
+    data = {**SCENARIO, "pipeline": {**SCENARIO["pipeline"], "stages": 3, "batch_size": 48},
+            "hardware": {"preset": "a100-80gb", "links": [{"bandwidth": "10 GB/s"}, {"bandwidth": "20 GB/s"}]}}
+    path = tmp_path / "links.yaml"
+    path.write_text(yaml.safe_dump(data))
+    from gpipe_app.ui_run import duration_text
+
+    want = duration_text(simulate(parse_scenario(data)).step_time_s)
+    monkeypatch.setattr(sys, "argv", [str(APP), str(path)])
+    at = app_test().run()
+    assert not at.error and not at.warning and metric(at, "Step time") == want
+    at.sidebar.number_input(key="cfg.pipeline.stages").set_value(2).run()
+    assert not at.error, [e.value for e in at.error]
+    assert [w.value for w in at.warning] == [
+        "Not used while K or D differ from the file's: hardware.links (2 per-pair links, for 3 stages) "
+        "(they come back with the file's K and D)."]
+    at.sidebar.number_input(key="cfg.pipeline.stages").set_value(3).run()
+    assert not at.warning and metric(at, "Step time") == want
