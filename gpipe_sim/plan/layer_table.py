@@ -14,8 +14,30 @@ def scenario_layers(scenario: Scenario) -> list[LayerSpec]:
     return layer_table(scenario, scenario.pipeline.tensor_parallel, scenario.pipeline.remat)
 
 
+_BUILT: dict[tuple, tuple[LayerSpec, ...]] = {}  # the last tables built, by what they depend on
+_BUILT_SIZE = 32
+
+
 def layer_table(scenario: Scenario, tensor_parallel: int, remat: str) -> list[LayerSpec]:
-    """`scenario_layers` at another T and remat mode (the planner's candidates)."""
+    """`scenario_layers` at another T and remat mode (the planner's candidates). Kept for the next
+    call with the same model, dtype, dropout masks, T, sequence parallelism and remat mode (the
+    planner asks for each many times; layers are immutable); a new list each call."""
+    dtype_bytes = scenario.training.dtype_bytes
+    key = (scenario.model, dtype_bytes, scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes),
+           tensor_parallel, scenario.pipeline.sequence_parallel, remat)
+    try:
+        kept = _BUILT.get(key)
+    except TypeError:  # a model with an unhashable field: built each time
+        return _layer_table(scenario, tensor_parallel, remat)
+    if kept is None:
+        kept = tuple(_layer_table(scenario, tensor_parallel, remat))
+        if len(_BUILT) >= _BUILT_SIZE:
+            _BUILT.pop(next(iter(_BUILT)))
+        _BUILT[key] = kept
+    return list(kept)
+
+
+def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str) -> list[LayerSpec]:
     p, dtype_bytes = scenario.pipeline, scenario.training.dtype_bytes
     mask = scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes)
     model = scenario.model

@@ -18,7 +18,7 @@ from gpipe_sim.errors import ScheduleError
 from gpipe_sim.schedule.actions import PASS_KINDS, Kind, Pass, Tensor
 from gpipe_sim.schedule.check import validate_schedule
 from gpipe_sim.schedule.program import ProgramColumns, RematMode, Schedule
-from gpipe_sim.schedule.registry import schedule_family
+from gpipe_sim.schedule.registry import SCHEDULES, schedule_family
 
 
 
@@ -32,10 +32,32 @@ def saves_activations(remat: RematMode, micro_batch: int, micro_batches: int) ->
     return False
 
 
+_BUILT: dict[tuple, tuple[object, Schedule]] = {}  # the last schedules built: arguments -> (family, schedule)
+_BUILT_SIZE = 64
+
+
 def build_schedule(ranks: int, micro_batches: int, schedule: str = "gpipe", remat: RematMode = "none",
                    chunks: int = 1) -> Schedule:
     """The programs of the registered schedule `schedule` for K=`ranks`, M=`micro_batches` and
-    v=`chunks` chunks per rank; ScheduleError (one line naming the field) if it cannot run them."""
+    v=`chunks` chunks per rank; ScheduleError (one line naming the field) if it cannot run them.
+    Kept for the next call with the same family and arguments (the planner asks for each many
+    times): its columns are read-only."""
+    family = SCHEDULES.get(schedule)
+    key = (schedule, ranks, micro_batches, remat, chunks)
+    kept = _BUILT.get(key)
+    if kept is not None and kept[0] is family:  # the same registered generator
+        return kept[1]
+    built = _build(ranks, micro_batches, schedule, remat, chunks)
+    for column in vars(built.columns).values():
+        if isinstance(column, np.ndarray):
+            column.flags.writeable = False
+    if len(_BUILT) >= _BUILT_SIZE:
+        _BUILT.pop(next(iter(_BUILT)))
+    _BUILT[key] = (family, built)
+    return built
+
+
+def _build(ranks: int, micro_batches: int, schedule: str, remat: RematMode, chunks: int) -> Schedule:
     if ranks < 1 or micro_batches < 1 or chunks < 1:
         raise ScheduleError(
             f"pipeline: stages, micro_batches and chunks must be >= 1, got {ranks}, {micro_batches}, {chunks}"
