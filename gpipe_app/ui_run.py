@@ -232,7 +232,7 @@ def show_metrics(scenario: Scenario, result: Result, box: Any = st, reference: R
                      delta_color="inverse", help="The longest time a rank waits for its chunks' gradient "
                      "all-reduces before the update (what the backward passes did not hide).")
     low[3].metric(ANALYTIC_LABEL, bubble_text(r.analytic_bubble_fraction),
-                  help=f"The {p.schedule} schedule's own bubble overhead for K={p.stages} ranks, "
+                  help=f"The {p.schedule_name} schedule's own bubble overhead for K={p.stages} ranks, "
                        f"v={p.chunks} chunks per rank and M={p.micro_batches} micro-batches "
                        "(fill-drain schedules: (K-1)/(v*M+K-1), GPipe's (K-1)/(M+K-1) at v = 1).")
     show_model_metrics(result, box, reference)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from gpipe_sim import parse_scenario, simulate
+from gpipe_sim import load_scenario, parse_scenario, simulate
 from test_app_support import APP, ROOT, app_test, metric
 
 pytest.importorskip("streamlit")
@@ -208,3 +208,24 @@ def test_carried_links_are_set_aside_while_k_differs_and_come_back(tmp_path, mon
         "(they come back with the file's K and D)."]
     at.sidebar.number_input(key="cfg.pipeline.stages").set_value(3).run()
     assert not at.warning and metric(at, "Step time") == want
+
+
+def test_a_csv_schedule_file_runs_in_explore_and_compare(tmp_path, monkeypatch):
+    """A schedule read from torch's CSV format is the schedule box's `csv: PATH` choice: Explore
+    and Compare run it, with the same step as the CLI."""
+    from gpipe_app.ui_run import duration_text
+
+    (tmp_path / "k2.csv").write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+    data = {"model": {"preset": "uniform", "layers": 4}, "hardware": {"preset": "ideal"},
+            "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 4, "remat": "none",
+                         "schedule": {"csv": str(tmp_path / "k2.csv")}}}
+    path = tmp_path / "csv.yaml"
+    path.write_text(yaml.safe_dump(data))
+    want = duration_text(simulate(load_scenario(path)).step_time_s)
+    monkeypatch.setattr(sys, "argv", [str(APP), str(path)])
+    at = app_test().run()
+    assert not at.exception and not at.error and not at.warning, [e.value for e in at.error]
+    assert _form(at, "pipeline.schedule") == f"csv: {tmp_path / 'k2.csv'}"
+    assert metric(at, "Step time") == want
+    at.switch_page("views/compare.py").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]

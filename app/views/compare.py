@@ -285,7 +285,7 @@ for row in range(0, len(runs), 2):
     for col, (name, scenario, result) in zip(cols, runs[row:row + 2]):
         p = scenario.pipeline
         fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS, x_range_s=span, stages=p.stages,
-                                          title=f"{name}: {p.schedule}, K={p.stages}, v={p.chunks}, "
+                                          title=f"{name}: {p.schedule_name}, K={p.stages}, v={p.chunks}, "
                                                 f"M={p.micro_batches}, remat {p.remat}")
         col.plotly_chart(fig, key=f"cmp.gantt.{name}")
         if bars.note:

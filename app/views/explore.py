@@ -17,27 +17,11 @@ from gpipe_app.ui_run import (
 BUBBLE_K = (2, 4, 8, 16)
 
 
-def show_results(scenario: Scenario, result: Result) -> None:
-    """Everything the page shows for one result (live, or the last good one, greyed)."""
+def _bubble_vs_m(scenario: Scenario, result: Result) -> None:
+    """The bubble against M for K = 2, 4, 8, 16 (analytic) with the current K simulated at powers
+    of two of M where the schedule takes that M (its own check), the current point marked."""
     p = scenario.pipeline
-    K, v, M = p.stages, p.chunks, p.micro_batches
-    st.caption(f"{scenario.model.preset} model on {scenario.hardware.preset or 'custom'} hardware: "
-               f"K={K} ranks with v={v} chunk{'s' if v > 1 else ''} each, M={M} micro-batches of a mini-batch "
-               f"of {p.batch_size}, {p.schedule} schedule, re-materialization {p.remat}, {p.partition} partition.")
-    show_metrics(scenario, result)
-
-    replicas = f"D={p.data_parallel}, " if p.data_parallel > 1 else ""
-    fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS, stages=K,
-                                      title=f"Schedule timeline ({p.schedule}, {replicas}K={K}, v={v}, M={M})")
-    st.plotly_chart(fig, key="explore.gantt")
-    if bars.note:
-        st.caption(bars.note + " Download the Chrome trace below for every action.")
-
-    left, right = st.columns(2)
-    left.plotly_chart(plots.stage_memory_figure(result), key="explore.stage_memory")
-    right.plotly_chart(plots.memory_timeline_figure(result), key="explore.memory_time")
-
-    # The simulated bubble at powers of two of M, where the schedule takes that M (its own check).
+    K, M, v = p.stages, p.micro_batches, p.chunks
     family = SCHEDULES[p.schedule]
     simulated: dict[int, float] = {}
     m = 1
@@ -52,6 +36,32 @@ def show_results(scenario: Scenario, result: Result) -> None:
                                              simulated=simulated, schedule=p.schedule, chunks=v,
                                              current_analytic=result.analytic_bubble_fraction),
                     key="explore.bubble_vs_m")
+
+
+def show_results(scenario: Scenario, result: Result) -> None:
+    """Everything the page shows for one result (live, or the last good one, greyed)."""
+    p = scenario.pipeline
+    K, v, M = p.stages, p.chunks, p.micro_batches
+    st.caption(f"{scenario.model.preset} model on {scenario.hardware.preset or 'custom'} hardware: "
+               f"K={K} ranks with v={v} chunk{'s' if v > 1 else ''} each, M={M} micro-batches of a mini-batch "
+               f"of {p.batch_size}, {p.schedule_name} schedule, re-materialization {p.remat}, {p.partition} partition.")
+    show_metrics(scenario, result)
+
+    replicas = f"D={p.data_parallel}, " if p.data_parallel > 1 else ""
+    fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS, stages=K,
+                                      title=f"Schedule timeline ({p.schedule_name}, {replicas}K={K}, v={v}, M={M})")
+    st.plotly_chart(fig, key="explore.gantt")
+    if bars.note:
+        st.caption(bars.note + " Download the Chrome trace below for every action.")
+
+    left, right = st.columns(2)
+    left.plotly_chart(plots.stage_memory_figure(result), key="explore.stage_memory")
+    right.plotly_chart(plots.memory_timeline_figure(result), key="explore.memory_time")
+
+    if p.schedule_csv is not None:  # a schedule read from a CSV file is for its own K and M only
+        st.caption(f"Bubble against M: not drawn for a schedule read from {p.schedule_csv} (its K and M only).")
+    else:
+        _bubble_vs_m(scenario, result)
 
     st.subheader("Ranks")
     st.dataframe(stage_table(result), hide_index=True)
