@@ -49,3 +49,13 @@ def test_the_app_opens_an_empty_file_as_its_default_form():
     from gpipe_app.ui_scenario import read_scenario_upload
 
     assert read_scenario_upload("empty.yaml", b"") == default_scenario_data() == load_command_scenario(None).to_dict()
+
+
+def test_a_sweeps_inline_base_takes_the_default_sections_too():
+    from gpipe_sim.sweeps.spec import parse_sweep, resolve_base
+
+    spec = parse_sweep({"base": {"pipeline": {"stages": 2}}, "axes": {"pipeline.micro_batches": [1, 2]}})
+    got = resolve_base(spec)
+    default = load_command_scenario(None).to_dict()
+    assert {s: got[s] for s in ("model", "hardware", "training")} == {
+        s: default[s] for s in ("model", "hardware", "training")}

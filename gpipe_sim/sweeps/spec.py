@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.files import read_data_file
-from gpipe_sim.spec.scenario import parse_scenario_with_overrides, read_scenario_data, resolve_relative_paths
+from gpipe_sim.spec.scenario import (
+    parse_scenario_with_overrides, read_scenario_data, resolve_relative_paths, with_default_sections,
+)
 from gpipe_sim.spec.validation import describe_error
 
 SCENARIO_SECTIONS = ("model", "hardware", "pipeline", "training")
@@ -144,7 +146,7 @@ def resolve_base(spec: SweepSpec, base_dir: Path = Path("."),
             return validated(read_scenario_data(base_path))
         except ScenarioError as exc:
             raise SweepError(str(exc) if _from_overrides(exc) else f"base: {exc}") from None
-    data = _copy_plain(spec.base)
+    data = with_default_sections(_copy_plain(spec.base))  # as a scenario file: sections left out are the default's
     resolve_relative_paths(data, base_dir)
     try:
         return validated(data)
