@@ -6,7 +6,6 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from gpipe_sim.engines.simpy_engine import run_simpy
 from gpipe_sim.engines.fast import contention_free, evaluate_fast
 from gpipe_sim.plan.memory import memory_profile
 from gpipe_sim.plan.compile import Plan, compile_plan
@@ -31,6 +30,14 @@ def run_engine(plan: Plan, engine: Engine = "auto") -> tuple[np.ndarray, np.ndar
     if engine == "auto" and contention_free(plan):
         return evaluate_fast(plan)
     return run_simpy(plan)
+
+
+def run_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """The SimPy engine (`gpipe_sim.engines.simpy_engine.run_simpy`), SimPy loaded only where a
+    plan needs it (a simulate the fast evaluator answers never imports it)."""
+    from gpipe_sim.engines import simpy_engine
+
+    return simpy_engine.run_simpy(plan)
 
 
 def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None) -> ModelFigures:

@@ -214,12 +214,15 @@ class _Run:
     def _transfer(self, link: int, i: int, message: int, ser: float, lat: float) -> _Proc:
         resource = self.link_res[link]
         assert resource is not None
-        yield from self._until_free(link)
+        owned = self.owned[link]
+        if owned:
+            yield from self._until_free(link)
         with resource.request() as request:
             yield request
             self.start[i] = self.env.now
             yield self.env.timeout(ser)
-        self._released(link)
+        if owned:
+            self._released(link)
         if lat:
             yield self.env.timeout(lat)
         self.end[i] = self.env.now
