@@ -310,7 +310,7 @@ def search_configurations(base: Scenario, options: PlanOptions, *,
     if options.tie > 0 and math.isfinite(ranking.fastest):
         _resolve_ties(base, costs, ranking, candidates, refine, outcomes, options)
     unproven: set[str] = set()
-    bests = _family_bests(base, costs, ranking, candidates, refine, outcomes, unproven)
+    bests = _family_bests(base, costs, ranking, candidates, refine, outcomes, unproven, progress)
     search = _finish(base, options, candidates, costs, ranking.entries, outcomes, t0)
     search.family_best, search.family_unproven = bests, unproven
     search.pruned, search.rejected = ranking.pruned, rejected
@@ -418,12 +418,14 @@ MAX_FAMILY_DECISIONS = 32  # per family, after the main search (a bound on the e
 
 
 def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate],
-                  refine: _Refiner, outcomes: Counter[str], unproven: set[str]) -> list[PlanEntry]:
+                  refine: _Refiner, outcomes: Counter[str], unproven: set[str],
+                  progress: Callable[[int, int], None] | None = None) -> list[PlanEntry]:
     """Each family's fastest fitting configuration, fastest family first. The main search proves
     only the top N; a family whose configurations all rank below them has candidates pruned by a
     bound above the N-th step, which may still beat the family's best found: those are decided
     in the order of their bounds, against that family's best (`ranking.fixed`), until the next
-    bound is above it (at most MAX_FAMILY_DECISIONS a family: where reached, it goes in `unproven`)."""
+    bound is above it (at most MAX_FAMILY_DECISIONS a family: where reached, it goes in `unproven`).
+    `progress(total, total)` is called before each decision (where a caller may stop the search)."""
     best: dict[str, PlanEntry] = {}
 
     def keep(entries: Sequence[PlanEntry]) -> None:
@@ -445,6 +447,8 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
             if n == MAX_FAMILY_DECISIONS:
                 unproven.add(name)
                 break
+            if progress:
+                progress(len(candidates), len(candidates))
             del ranking.pruned[i]
             outcomes["bound"] -= 1
             ranking.fixed = limit
