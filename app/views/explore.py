@@ -47,7 +47,9 @@ def show_results(scenario: Scenario, result: Result) -> None:
                f"of {p.batch_size}, {p.schedule_name} schedule, re-materialization {p.remat}, {p.partition} partition.")
     show_metrics(scenario, result)
 
-    replicas = f"D={p.data_parallel}, " if p.data_parallel > 1 else ""
+    timed = int(result.timeline.rank.max()) + 1 if len(result.timeline) else 0  # replica 0 alone where alike
+    once = " (alike: replica 0 shown, each replica runs its times)" if timed <= K else ""
+    replicas = f"D={p.data_parallel}{once}, " if p.data_parallel > 1 else ""
     fig, bars = plots.timeline_figure(result.timeline, max_bars=MAX_GANTT_BARS, stages=K,
                                       title=f"Schedule timeline ({p.schedule_name}, {replicas}K={K}, v={v}, M={M})")
     st.plotly_chart(fig, key="explore.gantt")
