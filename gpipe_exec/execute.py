@@ -27,9 +27,12 @@ def check_model(scenario: Scenario) -> None:
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
     chunk on one device per rank; a per-layer remat it runs (`check_recompute`); gradients reduced
-    after the backward, not overlapping it."""
+    after the backward, not overlapping it; no context parallelism."""
     check_buildable(scenario.model)
     check_recompute(scenario)
+    if scenario.pipeline.context_parallel > 1:
+        raise ScenarioError(f"pipeline.context_parallel: gpipe-exec runs every sample's whole sequence on one "
+                            f"device (context_parallel 1); gpipe-sim predicts {scenario.pipeline.context_parallel}")
     if scenario.training.overlap_grad_reduce and scenario.pipeline.data_parallel > 1:
         raise ScenarioError("training.overlap_grad_reduce: gpipe-exec reduces each chunk's gradients after its "
                             "last backward pass (gpipe-sim predicts the overlap); set it false to run")

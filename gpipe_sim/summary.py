@@ -7,6 +7,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
+from gpipe_sim.spec.mesh import devices_per_rank, gradient_group
 from gpipe_sim.spec.hardware import Hardware
 from gpipe_sim.spec.layers import build_layers, describe_layer_count, total_params
 from gpipe_sim.spec.presets import hardware_presets
@@ -45,9 +46,14 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     head.add_row("pipeline", f"K={p.stages} v={p.chunks} M={p.micro_batches} batch={p.batch_size} "
                              f"schedule={p.schedule_name} remat={p.remat} partition={p.partition}"
                              + (f" D={p.data_parallel}" if p.data_parallel > 1 else "")
-                             + (f" T={p.tensor_parallel}" if p.tensor_parallel > 1 else ""))
+                             + (f" T={p.tensor_parallel}" if p.tensor_parallel > 1 else "")
+                             + (f" C={p.context_parallel}" if p.context_parallel > 1 else ""))
     if p.tensor_parallel > 1:
         head.add_row("tensor parallel", tensor_parallel_text(scenario, result))
+    if p.context_parallel > 1:
+        head.add_row("context parallel", f"C={p.context_parallel}: {getattr(model, 'seq_len', 0) // p.context_parallel:,} "
+                                         "tokens a device, keys and values passed around a ring beside the attention; "
+                                         f"gradients reduced over D x C = {gradient_group(p)} devices")
     head.add_row("step time", format_seconds(result.step_time_s))
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
     for name, text in quoted_figures_rows(result) + run_cost_rows(result.run):
@@ -78,7 +84,7 @@ def summary_text(scenario: Scenario, result: Result) -> str:
             continue
         over = s.peak_memory_bytes > result.memory_capacity_bytes
         table.add_row(
-            str(s.index), s.layers_text, _devices(s.device, result.tensor_parallel), format_seconds(s.busy_s),
+            str(s.index), s.layers_text, _devices(s.device, devices_per_rank(p)), format_seconds(s.busy_s),
             format_bytes(s.param_bytes), format_bytes(s.state_bytes),
             format_bytes(s.peak_activation_bytes),
             format_bytes(s.peak_memory_bytes) + (" !" if over else ""),
@@ -87,7 +93,7 @@ def summary_text(scenario: Scenario, result: Result) -> str:
 
 
 def _devices(first: int, tp: int) -> str:
-    """A rank's devices: its one, or the T consecutive ones from `first`."""
+    """A rank's devices: its one, or the T x C consecutive ones from `first` (`tp`: T x C)."""
     return str(first) if tp <= 1 else f"{first}-{first + tp - 1}"
 
 
@@ -96,16 +102,17 @@ def tensor_parallel_text(scenario: Scenario, result: Result) -> str:
     passes (a layer table profiled at T: inside its measured passes, not priced apart; a measured
     step: inside the passes the executor timed, not timed apart)."""
     p = scenario.pipeline
+    mesh = "T x C x K x D" if p.context_parallel > 1 else "T x K x D"
     if isinstance(scenario.model, TableModel) or result.source != "simulated":
         where = ("the layer table's measured passes (profiled at T={})".format(p.tensor_parallel)
                  if result.source == "simulated" else "the measured passes (not timed apart)")
         return (f"T={p.tensor_parallel}{' with sequence parallelism' if p.sequence_parallel else ''} "
-                f"({result.num_devices} devices = T x K x D); the collectives are inside {where}")
+                f"({result.num_devices} devices = {mesh}); the collectives are inside {where}")
     busiest = max(result.stages, key=lambda s: s.busy_s)
     share = busiest.tp_comm_s / busiest.busy_s if busiest.busy_s > 0 else 0.0
     kind = "reduce-scatter + all-gather" if p.sequence_parallel else "all-reduce"
     return (f"T={p.tensor_parallel}{' with sequence parallelism' if p.sequence_parallel else ''} "
-            f"({result.num_devices} devices = T x K x D); {kind} in the passes adds "
+            f"({result.num_devices} devices = {mesh}); {kind} in the passes adds "
             f"{format_seconds(busiest.tp_comm_s)} to rank {busiest.index}'s {format_seconds(busiest.busy_s)} "
             f"busy ({share:.0%}; per rank: --json stages[].tp_comm_s)")
 

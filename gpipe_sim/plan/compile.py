@@ -14,6 +14,9 @@ from gpipe_sim.plan.links import transfer_link_keys
 from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
 from gpipe_sim.plan.buckets import overlap_profiles
 from gpipe_sim.plan.replicas import data_parallel_groups
+from gpipe_sim.spec.mesh import gradient_group, total_devices
+from gpipe_sim.plan.context_parallel import combined, ring_work
+from gpipe_sim.spec.context_parallel import local_model
 from gpipe_sim.plan.tensor_parallel import collective_work
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
@@ -151,8 +154,8 @@ class Plan:
     num_devices: int = field(init=False)
 
     def __post_init__(self) -> None:
-        # every device of the step: T consecutive devices from each distinct rank device
-        object.__setattr__(self, "num_devices", len(set(self.device_map)) * self.scenario.pipeline.tensor_parallel)
+        # every device of the step: T x C consecutive devices from each distinct rank device
+        object.__setattr__(self, "num_devices", total_devices(len(set(self.device_map)), self.scenario.pipeline))
 
     @property
     def replicas(self) -> int:
@@ -223,7 +226,8 @@ class Plan:
     def global_program(self) -> GlobalProgram:
         """The global program every engine and every executor rank runs (built once)."""
         return global_program(self.schedule, self.replicas, self.program_replicas,
-                              self.scenario.training.overlap_grad_reduce)
+                              self.scenario.training.overlap_grad_reduce,
+                              reduced=gradient_group(self.scenario.pipeline) > 1)
 
     @cached_property
     def program(self) -> Program:
@@ -266,7 +270,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     bpp = training.bytes_per_param
     state_per_param = local_state_bytes_per_param(scenario)
     schedule = scenario_schedule(scenario)
-    model_input = input_bytes_per_sample(scenario.model, dtype_bytes)
+    model_input = input_bytes_per_sample(local_model(scenario.model, p.context_parallel), dtype_bytes)
     memory = None
     if p.partition in ("memory", "fit"):  # what each rank holds under this schedule, and what a device has
         memory = partition_memory_table(scenario, layers, schedule, sizes)
@@ -404,7 +408,7 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
         static_bytes=[float(layer.params * (dtype_bytes + state_per_param)) for layer in layers],
         activation_bytes=[float(layer.activation_bytes_per_sample
                                 + (layer.kept_for_weight_bytes_per_sample if split else 0.0)) for layer in layers],
-        input_bytes=[float(input_bytes_per_sample(scenario.model, dtype_bytes))]
+        input_bytes=[float(input_bytes_per_sample(local_model(scenario.model, scenario.pipeline.context_parallel), dtype_bytes))]
         + [float(layer.output_bytes_per_sample) for layer in layers[:-1]],
         held=held_activations(schedule, sizes),
         device_map=scenario.device_map,
@@ -464,11 +468,13 @@ def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, devic
                  sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
     """A chunk's [size, (forward, backward, backward input, backward weight)] seconds for each of
     `sizes` samples, its layers' tensor-parallel collectives (on the TP link of its rank's
-    `device`) inside its passes, and the [size, (forward, backward)] seconds those collectives add
-    to the passes (None at T = 1). A pass takes at least what issuing its layers' kernels takes
+    `device`) and context-parallel rings (gpipe_sim.plan.context_parallel) inside its passes, and
+    the [size, (forward, backward)] seconds the tensor-parallel collectives add to the passes (None
+    at T = 1). A pass takes at least what issuing its layers' kernels takes
     the host (profiles that measured it)."""
     accel, dtype, dtype_bytes = scenario.hardware.accelerator, scenario.training.dtype, scenario.training.dtype_bytes
-    mine = collective_work(scenario, device, sizes, slice(first, first + len(own)))
+    ring = ring_work(scenario, device, sizes, slice(first, first + len(own)))
+    mine = combined(collective_work(scenario, device, sizes, slice(first, first + len(own))), ring)
     host = np.array([[math.fsum(h[i] for h in hosts) for i in range(2)]
                      for hosts in ([measured_host_seconds(layer, b) for layer in own] for b in sizes)]
                     ).reshape(len(sizes), 2)
@@ -482,9 +488,9 @@ def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, devic
         return out
 
     times = summed(mine)
-    if mine is None:
+    if mine is None or mine is ring:
         return times, None
-    return times, np.maximum(times[:, :2] - summed(None)[:, :2], 0.0)
+    return times, np.maximum(times[:, :2] - summed(ring)[:, :2], 0.0)
 
 
 def _flatten(plan: Plan) -> Program:

@@ -1,52 +1,61 @@
-"""A scenario's layer table as its devices run it: split over T devices, blocks as the remat mode keeps them."""
+"""A scenario's layer table as its devices run it: split over T devices and the sequence over C, blocks as the remat mode keeps them."""
 
 from __future__ import annotations
 
+from gpipe_sim.spec.context_parallel import local_model, ring_attention_layers
 from gpipe_sim.spec.layers import build_layers, selective_bytes_per_token
 from gpipe_sim.spec.model import LayerSpec, TransformerModel
-from gpipe_sim.spec.recompute import recompute_layers
+from gpipe_sim.spec.recompute import per_layer, recompute_layers
 from gpipe_sim.spec.scenario import Scenario
 
 
 def scenario_layers(scenario: Scenario) -> list[LayerSpec]:
-    """The scenario's layer table as its devices run it: one of T devices' share, the blocks as
+    """The scenario's layer table as its devices run it: one of T x C devices' share (the layers
+    split over T, the sequence over C: gpipe_sim.spec.context_parallel), the blocks as
     `pipeline.remat` checkpoints them (gpipe_sim.spec.recompute)."""
-    return layer_table(scenario, scenario.pipeline.tensor_parallel, scenario.pipeline.remat)
+    return layer_table(scenario, scenario.pipeline.tensor_parallel, scenario.pipeline.remat,
+                       scenario.pipeline.context_parallel)
 
 
 _BUILT: dict[tuple, tuple[LayerSpec, ...]] = {}  # the last tables built, by what they depend on
 _BUILT_SIZE = 32
 
 
-def layer_table(scenario: Scenario, tensor_parallel: int, remat: str) -> list[LayerSpec]:
-    """`scenario_layers` at another T and remat mode (the planner's candidates). Kept for the next
-    call with the same model, dtype, dropout masks, T, sequence parallelism and remat mode (the
+def layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_parallel: int = 1) -> list[LayerSpec]:
+    """`scenario_layers` at another T, remat mode and C (the planner's candidates). Kept for the next
+    call with the same model, dtype, dropout masks, T, sequence parallelism, remat mode and C (the
     planner asks for each many times; layers are immutable); a new list each call."""
     dtype_bytes = scenario.training.dtype_bytes
     key = (scenario.model, dtype_bytes, scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes),
-           tensor_parallel, scenario.pipeline.sequence_parallel, remat)
+           tensor_parallel, scenario.pipeline.sequence_parallel, remat, context_parallel)
     try:
         kept = _BUILT.get(key)
     except TypeError:  # a model with an unhashable field: built each time
-        return _layer_table(scenario, tensor_parallel, remat)
+        return _layer_table(scenario, tensor_parallel, remat, context_parallel)
     if kept is None:
-        kept = tuple(_layer_table(scenario, tensor_parallel, remat))
+        kept = tuple(_layer_table(scenario, tensor_parallel, remat, context_parallel))
         if len(_BUILT) >= _BUILT_SIZE:
             _BUILT.pop(next(iter(_BUILT)))
         _BUILT[key] = kept
     return list(kept)
 
 
-def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str) -> list[LayerSpec]:
+def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_parallel: int) -> list[LayerSpec]:
     p, dtype_bytes = scenario.pipeline, scenario.training.dtype_bytes
     mask = scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes)
-    model = scenario.model
+    model = local_model(scenario.model, context_parallel)
     layers = build_layers(model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel)
     if remat != "selective" or not isinstance(model, TransformerModel):
-        return recompute_layers(layers, model, remat, tensor_parallel)
-    dropout_mask = mask if model.dropout > 0 else 0
-    return recompute_layers(layers, model, remat, tensor_parallel, selective_bytes_per_token(
-        model, dtype_bytes, dropout_mask, tensor_parallel, p.sequence_parallel))
+        layers = recompute_layers(layers, model, remat, tensor_parallel)
+    else:
+        dropout_mask = mask if model.dropout > 0 else 0
+        layers = recompute_layers(layers, model, remat, tensor_parallel, selective_bytes_per_token(
+            model, dtype_bytes, dropout_mask, tensor_parallel, p.sequence_parallel))
+    if context_parallel == 1:
+        return layers
+    whole = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel)
+    return ring_attention_layers(layers, whole, scenario.model, context_parallel, tensor_parallel, dtype_bytes,
+                                 per_layer(remat))
 
 
 __all__ = ["layer_table", "scenario_layers"]

@@ -14,6 +14,7 @@ from gpipe_sim.plan.buckets import bucket_bytes, gathered_forward_delay, overlap
 from gpipe_sim.plan.links import ring_link_keys
 from gpipe_sim.schedule import Kind, ProgramColumns
 from gpipe_sim.spec.hardware import Link
+from gpipe_sim.spec.mesh import context_members, gradient_group
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.tensor_parallel import ALL_REDUCE, collective_seconds
 
@@ -33,7 +34,8 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     """(group of each allreduce action of the program `c`, [group, link key] rows of the links
     each group's ring uses, seconds of each group's ring all-reduce). One group per chunk (on
     pipeline rank `chunk_ranks[i]`, `chunk_params[i]` parameters): its D replicas, device
-    dmap[d*K + rank] (at T > 1, the ring of the chunk's first devices stands for its T concurrent
+    dmap[d*K + rank], each with its C context-parallel devices (`gradient_group`: D x C members;
+    at T > 1, the ring of the chunk's first devices stands for its T concurrent
     rings, one per shard: they share the nodes' NICs, `network_ring_bandwidth`). A ring holds
     none of the `foreign` links (where the program holds replica 0 alone: ReplicaSymmetry.foreign).
     `overlap` (`training.overlap_grad_reduce`), per chunk: its layers' gradient bytes and their
@@ -41,10 +43,12 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     order; a group's seconds then run from that pass's start to the end of its bucketed reduction
     (and ZeRO-1's parameter gather, or with `overlap_param_gather` what it delays the forward:
     gpipe_sim.plan.buckets)."""
-    D = scenario.pipeline.data_parallel
+    p = scenario.pipeline
+    D = p.data_parallel
     K = len(dmap) // D
+    members = gradient_group(p)  # D x C: context-parallel ranks reduce their weights' gradients too
     collective = np.full(len(c.kind), -1, dtype=np.int64)
-    if D == 1:
+    if members == 1:
         return collective, np.zeros((0, 2), dtype=np.int64), np.zeros(0)
     hardware = scenario.hardware
     n_dev = int(dmap.max()) + 1
@@ -55,13 +59,14 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     size = bucket_bytes(scenario)
     seconds, rows = [], []
     for index, (rank, params) in enumerate(zip(chunk_ranks, chunk_params)):
-        ring = [int(dmap[d * K + rank]) for d in range(D)]
+        ring = [member for d in range(D)
+                for member in context_members(int(dmap[d * K + rank]), p.tensor_parallel, p.context_parallel)]
         nodes = {device // per_node for device in ring}
         ln = hardware.link if len(nodes) == 1 else network
         # the rings of the rank's shards in one node leave it together (all T, or a node's worth
         # where the rank's T devices fill several nodes)
         bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth(min(tp, per_node))
-        reduce = partial(ring_allreduce_seconds, members=D, bandwidth=bandwidth, latency_s=ln.latency_s)
+        reduce = partial(ring_allreduce_seconds, members=members, bandwidth=bandwidth, latency_s=ln.latency_s)
         if overlap is None:
             seconds.append(reduce(params * dtype_bytes))
         elif scenario.training.zero:  # each bucket reduce-scattered, the parameters all-gathered after

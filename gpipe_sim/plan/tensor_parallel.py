@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpipe_sim.schedule import Kind
+from gpipe_sim.spec.context_parallel import local_model
 from gpipe_sim.spec.gpu_model import StreamWork
 from gpipe_sim.spec.hardware import Hardware
 from gpipe_sim.spec.model import TransformerModel
@@ -59,7 +60,8 @@ def collective_work(scenario: Scenario, device: int, sizes: Sequence[float],
     tp = p.tensor_parallel
     if tp == 1 or not isinstance(scenario.model, TransformerModel):
         return None
-    comms = recompute_collectives(transformer_collectives(scenario.model, tp, p.sequence_parallel,
+    model = local_model(scenario.model, p.context_parallel)  # the tokens of one context-parallel rank
+    comms = recompute_collectives(transformer_collectives(model, tp, p.sequence_parallel,
                                                           scenario.training.dtype_bytes), scenario.model, p.remat)
     bandwidth, latency = tp_link(scenario, device)
     return [[stream_work(c, b, tp, bandwidth, latency) for b in sizes] for c in comms[layers]]

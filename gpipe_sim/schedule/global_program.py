@@ -61,25 +61,28 @@ def per_replica_messages(num_chunks: int, micro_batches: int) -> int:
 
 
 def global_program(schedule: Schedule, replicas: int, held: int | None = None,
-                   overlap: bool = False) -> GlobalProgram:
+                   overlap: bool = False, reduced: bool | None = None) -> GlobalProgram:
     """The schedule's programs for D = `replicas` replicas, with the all-reduces and their waits
     when D > 1, and every message numbered uniquely in the step. `held`: the replicas the program
     holds, S (default all D; 1: replica 0 alone, whose all-reduces stand for D replicas');
-    `overlap`: each all-reduce starts with its chunk's last backward pass (`with_collectives`)."""
+    `overlap`: each all-reduce starts with its chunk's last backward pass (`with_collectives`).
+    `reduced`: whether the gradients are reduced at all (default D > 1; context parallelism reduces
+    them over D x C devices, so one replica does too: gpipe_sim.spec.mesh.gradient_group)."""
     D, M, C = replicas, schedule.micro_batches, schedule.num_chunks
+    reduced = D > 1 if reduced is None else reduced
     S = D if held is None else held
     if not 1 <= S <= D:
         raise ValueError(f"held: {S} replicas of {D}")
-    cols = schedule.columns if D == 1 else with_collectives(schedule.columns, overlap)
+    cols = with_collectives(schedule.columns, overlap) if reduced else schedule.columns
     cols = cols if S == 1 else replicate(cols, S)
     K = schedule.ranks
     replica = cols.rank.astype(np.int64) // K
     P = per_replica_messages(C, M)
-    keys = schedule.message_keys if D == 1 else cols.message_keys(M)
+    keys = cols.message_keys(M) if reduced else schedule.message_keys
     message = np.where(keys >= 0, keys + replica * P, -1)
     waits = np.flatnonzero((cols.kind == Kind.RECV) & (cols.tensor == Tensor.REDUCED))
     message[waits] = S * P + cols.chunk[waits].astype(np.int64) * S + replica[waits]
-    num_messages = S * P + (C * S if D > 1 else 0)
+    num_messages = S * P + (C * S if reduced else 0)
     return GlobalProgram(cols, message, num_messages, keys)
 
 

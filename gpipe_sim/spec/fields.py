@@ -129,6 +129,7 @@ StageCount = Annotated[int, _integer(low=1, high=limits.MAX_STAGES, what="stages
 ReplicaCount = Annotated[int, _integer(low=1, high=limits.MAX_STAGES, what="replicas")]
 DeviceCount = Annotated[int, _integer(low=1, high=limits.MAX_DEVICE_ID + 1, what="devices")]
 TensorParallel = Annotated[int, _integer(low=1, high=1024, what="devices per rank")]
+ContextParallel = Annotated[int, _integer(low=1, high=1024, what="devices per sequence")]
 ChunkCount = Annotated[int, _integer(low=1, high=limits.MAX_CHUNKS, what="chunks per rank")]
 MicroBatchCount = Annotated[int, _integer(low=1, high=limits.MAX_PASSES, what="micro-batches")]
 PartCount = Annotated[int, _integer(low=1, high=limits.MAX_LAYERS, what="layers")]

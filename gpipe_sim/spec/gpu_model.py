@@ -28,6 +28,10 @@ class StreamWork:
     backward_s: float = 0.0
     forward_launches: int = 0
     backward_launches: int = 0
+    # What a context-parallel ring's key/value transfers add past the attention they overlap
+    # (gpipe_sim.plan.context_parallel): exposed already, so no kernel hides it.
+    ring_forward_s: float = 0.0
+    ring_backward_s: float = 0.0
 
 
 NO_STREAM_WORK = StreamWork()
@@ -109,7 +113,7 @@ def memory_seconds(nbytes: float, bandwidth: float, t: GpuTables) -> float:
 def flash_seconds(f: Flash, samples: int, dtype: str, peak_flops: dict[str, float], t: GpuTables) -> float:
     """Fused attention: tiles of 128 queries of one (sample, head) in waves over the SMs, at
     `flash_efficiency` of the 16-bit peak (fp32 inputs: the fp32 rate); the backward
-    `flash_backward_ratio` times the forward."""
+    `flash_backward_ratio` times the forward; a context-parallel ring's `steps` one after another."""
     rate = peak_for(peak_flops, dtype if dtype == "fp32" else "bf16") * t.flash_efficiency
     # one tile per 128 queries of a (sample, head), in waves over the SMs
     samples = max(1, samples)
@@ -117,7 +121,7 @@ def flash_seconds(f: Flash, samples: int, dtype: str, peak_flops: dict[str, floa
     waves = math.ceil(tiles / t.sms)
     per_tile = f.flops(samples) / tiles
     forward = max(t.kernel_floor_s, waves * per_tile / (rate / t.sms))
-    return forward * t.flash_backward_ratio if f.backward else forward
+    return f.steps * (forward * t.flash_backward_ratio if f.backward else forward)
 
 
 def kernel_seconds(kernel: Kernel, samples: int, dtype: str, p: int, peak_flops: dict[str, float],
@@ -164,9 +168,10 @@ def layer_pass_seconds(recipe: LayerKernels, samples: int, dtype: str, p: int, p
     hit = t._cache.get(key)
     if hit is None:
         hit = (pass_seconds(recipe.forward, samples, dtype, p, peak_flops, bandwidth, t,
-                            stream_s=work.forward_s, stream_launches=work.forward_launches),
+                            stream_s=work.forward_s, stream_launches=work.forward_launches) + work.ring_forward_s,
                pass_seconds(recipe.backward, samples, dtype, p, peak_flops, bandwidth, t, t.host_backward_factor,
-                            work.backward_s, work.backward_launches, recipe.beside_collectives))
+                            work.backward_s, work.backward_launches, recipe.beside_collectives)
+               + work.ring_backward_s)
         t._cache[key] = hit
     return hit
 

@@ -49,11 +49,18 @@ class Flash:
     head_dim: int
     causal: bool = True
     backward: bool = False
+    # Context parallelism's ring (gpipe_sim.spec.context_parallel): the kernel runs once per step,
+    # each step `seq` queries against `seq` keys, half of them masked as in causal attention.
+    steps: int = 1
 
     def flops(self, samples: int) -> float:
-        """Forward FLOPs (QK^T and PV) of the micro-batch; causal attention does half."""
+        """Forward FLOPs (QK^T and PV) of the micro-batch, one step; causal attention does half."""
         full = 4.0 * self.heads * samples * self.seq * self.seq * self.head_dim
         return full / 2 if self.causal else full
+
+    def with_steps(self, steps: int) -> "Flash":
+        """This kernel run as `steps` ring steps."""
+        return Flash(self.heads, self.seq, self.head_dim, self.causal, self.backward, steps)
 
 
 # Bytes per score element of Megatron-LM's unfused softmax (FusedScaleMaskSoftmax.forward_torch_softmax

@@ -17,6 +17,7 @@ from gpipe_sim.schedule.torch_csv import MAX_CSV_BYTES, TorchSchedule, parse_tor
 from gpipe_sim.spec import limits
 from gpipe_sim.spec.fields import (
     BatchSize, ChunkCount, MicroBatchCount, PartCount, PositiveBytes, ReplicaCount, StageCount, TensorParallel,
+    ContextParallel,
     _Strict, whole_number,
 )
 from gpipe_sim.spec.files import read_data_file, read_text_file, shown_path
@@ -25,6 +26,8 @@ from gpipe_sim.spec.hardware import Hardware, megatron_placement
 from gpipe_sim.spec.layers import describe_layer_count, layer_count
 from gpipe_sim.spec.overrides import blame, parse_overrides
 from gpipe_sim.spec.tensor_parallel import tensor_parallel_problem
+from gpipe_sim.spec.context_parallel import context_parallel_problem
+from gpipe_sim.spec.mesh import devices_per_rank
 from gpipe_sim.spec.recompute import remat_problem
 from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
 from gpipe_sim.spec.training_run import Goodput, TokenCount, tokens_per_sample
@@ -79,6 +82,9 @@ class Pipeline(_Strict):
     # sequence_parallel: the replicated activations (layernorms, residuals) sharded over them too.
     tensor_parallel: TensorParallel = 1
     sequence_parallel: bool = False
+    # C: each sample's sequence split over C devices (Megatron-LM's --context-parallel-size; keys and
+    # values passed around them: gpipe_sim.spec.context_parallel); the gradients reduced over D x C.
+    context_parallel: ContextParallel = 1
     micro_batches: MicroBatchCount = 8
     batch_size: BatchSize = 64
     schedule: str | CsvSchedule = "gpipe"
@@ -299,8 +305,9 @@ class Scenario(_Strict):
                 raise ValueError("hardware.placement: give either placement or stage_to_device, not both")
         elif D > 1 and device_map is not None:
             raise ValueError("hardware.stage_to_device: with data_parallel > 1 give hardware.placement instead")
-        problem = tensor_parallel_problem(self.model, p.tensor_parallel, self.hardware) or remat_problem(
-            self.model, p.remat)
+        problem = (tensor_parallel_problem(self.model, p.tensor_parallel, self.hardware)
+                   or context_parallel_problem(self.model, p.context_parallel, p.tensor_parallel, self.hardware)
+                   or remat_problem(self.model, p.remat))
         if problem:
             raise ValueError(problem)
         if self.training.tokens is not None and tokens_per_sample(self.model) is None:
@@ -312,14 +319,15 @@ class Scenario(_Strict):
     def device_map(self) -> tuple[int, ...]:
         """Which device runs each global rank d*K + r (replica d, pipeline rank r): `hardware.placement`,
         else `stage_to_device` (one replica), else Megatron-LM's order (the identity for one replica).
-        With tensor parallelism T a rank occupies T consecutive devices and this is the first of
-        them (Megatron-LM's order: tensor-parallel ranks innermost, so a rank's T devices share a node)."""
+        With tensor parallelism T and context parallelism C a rank occupies T x C consecutive devices
+        and this is the first of them (Megatron-LM's order, gpipe_sim.spec.mesh: tensor-parallel
+        ranks innermost, then context-parallel, so a rank's T devices share a node)."""
         if self.hardware.placement is not None:
             return tuple(device for row in self.hardware.placement for device in row)
         if self.hardware.stage_to_device is not None:
             return self.hardware.stage_to_device
-        T = self.pipeline.tensor_parallel
-        return tuple(T * d for row in megatron_placement(self.pipeline.stages, self.pipeline.data_parallel) for d in row)
+        width = devices_per_rank(self.pipeline)
+        return tuple(width * d for row in megatron_placement(self.pipeline.stages, self.pipeline.data_parallel) for d in row)
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as plain data (YAML/JSON-ready), with presets resolved."""

@@ -1,0 +1,93 @@
+"""Context parallelism in the compiled plan: each block's key/value ring priced on its group's link,
+overlapped with the attention steps as Transformer Engine's ring attention overlaps it."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from gpipe_sim.spec.block_shape import BlockShape
+from gpipe_sim.spec.context_parallel import local_model, ring_bytes_per_sample
+from gpipe_sim.spec.gpu_model import StreamWork, flash_seconds
+from gpipe_sim.spec.kernels import Flash
+from gpipe_sim.spec.mesh import context_members
+from gpipe_sim.spec.model import TransformerModel
+from gpipe_sim.spec.recompute import checkpointed_layers
+from gpipe_sim.spec.scenario import Scenario
+
+
+def cp_link(scenario: Scenario, device: int) -> tuple[float, float]:
+    """(bandwidth, latency) of a ring step between the context-parallel group's neighbours, for the
+    tensor rank at `device`: `hardware.link`'s where the C devices share a node, else the
+    network's (capped by the link's): every device sends at once, so the step lasts as long as
+    its slowest hop, one that leaves a node. The bandwidth is scaled by the accelerator's
+    `gpu.collective_efficiency` as the tensor-parallel collectives' is."""
+    hardware, p = scenario.hardware, scenario.pipeline
+    members = context_members(device, p.tensor_parallel, p.context_parallel)
+    per_node = hardware.devices_per_node
+    link = hardware.link
+    if per_node is None or len({d // per_node for d in members}) == 1:
+        bandwidth, latency = link.bandwidth, link.latency_s
+    else:
+        net = hardware.network or link
+        bandwidth, latency = min(link.bandwidth, net.bandwidth), net.latency_s
+    gpu = hardware.accelerator.gpu
+    return bandwidth * (gpu.collective_efficiency if gpu is not None else 1.0), latency
+
+
+def exposed_ring_seconds(cp: int, step_s: float, transfer_s: float) -> float:
+    """What a ring of `cp` steps adds to its attention: steps 0..C-2 each send the next block while
+    computing (max(compute, transfer) each), the last computes alone, so the ring costs
+    (C-1) x max(0, transfer - compute) beyond the C steps' compute."""
+    return (cp - 1) * max(0.0, transfer_s - step_s)
+
+
+def ring_work(scenario: Scenario, device: int, sizes: Sequence[float],
+              layers: slice = slice(None)) -> list[list[StreamWork]] | None:
+    """[layer][size]: what the context-parallel ring adds to each layer of `layers` on a
+    micro-batch of each of `sizes` samples (`exposed_ring_seconds`, forward and backward), on the
+    ring of the tensor rank at `device` (`cp_link`); zero for the embedding and head. A step's
+    compute is one s/C block's causal attention (the kernel tables' flash kernel, else its FLOPs
+    at the roofline's rate: 4 (s/C)^2 q forward, twice that backward, as the layer table counts
+    them); it sends K and V forward, K, V, dK and dV backward. Under `pipeline.remat: full` or
+    `selective` the backward runs the forward's ring again first. None at C = 1."""
+    p, training = scenario.pipeline, scenario.training
+    cp = p.context_parallel
+    model = scenario.model
+    if cp == 1 or not isinstance(model, TransformerModel):
+        return None
+    b = BlockShape.of(local_model(model, cp), p.tensor_parallel)  # type: ignore[arg-type]
+    bandwidth, latency = cp_link(scenario, device)
+    sent = ring_bytes_per_sample(model, cp, p.tensor_parallel, training.dtype_bytes)
+    accel = scenario.hardware.accelerator
+    redo = p.remat in ("full", "selective")
+
+    def work(samples: float) -> StreamWork:
+        if accel.gpu is not None:
+            n = int(samples)
+            fwd_step = flash_seconds(Flash(b.heads, b.s, b.head_dim), n, training.dtype, accel.peak_flops, accel.gpu)
+            bwd_step = flash_seconds(Flash(b.heads, b.s, b.head_dim, backward=True), n, training.dtype,
+                                     accel.peak_flops, accel.gpu)
+        else:
+            fwd_step = 4.0 * b.s * b.s * b.q * samples / (accel.peak_flops_for(training.dtype) * accel.efficiency)
+            bwd_step = 2.0 * fwd_step
+        forward = exposed_ring_seconds(cp, fwd_step, sent * samples / bandwidth + latency)
+        backward = exposed_ring_seconds(cp, bwd_step, 2.0 * sent * samples / bandwidth + latency)
+        return StreamWork(ring_forward_s=forward, ring_backward_s=backward + (forward if redo else 0.0),
+                          forward_launches=2 * (cp - 1), backward_launches=2 * (cp - 1) * (2 if redo else 1))
+
+    blocks = set(checkpointed_layers(model))
+    per_size = [work(s) for s in sizes]
+    empty = [StreamWork()] * len(sizes)
+    return [per_size if i in blocks else empty for i in range(model.layers + 2)[layers]]
+
+
+def combined(tp: list[list[StreamWork]] | None, ring: list[list[StreamWork]] | None) -> list[list[StreamWork]] | None:
+    """Per layer and size, the tensor-parallel collectives' work with the ring's added."""
+    if ring is None or tp is None:
+        return tp if ring is None else ring
+    return [[StreamWork(t.forward_s, t.backward_s, t.forward_launches + r.forward_launches,
+                        t.backward_launches + r.backward_launches, r.ring_forward_s, r.ring_backward_s)
+             for t, r in zip(tl, rl)] for tl, rl in zip(tp, ring)]
+
+
+__all__ = ["combined", "cp_link", "exposed_ring_seconds", "ring_work"]

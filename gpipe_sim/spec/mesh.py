@@ -1,0 +1,36 @@
+"""The parallel mesh's derived sizes: devices per pipeline rank, the gradient-reduction group, ring members."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Megatron-LM's default rank order (--rank-order "tp-cp-ep-dp-pp"): tensor-parallel ranks innermost,
+# then context-parallel, then data-parallel, then pipeline. A pipeline rank of one replica therefore
+# occupies T x C consecutive devices; its tensor-parallel groups are T consecutive ones and its
+# context-parallel groups every T-th of them.
+
+
+def devices_per_rank(pipeline: Any) -> int:
+    """T x C: the devices one pipeline rank of one replica runs on."""
+    return pipeline.tensor_parallel * pipeline.context_parallel
+
+
+def gradient_group(pipeline: Any) -> int:
+    """D x C: the devices each weight's gradient is reduced over (Megatron-LM reduces over the
+    data-parallel group with context parallelism, DP x CP: every context-parallel rank holds the
+    same weights and computes their gradient on its part of the sequence)."""
+    return pipeline.data_parallel * pipeline.context_parallel
+
+
+def context_members(first_device: int, tp: int, cp: int) -> list[int]:
+    """The C devices of the context-parallel group of the tensor rank at `first_device` (its
+    group's first device): every T-th device from it."""
+    return [first_device + c * tp for c in range(cp)]
+
+
+def total_devices(rank_devices: int, pipeline: Any) -> int:
+    """Every device of the step, from the number of distinct devices the pipeline ranks start on."""
+    return rank_devices * devices_per_rank(pipeline)
+
+
+__all__ = ["context_members", "devices_per_rank", "gradient_group", "total_devices"]
