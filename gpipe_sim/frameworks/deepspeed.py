@@ -17,6 +17,9 @@ from gpipe_sim.spec.scenario import Scenario
 
 OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad"}  # of DeepSpeed's DEEPSPEED_OPTIMIZERS
 
+# The one schedule DeepSpeed's PipelineEngine runs (deepspeed/runtime/pipe/schedule.py TrainSchedule), by our name.
+PIPELINE_ENGINE_SCHEDULE = "1f1b"
+
 
 def write_deepspeed(scenario: Scenario) -> Written:
     """The scenario as a DeepSpeed config (JSON), with notes for what belongs in the model's code."""
@@ -76,7 +79,7 @@ def layout_notes(scenario: Scenario) -> list[str]:
     if p.stages > 1:
         notes.append(f"pipeline.stages: give PipelineModule(num_stages={p.stages}) the layers "
                      f"{list(chunk_sizes(scenario))} per stage (partition_method); it runs its own 1F1B")
-        if p.chunks > 1 or p.schedule_name != "1f1b":
+        if p.chunks > 1 or p.schedule_name != PIPELINE_ENGINE_SCHEDULE:
             notes.append(f"pipeline.schedule: DeepSpeed's pipeline engine runs 1F1B with one chunk per rank, "
                          f"not {p.schedule_name} with v={p.chunks}")
     if p.tensor_parallel > 1:
