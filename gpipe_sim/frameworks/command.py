@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpipe_sim.errors import ScenarioError, one_line
 from gpipe_sim.frameworks import FRAMEWORKS, READABLE
@@ -16,32 +17,32 @@ if TYPE_CHECKING:  # the writers and readers load pydantic's models: imported wh
     from gpipe_sim.spec.scenario import Scenario
 
 
+# Where each framework's writer and reader live: imported only when a command uses them.
+WRITERS = {"megatron": ("gpipe_sim.frameworks.megatron", "write_megatron"),
+           "torchtitan": ("gpipe_sim.frameworks.torchtitan", "write_torchtitan"),
+           "deepspeed": ("gpipe_sim.frameworks.deepspeed", "write_deepspeed")}
+READERS = {"megatron": ("gpipe_sim.frameworks.megatron_read", "read_megatron"),
+           "torchtitan": ("gpipe_sim.frameworks.torchtitan_read", "read_torchtitan"),
+           "hf": ("gpipe_sim.frameworks.hf_read", "read_hf")}
+
+
+def _load(where: tuple[str, str]) -> Callable[..., Any]:
+    module, name = where
+    return getattr(importlib.import_module(module), name)
+
+
 def writer(framework: str) -> Callable[["Scenario"], "Written"]:
     """The function writing a scenario as `framework`'s configuration (one of FRAMEWORKS)."""
-    if framework == "megatron":
-        from gpipe_sim.frameworks.megatron import write_megatron
-        return write_megatron
-    if framework == "torchtitan":
-        from gpipe_sim.frameworks.torchtitan import write_torchtitan
-        return write_torchtitan
-    if framework == "deepspeed":
-        from gpipe_sim.frameworks.deepspeed import write_deepspeed
-        return write_deepspeed
-    raise ScenarioError(f"--emit: unknown framework {framework!r} (choose from {', '.join(FRAMEWORKS)})")
+    if framework not in WRITERS:
+        raise ScenarioError(f"--emit: unknown framework {framework!r} (choose from {', '.join(FRAMEWORKS)})")
+    return _load(WRITERS[framework])
 
 
 def reader(framework: str) -> Callable[[str, "Scenario"], "Read"]:
     """The function reading `framework`'s configuration text into a scenario (one of READABLE)."""
-    if framework == "megatron":
-        from gpipe_sim.frameworks.megatron_read import read_megatron
-        return read_megatron
-    if framework == "torchtitan":
-        from gpipe_sim.frameworks.torchtitan_read import read_torchtitan
-        return read_torchtitan
-    if framework == "hf":
-        from gpipe_sim.frameworks.hf_read import read_hf
-        return read_hf
-    raise ScenarioError(f"read: cannot read {framework!r} (choose from {', '.join(READABLE)})")
+    if framework not in READERS:
+        raise ScenarioError(f"read: cannot read {framework!r} (choose from {', '.join(READABLE)})")
+    return _load(READERS[framework])
 
 
 def write_notes(notes: list[str]) -> None:

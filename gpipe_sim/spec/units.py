@@ -23,6 +23,20 @@ def _split(value: str) -> tuple[float, str]:
     return float(match.group(1)), match.group(2)
 
 
+def _number_or_text(value: object, text: str) -> float | str:
+    """`value` as a float where it is a number (an int within the simulator's range), as itself
+    where it is a string; ValueError naming what was expected (a number or `text`) otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    if isinstance(value, int):
+        if abs(value) > 10**300:
+            raise ValueError("a number beyond the range the simulator computes with (over 10^300)")
+        return float(value)
+    if isinstance(value, (float, str)):
+        return value
+    raise ValueError(f"expected a number or {text}, got {type(value).__name__}")
+
+
 def parse_quantity(value: object, kind: str) -> float:
     """Return `value` in base units (bytes, bytes/s, FLOP/s or seconds); numbers pass through.
 
@@ -32,16 +46,9 @@ def parse_quantity(value: object, kind: str) -> float:
     whose case cannot tell them apart ("200 gb/s", "200 GBPS") and a size in bits ("80 Gb") raise
     ValueError, as does any unit that is not of `kind`.
     """
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    if isinstance(value, int):
-        if abs(value) > 10**300:
-            raise ValueError("a number beyond the range the simulator computes with (over 10^300)")
-        return float(value)
+    value = _number_or_text(value, "a string with a unit")
     if isinstance(value, float):
         return value
-    if not isinstance(value, str):
-        raise ValueError(f"expected a number or a string with a unit, got {type(value).__name__}")
     if value.strip().lower() in _INFINITE:
         return math.inf
     number, unit = _split(value)
@@ -165,16 +172,9 @@ _COUNT_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 def parse_count(value: object) -> float:
     """A count written as people write token budgets: a number, or one with a suffix K, M, B
     (billion) or T (trillion), e.g. "15T", "300B", "1.5e12"; ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    if isinstance(value, int):
-        if abs(value) > 10**300:
-            raise ValueError("a number beyond the range the simulator computes with (over 10^300)")
-        return float(value)
+    value = _number_or_text(value, "text such as 1T or 300B")
     if isinstance(value, float):
         return value
-    if not isinstance(value, str):
-        raise ValueError(f"expected a number or text such as 1T or 300B, got {type(value).__name__}")
     match = _COUNT.match(value) if len(value) <= 100 else None
     if not match:
         shown = value if len(value) <= 40 else value[:37] + "..."
