@@ -492,6 +492,8 @@ class RankRunner:
         # the next step's while it finishes this one (posting stalled for up to 5 ms at times here).
         post_ahead()
         spans = GpuSpans(self.device) if self.device.type == "cuda" else None
+        # ZeRO-1's update ends with a host-side all-gather: it keeps its host times
+        on_host = HOST_KINDS | ({Kind.UPDATE} if self.zero is not None else set())
         if spans is not None:
             torch.cuda.synchronize(self.device)
         dist.barrier()
@@ -504,7 +506,7 @@ class RankRunner:
                 if meter is not None:
                     meter.mark()
                 start = clock()
-                on_gpu = spans.start() if spans is not None and a.kind not in HOST_KINDS else None
+                on_gpu = spans.start() if spans is not None and a.kind not in on_host else None
                 with tracker.during(a.kind.name.lower()) if tracker is not None else nullcontext():
                     kind, chunk, micro_batch = self.handlers[a.kind](i, a)
                 if on_gpu is not None:
