@@ -122,8 +122,8 @@ def test_the_ring_crosses_the_network_when_t_times_c_fills_more_than_a_node():
     inside = _scenario(4, 2, preset="dgx-h100")
     across = _scenario(4, 4, preset="dgx-h100")
     hw = inside.hardware
-    assert cp_link(inside, 0)[0] == pytest.approx(hw.link.bandwidth * hw.accelerator.gpu.collective_efficiency)
-    assert cp_link(across, 0)[1] == hw.network.latency_s
+    assert cp_link(inside.hardware, 2, 4, 0)[0] == pytest.approx(hw.link.bandwidth * hw.accelerator.gpu.collective_efficiency)
+    assert cp_link(across.hardware, 4, 4, 0)[1] == hw.network.latency_s
 
 
 @pytest.mark.parametrize("updates, field", [

@@ -8,6 +8,7 @@ from typing import Sequence
 from gpipe_sim.spec.block_shape import BlockShape
 from gpipe_sim.spec.context_parallel import local_model, ring_bytes_per_sample
 from gpipe_sim.spec.gpu_model import StreamWork, flash_seconds
+from gpipe_sim.spec.hardware import Hardware
 from gpipe_sim.spec.kernels import Flash
 from gpipe_sim.spec.mesh import context_members
 from gpipe_sim.spec.model import TransformerModel
@@ -15,14 +16,13 @@ from gpipe_sim.spec.recompute import checkpointed_layers
 from gpipe_sim.spec.scenario import Scenario
 
 
-def cp_link(scenario: Scenario, device: int) -> tuple[float, float]:
+def cp_link(hardware: Hardware, tp: int, cp: int, device: int) -> tuple[float, float]:
     """(bandwidth, latency) of a ring step between the context-parallel group's neighbours, for the
     tensor rank at `device`: `hardware.link`'s where the C devices share a node, else the
     network's (capped by the link's): every device sends at once, so the step lasts as long as
     its slowest hop, one that leaves a node. The bandwidth is scaled by the accelerator's
     `gpu.collective_efficiency` as the tensor-parallel collectives' is."""
-    hardware, p = scenario.hardware, scenario.pipeline
-    members = context_members(device, p.tensor_parallel, p.context_parallel)
+    members = context_members(device, tp, cp)
     per_node = hardware.devices_per_node
     link = hardware.link
     if per_node is None or len({d // per_node for d in members}) == 1:
@@ -44,22 +44,29 @@ def exposed_ring_seconds(cp: int, step_s: float, transfer_s: float) -> float:
 def ring_work(scenario: Scenario, device: int, sizes: Sequence[float],
               layers: slice = slice(None)) -> list[list[StreamWork]] | None:
     """[layer][size]: what the context-parallel ring adds to each layer of `layers` on a
-    micro-batch of each of `sizes` samples (`exposed_ring_seconds`, forward and backward), on the
-    ring of the tensor rank at `device` (`cp_link`); zero for the embedding and head. A step's
-    compute is one s/C block's causal attention (the kernel tables' flash kernel, else its FLOPs
-    at the roofline's rate: 4 (s/C)^2 q forward, twice that backward, as the layer table counts
-    them); it sends K and V forward, K, V, dK and dV backward. Under `pipeline.remat: full` or
-    `selective` the backward runs the forward's ring again first. None at C = 1."""
-    p, training = scenario.pipeline, scenario.training
-    cp = p.context_parallel
-    model = scenario.model
+    micro-batch of each of `sizes` samples (`ring_layer_work` on the scenario's T and C), on the
+    ring of the tensor rank at `device`; None at C = 1."""
+    p = scenario.pipeline
+    return ring_layer_work(scenario, p.tensor_parallel, p.context_parallel, p.remat, device, sizes, layers)
+
+
+def ring_layer_work(scenario: Scenario, tp: int, cp: int, remat: str, device: int, sizes: Sequence[float],
+                    layers: slice = slice(None)) -> list[list[StreamWork]] | None:
+    """`ring_work` at these T, C and remat mode (the planner's candidates): per layer and size, the
+    exposed ring seconds (`exposed_ring_seconds`, forward and backward) on the ring of the
+    tensor rank at `device` (`cp_link`); zero for the embedding and head. A step's compute is one
+    s/C block's causal attention (the kernel tables' flash kernel, else its FLOPs at the
+    roofline's rate: 4 (s/C)^2 q forward, twice that backward, as the layer table counts them);
+    it sends K and V forward, K, V, dK and dV backward. Under `full` or `selective` remat the
+    backward runs the forward's ring again first. None at C = 1."""
+    training, model = scenario.training, scenario.model
     if cp == 1 or not isinstance(model, TransformerModel):
         return None
-    b = BlockShape.of(local_model(model, cp), p.tensor_parallel)  # type: ignore[arg-type]
-    bandwidth, latency = cp_link(scenario, device)
-    sent = ring_bytes_per_sample(model, cp, p.tensor_parallel, training.dtype_bytes)
+    b = BlockShape.of(local_model(model, cp), tp)  # type: ignore[arg-type]
+    bandwidth, latency = cp_link(scenario.hardware, tp, cp, device)
+    sent = ring_bytes_per_sample(model, cp, tp, training.dtype_bytes)
     accel = scenario.hardware.accelerator
-    redo = p.remat in ("full", "selective")
+    redo = remat in ("full", "selective")
 
     def work(samples: float) -> StreamWork:
         if accel.gpu is not None:
@@ -90,4 +97,4 @@ def combined(tp: list[list[StreamWork]] | None, ring: list[list[StreamWork]] | N
              for t, r in zip(tl, rl)] for tl, rl in zip(tp, ring)]
 
 
-__all__ = ["combined", "cp_link", "exposed_ring_seconds", "ring_work"]
+__all__ = ["combined", "cp_link", "exposed_ring_seconds", "ring_layer_work", "ring_work"]

@@ -17,7 +17,9 @@ from gpipe_sim.schedule.lower import build_schedule, saves_activations
 from gpipe_sim.schedule.registry import looped
 from gpipe_sim.spec.costs import layer_pass_times, update_seconds
 from gpipe_sim.spec.gpu_model import StreamWork
+from gpipe_sim.plan.context_parallel import combined, ring_layer_work
 from gpipe_sim.plan.tensor_parallel import stream_work, tp_ring
+from gpipe_sim.spec.context_parallel import local_model
 from gpipe_sim.plan.layer_table import layer_table
 from gpipe_sim.spec.recompute import per_layer, recompute_collectives
 from gpipe_sim.spec.model import TransformerModel
@@ -33,21 +35,23 @@ _COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
 
 
 class CostTable:
-    """Per-layer costs of the base model split over T devices per rank (the base's T unless
-    given), its blocks as a per-layer remat mode checkpoints them (`layer_remat`: full,
+    """Per-layer costs of the base model split over T devices per rank and its sequence over C
+    (the base's T and C unless given), its blocks as a per-layer remat mode checkpoints them (`layer_remat`: full,
     selective, or "none" for the whole-chunk modes, which leave the table as it is), built once
     and reused by every candidate's bounds: seconds per micro-batch size (the tensor-parallel
     collectives included), static bytes per (D, ZeRO), activation bytes per sample. A candidate
-    of another T or per-layer remat mode is bounded with that table (`of`)."""
+    of another T, C or per-layer remat mode is bounded with that table (`of`)."""
 
-    def __init__(self, base: Scenario, tensor_parallel: int | None = None, layer_remat: str = "none") -> None:
+    def __init__(self, base: Scenario, tensor_parallel: int | None = None, layer_remat: str = "none",
+                 context_parallel: int | None = None) -> None:
         self.base = base
         t, p = base.training, base.pipeline
         self.tp = p.tensor_parallel if tensor_parallel is None else tensor_parallel
+        self.cp = p.context_parallel if context_parallel is None else context_parallel
         self.layer_remat = layer_remat
         self.accel = base.hardware.accelerator
         self.dtype, self.dtype_bytes = t.dtype, t.dtype_bytes
-        self.layers = layer_table(base, self.tp, layer_remat)
+        self.layers = layer_table(base, self.tp, layer_remat, self.cp)
         self.L = len(self.layers)
         self.params = np.array([float(layer.params) for layer in self.layers])
         self.act = np.array([float(layer.activation_bytes_per_sample) for layer in self.layers])
@@ -60,13 +64,13 @@ class CostTable:
         self._terms: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
         self.params_sum, self.act_sum = float(self.params.sum()), float(self.act.sum())
         self.cache: dict[Any, float] = {}  # partition-free bounds by the axes they depend on
-        self._tables: dict[tuple[int, str], CostTable] = {(self.tp, layer_remat): self}
+        self._tables: dict[tuple[int, str, int], CostTable] = {(self.tp, layer_remat, self.cp): self}
         self._collectives = self._tp_collectives()
 
     def of(self, cand: Candidate) -> "CostTable":
-        """The table of the candidate's T and per-layer remat mode (this one, or one built once per
-        pair with this capacity)."""
-        key = (cand.tensor_parallel, cand.remat if per_layer(cand.remat) else "none")
+        """The table of the candidate's T, per-layer remat mode and C (this one, or one built once per
+        such triple with this capacity)."""
+        key = (cand.tensor_parallel, cand.remat if per_layer(cand.remat) else "none", cand.context_parallel)
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = CostTable(self.base, *key)
@@ -74,23 +78,27 @@ class CostTable:
         return table
 
     def _tp_collectives(self) -> list[Collectives] | None:
-        """Per layer, its collectives (`transformer_collectives`); None at T = 1."""
+        """Per layer, its collectives (`transformer_collectives` on one context-parallel rank's
+        tokens); None at T = 1."""
         if self.tp == 1 or not isinstance(self.base.model, TransformerModel):
             return None
-        return recompute_collectives(transformer_collectives(self.base.model, self.tp,
+        return recompute_collectives(transformer_collectives(local_model(self.base.model, self.cp), self.tp,
                                                              self.base.pipeline.sequence_parallel, self.dtype_bytes),
                                      self.base.model, self.layer_remat)
 
     def stream_work(self, b: int) -> list[StreamWork] | None:
-        """Per layer, its tensor-parallel collectives on b samples (None at T = 1), as
-        `collective_work` gives the simulator: on the ring `tp_ring` gives every rank (each rank's
-        T devices start at a multiple of T, in one node or filling whole nodes, so all are alike)."""
+        """Per layer, its tensor-parallel collectives and context-parallel ring on b samples (None
+        at T = C = 1), as `collective_work` and `ring_work` give the simulator: on the rings they
+        give every rank (each rank's T x C devices start at a multiple of T x C, in one node or
+        filling whole nodes, so all are alike)."""
+        ring = ring_layer_work(self.base, self.tp, self.cp, self.layer_remat, 0, [b])
         if self._collectives is None:
-            return None
+            return None if ring is None else [r[0] for r in ring]
         gpu = self.accel.gpu
         share = gpu.collective_efficiency if gpu is not None else 1.0
         bandwidth, latency = tp_ring(self.base.hardware, self.tp, 0)
-        return [stream_work(c, b, self.tp, bandwidth * share, latency) for c in self._collectives]
+        tp = [[stream_work(c, b, self.tp, bandwidth * share, latency)] for c in self._collectives]
+        return [w[0] for w in combined(tp, ring)]
 
     def times(self, b: int) -> np.ndarray:
         """[layer, (forward, backward, backward input, backward weight)] seconds for b samples, the
@@ -132,24 +140,25 @@ class CostTable:
         ring: `link` when the replicas of the rank share a node, else `network`; the faster of the
         two where the candidate keeps an explicit placement of the base; none (0) under
         `overlap_grad_reduce`, whose reduction the backward may hide but for its last bucket."""
-        D, K, T = cand.data_parallel, cand.stages, cand.tensor_parallel
-        if D <= 1 or self.base.training.overlap_grad_reduce:  # overlapped: hidden up to its last bucket
+        D, K, T, C = cand.data_parallel, cand.stages, cand.tensor_parallel, cand.context_parallel
+        if D * C <= 1 or self.base.training.overlap_grad_reduce:  # overlapped: hidden up to its last bucket
             return np.zeros(K), np.zeros(K)
         hw = self.base.hardware
         network = hw.network or hw.link
         placed = hw.placement is not None and not cand.clears("hardware.placement")
-        per_node = hw.devices_per_node or T * D * K
+        per_node = hw.devices_per_node or T * C * D * K
         out = []
         for r in range(K):
-            # Megatron-LM's order: a stage's replicas side by side, each on T devices
-            ring = [T * (r * D + d) for d in range(D)]
+            # Megatron-LM's order: a stage's replicas side by side, each on T x C devices, its C
+            # context-parallel ranks T apart (gpipe_sim.spec.mesh)
+            ring = [T * C * (r * D + d) + c * T for d in range(D) for c in range(C)]
             within = len({device // per_node for device in ring}) == 1
             links = [hw.link, network] if placed else [hw.link if within else network]
             bandwidth = max(hw.network_ring_bandwidth(min(T, per_node)) if ln is network else ln.bandwidth
                             for ln in links)
             latency = min(ln.latency_s for ln in links)
-            out.append((ring_allreduce_seconds(self.dtype_bytes, D, bandwidth, 0.0),
-                        ring_allreduce_seconds(0.0, D, math.inf, latency)))
+            out.append((ring_allreduce_seconds(self.dtype_bytes, D * C, bandwidth, 0.0),
+                        ring_allreduce_seconds(0.0, D * C, math.inf, latency)))
         per_param, fixed = np.array(out).T
         return per_param, fixed
 
@@ -166,7 +175,7 @@ class CostTable:
         if C < 2 or (hw.placement is not None and not cand.clears("hardware.placement")) or \
                 (hw.stage_to_device is not None and not cand.clears("hardware.stage_to_device")):
             return np.zeros(max(C - 1, 0))
-        T = cand.tensor_parallel
+        T = cand.tensor_parallel * cand.context_parallel  # devices per rank
         per_node = hw.devices_per_node or T * D * cand.stages
         network = hw.network or hw.link
         # a boundary follows any layer but the last

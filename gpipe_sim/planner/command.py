@@ -132,11 +132,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         reserve=DEFAULT_RESERVE if reserve is None else reserve,
         headroom=_share("--headroom", args.headroom) or 0.0,
         tensor_parallel=_tensor_parallel(args.tensor_parallel), sequence_parallel=args.sequence_parallel,
+        context_parallel=_stages(args.context_parallel, "--context-parallel"),
     )
     check_options(options)
     if not device_layouts(scenario, options):
         raise ScenarioError(
-            f"--devices: no T x D x K = {devices:,} suits this scenario (K at most its layers"
+            f"--devices: no T x C x D x K = {devices:,} suits this scenario (K at most its layers"
             f"{', K in --stages' if options.stages else ''}, D dividing the global batch of "
             f"{scenario.pipeline.batch_size}); try --fewer-devices")
     update, stop = _progress() if not args.quiet else (None, lambda: None)
@@ -212,6 +213,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tensor-parallel", metavar="T",
                    help="T values tried: comma-separated or a range of powers of two (e.g. 1,2 or 1-8; default: "
                         "1 and every power of two up to a node's devices that divides the model's heads and d_ff)")
+    p.add_argument("--context-parallel", metavar="C",
+                   help="C values tried: comma-separated or a range (e.g. 1,2,4 or 1-16; default: 1 and every "
+                        "power of two that leaves each device at least 8,192 tokens of a sample)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="configurations with T > 1 use sequence parallelism (default: the scenario's setting)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

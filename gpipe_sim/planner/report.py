@@ -15,7 +15,7 @@ from gpipe_sim.spec.units import format_bytes, format_seconds
 from gpipe_sim.planner.search import PlanEntry, PlanSearch, family
 from gpipe_sim.planner.run_table import entry_run, run_cells, run_dict, table_run_columns
 from gpipe_sim.results.run_cost import run_columns
-from gpipe_sim.planner.tp_choice import searched_tp, tp_text
+from gpipe_sim.planner.tp_choice import cp_text, searched_cp, searched_tp, tp_text
 from gpipe_sim.spec.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -54,15 +54,23 @@ def entry_row_dict(e: PlanEntry, figures: ModelFigures, base: Scenario) -> dict[
 
 
 def table_columns(search: PlanSearch) -> tuple[str, ...]:
-    """The ranked table's columns: COLUMNS, then the run's where the scenario asks for them."""
-    return COLUMNS + table_run_columns(search.base)
+    """The ranked table's columns: COLUMNS (with C after T where the search tried C > 1), then the
+    run's where the scenario asks for them."""
+    columns = COLUMNS if len(searched_cp(search)) < 2 else (*COLUMNS[:2], "C", *COLUMNS[2:])
+    return columns + table_run_columns(search.base)
+
+
+def _shown_axes(search: PlanSearch) -> tuple[str, ...]:
+    """SHOWN_AXES, with C after T where the search tried C > 1."""
+    return SHOWN_AXES if len(searched_cp(search)) < 2 else ("T", "C", *SHOWN_AXES[1:])
 
 
 def table_rows(search: PlanSearch, top: int, entries: Sequence[PlanEntry] | None = None) -> list[list[str]]:
     """The ranked table's first `top` rows as text, under `table_columns`: of `entries`, by
     default `search.order`."""
     figures = search_figures(search)
-    return [entry_row(i + 1, e, figures) + run_cells(search.base, e, figures)
+    axes = _shown_axes(search)
+    return [entry_row(i + 1, e, figures, axes) + run_cells(search.base, e, figures)
             for i, e in enumerate((search.order if entries is None else entries)[:top])]
 
 
@@ -119,12 +127,13 @@ def _peak_text(e: PlanEntry) -> str:
     return f"{format_bytes(e.peak_memory_bytes)} / {format_bytes(cap)} ({e.peak_memory_bytes / cap:.0%})"
 
 
-def entry_row(rank: int, e: PlanEntry, figures: ModelFigures | None = None) -> list[str]:
+def entry_row(rank: int, e: PlanEntry, figures: ModelFigures | None = None,
+              axes: Sequence[str] = SHOWN_AXES) -> list[str]:
     """One table row, as text ("-" for a figure not known: tokens of a non-token model, FLOPs of
-    layers timed in seconds)."""
+    layers timed in seconds), its axes `axes`."""
     q = entry_figures(e, figures)
     tokens, tflops, mfu = q["tokens_per_s"], q["tflops_per_device"], q["mfu"]
-    return [str(rank), *(_axis_text(e, k) for k in SHOWN_AXES), format_seconds(e.step_time_s),
+    return [str(rank), *(_axis_text(e, k) for k in axes), format_seconds(e.step_time_s),
             f"+{e.vs_fastest:.1%}" if e.vs_fastest > 0 else "fastest",
             f"{e.throughput_samples_per_s:,.2f}", f"{e.throughput_per_device:,.2f}",
             "-" if tokens is None else f"{tokens:,.0f}", "-" if tflops is None else f"{tflops:,.1f}",
@@ -200,9 +209,9 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
             lines.append("  ".join(cell.ljust(w) if name in _LEFT else cell.rjust(w)
                                    for name, cell, w in zip(columns, r, widths)).rstrip())
         lines.append(choice_text(search))
-        why_t = tp_text(search, config_text)
-        if why_t:
-            lines.append(why_t)
+        for why in (tp_text(search, config_text), cp_text(search, config_text)):
+            if why:
+                lines.append(why)
         if len(family_heads(search)) > 1:
             lines.append(schedules_text(search))
         if any(not e.even for e in search.order[:top]):
@@ -246,6 +255,7 @@ def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
         "tie": o.tie, "reserve": o.reserve, "headroom": o.headroom, "limit_bytes": _finite(search.limit_bytes),
         "tensor_parallel": searched_tp(search),
         "sequence_parallel": search.base.pipeline.sequence_parallel, "why_tensor_parallel": tp_text(search, config_text) or None,
+        "context_parallel": searched_cp(search), "why_context_parallel": cp_text(search, config_text) or None,
         "tied": search.tied, "pick": entry_dict(search.pick, figures, search.base) if search.pick else None,
         "ranked": [entry_dict(e, figures, search.base) for e in search.order[:top]],
         "pareto_front": [entry_dict(e, figures, search.base) for e in search.front],
@@ -262,7 +272,7 @@ def plan_json(search: PlanSearch, top: int = 10) -> str:
     return json.dumps(plan_dict(search, top), indent=2, allow_nan=False)
 
 
-CSV_AXES = SHOWN_AXES
+CSV_AXES = (*SHOWN_AXES, "C")
 
 
 def _reason(code: str, figure: float, limit: float) -> str:
@@ -317,11 +327,13 @@ def write_csv(search: PlanSearch, path: str | Path) -> None:
 
 
 def config_text(e: PlanEntry) -> str:
-    """The configuration in words: "T=1, D=16, K=1, data parallel, M=16, remat=none, zero=0" at K=1."""
+    """The configuration in words: "T=1, D=16, K=1, data parallel, M=16, remat=none, zero=0" at K=1
+    (", C=4" after T where it splits the sequence)."""
+    cp = f", C={e.get('C')}" if e.get("C") > 1 else ""
     if e.data_parallel_only:
-        return (f"T={e.get('T')}, D={e.get('D')}, K=1, {e.shown('schedule')}, M={e.get('M')}{'' if e.even else UNEVEN}, "
+        return (f"T={e.get('T')}{cp}, D={e.get('D')}, K=1, {e.shown('schedule')}, M={e.get('M')}{'' if e.even else UNEVEN}, "
                 f"remat={e.get('remat')}, zero={e.get('zero')}")
-    return ", ".join(f"{k}={_axis_text(e, k)}" for k in SHOWN_AXES)
+    return ", ".join(f"{k}={_axis_text(e, k)}" for k in SHOWN_AXES).replace(f"T={e.get('T')}", f"T={e.get('T')}{cp}", 1)
 
 
 def pareto_figure(entries: Sequence[PlanEntry], front: Sequence[PlanEntry], capacity_bytes: float,

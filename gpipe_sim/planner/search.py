@@ -1,4 +1,4 @@
-"""The planner: the fastest configuration (T x D x K, v, M, schedule, remat, partition, ZeRO) that fits N devices."""
+"""The planner: the fastest configuration (T x C x D x K, v, M, schedule, remat, partition, ZeRO) that fits N devices."""
 
 from __future__ import annotations
 
@@ -123,13 +123,13 @@ _SCHEDULE_ORDER = ("1f1b", "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "inter
 
 def structure(cand: Candidate, batch: int) -> tuple[Any, ...]:
     """The part of `preference` known before simulating: no tensor parallelism (then the smaller
-    T), fewer stages, no re-computation, no ZeRO, one chunk per rank, even micro-batches, the
+    T), no context parallelism (then the smaller C), fewer stages, no re-computation, no ZeRO, one chunk per rank, even micro-batches, the
     plainer schedule and partition."""
     name = cand.schedule
     rank = _SCHEDULE_ORDER.index(name) if name in _SCHEDULE_ORDER else len(_SCHEDULE_ORDER)
     even = (batch // cand.data_parallel) % cand.micro_batches == 0
-    return (cand.tensor_parallel, cand.stages, _REMAT_ORDER.get(cand.remat, len(_REMAT_ORDER)), cand.zero, cand.chunks, not even, rank,
-            cand.partition != "uniform")
+    return (cand.tensor_parallel, cand.context_parallel, cand.stages, _REMAT_ORDER.get(cand.remat, len(_REMAT_ORDER)),
+            cand.zero, cand.chunks, not even, rank, cand.partition != "uniform")
 
 
 def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
@@ -143,14 +143,14 @@ _Queued = tuple[float, int, "list[int] | None", bool]
 
 
 # a candidate's (T, D, M, remat, ZeRO) and (K, v): what its coarse bounds depend on
-_WORK_KEY = operator.itemgetter(8, 0, 3, 5, 7)
+_WORK_KEY = operator.itemgetter(8, 9, 0, 3, 5, 7)  # T, C, D, M, remat, zero
 _SHAPE_KEY = operator.itemgetter(1, 2)
 
 
 def _coarse_queue(costs: CostTable, candidates: Sequence[Candidate], pruned: dict[int, tuple[str, float, float]]
                   ) -> list[_Queued]:
     """Every candidate whose partition-free memory bound fits (the others noted in `pruned`),
-    with its coarse step-time bound (`coarse_bounds`: they depend on T, D, M, remat, ZeRO, K and
+    with its coarse step-time bound (`coarse_bounds`: they depend on T, C, D, M, remat, ZeRO, K and
     v only, computed once per such group), as a heap."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, key in enumerate(map(_WORK_KEY, candidates)):
@@ -184,7 +184,7 @@ class _Refiner:
     def __call__(self, cand: Candidate) -> tuple[float, float, list[int] | None]:
         """(memory bound, step-time bound, counts or None)."""
         costs = self.costs
-        wkey = (cand.tensor_parallel, cand.data_parallel, cand.micro_batches, cand.remat, cand.zero)
+        wkey = (cand.tensor_parallel, cand.context_parallel, cand.data_parallel, cand.micro_batches, cand.remat, cand.zero)
         w = self.works.get(wkey)
         if w is None:
             w = self.works[wkey] = candidate_work(costs, cand)

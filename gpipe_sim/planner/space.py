@@ -31,9 +31,15 @@ DATA_PARALLEL = "data parallel"
 # the axes of a configuration: short name -> the dotted scenario field it overrides (in this order)
 AXES = {"D": "pipeline.data_parallel", "K": "pipeline.stages", "v": "pipeline.chunks",
         "M": "pipeline.micro_batches", "schedule": "pipeline.schedule", "remat": "pipeline.remat",
-        "partition": "pipeline.partition", "zero": "training.zero", "T": "pipeline.tensor_parallel"}
-# T = 1 where an overrides dict (written before T was an axis) does not name it
-_OPTIONAL_AXES = {"pipeline.tensor_parallel": 1}
+        "partition": "pipeline.partition", "zero": "training.zero", "T": "pipeline.tensor_parallel",
+        "C": "pipeline.context_parallel"}
+# T = 1 and C = 1 where an overrides dict (written before they were axes) does not name them
+_OPTIONAL_AXES = {"pipeline.tensor_parallel": 1, "pipeline.context_parallel": 1}
+# By default the planner tries context parallelism C only while every device keeps at least this
+# many tokens of a sample: the ring's transfers hide behind the attention only on long blocks, and
+# the runs that use it split long sequences so (Llama 3's long-context phase: 131,072 tokens over
+# C = 16, 8,192 a GPU; Megatron-LM's guide: CP for long sequences). --context-parallel overrides.
+MIN_TOKENS_PER_CP_RANK = 8192
 # hardware fields of the base a candidate may clear (override with None), in this order
 CLEARABLE = ("hardware.placement", "hardware.stage_to_device", "hardware.links")
 
@@ -62,13 +68,16 @@ class PlanOptions:
     # T values tried (None: every power of two up to a node's devices that the model splits; T=1 always)
     tensor_parallel: tuple[int, ...] | None = None
     sequence_parallel: bool = False  # T > 1 with sequence parallelism (else the scenario's own setting)
+    # C values tried (None: 1, and each power of two the model's sequence splits into at least
+    # MIN_TOKENS_PER_CP_RANK tokens a device: `context_parallel_values`)
+    context_parallel: tuple[int, ...] | None = None
 
 
 class Candidate(NamedTuple):
     """One configuration of the space (an immutable named tuple, cheap to make by the hundred
     thousand): D replicas of a K-stage pipeline of v chunks per stage, M
     micro-batches, the schedule, remat mode, partition method and ZeRO stage, and T devices per
-    rank (tensor parallelism); `cleared` names
+    rank (tensor parallelism), C devices per sequence (context parallelism); `cleared` names
     the hardware fields of the base (of `CLEARABLE`) that no longer fit D x K and are set to None."""
 
     data_parallel: int  # D
@@ -80,12 +89,13 @@ class Candidate(NamedTuple):
     partition: str
     zero: int
     tensor_parallel: int = 1  # T
+    context_parallel: int = 1  # C
     cleared: tuple[str, ...] = ()
 
     @property
     def devices(self) -> int:
-        """T * D * K."""
-        return self.tensor_parallel * self.data_parallel * self.stages
+        """T * C * D * K."""
+        return self.tensor_parallel * self.context_parallel * self.data_parallel * self.stages
 
     @property
     def data_parallel_only(self) -> bool:
@@ -98,7 +108,7 @@ class Candidate(NamedTuple):
 
     def axes(self) -> tuple[Any, ...]:
         """The values of the axes, in `AXES` order."""
-        return tuple(self[:9])
+        return tuple(self[:10])
 
     def shown_axes(self) -> dict[str, Any]:
         """The axes by short name (`AXES`) as reports show them: at K=1 (no pipeline, one chunk)
@@ -152,6 +162,9 @@ def check_options(options: PlanOptions) -> None:
     if options.tensor_parallel is not None and (not options.tensor_parallel or any(
             isinstance(t, bool) or not isinstance(t, int) or t < 1 or t & (t - 1) for t in options.tensor_parallel)):
         raise ScenarioError(f"--tensor-parallel: expected powers of two (1, 2, 4, 8, ...), got {options.tensor_parallel}")
+    if options.context_parallel is not None and (not options.context_parallel or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in options.context_parallel)):
+        raise ScenarioError(f"--context-parallel: expected whole numbers >= 1, got {options.context_parallel}")
     if options.stages is not None and (not options.stages or any(k < 1 for k in options.stages)):
         raise ScenarioError(f"--stages: expected whole numbers >= 1, got {options.stages}")
     for flag, value, high in (("--tie", options.tie, 1.0), ("--reserve", options.reserve, 0.99),
@@ -200,9 +213,30 @@ def tensor_parallel_values(base: Scenario, options: PlanOptions) -> list[int]:
     return [t for t in out if options.tensor_parallel is None or t in options.tensor_parallel]
 
 
-def device_layouts(base: Scenario, options: PlanOptions) -> list[tuple[int, int, int]]:
-    """(T, D, K) with T x D x K = N (or fewer): `device_pairs` for each of `tensor_parallel_values`."""
-    return [(T, D, K) for T in tensor_parallel_values(base, options) for D, K in device_pairs(base, options, T)]
+def context_parallel_values(base: Scenario, options: PlanOptions, tensor_parallel: int) -> list[int]:
+    """The C the planner tries beside T = `tensor_parallel`: 1, and each power of two up to N / T
+    that leaves every device at least MIN_TOKENS_PER_CP_RANK tokens; where
+    `options.context_parallel` is given, those of its values; each only where the model and the
+    nodes take it (`context_parallel_problem`: flash attention, 2C chunks, T x C tiling nodes)."""
+    from types import SimpleNamespace
+
+    from gpipe_sim.spec.context_parallel import context_parallel_problem
+
+    placed = SimpleNamespace(devices_per_node=base.hardware.devices_per_node, placement=None, stage_to_device=None)
+    most = options.devices // tensor_parallel
+    if options.context_parallel is not None:
+        values = sorted(c for c in options.context_parallel if c <= most)
+    else:
+        tokens = getattr(base.model, "seq_len", 0)
+        values = [1] + [1 << i for i in range(1, most.bit_length()) if tokens // (1 << i) >= MIN_TOKENS_PER_CP_RANK]
+    return [c for c in values if c == 1 or context_parallel_problem(base.model, c, tensor_parallel, placed) is None]
+
+
+def device_layouts(base: Scenario, options: PlanOptions) -> list[tuple[int, int, int, int]]:
+    """(T, C, D, K) with T x C x D x K = N (or fewer): `device_pairs` for each of
+    `tensor_parallel_values` and its `context_parallel_values`."""
+    return [(T, C, D, K) for T in tensor_parallel_values(base, options)
+            for C in context_parallel_values(base, options, T) for D, K in device_pairs(base, options, T * C)]
 
 
 def _divisors(n: int) -> list[int]:
@@ -210,12 +244,12 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // k for k in small]))
 
 
-def _cleared_hardware(base: Scenario, D: int, K: int, T: int = 1) -> tuple[str, ...]:
-    """Hardware fields of the base that no longer fit T x D x K, to be cleared so the candidate
+def _cleared_hardware(base: Scenario, D: int, K: int, T: int = 1, C: int = 1) -> tuple[str, ...]:
+    """Hardware fields of the base that no longer fit T x C x D x K, to be cleared so the candidate
     places itself (Megatron-LM's order over its devices), in `CLEARABLE` order."""
     hw, p = base.hardware, base.pipeline
     out: list[str] = []
-    same_t = T == p.tensor_parallel
+    same_t = T == p.tensor_parallel and C == p.context_parallel
     same = (D, K) == (p.data_parallel, p.stages) and same_t
     if hw.placement is not None and not same:
         out.append("hardware.placement")
@@ -229,8 +263,9 @@ def _cleared_hardware(base: Scenario, D: int, K: int, T: int = 1) -> tuple[str, 
 def candidate_space(base: Scenario, options: PlanOptions,
                     rejected: list[tuple[Any, ...]] | None = None) -> list[Candidate]:
     """Every configuration in the space that the schema and the schedule families accept, in a
-    stable order: T, D*K, K, schedule (registry order), v, M, remat, partition, zero (T from
-    `tensor_parallel_values`). Hardware fields of the base that do not fit a (T, D, K) (an
+    stable order: T, C, D*K, K, schedule (registry order), v, M, remat, partition, zero (T from
+    `tensor_parallel_values`, C from `context_parallel_values`). Hardware fields of the base that
+    do not fit a (T, C, D, K) (an
     explicit placement, per-pair links) are cleared.
 
     K=1 is data parallelism (gradient accumulation): one configuration per (M, remat, zero), run
@@ -255,20 +290,20 @@ def candidate_space(base: Scenario, options: PlanOptions,
     remats = options.remat if options.remat is not None else REMAT_MODES
     partitions = options.partitions if options.partitions is not None else DEFAULT_PARTITIONS
     out: list[Candidate] = []
-    for T, D, K in device_layouts(base, options):
+    for T, C, D, K in device_layouts(base, options):
         share = batch // D
         zeros = options.zero if options.zero is not None else ((0, 1) if D > 1 else (0,))
         Ms = [m for m in (options.micro_batches or range(1, share + 1)) if 1 <= m <= share]
         if options.even_micro_batches:
             Ms = [m for m in Ms if share % m == 0]
-        cleared = _cleared_hardware(base, D, K, T)
+        cleared = _cleared_hardware(base, D, K, T, C)
         groups = [(DATA_PARALLEL_SCHEDULE, 1, partitions[:1])] if K == 1 else \
             [(name, v, partitions) for name in names for v in range(1, options.max_chunks + 1) if K * v <= layers]
         for name, v, parts in groups:
             accepted = _family_accepts(SCHEDULES[name], (D, K, v, T), name, Ms, rejected)
-            accepted = _schema_accepts(base, (D, K, v, T), name, accepted, cleared, rejected)
+            accepted = _schema_accepts(base, (D, K, v, T, C), name, accepted, cleared, rejected)
             modes = _remats_for(base, remats, name, K, v, accepted)
-            out.extend(Candidate(D, K, v, M, name, remat, partition, zero, T, cleared)
+            out.extend(Candidate(D, K, v, M, name, remat, partition, zero, T, C, cleared)
                        for M, remat, partition, zero in itertools.product(accepted, modes, parts, zeros))
     return out
 
@@ -314,12 +349,12 @@ def enumerate_candidates(base: Scenario, options: PlanOptions) -> list[dict[str,
     return [c.overrides() for c in candidate_space(base, options)]
 
 
-def _schema_accepts(base: Scenario, layout: tuple[int, int, int, int], name: str, Ms: list[int],
+def _schema_accepts(base: Scenario, layout: tuple[int, int, int, int, int], name: str, Ms: list[int],
                     cleared: tuple[str, ...], rejected: list[tuple[Any, ...]] | None = None) -> list[int]:
-    """The Ms of a (D, K, v, T) layout and schedule the schema accepts: one validation for the group
+    """The Ms of a (D, K, v, T, C) layout and schedule the schema accepts: one validation for the group
     (its other rules do not depend on M), each M on its own if that one fails (those refused
     noted in `rejected` with the schema's message)."""
-    D, K, v, T = layout
+    D, K, v, T, C = layout
     if not Ms:
         return Ms
 
@@ -327,7 +362,7 @@ def _schema_accepts(base: Scenario, layout: tuple[int, int, int, int], name: str
         try:
             base.with_updates({"pipeline.data_parallel": D, "pipeline.stages": K, "pipeline.chunks": v,
                                "pipeline.micro_batches": M, "pipeline.schedule": name,
-                               "pipeline.tensor_parallel": T, **{field_name: None for field_name in cleared}})
+                               "pipeline.tensor_parallel": T, "pipeline.context_parallel": C, **{field_name: None for field_name in cleared}})
         except GpipeError as exc:
             return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None

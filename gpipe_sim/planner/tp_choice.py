@@ -1,5 +1,5 @@
-"""Why the planner's pick has its T: the pick's tensor-parallel figures beside the best of every
-other T searched, or what kept that T out (memory, or a step-time bound)."""
+"""Why the planner's pick has its T and its C: the pick's figures beside the best of every other
+T (or C) searched, or what kept that value out (memory, or a step-time bound)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ def searched_tp(search: PlanSearch) -> list[int]:
     return sorted({c.tensor_parallel for c in search.candidates} | {r[6] for r in search.rejected if len(r) > 6})
 
 
+def searched_cp(search: PlanSearch) -> list[int]:
+    """The C values of the configurations the search enumerated."""
+    return sorted({c.context_parallel for c in search.candidates})
+
+
 def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
     """Step (against the pick), peak and the tensor-parallel collectives of the rank with the most
     (`PlanEntry.max_stage_tp_comm_s`)."""
@@ -28,20 +33,20 @@ def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
     return f"step {format_seconds(e.step_time_s)}{versus}, peak {format_bytes(e.peak_memory_bytes)}{comm}"
 
 
-def _kept_out(search: PlanSearch, T: int, pick: PlanEntry | None) -> str:
-    """Why no configuration of this T fits or was simulated: the least memory one needs, or the
-    step-time bound that every simulated-free one is at least."""
+def _kept_out(search: PlanSearch, T: int, pick: PlanEntry | None, axis: str = "T") -> str:
+    """Why no configuration with this value of `axis` (T or C) fits or was simulated: the least
+    memory one needs, or the step-time bound that every simulated-free one is at least."""
     memory, bound, preferred = [], [], 0
     for i, (code, figure, _) in search.pruned.items():
-        if search.candidates[i].tensor_parallel == T:
+        if search.candidates[i].shown_axes()[axis] == T:
             preferred += code == "preferred"
             (memory if code == "memory" else bound if code == "bound" else []).append(figure)
-    memory += [e.peak_memory_bytes for e in search.simulated_entries if e.get("T") == T and not e.fits]
+    memory += [e.peak_memory_bytes for e in search.simulated_entries if e.get(axis) == T and not e.fits]
     bound = [b for b in bound if math.isfinite(b)]
     cap = format_bytes(search.limit_bytes)
     if preferred:
         return (f"not simulated: {preferred:,} configurations may be within the tie of the fastest, but "
-                "simpler tied ones (a smaller T first) rank before them")
+                f"simpler tied ones (a smaller {axis} first) rank before them")
     if bound:
         least = min(bound)
         versus = f" ({least / pick.step_time_s - 1.0:+.1%} on the pick)" if pick and pick.step_time_s > 0 else ""
@@ -57,26 +62,34 @@ def tp_text(search: PlanSearch, describe: Callable[[PlanEntry], str]) -> str:
     """One line on the pick's T when more than one T was searched (else ""): "tensor parallelism:
     picked T=2 (step, peak, TP collectives a step); T=1: no configuration fits: ...; T=4: best
     (configuration), step (+x% on the pick), ..."; `describe` writes a configuration in words."""
-    values = searched_tp(search)
+    return _axis_choice(search, describe, "T", "tensor parallelism", searched_tp(search))
+
+
+def cp_text(search: PlanSearch, describe: Callable[[PlanEntry], str]) -> str:
+    """The same line for the pick's C (context parallelism) when more than one C was searched."""
+    return _axis_choice(search, describe, "C", "context parallelism", searched_cp(search))
+
+
+def _axis_choice(search: PlanSearch, describe: Callable[[PlanEntry], str], axis: str, name: str,
+                 values: list[int]) -> str:
+    """The pick's value of `axis` (T or C) beside the best configuration of each other value
+    searched, or what kept it out (`_kept_out`); "" when one value was searched."""
     if len(values) < 2:
         return ""
     pick = search.pick
     best: dict[int, PlanEntry] = {}
     for e in search.ranked:  # fastest first
-        best.setdefault(e.get("T"), e)
-    parts = []
-    if pick is not None:
-        parts.append(f"tensor parallelism: picked T={pick.get('T')} ({_figures(pick, None)})")
-    else:
-        parts.append("tensor parallelism: nothing fits with any T")
-    for T in values:
-        if pick is not None and T == pick.get("T"):
+        best.setdefault(e.get(axis), e)
+    parts = [f"{name}: picked {axis}={pick.get(axis)} ({_figures(pick, None)})" if pick is not None
+             else f"{name}: nothing fits with any {axis}"]
+    for value in values:
+        if pick is not None and value == pick.get(axis):
             continue
-        e = best.get(T)
+        e = best.get(value)
         if e is None:
-            parts.append(f"T={T}: {_kept_out(search, T, pick)}")
+            parts.append(f"{axis}={value}: {_kept_out(search, value, pick, axis)}")
             continue
-        tied = (" (within the tie: the smaller T is preferred)"
-                if pick is not None and e.tied and T > pick.get("T") else "")
-        parts.append(f"T={T}: best {describe(e)}: {_figures(e, pick)}{tied}")
+        tied = (f" (within the tie: the smaller {axis} is preferred)"
+                if pick is not None and e.tied and value > pick.get(axis) else "")
+        parts.append(f"{axis}={value}: best {describe(e)}: {_figures(e, pick)}{tied}")
     return "; ".join(parts)
