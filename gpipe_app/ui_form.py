@@ -18,7 +18,7 @@ from gpipe_sim.spec.layers import describe_layer_count
 from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
 from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, PARTITION_METHODS, REMAT_MODES, Scenario, load_scenario
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS
+from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS, ZERO_STAGES
 from gpipe_app.ui_data import read_layer_table
 from gpipe_app.ui_scenario import (
     KEPT_TABLE as _KEPT_TABLE, PREFIX, TENSOR_PARALLEL_CHOICES, carry_unheld, choice_value, file_choice, finish_boxes, form_base,
@@ -347,8 +347,9 @@ def _training_fields(box: Any, bt: dict[str, Any], hardware: dict[str, Any]) -> 
         help="How the update runs, which sets its temporary memory: for_loop (one tensor at a time, "
              "torch's default on CPU), foreach (lists of all tensors, torch's default on CUDA: Adam "
              "makes an fp32 copy of every parameter), fused (none); default: the hardware's.")
-    zero = box.checkbox("ZeRO-1 (shard optimizer states over the D replicas)",
-                        key=_init(PREFIX + "training.zero", bool(bt.get("zero", 0))))
+    zero = box.selectbox("ZeRO stage", ZERO_STAGES, key=_init(PREFIX + "training.zero", int(bt.get("zero", 0))),
+                         help="Shard over the D replicas: 1 optimizer states (Megatron-LM's distributed "
+                              "optimizer), 2 gradients too, 3 parameters too (FSDP2, gathered per layer).")
     run_fields, price = _run_fields(box, bt, hardware)
     return {"optimizer": optimizer, "dtype": dtype, "zero": int(zero), "optimizer_step": step, **run_fields}, price
 

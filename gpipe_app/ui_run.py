@@ -74,7 +74,7 @@ FIELD_LABELS: dict[str, str] = {
     "pipeline.schedule": "schedule", "pipeline.remat": "re-materialization", "pipeline.partition": "partition",
     "pipeline.tensor_parallel": "tensor parallel T", "pipeline.sequence_parallel": "sequence parallel",
     "training.optimizer": "optimizer", "training.dtype": "dtype", "model.preset": "model preset",
-    "training.optimizer_step": "optimizer step", "training.zero": "ZeRO-1", "training.tokens": "tokens to train on",
+    "training.optimizer_step": "optimizer step", "training.zero": "ZeRO stage", "training.tokens": "tokens to train on",
     "pipeline.data_parallel": "data-parallel D", "hardware.price_per_device_hour": "price per device-hour",
     "hardware.devices_per_node": "devices per node",
     "hardware.network.bandwidth": "network bandwidth (per port or NIC)",

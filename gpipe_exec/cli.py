@@ -212,7 +212,7 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
         remat=defaults.remat if args.remat is None else (None if args.remat == "all" else _csv(args.remat, "--remat")),
         partitions=defaults.partitions if args.partitions is None else
         (None if args.partitions == "all" else _csv(args.partitions, "--partitions")),
-        zero=defaults.zero if args.zero is None else (None if args.zero == "all" else _csv(args.zero, "--zero", int)),
+        zero=defaults.zero if args.zero is None else ((0, 1) if args.zero == "all" else _csv(args.zero, "--zero", int)),
         max_chunks=args.max_chunks, micro_batches=micro, profiles=args.profiles)
     check_options(options)
     scenario = load_scenario(args.scenario, args.set)
@@ -348,7 +348,7 @@ def _parser_plan_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remat", help="comma-separated remat modes, or all (default none: with everything in "
                                    "memory re-computing is only slower, and checking it doubles the run)")
     p.add_argument("--partitions", help="comma-separated partition methods, or all (default time)")
-    p.add_argument("--zero", help="comma-separated ZeRO stages for D > 1, or all (default 0)")
+    p.add_argument("--zero", help="comma-separated ZeRO stages for D > 1, or all (0,1: the stages gpipe-exec runs; default 0)")
     p.add_argument("--max-chunks", type=int, default=2, help="chunks per rank tried, at most (default 2)")
     p.add_argument("--profiles", type=int, default=3,
                    help="profiles of the model, each timing every micro-batch size once; the planner "

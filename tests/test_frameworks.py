@@ -69,8 +69,8 @@ def _megatron_runs(s: Scenario) -> bool:
 
 ROUND_TRIPS = [("megatron", write_megatron, read_megatron, ("1f1b", "interleaved_1f1b"), (0, 1),
                 ("none", "always"), _megatron_runs),
-               ("torchtitan", write_torchtitan, read_torchtitan, ("gpipe", "1f1b", "interleaved_1f1b", "zbv"), (0,),
-                ("none", "selective"), lambda s: True)]
+               ("torchtitan", write_torchtitan, read_torchtitan, ("gpipe", "1f1b", "interleaved_1f1b", "zbv"), (0, 3),
+                ("none", "selective"), lambda s: s.pipeline.data_parallel > 1 or s.training.zero == 0)]
 
 
 @pytest.mark.parametrize("framework, write, read, schedules, zero, remat, runs", ROUND_TRIPS,

@@ -72,7 +72,7 @@ def test_enumeration_is_what_the_schema_accepts():
                                            "pipeline.micro_batches": M, "pipeline.schedule": name})
                     except GpipeError:
                         continue
-                    for zero in ((0, 1) if D > 1 else (0,)):
+                    for zero in ((0, 1, 2, 3) if D > 1 else (0,)):
                         expected.add((D, K, v, M, name, zero))
     assert keys == expected
     for o in got:
@@ -120,8 +120,10 @@ def test_candidates_are_the_enumerated_overrides():
     # collectives priced inside the passes, the split layers' memory, with and without sequence parallelism
     ({**TRANSFORMER, "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "50 MB"},
                                   "devices_per_node": 2, "network": {"bandwidth": "2 GB/s"}}},
+     # ZeRO-3's collectives are bounded by nothing yet (its bound is the compute's): with it on this
+     # slow network a family's best needs more decisions than the cap (proven, but not in 32)
      PlanOptions(devices=4, max_chunks=2, micro_batches=(1, 2, 4), top=5, remat=("none", "always"),
-                 schedules=("gpipe", "1f1b", "zb_h1", "interleaved_1f1b"))),
+                 schedules=("gpipe", "1f1b", "zb_h1", "interleaved_1f1b"), zero=(0, 1, 2))),
     # T = 4 over two nodes of 2 (--tensor-parallel names it): its collectives cross one 16 Gb/s NIC
     ({**TRANSFORMER, "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "50 MB"},
                                   "devices_per_node": 2,
@@ -239,7 +241,7 @@ def test_bad_devices_is_one_line(capsys, scenario_file, devices):
 def test_bad_options_are_one_line(capsys, scenario_file):
     _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--schedules", "nope"], "--schedules", "nope")
     _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--remat", "some"], "--remat")
-    _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--zero", "2"], "--zero")
+    _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--zero", "4"], "--zero")
     _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--top", "0"], "--top")
     _refused(capsys, ["plan", str(scenario_file), "--devices", "5000"], "--devices")  # no D x K fits
     _refused(capsys, ["plan", str(scenario_file), "--devices", "2", "--set", "pipeline.stages=x"], "pipeline.stages")

@@ -63,14 +63,16 @@ def test_plan_picks_the_simplest_tied_configuration():
 
 def test_reserve_and_headroom_exclude_configurations():
     base = parse_scenario(UNIFORM)
-    none = search_configurations(base, PlanOptions(**SMALL, reserve=0.0))
+    # no ZeRO: with the sharded stages' faster data parallelism the step-time bound prunes the large ones unsimulated
+    small = dict(SMALL, zero=(0,))
+    none = search_configurations(base, PlanOptions(**small, reserve=0.0))
     assert none.capacity_bytes == pytest.approx(4e9)
-    reserved = search_configurations(base, PlanOptions(**SMALL, reserve=0.5))
+    reserved = search_configurations(base, PlanOptions(**small, reserve=0.5))
     assert reserved.capacity_bytes == pytest.approx(2e9)
     peaks = sorted(e.peak_memory_bytes for e in none.ranked)
     assert any(p > 2e9 for p in peaks) and all(e.peak_memory_bytes <= 2e9 for e in reserved.ranked)
     assert reserved.ranked and len(reserved.ranked) < len(none.ranked)
-    roomy = search_configurations(base, PlanOptions(**SMALL, reserve=0.0, headroom=0.5))
+    roomy = search_configurations(base, PlanOptions(**small, reserve=0.0, headroom=0.5))
     assert roomy.limit_bytes == pytest.approx(2e9)
     assert roomy.ranked and all(e.peak_memory_bytes <= 2e9 for e in roomy.ranked)
     assert len(roomy.ranked) < len(none.ranked)

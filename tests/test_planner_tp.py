@@ -51,9 +51,10 @@ def test_tensor_parallel_searched_only_where_valid(data, devices, expected):
 
 
 def test_only_t2_fits_and_the_pick_says_why():
-    """40 MB a device: at K=1 the whole model on one device (T=1, D=2) does not fit, split over 2 it does."""
+    """40 MB a device: at K=1 the whole model on one device (T=1, D=2) does not fit unsharded
+    (ZeRO 0), split over 2 it does."""
     base = parse_scenario(_with(GPT, accelerator={"memory_bytes": "40 MB"}))
-    search = search_configurations(base, PlanOptions(devices=2, stages=(1,), reserve=0.0))
+    search = search_configurations(base, PlanOptions(devices=2, stages=(1,), reserve=0.0, zero=(0,)))
     assert search.pick.get("T") == 2 and search.pick.max_stage_tp_comm_s > 0
     assert all(e.get("T") == 2 for e in search.ranked)
     text = plan_text(search)
@@ -90,3 +91,16 @@ def test_tensor_parallel_option_restricts(tmp_path, capsys):
         assert main([*argv, "--tensor-parallel", bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--tensor-parallel" in err, err
+
+
+def test_zero3_fits_where_only_t2_did_and_the_pick_says_why():
+    """The same 40 MB a device with every ZeRO stage searched: ZeRO-3 shards the weights of one
+    replica's whole model over D=2, so T=1 fits (and skips T=2's collectives); the reason names the
+    stages that do not fit."""
+    base = parse_scenario(_with(GPT, accelerator={"memory_bytes": "40 MB"}))
+    search = search_configurations(base, PlanOptions(devices=2, stages=(1,), reserve=0.0))
+    pick = search.pick
+    assert (pick.get("T"), pick.get("D"), pick.get("zero")) == (1, 2, 3) and pick.fits
+    text = plan_text(search)
+    assert "ZeRO stage: picked 3" in text and "0: needs at least" in text and "does not fit" in text
+    assert plan_dict(search)["why_zero"].startswith("ZeRO stage: picked 3")

@@ -37,7 +37,7 @@ def _open_in_explore(overrides: dict[str, Any]) -> None:
     (a button callback: it runs before the form's widgets exist)."""
     for dotted, value in overrides.items():
         if dotted.startswith("pipeline.") or dotted == "training.zero":
-            st.session_state[PREFIX + dotted] = bool(value) if dotted == "training.zero" else value
+            st.session_state[PREFIX + dotted] = value
     st.session_state[GOTO_EXPLORE] = True
 
 

@@ -140,7 +140,7 @@ def config_label(o: dict[str, Any]) -> str:
     text = (f"D={o.get('pipeline.data_parallel', 1)} K={o.get('pipeline.stages')} v={o.get('pipeline.chunks', 1)} "
             f"M={o.get('pipeline.micro_batches')} {o.get('pipeline.schedule')} remat={o.get('pipeline.remat')}")
     if o.get("training.zero"):
-        text += " zero=1"
+        text += f" zero={o['training.zero']}"
     return text
 
 

@@ -41,6 +41,12 @@ def write_deepspeed(scenario: Scenario) -> Written:
     if t.dtype in ("bf16", "fp16"):
         config[t.dtype] = {"enabled": True}
     config["zero_optimization"] = {"stage": t.zero, **reduction_keys(scenario, notes)}
+    if t.zero >= 2 and p.stages > 1:
+        notes.append(f"training.zero: DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only; stage {t.zero} "
+                     "written, which it refuses")
+    if t.shard_within_node:
+        notes.append("training.shard_within_node: DeepSpeed has no hybrid sharding of all states (ZeRO++'s hpZ "
+                     "shards a secondary weight copy only); left out")
     # PipelineModule checkpoints groups of this many layers: one group per chunk (always), one per layer (full)
     interval = {"always": max(chunk_sizes(scenario)), "full": 1}.get(p.remat)
     if interval is not None and p.stages > 1:

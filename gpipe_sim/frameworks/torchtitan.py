@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from gpipe_sim.frameworks.common import Written, chunk_sizes, micro_batch_size, transformer
+from gpipe_sim.plan.sharding import shard_degree
 from gpipe_sim.spec.architectures import ARCHITECTURES
 from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Scenario
@@ -139,9 +140,14 @@ def parallelism_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
     if t.overlap_grad_reduce or t.overlap_param_gather:
         notes.append("training.overlap_grad_reduce: torchtitan's data parallelism schedules its own reduction "
                      "and gathers; not a job setting")
-    if t.zero:
-        notes.append(f"training.zero: torchtitan shards with FSDP (data_parallel_shard_degree: parameters, gradients "
-                     f"and optimizer states), not ZeRO-{t.zero}; written as replicas")
+    if t.zero == 3 and p.data_parallel > 1:  # FSDP2 over the shard group, replicated across groups (HSDP)
+        shard = shard_degree(scenario)
+        keys["data_parallel_replicate_degree"], keys["data_parallel_shard_degree"] = p.data_parallel // shard, shard
+    elif t.zero == 3:
+        notes.append("training.zero: one replica has nothing to shard; written as data_parallel_shard_degree 1")
+    elif t.zero:
+        notes.append(f"training.zero: torchtitan shards with FSDP (ZeRO-3: data_parallel_shard_degree), "
+                     f"not ZeRO-{t.zero}; written as replicas")
     if p.tensor_parallel > 1 and not p.sequence_parallel:
         notes.append("pipeline.sequence_parallel: torchtitan's tensor parallelism always shards the norms' "
                      "activations (sequence parallel)")

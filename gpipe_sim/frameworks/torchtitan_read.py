@@ -89,9 +89,9 @@ def _pipeline(cfg: dict[str, Any], data: dict[str, Any], notes: list[str]) -> di
                      "size; taken as 1")
         shard = 1
     shard = whole(SOURCE, "parallelism.data_parallel_shard_degree", shard)
-    if shard > 1:
-        notes.append(f"parallelism.data_parallel_shard_degree {shard}: FSDP shards parameters, gradients and "
-                     "optimizer states; taken as that many replicas without ZeRO")
+    if shard > 1 and replicate > 1:  # HSDP (_training reads the degrees again)
+        notes.append(f"parallelism.data_parallel_shard_degree {shard}: hybrid sharding is simulated with the "
+                     "replicas sharing a node as the shard group (training.shard_within_node)")
     D, T = replicate * shard, whole(SOURCE, "parallelism.tensor_parallel_degree", cfg["tensor_parallel_degree"])
     K = whole(SOURCE, "parallelism.pipeline_parallel_degree", cfg["pipeline_parallel_degree"])
     name = str(cfg["pipeline_parallel_schedule"])
@@ -168,7 +168,10 @@ def _training(cfg: dict[str, Any], data: dict[str, Any], notes: list[str]) -> di
         notes.append(f"optimizer.name {name}: not an optimizer gpipe-sim models; kept {training.get('optimizer')}")
     else:
         training["optimizer"] = optimizer
-    training["zero"] = 0
+    # FSDP2 (ZeRO-3) where data_parallel_shard_degree > 1; HSDP where replicated across shard groups too
+    sharded = int(cfg["data_parallel_shard_degree"]) > 1 and int(data["pipeline"]["data_parallel"]) > 1
+    training["zero"] = 3 if sharded else 0
+    training["shard_within_node"] = sharded and int(cfg["data_parallel_replicate_degree"]) > 1
     if "steps" in cfg and "seq_len" in data["model"]:
         training["tokens"] = whole(SOURCE, "training.steps", cfg["steps"]) * data["pipeline"]["batch_size"] \
             * data["model"]["seq_len"]

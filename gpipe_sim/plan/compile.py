@@ -17,6 +17,8 @@ from gpipe_sim.plan.replicas import data_parallel_groups
 from gpipe_sim.spec.mesh import gradient_group, total_devices
 from gpipe_sim.plan.context_parallel import combined, ring_work
 from gpipe_sim.spec.context_parallel import local_model
+from gpipe_sim.plan.sharding import (bytes_per_param, fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes,
+                                     shard_degree)
 from gpipe_sim.plan.tensor_parallel import collective_work
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
@@ -225,8 +227,9 @@ class Plan:
     @cached_property
     def global_program(self) -> GlobalProgram:
         """The global program every engine and every executor rank runs (built once)."""
+        training = self.scenario.training
         return global_program(self.schedule, self.replicas, self.program_replicas,
-                              self.scenario.training.overlap_grad_reduce,
+                              training.overlap_grad_reduce or training.zero == 3,
                               reduced=gradient_group(self.scenario.pipeline) > 1)
 
     @cached_property
@@ -268,6 +271,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     remat_factor = 0.0 if p.remat == "none" or per_layer(p.remat) else 1.0  # whole chunks re-computed
     time_weights = [f * (1 + remat_factor) + b for f, b in times]
     bpp = training.bytes_per_param
+    weight_per_param = local_weight_bytes_per_param(scenario)
     state_per_param = local_state_bytes_per_param(scenario)
     schedule = scenario_schedule(scenario)
     model_input = input_bytes_per_sample(local_model(scenario.model, p.context_parallel), dtype_bytes)
@@ -284,6 +288,12 @@ def compile_plan(scenario: Scenario) -> Plan:
         own = layers[first : first + count]
         per_size, tp_seconds = _chunk_times(scenario, own, first, scenario.device_map[schedule.placement[c]],
                                             distinct)
+        in_flight = (0.0, 0.0)
+        if gathers_per_pass(scenario):  # ZeRO-3 without pipelining: each pass gathers its layers
+            shares = np.array([[layer_pass_times(layer, b, accel, dtype, dtype_bytes)[:2] for layer in own]
+                               for b in distinct], dtype=float)
+            per_size[:, :2] = fsdp_chunk_seconds(scenario, own, shares, per_size[:, :2])
+            in_flight = in_flight_bytes(own, dtype_bytes)
         per_size = per_size[size_index]
         params = sum(layer.params for layer in own)
         input_per_sample = model_input if c == 0 else layers[first - 1].output_bytes_per_sample
@@ -298,7 +308,7 @@ def compile_plan(scenario: Scenario) -> Plan:
                 first_layer=first,
                 last_layer=first + count - 1,
                 params=params,
-                param_bytes=float(params * dtype_bytes),
+                param_bytes=float(params * weight_per_param),
                 state_bytes=float(params * state_per_param),
                 forward_s=per_size[:, 0].copy(),
                 backward_s=backward.copy(),
@@ -308,9 +318,9 @@ def compile_plan(scenario: Scenario) -> Plan:
                 input_bytes=input_per_sample * samples,
                 output_bytes=own[-1].output_bytes_per_sample * samples,
                 update_s=update_seconds(own, accel, dtype_bytes, bpp, scenario.optimizer_step)
-                / (p.data_parallel if training.zero else 1),
-                transient_bytes=chunk_transient_bytes(own, samples, fixed=False),
-                backward_transient_bytes=chunk_transient_bytes(own, samples, recomputed=True),
+                / _update_share(scenario),
+                transient_bytes=chunk_transient_bytes(own, samples, fixed=False) + in_flight[0],
+                backward_transient_bytes=chunk_transient_bytes(own, samples, recomputed=True) + in_flight[1],
                 # the model's first chunk has nothing to do in its input pass: its weight pass is a
                 # full backward
                 weight_pass_transient_bytes=chunk_transient_bytes(own, samples, per_sample=c == 0),
@@ -348,11 +358,22 @@ def _rank_plans(scenario: Scenario, schedule: Schedule, layers: Sequence[LayerSp
 
 
 def local_state_bytes_per_param(scenario: Scenario) -> float:
-    """Bytes a rank holds per parameter beside the weight itself: the gradient, plus the optimizer
-    states and fp32 master weights, which ZeRO-1 shards over the D replicas."""
-    training, D = scenario.training, scenario.pipeline.data_parallel
-    dtype_bytes = training.dtype_bytes
-    return dtype_bytes + (training.state_bytes_per_param - dtype_bytes) / (D if training.zero else 1)
+    """Bytes a rank holds all step per parameter beside the weight itself: the gradient, the
+    optimizer states and fp32 master weights, as `training.zero` shards them (gpipe_sim.plan.sharding)."""
+    p = scenario.pipeline
+    return bytes_per_param(scenario.training, p.data_parallel, shard_degree(scenario), p.stages)[1]
+
+
+def local_weight_bytes_per_param(scenario: Scenario) -> float:
+    """Bytes of the weight a rank holds all step per parameter: the training dtype's, or under
+    ZeRO-3 without pipelining its shard (gpipe_sim.plan.sharding)."""
+    p = scenario.pipeline
+    return bytes_per_param(scenario.training, p.data_parallel, shard_degree(scenario), p.stages)[0]
+
+
+def _update_share(scenario: Scenario) -> int:
+    """The replicas a rank's optimizer update is shared among: the shard group under ZeRO, else 1."""
+    return shard_degree(scenario) if scenario.training.zero and scenario.pipeline.data_parallel > 1 else 1
 
 
 def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) -> tuple[list[float], list[float]]:
@@ -375,7 +396,7 @@ def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) ->
     upcast = 0.0 if training.dtype == "fp32" else 4.0  # the gradients' fp32 copies
     none = [0.0] * len(layers)
     if training.zero and D > 1:
-        share = 0.0 if scenario.hardware.host.step_buffers else (factor + upcast) / D
+        share = 0.0 if scenario.hardware.host.step_buffers else (factor + upcast) / shard_degree(scenario)
         return [share * layer.params for layer in layers], none
     if step == "foreach":
         return [(factor + upcast) * layer.params for layer in layers], none
@@ -400,12 +421,13 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
     layer's transient is at least its input pass's bytes (which count its kept gradients again: an
     upper bound), and the optimizer step's temporaries per layer (update_scratch_per_layer)."""
     dtype_bytes = scenario.training.dtype_bytes
+    weight_per_param = local_weight_bytes_per_param(scenario)
     state_per_param = local_state_bytes_per_param(scenario)
     largest = max(sizes)
     split = schedule.count(Kind.BACKWARD_INPUT) > 0
     update = update_scratch_per_layer(scenario, layers)
     return MemoryTable(
-        static_bytes=[float(layer.params * (dtype_bytes + state_per_param)) for layer in layers],
+        static_bytes=[float(layer.params * (weight_per_param + state_per_param)) for layer in layers],
         activation_bytes=[float(layer.activation_bytes_per_sample
                                 + (layer.kept_for_weight_bytes_per_sample if split else 0.0)) for layer in layers],
         input_bytes=[float(input_bytes_per_sample(local_model(scenario.model, scenario.pipeline.context_parallel), dtype_bytes))]

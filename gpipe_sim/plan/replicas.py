@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Sequence
 
 import numpy as np
 
 from gpipe_sim.plan.buckets import bucket_bytes, gathered_forward_delay, overlapped_seconds
 from gpipe_sim.plan.links import ring_link_keys
+from gpipe_sim.plan.sharding import rank_rings, replica_ring
 from gpipe_sim.schedule import Kind, ProgramColumns
 from gpipe_sim.spec.hardware import Link
 from gpipe_sim.spec.mesh import context_members, gradient_group
@@ -58,18 +58,18 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     tp = scenario.pipeline.tensor_parallel  # each of a rank's T devices runs its shard's ring
     size = bucket_bytes(scenario)
     seconds, rows = [], []
+    zero = scenario.training.zero
     for index, (rank, params) in enumerate(zip(chunk_ranks, chunk_params)):
         ring = [member for d in range(D)
                 for member in context_members(int(dmap[d * K + rank]), p.tensor_parallel, p.context_parallel)]
-        nodes = {device // per_node for device in ring}
-        ln = hardware.link if len(nodes) == 1 else network
         # the rings of the rank's shards in one node leave it together (all T, or a node's worth
         # where the rank's T devices fill several nodes)
-        bandwidth = ln.bandwidth if len(nodes) == 1 else hardware.network_ring_bandwidth(min(tp, per_node))
-        reduce = partial(ring_allreduce_seconds, members=members, bandwidth=bandwidth, latency_s=ln.latency_s)
-        if overlap is None:
+        reduce = replica_ring(scenario, ring, per_node, tp).allreduce
+        if zero == 3:
+            seconds.append(_sharded_seconds(scenario, rank, per_node, overlap[index]) if K > 1 else 0.0)
+        elif overlap is None:
             seconds.append(reduce(params * dtype_bytes))
-        elif scenario.training.zero:  # each bucket reduce-scattered, the parameters all-gathered after
+        elif zero:  # each bucket reduce-scattered, the parameters all-gathered after
             grads, times, forward = overlap[index]
             half = lambda nbytes: reduce(nbytes) / 2  # noqa: E731 (a reduce-scatter or an all-gather)
             gather = (gathered_forward_delay(list(reversed(grads)), forward, size, half)
@@ -80,3 +80,15 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
             seconds.append(overlapped_seconds(grads, times, size, reduce))
         rows.extend((index, key) for key in ring_link_keys(hardware, ring, n_dev, per_node) if key not in foreign)
     return collective, np.asarray(rows, dtype=np.int64).reshape(-1, 2), np.asarray(seconds)
+
+
+def _sharded_seconds(scenario: Scenario, rank: int, per_node: int,
+                     overlap: tuple[Sequence[float], Sequence[float], Sequence[float]]) -> float:
+    """ZeRO-3 under pipelining (gpipe_sim.plan.sharding): from the start of a chunk's last backward,
+    each layer's gradients reduce-scattered over the shard ring as its backward ends (and under
+    HSDP their shard all-reduced across nodes), then what gathering the parameters layer by layer
+    delays the step's first forward."""
+    grads, times, forward = overlap
+    shard, across = rank_rings(scenario, rank, per_node)
+    gather = gathered_forward_delay(list(reversed(grads)), forward, 0.0, shard.half)
+    return overlapped_seconds(grads, times, 0.0, lambda n: shard.half(n) + across.allreduce(n / shard.members), gather)

@@ -12,6 +12,7 @@ import numpy as np
 from gpipe_sim.plan.compile import Plan
 from gpipe_sim.plan.partition import held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
+from gpipe_sim.plan.sharding import bytes_per_param
 from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
 from gpipe_sim.schedule.lower import build_schedule, saves_activations
 from gpipe_sim.schedule.registry import looped
@@ -139,9 +140,10 @@ class CostTable:
         of a chunk's gradients, `ring_allreduce_seconds` over the link `compile_plan` gives that
         ring: `link` when the replicas of the rank share a node, else `network`; the faster of the
         two where the candidate keeps an explicit placement of the base; none (0) under
-        `overlap_grad_reduce`, whose reduction the backward may hide but for its last bucket."""
+        `overlap_grad_reduce` or ZeRO-3, whose reduction the backward may hide but for its last bucket."""
         D, K, T, C = cand.data_parallel, cand.stages, cand.tensor_parallel, cand.context_parallel
-        if D * C <= 1 or self.base.training.overlap_grad_reduce:  # overlapped: hidden up to its last bucket
+        # overlapped (ZeRO-3 always): hidden up to its last bucket
+        if D * C <= 1 or self.base.training.overlap_grad_reduce or cand.zero == 3:
             return np.zeros(K), np.zeros(K)
         hw = self.base.hardware
         network = hw.network or hw.link
@@ -194,10 +196,9 @@ class CostTable:
         return out
 
     def static_per_param(self, D: int, zero: int) -> float:
-        """Bytes per parameter a rank holds: weight, gradient, optimizer states (sharded by ZeRO-1)."""
-        t = self.base.training
-        sharded = (t.state_bytes_per_param - t.dtype_bytes) / (D if zero else 1)
-        return t.dtype_bytes + t.dtype_bytes + sharded
+        """Bytes per parameter a rank holds at least: weight, gradient, optimizer states as the ZeRO
+        stage shards them over all D replicas without pipelining (`bytes_per_param`: the least it holds)."""
+        return sum(bytes_per_param(self.base.training, D, D, 1, zero))
 
     def time_weights(self, largest: int, remat: str) -> list[float]:
         """What the "time" partition balances, as `compile_plan` computes it (kernels only)."""

@@ -195,7 +195,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "full,selective where the model is a transformer and the schedule's backward is one pass)")
     p.add_argument("--partitions", help="comma-separated partition methods (default: uniform,time; "
                                         "memory and fit cost a partition search each)")
-    p.add_argument("--zero", help="comma-separated ZeRO stages, 0 and/or 1 (default: 0,1 when D > 1)")
+    p.add_argument("--zero", help="comma-separated ZeRO stages of 0,1,2,3 (default: all four when D > 1; "
+                                  "3 alone where the scenario shards within a node)")
     p.add_argument("--max-chunks", default="4", help="largest v tried for multi-chunk schedules (default 4)")
     p.add_argument("--micro-batches", help="comma-separated M values (default: every M the batch allows)")
     p.add_argument("--powers-of-two", action="store_true", help="K and D powers of two only")

@@ -15,6 +15,7 @@ from gpipe_sim.spec.units import format_bytes, format_seconds
 from gpipe_sim.planner.search import PlanEntry, PlanSearch, family
 from gpipe_sim.planner.run_table import entry_run, run_cells, run_dict, table_run_columns
 from gpipe_sim.results.run_cost import run_columns
+from gpipe_sim.planner.axis_choice import axis_text
 from gpipe_sim.planner.tp_choice import cp_text, searched_cp, searched_tp, tp_text
 from gpipe_sim.spec.scenario import Scenario
 
@@ -209,7 +210,8 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
             lines.append("  ".join(cell.ljust(w) if name in _LEFT else cell.rjust(w)
                                    for name, cell, w in zip(columns, r, widths)).rstrip())
         lines.append(choice_text(search))
-        for why in (tp_text(search, config_text), cp_text(search, config_text)):
+        for why in (tp_text(search, config_text), cp_text(search, config_text), axis_text(search, "remat"),
+                    axis_text(search, "zero")):
             if why:
                 lines.append(why)
         if len(family_heads(search)) > 1:
@@ -256,6 +258,7 @@ def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
         "tensor_parallel": searched_tp(search),
         "sequence_parallel": search.base.pipeline.sequence_parallel, "why_tensor_parallel": tp_text(search, config_text) or None,
         "context_parallel": searched_cp(search), "why_context_parallel": cp_text(search, config_text) or None,
+        "why_remat": axis_text(search, "remat") or None, "why_zero": axis_text(search, "zero") or None,
         "tied": search.tied, "pick": entry_dict(search.pick, figures, search.base) if search.pick else None,
         "ranked": [entry_dict(e, figures, search.base) for e in search.order[:top]],
         "pareto_front": [entry_dict(e, figures, search.base) for e in search.front],

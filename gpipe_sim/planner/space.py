@@ -12,7 +12,7 @@ from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.schedule import SCHEDULES, Kind, build_schedule
 from gpipe_sim.spec.recompute import per_layer, remat_problem
 from gpipe_sim.spec import limits
-from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, Scenario
+from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, ZERO_STAGES, Scenario
 
 DEFAULT_PARTITIONS = ("uniform", "time")
 # Step times within this share of the fastest are a tie: the model cannot tell them apart
@@ -55,7 +55,7 @@ class PlanOptions:
     # None: the partition methods worth trying here, DEFAULT_PARTITIONS ("memory" and "fit" run a
     # partition search of 0.03-0.2 s per candidate: ask for them where memory is tight)
     partitions: tuple[str, ...] | None = None
-    zero: tuple[int, ...] | None = None  # None: (0, 1) when D > 1, else (0,)
+    zero: tuple[int, ...] | None = None  # None: (0, 1, 2, 3) when D > 1, else (0,)
     max_chunks: int = 4  # v values tried for families with chunks > 1
     top: int = 10  # the ranking that must be exact: the bound never skips a candidate that enters it
     micro_batches: tuple[int, ...] | None = None  # None: every M the batch allows (1 .. batch / D)
@@ -146,7 +146,7 @@ def check_options(options: PlanOptions) -> None:
     for what, given, allowed in (("--schedules", options.schedules, tuple(SCHEDULES)),
                                  ("--remat", options.remat, REMAT_MODES),
                                  ("--partitions", options.partitions, PARTITION_METHODS),
-                                 ("--zero", options.zero, (0, 1))):
+                                 ("--zero", options.zero, ZERO_STAGES)):
         if given is None:
             continue
         if not given:
@@ -292,7 +292,8 @@ def candidate_space(base: Scenario, options: PlanOptions,
     out: list[Candidate] = []
     for T, C, D, K in device_layouts(base, options):
         share = batch // D
-        zeros = options.zero if options.zero is not None else ((0, 1) if D > 1 else (0,))
+        zeros = options.zero if options.zero is not None else (
+            (0,) if D == 1 else (3,) if base.training.shard_within_node else ZERO_STAGES)
         Ms = [m for m in (options.micro_batches or range(1, share + 1)) if 1 <= m <= share]
         if options.even_micro_batches:
             Ms = [m for m in Ms if share % m == 0]

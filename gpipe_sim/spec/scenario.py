@@ -54,6 +54,7 @@ OPTIMIZER_SCRATCH: dict[str, dict[str, int]] = {
 # Whole chunks re-computed (torchgpipe's modes: none, except_last, always) or blocks checkpointed
 # one by one (Megatron-LM's and torchtitan's: full, selective; gpipe_sim.spec.recompute)
 REMAT_MODES = ("none", "except_last", "always", "full", "selective")
+ZERO_STAGES = (0, 1, 2, 3)  # training.zero (gpipe_sim.plan.sharding)
 PARTITION_METHODS = ("uniform", "time", "memory", "fit")
 
 
@@ -167,7 +168,12 @@ class Training(_Strict):
     # adamw: Adam with decoupled weight decay (torch.optim.AdamW): the same states and temporaries
     optimizer: Literal["sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw"] = "adam"
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
-    zero: Literal[0, 1] = 0  # 1: ZeRO-1, optimizer states sharded over the D replicas
+    # ZeRO stage (gpipe_sim.plan.sharding): 1 optimizer states and master weights sharded over the D
+    # replicas (Megatron-LM's distributed optimizer), 2 gradients too (DeepSpeed ZeRO-2), 3 parameters
+    # too, gathered per layer (PyTorch FSDP2 `fully_shard`, torchtitan's default); with
+    # `shard_within_node` ZeRO-3 shards over a node's replicas only and replicates across nodes (HSDP)
+    zero: Literal[0, 1, 2, 3] = 0
+    shard_within_node: bool = False
     # How the optimizer's step runs (OPTIMIZER_STEPS); "default": the accelerator's framework default
     # (`hardware.accelerator.optimizer_step`). It sets the update's temporary memory.
     optimizer_step: Literal["default", "for_loop", "foreach", "fused"] = "default"
@@ -189,7 +195,13 @@ class Training(_Strict):
 
     @model_validator(mode="after")
     def _step_exists(self) -> "Training":
-        if self.overlap_param_gather and not (self.zero and self.overlap_grad_reduce):
+        if self.shard_within_node and self.zero != 3:
+            raise ValueError("training.shard_within_node: hybrid sharding (FSDP2's HSDP) shards parameters, "
+                             "gradients and optimizer states within a node: it needs training.zero: 3")
+        if self.zero == 3 and self.overlap_grad_reduce:
+            raise ValueError("training.overlap_grad_reduce: under training.zero: 3 (FSDP2) each layer's gradients "
+                             "are reduce-scattered as its backward ends, always; leave it out")
+        if self.overlap_param_gather and not (self.zero == 1 and self.overlap_grad_reduce):
             raise ValueError("training.overlap_param_gather: gathers ZeRO-1's parameter shards (training.zero: 1) "
                              "in the buckets of training.overlap_grad_reduce: true, as Megatron-LM requires")
         if self.bucket_bytes is not None and not self.overlap_grad_reduce:
