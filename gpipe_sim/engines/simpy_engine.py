@@ -3,8 +3,9 @@
 Each rank process keeps a local clock and advances it without yielding to SimPy while nothing
 can change its outcome (its own compute, a message that has already arrived, a send over a link
 that only it uses). It synchronises with SimPy's clock only to wait for a message not yet sent or
-to take a resource that other ranks share (a `simpy.Resource`, first come first served), which
-keeps contention exact while most actions cost no SimPy event at all.
+to take a resource that other ranks share (`gpipe_sim.engines.fcfs.Fcfs`: first come first served,
+event for event as `simpy.Resource` grants it), which keeps contention exact while most actions
+cost no SimPy event at all. A send over a shared link is a chain of callbacks, not a process.
 
 A link is the rank's own (`_owned_links`) where its only other users are all-reduce rings whose one
 member is that rank (a program holding replica 0 alone for alike replicas): its sends take it as
@@ -15,12 +16,14 @@ keeps first come first served on it.
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Callable, Generator
 
 import numpy as np
 import simpy
+from simpy.events import URGENT
 
 from gpipe_sim.errors import SimulationError
+from gpipe_sim.engines.fcfs import Fcfs
 from gpipe_sim.engines.chain import ALLREDUCE, RECV, SEND  # plain ints: the per-action loop compares them
 from gpipe_sim.plan.compile import Plan, Program
 
@@ -43,12 +46,12 @@ class _Run:
         self.owned = _owned_links(prog)
         self.pending = [0] * len(prog.dedicated)  # per owned link: rings and queued sends holding or awaiting it
         self.link_res = [
-            None if dedicated else simpy.Resource(self.env, capacity=1) for dedicated in prog.dedicated
+            None if dedicated else Fcfs(self.env) for dedicated in prog.dedicated
         ]
-        self.device_res: dict[int, simpy.Resource] = {}
+        self.device_res: dict[int, Fcfs] = {}
         for k, device in enumerate(plan.device_map[:plan.num_ranks]):
             if prog.shared_device[k] and device not in self.device_res:
-                self.device_res[device] = simpy.Resource(self.env, capacity=1)
+                self.device_res[device] = Fcfs(self.env)
         self.device_map = plan.device_map
         self.host_on_device = plan.scenario.hardware.host.on_device
         self.position = [int(o) for o in prog.offsets[:-1]]
@@ -125,7 +128,7 @@ class _Run:
                         yield env.timeout(t - env.now)
                     if owned[link]:
                         pending[link] += 1
-                    env.process(self._transfer(link, i, msgs[j], sers[j], lats[j]))
+                    self._transfer(link, i, msgs[j], sers[j], lats[j])
             elif code == ALLREDUCE:  # asynchronous: the rank goes on; the update waits for it
                 self._join(int(prog.collective[i]), i, t)
             elif device is None:
@@ -135,22 +138,22 @@ class _Run:
             else:
                 if t > env.now:
                     yield env.timeout(t - env.now)
-                with device.request() as request:
-                    yield request
-                    start[i] = env.now
-                    yield env.timeout(durs[j])
+                yield device.request()
+                start[i] = env.now
+                yield env.timeout(durs[j])
+                device.release()
                 t = end[i] = env.now
         self.done[k] = True
 
-    def _hold(self, device: simpy.Resource, t: float, duration: float) -> Generator[simpy.Event, object, float]:
+    def _hold(self, device: Fcfs, t: float, duration: float) -> Generator[simpy.Event, object, float]:
         """Take the shared device at local time `t` (first come first served) for `duration`;
         return the time it is released."""
         env = self.env
         if t > env.now:
             yield env.timeout(t - env.now)
-        with device.request() as request:
-            yield request
-            yield env.timeout(duration)
+        yield device.request()
+        yield env.timeout(duration)
+        device.release()
         return env.now
 
     def _join(self, group: int, i: int, t: float) -> None:
@@ -178,18 +181,17 @@ class _Run:
         env = self.env
         if self.group_ready[group] > env.now:
             yield env.timeout(self.group_ready[group] - env.now)
-        requests = []
+        held = []
         for x in links:
             resource = self.link_res[x]
             if resource is not None:
                 yield from self._until_free(x)
-                request = resource.request()
-                requests.append((resource, request))
-                yield request
+                held.append(resource)
+                yield resource.request()
         begin = env.now
         yield env.timeout(self.prog.group_seconds[group])
-        for resource, request in requests:
-            resource.release(request)
+        for resource in held:
+            resource.release()
         for x in links:
             self._released(x)
         self._reduced(group, begin, env.now)
@@ -211,22 +213,43 @@ class _Run:
         for d in range(self.prog.group_size):
             self.post(self.wait_base + group * self.prog.group_size + d, done)
 
-    def _transfer(self, link: int, i: int, message: int, ser: float, lat: float) -> _Proc:
-        resource = self.link_res[link]
+    def _transfer(self, link: int, i: int, message: int, ser: float, lat: float) -> None:
+        """Send action `i` over a shared link from now: wait for it (on a rank's own link, for the
+        time its dedicated sends leave it free too), hold it for `ser` (first come first served),
+        then arrive after `lat`. A chain of SimPy callbacks, not a process: the same events, at
+        the same times and in the same order, as a process doing this would schedule (its start
+        an urgent event, as SimPy starts a process), less the end of the process, which nothing awaits."""
+        env, resource = self.env, self.link_res[link]
         assert resource is not None
         owned = self.owned[link]
-        if owned:
-            yield from self._until_free(link)
-        with resource.request() as request:
-            yield request
-            self.start[i] = self.env.now
-            yield self.env.timeout(ser)
-        if owned:
-            self._released(link)
-        if lat:
-            yield self.env.timeout(lat)
-        self.end[i] = self.env.now
-        self.post(message, self.env.now)
+
+        def arrive(_: object = None) -> None:
+            self.end[i] = env.now
+            self.post(message, env.now)
+
+        def sent(_: object) -> None:
+            resource.release()
+            if owned:
+                self._released(link)
+            if lat:
+                env.timeout(lat).callbacks.append(arrive)
+            else:
+                arrive()
+
+        def granted(_: object) -> None:
+            self.start[i] = env.now
+            env.timeout(ser).callbacks.append(sent)
+
+        def ask(_: object = None) -> None:
+            resource.request().callbacks.append(granted)
+
+        def begin(_: object) -> None:
+            if owned and self.link_free[link] > env.now:
+                env.timeout(self.link_free[link] - env.now).callbacks.append(ask)
+            else:
+                ask()
+
+        _urgent(env, begin)
 
 
 def _owned_links(prog: Program) -> list[bool]:
@@ -245,6 +268,15 @@ def _owned_links(prog: Program) -> list[bool]:
         for x in set(links.tolist()):
             owner[x] = member if owner[x] in (-1, member) else -2
     return ((owner >= 0) & ~prog.dedicated).tolist()
+
+
+def _urgent(env: simpy.Environment, callback: Callable[[simpy.Event], None]) -> None:
+    """Call `callback` now, as SimPy starts a process: an urgent event, before the normal ones
+    already due now."""
+    event = simpy.Event(env)
+    event._ok, event._value = True, None  # triggered, as SimPy's own Initialize event is
+    event.callbacks.append(callback)
+    env.schedule(event, URGENT)
 
 
 def run_simpy(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
