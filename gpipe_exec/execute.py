@@ -27,7 +27,7 @@ def check_model(scenario: Scenario) -> None:
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
     chunk on one device per rank; a per-layer remat it runs (`check_recompute`); gradients reduced
-    after the backward, not overlapping it; no context parallelism; ZeRO-1 at most."""
+    after the backward, not overlapping it; no context parallelism; ZeRO-2 and 3 without pipelining."""
     check_buildable(scenario.model)
     check_recompute(scenario)
     if scenario.pipeline.context_parallel > 1:
@@ -36,11 +36,11 @@ def check_model(scenario: Scenario) -> None:
     if scenario.training.overlap_grad_reduce and scenario.pipeline.data_parallel > 1:
         raise ScenarioError("training.overlap_grad_reduce: gpipe-exec reduces each chunk's gradients after its "
                             "last backward pass (gpipe-sim predicts the overlap); set it false to run")
-    if scenario.training.zero >= 2 and scenario.pipeline.data_parallel > 1:
-        raise ScenarioError(f"training.zero: gpipe-exec shards optimizer states only (ZeRO-1); ZeRO-"
-                            f"{scenario.training.zero} is predicted by gpipe-sim, not run; use 0 or 1 to run")
-    T, seq_len = scenario.pipeline.tensor_parallel, getattr(scenario.model, "seq_len", 0)
     p = scenario.pipeline
+    if scenario.training.zero >= 2 and p.data_parallel > 1 and (p.stages * p.chunks > 1 or p.tensor_parallel > 1):
+        raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{scenario.training.zero} (FSDP2 fully_shard) "
+                            "with one pipeline stage, one chunk and tensor_parallel 1; gpipe-sim predicts the rest")
+    T, seq_len = scenario.pipeline.tensor_parallel, getattr(scenario.model, "seq_len", 0)
     if getattr(scenario.model, "tied_embeddings", False) and (p.stages * p.chunks > 1 or T > 1):
         raise ScenarioError("model.tied_embeddings: the executor ties the token table and the output projection "
                             "within one chunk on one device per rank (pipeline.stages 1, chunks 1, "

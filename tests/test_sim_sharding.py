@@ -138,13 +138,13 @@ def test_refused_with_one_line(training: dict, field: str) -> None:
 
 @pytest.mark.parametrize("zero", [2, 3])
 def test_executor_refuses_what_it_does_not_run(zero: int) -> None:
-    """gpipe-exec runs ZeRO 0 and 1 only: 2 and 3 at D > 1 are one line naming the field."""
+    """gpipe-exec runs ZeRO 2 and 3 (FSDP2) with one stage only: pipelined, one line naming the field."""
     from gpipe_exec.execute import check_model
 
     scenario = parse_scenario({"model": {"preset": "transformer", "layers": 2, "d_model": 64, "d_ff": 128,
                                          "heads": 2, "seq_len": 16, "vocab": 100},
                                "hardware": {"preset": "v100"},
-                               "pipeline": {"stages": 1, "data_parallel": 2, "micro_batches": 1, "batch_size": 2},
+                               "pipeline": {"stages": 2, "data_parallel": 2, "micro_batches": 1, "batch_size": 2},
                                "training": {"zero": zero}})
     with pytest.raises(ScenarioError) as info:
         check_model(scenario)

@@ -14,7 +14,8 @@ program for replica d on its share of the global batch, with each chunk's gradie
 among its D replicas (`allreduce` starts it, asynchronously, right after the chunk's last backward
 pass; the `recv` of the REDUCED tensor before the update waits for it). With `training.zero: 1`
 each replica's optimizer holds and updates only its 1/D shard of the rank's parameters (ZeRO-1),
-then the replicas all-gather the updated shards.
+then the replicas all-gather the updated shards. ZeRO-2/3 (one stage): FSDP2 shards the layers and
+reduce-scatters their gradients in the backward (runtime.sharded); the optimizer steps the shards.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_p
                                                 split_chunk, vocab_parallel_loss)
 from gpipe_exec.runtime.update import Update, ZeroShardUpdate
 from gpipe_exec.runtime.recompute import apply_recompute
+from gpipe_exec.runtime.sharded import shard_chunks, whole
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
 from gpipe_sim.schedule.global_program import process_program, tensor_parallel_rank
@@ -214,6 +216,8 @@ class RankRunner:
         self.mesh = device_mesh(device.type, self.D, self.K, self.T) if self.T > 1 else None
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
         self.chunks = self._build_chunks(model)
+        # ZeRO-2/3: FSDP2 reduces in the backward itself (runtime.sharded); allreduce actions do nothing
+        self.sharded = shard_chunks([ch.module for ch in self.chunks.values()], sc, device.type)
         # what the optimizer, the reductions and the memory meter step: each DTensor's local shard
         self.shards = {c: LocalShards(list(ch.module.parameters())) for c, ch in self.chunks.items()}
         params = [q for shards in self.shards.values() for q in shards.local]
@@ -224,7 +228,7 @@ class RankRunner:
                              else data_parallel_groups(self.K, self.D)[self.pipeline_rank])
         self.zero: ZeroShardUpdate | None = None
         self.update: Update | ZeroShardUpdate
-        if self.D > 1 and sc.training.zero:
+        if self.D > 1 and sc.training.zero == 1:
             self.update = self.zero = ZeroShardUpdate(params, sc, self.replica, self.D, self.dp_group)
         else:
             self.update = Update(params, sc)
@@ -372,7 +376,9 @@ class RankRunner:
         return self.shards[c].grads()
 
     def _allreduce(self, i: int, a: Action) -> tuple[Kind, int, int]:
-        """Start the sum of chunk a.chunk's gradients over its D replicas (one flat bucket)."""
+        """Start the sum of chunk a.chunk's gradients over its D replicas (one flat bucket; nothing under FSDP2)."""
+        if self.sharded:  # FSDP2 reduced them in the backward
+            return Kind.ALLREDUCE, a.chunk, -1
         grads = self._chunk_grads(a.chunk)
         bucket = (torch.cat([g.reshape(-1) for g in grads]) if grads
                   else torch.zeros(0, dtype=self.float_dtype, device=self.device))
@@ -382,6 +388,8 @@ class RankRunner:
 
     def _reduced(self, i: int, a: Action) -> tuple[Kind, int, int]:
         """Wait for chunk a.chunk's reduction and put the summed gradients back in `.grad`."""
+        if self.sharded:
+            return Kind.RECV, a.chunk, -1
         work, bucket = self._state.reductions.pop(a.chunk)
         self.comm.wait_collective(work, a.chunk)
         at = 0
@@ -554,11 +562,9 @@ class RankRunner:
         out: dict[str, Any] = {}
         for ch in self.chunks.values():
             if self.mesh is not None:  # gathered whole from the rank's T devices (a collective)
-                heads = self.model.heads  # type: ignore[attr-defined]
-                out.update(full_parameters(ch.named_parameters(), heads))
-                continue
-            for key, p in ch.named_parameters().items():
-                out[key] = (p.detach().cpu().clone(), None if p.grad is None else p.grad.detach().cpu().clone())
+                out.update(full_parameters(ch.named_parameters(), self.model.heads))  # type: ignore[attr-defined]
+            else:  # as they are, or FSDP2's shards gathered whole from the D replicas (a collective)
+                out.update(whole(ch.named_parameters()))
         return out
 
 
