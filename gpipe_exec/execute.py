@@ -27,9 +27,12 @@ def check_model(scenario: Scenario) -> None:
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
     chunk on one device per rank; a per-layer remat it runs (`check_recompute`); gradients reduced
-    after the backward, not overlapping it; no context parallelism; ZeRO-2 and 3 without pipelining."""
+    after the backward, not overlapping it; no context parallelism, no experts; ZeRO-2 and 3 without pipelining."""
     check_buildable(scenario.model)
     check_recompute(scenario)
+    if getattr(scenario.model, "experts", 0) or scenario.pipeline.expert_parallel > 1:
+        raise ScenarioError("model.experts: gpipe-exec builds dense blocks only (no mixture of experts, "
+                            "expert_parallel 1); gpipe-sim predicts it")
     if scenario.pipeline.context_parallel > 1:
         raise ScenarioError(f"pipeline.context_parallel: gpipe-exec runs every sample's whole sequence on one "
                             f"device (context_parallel 1); gpipe-sim predicts {scenario.pipeline.context_parallel}")

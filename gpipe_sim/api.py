@@ -14,7 +14,9 @@ from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize
 from gpipe_sim.results.run_cost import scenario_run_cost
 from gpipe_sim.spec.layers import build_layers
 from gpipe_sim.spec.model import LayerSpec, TableModel, TransformerModel
-from gpipe_sim.spec.model_flops import megatron_flops_per_token, palm_flops_per_token, tied_parameters
+from gpipe_sim.spec.mesh import whole_layers
+from gpipe_sim.spec.model_flops import (active_parameters, megatron_flops_per_token, palm_flops_per_token,
+                                        tied_parameters)
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.training_run import tokens_per_sample
 
@@ -70,7 +72,7 @@ def model_figures(scenario: Scenario, layers: Sequence[LayerSpec] | None = None)
     if isinstance(model, TransformerModel) and tokens is not None:
         parameters -= tied_parameters(model)
         flops = tokens * megatron_flops_per_token(model)
-        palm = tokens * palm_flops_per_token(model, parameters)
+        palm = tokens * palm_flops_per_token(model, active_parameters(model, parameters))
     return ModelFigures(parameters=int(parameters), model_flops_per_step=flops,
                         tokens_per_step=tokens, peak_flops_per_device=float(peak), palm_flops_per_step=palm)
 
@@ -99,7 +101,7 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
         source=source,
         peak_memory_bytes=peak_memory_bytes,
         memory_breakdown=memory_breakdown,
-        figures=model_figures(plan.scenario, plan.layers if plan.scenario.pipeline.tensor_parallel == 1 else None),
+        figures=model_figures(plan.scenario, plan.layers if whole_layers(plan.scenario.pipeline) else None),
         # what the collectives add, where the timeline prices it (simulated, program order); a
         # measured step's collectives are inside its timed passes, not timed apart
         tp_comm_s=None if timeline.tp_s is None else rank_tp_comm_seconds(plan, timeline.tp_s),

@@ -47,7 +47,8 @@ def summary_text(scenario: Scenario, result: Result) -> str:
                              f"schedule={p.schedule_name} remat={p.remat} partition={p.partition}"
                              + (f" D={p.data_parallel}" if p.data_parallel > 1 else "")
                              + (f" T={p.tensor_parallel}" if p.tensor_parallel > 1 else "")
-                             + (f" C={p.context_parallel}" if p.context_parallel > 1 else ""))
+                             + (f" C={p.context_parallel}" if p.context_parallel > 1 else "")
+                             + (f" E={p.expert_parallel}" if p.expert_parallel > 1 else ""))
     if p.tensor_parallel > 1:
         head.add_row("tensor parallel", tensor_parallel_text(scenario, result))
     if p.context_parallel > 1:

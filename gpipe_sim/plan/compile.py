@@ -16,6 +16,7 @@ from gpipe_sim.plan.buckets import overlap_profiles
 from gpipe_sim.plan.replicas import data_parallel_groups
 from gpipe_sim.spec.mesh import gradient_group, total_devices
 from gpipe_sim.plan.context_parallel import combined, ring_work
+from gpipe_sim.plan.experts import all_to_all_work
 from gpipe_sim.spec.context_parallel import local_model
 from gpipe_sim.plan.sharding import (bytes_per_param, fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes,
                                      shard_degree)
@@ -490,13 +491,16 @@ def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, devic
                  sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
     """A chunk's [size, (forward, backward, backward input, backward weight)] seconds for each of
     `sizes` samples, its layers' tensor-parallel collectives (on the TP link of its rank's
-    `device`) and context-parallel rings (gpipe_sim.plan.context_parallel) inside its passes, and
+    `device`), context-parallel rings (gpipe_sim.plan.context_parallel) and experts' all-to-alls
+    (gpipe_sim.plan.experts) inside its passes, and
     the [size, (forward, backward)] seconds the tensor-parallel collectives add to the passes (None
     at T = 1). A pass takes at least what issuing its layers' kernels takes
     the host (profiles that measured it)."""
     accel, dtype, dtype_bytes = scenario.hardware.accelerator, scenario.training.dtype, scenario.training.dtype_bytes
-    ring = ring_work(scenario, device, sizes, slice(first, first + len(own)))
-    mine = combined(collective_work(scenario, device, sizes, slice(first, first + len(own))), ring)
+    span = slice(first, first + len(own))
+    extra = combined(ring_work(scenario, device, sizes, span), all_to_all_work(scenario, device, sizes, span, own))
+    tp = collective_work(scenario, device, sizes, span)
+    mine = combined(tp, extra)
     host = np.array([[math.fsum(h[i] for h in hosts) for i in range(2)]
                      for hosts in ([measured_host_seconds(layer, b) for layer in own] for b in sizes)]
                     ).reshape(len(sizes), 2)
@@ -510,9 +514,14 @@ def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, devic
         return out
 
     times = summed(mine)
-    if mine is None or mine is ring:
+    if tp is None:
         return times, None
-    return times, np.maximum(times[:, :2] - summed(ring)[:, :2], 0.0)
+    return times, np.maximum(times[:, :2] - summed(extra)[:, :2], 0.0)
+
+
+def _expert_params(plan: Plan) -> list[int]:
+    """Per chunk, its layers' routed experts' parameters (gpipe_sim.spec.experts)."""
+    return [sum(layer.expert_params for layer in plan.layers[ch.first_layer:ch.last_layer + 1]) for ch in plan.chunks]
 
 
 def _flatten(plan: Plan) -> Program:
@@ -573,7 +582,7 @@ def _flatten(plan: Plan) -> Program:
     foreign = plan.symmetry.foreign if G < D * K else frozenset()  # replica 0 alone: other replicas' links
     collective, group_links, group_seconds = data_parallel_groups(
         plan.scenario, c, [ch.rank for ch in plan.chunks], [ch.params for ch in plan.chunks], dmap, per_node,
-        network, foreign, overlap_profiles(plan, kind, chunk, mb, duration))
+        network, foreign, overlap_profiles(plan, kind, chunk, mb, duration), _expert_params(plan))
     users_key = np.concatenate([link_key, group_links[:, 1]])
     users_who = np.concatenate([s, G + group_links[:, 0]])  # a collective is a sender of its own
     keys_all, inverse = np.unique(users_key, return_inverse=True)

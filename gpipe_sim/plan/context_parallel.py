@@ -79,7 +79,7 @@ def ring_layer_work(scenario: Scenario, tp: int, cp: int, remat: str, device: in
             bwd_step = 2.0 * fwd_step
         forward = exposed_ring_seconds(cp, fwd_step, sent * samples / bandwidth + latency)
         backward = exposed_ring_seconds(cp, bwd_step, 2.0 * sent * samples / bandwidth + latency)
-        return StreamWork(ring_forward_s=forward, ring_backward_s=backward + (forward if redo else 0.0),
+        return StreamWork(exposed_forward_s=forward, exposed_backward_s=backward + (forward if redo else 0.0),
                           forward_launches=2 * (cp - 1), backward_launches=2 * (cp - 1) * (2 if redo else 1))
 
     blocks = set(checkpointed_layers(model))
@@ -88,13 +88,13 @@ def ring_layer_work(scenario: Scenario, tp: int, cp: int, remat: str, device: in
     return [per_size if i in blocks else empty for i in range(model.layers + 2)[layers]]
 
 
-def combined(tp: list[list[StreamWork]] | None, ring: list[list[StreamWork]] | None) -> list[list[StreamWork]] | None:
-    """Per layer and size, the tensor-parallel collectives' work with the ring's added."""
-    if ring is None or tp is None:
-        return tp if ring is None else ring
-    return [[StreamWork(t.forward_s, t.backward_s, t.forward_launches + r.forward_launches,
-                        t.backward_launches + r.backward_launches, r.ring_forward_s, r.ring_backward_s)
-             for t, r in zip(tl, rl)] for tl, rl in zip(tp, ring)]
+def combined(*works: list[list[StreamWork]] | None) -> list[list[StreamWork]] | None:
+    """Per layer and size, the stream works given summed (the tensor-parallel collectives, the
+    context-parallel ring, the experts' all-to-alls); None where none is given."""
+    given = [w for w in works if w is not None]
+    if not given:
+        return None
+    return [[sum(cells[1:], cells[0]) for cells in zip(*layer)] for layer in zip(*given)]
 
 
 __all__ = ["combined", "cp_link", "exposed_ring_seconds", "ring_layer_work", "ring_work"]

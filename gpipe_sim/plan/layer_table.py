@@ -11,7 +11,8 @@ from gpipe_sim.spec.scenario import Scenario
 
 def scenario_layers(scenario: Scenario) -> list[LayerSpec]:
     """The scenario's layer table as its devices run it: one of T x C devices' share (the layers
-    split over T, the sequence over C: gpipe_sim.spec.context_parallel), the blocks as
+    split over T, the sequence over C: gpipe_sim.spec.context_parallel; a mixture of experts'
+    experts over E: gpipe_sim.spec.experts), the blocks as
     `pipeline.remat` checkpoints them (gpipe_sim.spec.recompute)."""
     return layer_table(scenario, scenario.pipeline.tensor_parallel, scenario.pipeline.remat,
                        scenario.pipeline.context_parallel)
@@ -27,7 +28,8 @@ def layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_pa
     planner asks for each many times; layers are immutable); a new list each call."""
     dtype_bytes = scenario.training.dtype_bytes
     key = (scenario.model, dtype_bytes, scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes),
-           tensor_parallel, scenario.pipeline.sequence_parallel, remat, context_parallel)
+           tensor_parallel, scenario.pipeline.sequence_parallel, remat, context_parallel,
+           scenario.pipeline.expert_parallel)
     try:
         kept = _BUILT.get(key)
     except TypeError:  # a model with an unhashable field: built each time
@@ -44,7 +46,7 @@ def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_p
     p, dtype_bytes = scenario.pipeline, scenario.training.dtype_bytes
     mask = scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes)
     model = local_model(scenario.model, context_parallel)
-    layers = build_layers(model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel)
+    layers = build_layers(model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel, p.expert_parallel)
     if remat != "selective" or not isinstance(model, TransformerModel):
         layers = recompute_layers(layers, model, remat, tensor_parallel)
     else:
@@ -53,7 +55,7 @@ def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_p
             model, dtype_bytes, dropout_mask, tensor_parallel, p.sequence_parallel))
     if context_parallel == 1:
         return layers
-    whole = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel)
+    whole = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel, p.expert_parallel)
     return ring_attention_layers(layers, whole, scenario.model, context_parallel, tensor_parallel, dtype_bytes,
                                  per_layer(remat))
 

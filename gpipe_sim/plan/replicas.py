@@ -11,10 +11,10 @@ import numpy as np
 
 from gpipe_sim.plan.buckets import bucket_bytes, gathered_forward_delay, overlapped_seconds
 from gpipe_sim.plan.links import ring_link_keys
-from gpipe_sim.plan.sharding import rank_rings, replica_ring
+from gpipe_sim.plan.sharding import Ring, rank_rings, replica_ring
 from gpipe_sim.schedule import Kind, ProgramColumns
 from gpipe_sim.spec.hardware import Link
-from gpipe_sim.spec.mesh import context_members, gradient_group
+from gpipe_sim.spec.mesh import context_members, expert_gradient_group, gradient_group
 from gpipe_sim.spec.scenario import Scenario
 from gpipe_sim.spec.tensor_parallel import ALL_REDUCE, collective_seconds
 
@@ -30,6 +30,7 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
                          chunk_params: Sequence[int], dmap: np.ndarray, per_node: int, network: Link,
                          foreign: frozenset[int] = frozenset(),
                          overlap: Sequence[tuple[Sequence[float], Sequence[float], Sequence[float]]] | None = None,
+                         chunk_expert_params: Sequence[int] | None = None,
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(group of each allreduce action of the program `c`, [group, link key] rows of the links
     each group's ring uses, seconds of each group's ring all-reduce). One group per chunk (on
@@ -42,7 +43,10 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     seconds of its last backward pass, in backward order, and of its first forward, in forward
     order; a group's seconds then run from that pass's start to the end of its bucketed reduction
     (and ZeRO-1's parameter gather, or with `overlap_param_gather` what it delays the forward:
-    gpipe_sim.plan.buckets)."""
+    gpipe_sim.plan.buckets). `chunk_expert_params`: of each chunk's parameters, its routed
+    experts' (gpipe_sim.spec.experts): without overlap their gradients are a second all-reduce,
+    over the D x C / E devices that hold the same experts (`expert_gradient_group`), on the same
+    link; with overlap every bucket is reduced over D x C (an upper bound for the experts')."""
     p = scenario.pipeline
     D = p.data_parallel
     K = len(dmap) // D
@@ -64,11 +68,16 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
                 for member in context_members(int(dmap[d * K + rank]), p.tensor_parallel, p.context_parallel)]
         # the rings of the rank's shards in one node leave it together (all T, or a node's worth
         # where the rank's T devices fill several nodes)
-        reduce = replica_ring(scenario, ring, per_node, tp).allreduce
+        whole = replica_ring(scenario, ring, per_node, tp)
+        reduce = whole.allreduce
         if zero == 3:
             seconds.append(_sharded_seconds(scenario, rank, per_node, overlap[index]) if K > 1 else 0.0)
         elif overlap is None:
-            seconds.append(reduce(params * dtype_bytes))
+            experts = chunk_expert_params[index] if chunk_expert_params is not None else 0
+            # the experts' gradients: a ring of the D x C / E devices holding the same experts
+            alike = Ring(expert_gradient_group(p), whole.bandwidth, whole.latency_s)
+            seconds.append(reduce((params - experts) * dtype_bytes)
+                           + (alike.allreduce(experts * dtype_bytes) if experts else 0.0))
         elif zero:  # each bucket reduce-scattered, the parameters all-gathered after
             grads, times, forward = overlap[index]
             half = lambda nbytes: reduce(nbytes) / 2  # noqa: E731 (a reduce-scatter or an all-gather)

@@ -145,6 +145,8 @@ class CostTable:
         # overlapped (ZeRO-3 always): hidden up to its last bucket
         if D * C <= 1 or self.base.training.overlap_grad_reduce or cand.zero == 3:
             return np.zeros(K), np.zeros(K)
+        if self.base.pipeline.expert_parallel > 1:  # experts' gradients on a smaller ring: bounded by 0
+            return np.zeros(K), np.zeros(K)
         hw = self.base.hardware
         network = hw.network or hw.link
         placed = hw.placement is not None and not cand.clears("hardware.placement")

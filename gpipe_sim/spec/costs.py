@@ -42,7 +42,7 @@ def layer_seconds(
         return layer_pass_seconds(layer.ops, micro_batch, dtype, dtype_bytes, accelerator.peak_flops,
                                   accelerator.memory_bandwidth, accelerator.gpu, work)
     forward, backward = _own_seconds(layer, micro_batch, accelerator, dtype, dtype_bytes)
-    return forward + work.forward_s + work.ring_forward_s, backward + work.backward_s + work.ring_backward_s
+    return forward + work.forward_s + work.exposed_forward_s, backward + work.backward_s + work.exposed_backward_s
 
 
 def layer_pass_times(layer: LayerSpec, micro_batch: int, accelerator: Accelerator, dtype: str,

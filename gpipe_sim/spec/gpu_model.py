@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Literal, Sequence
 
 from pydantic import Field, PrivateAttr
@@ -28,10 +28,15 @@ class StreamWork:
     backward_s: float = 0.0
     forward_launches: int = 0
     backward_launches: int = 0
-    # What a context-parallel ring's key/value transfers add past the attention they overlap
-    # (gpipe_sim.plan.context_parallel): exposed already, so no kernel hides it.
-    ring_forward_s: float = 0.0
-    ring_backward_s: float = 0.0
+    # What a context-parallel ring's key/value transfers (gpipe_sim.plan.context_parallel) and a
+    # mixture of experts' all-to-alls (gpipe_sim.plan.experts) add past the compute they overlap:
+    # exposed already, so no kernel hides it.
+    exposed_forward_s: float = 0.0
+    exposed_backward_s: float = 0.0
+
+    def __add__(self, other: "StreamWork") -> "StreamWork":
+        """Both works on the stream: every figure summed."""
+        return StreamWork(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
 
 NO_STREAM_WORK = StreamWork()
@@ -168,10 +173,10 @@ def layer_pass_seconds(recipe: LayerKernels, samples: int, dtype: str, p: int, p
     hit = t._cache.get(key)
     if hit is None:
         hit = (pass_seconds(recipe.forward, samples, dtype, p, peak_flops, bandwidth, t,
-                            stream_s=work.forward_s, stream_launches=work.forward_launches) + work.ring_forward_s,
+                            stream_s=work.forward_s, stream_launches=work.forward_launches) + work.exposed_forward_s,
                pass_seconds(recipe.backward, samples, dtype, p, peak_flops, bandwidth, t, t.host_backward_factor,
                             work.backward_s, work.backward_launches, recipe.beside_collectives)
-               + work.ring_backward_s)
+               + work.exposed_backward_s)
         t._cache[key] = hit
     return hit
 

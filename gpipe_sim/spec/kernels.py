@@ -150,7 +150,7 @@ def _elementwise(name: str, elements: float, p: int, reads: int = 1, writes: int
 
 def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropout: bool, p: int, mask: int,
                       tp: int = 1, sequence_parallel: bool = False, *, shape: BlockShape | None = None,
-                      rope: bool = False) -> LayerKernels:
+                      rope: bool = False, mlp: tuple[list[Kernel], list[Kernel]] | None = None) -> LayerKernels:
     """A pre-norm decoder block as torch runs it (the zoo's Block) on one device's share: norm,
     QKV, (RoPE on the queries and keys), attention (standard attention repeats each key/value
     head for its group's query heads), output projection, dropout + residual, norm, the MLP (fc1,
@@ -158,7 +158,8 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
     (Megatron-LM's split): QKV and the d -> d_ff GEMMs column-parallel (n / T), the projection and
     fc2 row-parallel (k / T), heads / T; norms, dropouts and residual adds on whole tokens unless
     `sequence_parallel` (then on s / T of them). `shape`: the device's sizes where the block is not
-    a GPT block of these sizes (grouped keys and values, SwiGLU, no biases, RMSNorm)."""
+    a GPT block of these sizes (grouped keys and values, SwiGLU, no biases, RMSNorm). `mlp`: the
+    (forward, backward) kernels in place of the MLP's (a mixture of experts: gpipe_sim.spec.experts)."""
     b = shape or BlockShape(d=d, f=f, s=s, head_dim=d // heads, heads=heads // tp, kv_heads=heads // tp,
                             mlp_matrices=2, bias=True, norm_params=2 * d, tp=tp)
     hd, a = b.head_dim, b.heads
@@ -194,7 +195,7 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
     heads_copy = float(s * b.qkv)
     fwd += [_elementwise("heads.copy", heads_copy, p), proj, *drop("dropout1", tok),
             _elementwise("residual1", tok, p, 2, 1), _elementwise("ln2", tok, p)]
-    mlp_fwd, mlp_bwd = _mlp(b, p)
+    mlp_fwd, mlp_bwd = mlp_kernels(b, p) if mlp is None else mlp
     fwd += [*mlp_fwd, *drop("dropout2", tok), _elementwise("residual2", tok, p, 2, 1)]
     bwd += [*drop("dropout2.bwd", tok), *mlp_bwd,
             _elementwise("ln2.bwd", tok, p, 3, 1), _elementwise("grad.add", tok, p, 2, 1), *drop("dropout1.bwd", tok),
@@ -211,7 +212,7 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
     return LayerKernels(tuple(fwd), tuple(bwd), tensors=tensors, beside_collectives=beside)
 
 
-def _mlp(b: BlockShape, p: int) -> tuple[list[Kernel], list[Kernel]]:
+def mlp_kernels(b: BlockShape, p: int) -> tuple[list[Kernel], list[Kernel]]:
     """The MLP's forward and backward kernels after its norm: fc1, GeLU, fc2; or SwiGLU's gate and
     up GEMMs, silu(gate) x up (reading both, writing one), fc2."""
     s, d, f = b.s, b.d, b.f_share

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from gpipe_sim.spec import kernels as K
 from gpipe_sim.spec.block_shape import BlockShape, norm_parameters
+from gpipe_sim.spec.experts import moe_block
 from gpipe_sim.spec.recompute import attention_core_bytes_per_token
 from gpipe_sim.spec.tensor_parallel import split_vocab
 from gpipe_sim.spec.model import (
@@ -40,14 +41,15 @@ def _builder(preset: str) -> Callable[[ModelBuilder], ModelBuilder]:
 
 
 def build_layers(model: ModelSpec, dtype_bytes: int = 4, mask_bytes: int = 1, tensor_parallel: int = 1,
-                 sequence_parallel: bool = False) -> list[LayerSpec]:
+                 sequence_parallel: bool = False, expert_parallel: int = 1) -> list[LayerSpec]:
     """The model's ordered layer list; sizes in bytes use `dtype_bytes` per element of an
     activation and `mask_bytes` per element of a dropout mask (`Accelerator.dropout_mask_bytes`).
     With `tensor_parallel` T > 1, each layer as one of its T devices holds and runs it: the
     transformer preset's split here, a layer table's rows as they are (profiled at that T, as
-    `tensor_parallel_problem` requires; the other presets are refused there)."""
-    if tensor_parallel > 1 and isinstance(model, TransformerModel):
-        return _transformer(model, dtype_bytes, mask_bytes, tensor_parallel, sequence_parallel)
+    `tensor_parallel_problem` requires; the other presets are refused there). A mixture of
+    experts' blocks hold `experts / expert_parallel` of its experts (gpipe_sim.spec.experts)."""
+    if isinstance(model, TransformerModel) and (tensor_parallel > 1 or model.experts):
+        return _transformer(model, dtype_bytes, mask_bytes, tensor_parallel, sequence_parallel, expert_parallel)
     return _BUILDERS[model.preset](model, dtype_bytes, mask_bytes)
 
 
@@ -150,7 +152,8 @@ def _share(amount: int, parts: int) -> float:
 
 
 @_builder("transformer")
-def _transformer(model: TransformerModel, p: int, m: int, tp: int = 1, sequence_parallel: bool = False) -> list[LayerSpec]:
+def _transformer(model: TransformerModel, p: int, m: int, tp: int = 1, sequence_parallel: bool = False,
+                 ep: int = 1) -> list[LayerSpec]:
     """Saved bytes as torch's autograd keeps them for the zoo's modules (pre-norm decoder block;
     Korthikanti et al. 2022's 34sbh + 5as^2b with 1-byte masks at p = 2, plus LayerNorm statistics),
     with masks of `m` bytes an element where the model has dropout. With `tp` > 1, one device's
@@ -164,7 +167,9 @@ def _transformer(model: TransformerModel, p: int, m: int, tp: int = 1, sequence_
     v = split_vocab(model, tp) // tp  # T = 1: padded_vocab
     mask = m if model.dropout > 0 else 0
     head = _head(model, v, p, r)
-    return [_embedding(model, p, mask, v, r), *_blocks(model, p, mask, tp, r), head]
+    blocks = [moe_block(block, model, p, mask, tp, r, ep) if model.is_moe(i) else block
+              for i, block in enumerate(_blocks(model, p, mask, tp, r))]
+    return [_embedding(model, p, mask, v, r), *blocks, head]
 
 
 def _embedding(model: TransformerModel, p: int, mask: int, v: int, r: int) -> LayerSpec:

@@ -18,6 +18,7 @@ MAX_NODES = 2_000_000  # values in a file's data once YAML aliases are expanded
 # Model sizes.
 MAX_LAYERS = 100_000  # layers of a model (max-model's default search stops at 65,536)
 MAX_DIMENSION = 10**9  # width, d_model, d_ff, heads, seq_len, vocab, filters, image size, classes...
+MAX_EXPERTS = 65536  # experts of a mixture-of-experts layer (DeepSeek-V3 has 256)
 MAX_PARAMS = 10**15  # parameters of one layer
 MAX_KERNELS = 10**6  # kernels of one layer
 

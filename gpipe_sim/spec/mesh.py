@@ -22,6 +22,17 @@ def gradient_group(pipeline: Any) -> int:
     return pipeline.data_parallel * pipeline.context_parallel
 
 
+def expert_gradient_group(pipeline: Any) -> int:
+    """D x C / E: the devices holding the same routed experts, over which their gradients are
+    reduced (Megatron-LM's expert-data-parallel group)."""
+    return gradient_group(pipeline) // pipeline.expert_parallel
+
+
+def whole_layers(pipeline: Any) -> bool:
+    """Whether one device's layer table is the whole model's (no T, C or E split: T x C x E = 1)."""
+    return devices_per_rank(pipeline) * pipeline.expert_parallel == 1
+
+
 def context_members(first_device: int, tp: int, cp: int) -> list[int]:
     """The C devices of the context-parallel group of the tensor rank at `first_device` (its
     group's first device): every T-th device from it."""
@@ -33,4 +44,4 @@ def total_devices(rank_devices: int, pipeline: Any) -> int:
     return rank_devices * devices_per_rank(pipeline)
 
 
-__all__ = ["context_members", "devices_per_rank", "gradient_group", "total_devices"]
+__all__ = ["context_members", "devices_per_rank", "expert_gradient_group", "gradient_group", "total_devices", "whole_layers"]

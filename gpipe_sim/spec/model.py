@@ -10,8 +10,8 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.spec.architectures import ARCHITECTURES, expand_architecture
 from gpipe_sim.spec.hf_config import expand_hf_config
-from gpipe_sim.spec.fields import (Amount, BatchSize, Dimension, DropoutRate, Duration, Kernels, LayerCount, Params,
-                                   TensorParallel, _Strict)
+from gpipe_sim.spec.fields import (Amount, BatchSize, CapacityFactor, Dimension, DropoutRate, Duration, ExpertCount,
+                                   Kernels, LayerCount, Params, TensorParallel, _Strict)
 from gpipe_sim.spec.limits import MAX_DIMENSION, MAX_LAYERS
 from gpipe_sim.spec.files import read_data_file
 
@@ -44,6 +44,9 @@ class LayerSpec(_Strict):
 
     name: Annotated[str, Field(max_length=1000)]
     params: Params = 0
+    # Of `params`, those of routed experts (a mixture of experts' layer): their gradients are
+    # reduced over the expert-data-parallel group, D x C / E (gpipe_sim.spec.experts)
+    expert_params: Params = 0
     # Parameters of its largest single tensor (an optimizer steps one tensor at a time: its
     # temporaries are that tensor's size); None: all of `params` in one tensor.
     largest_tensor_params: Params | None = None
@@ -162,6 +165,18 @@ class TransformerModel(_Strict):
     position: Literal["learned", "rope"] = "learned"  # rope: rotary, no parameters
     tied_embeddings: bool = False  # the output projection is the token table
     bias: bool = True  # biases on the linear layers (Megatron-LM's --disable-bias-linear: false)
+    # Mixture of experts (gpipe_sim.spec.experts), as Megatron-LM's MoE layer: `experts` routed
+    # MLPs of `expert_d_ff` (None: d_ff) in place of the MLP of every `moe_every`-th block after
+    # the first `first_dense_layers` (dense), each token sent to `top_k` of them by a linear router
+    # beside `shared_experts` always used; `capacity_factor`: each expert's tokens padded to that
+    # many times its even share (None: dropless, Megatron's default). 0 experts: a dense model.
+    experts: ExpertCount = 0
+    top_k: Dimension = 2
+    expert_d_ff: Dimension | None = None
+    shared_experts: ExpertCount = 0
+    moe_every: Dimension = 1
+    first_dense_layers: ExpertCount = 0
+    capacity_factor: CapacityFactor | None = None
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "TransformerModel":
@@ -173,10 +188,27 @@ class TransformerModel(_Strict):
         if self.heads % g:
             raise ValueError(f"model.kv_heads: {self.heads:,} heads do not form groups of {g:,} key/value heads "
                              f"(give a divisor of {self.heads:,})")
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"model.top_k: {self.top_k:,} experts a token, but the model has {self.experts:,}")
+        if self.experts and self.first_dense_layers >= self.layers:
+            raise ValueError(f"model.first_dense_layers: {self.first_dense_layers:,} dense blocks leave none of the "
+                             f"{self.layers:,} for experts")
         if self.position == "rope" and (self.d_model // self.heads) % 2:
             raise ValueError(f"model.position: rope rotates pairs of a head's {self.d_model // self.heads} "
                              f"dimensions (d_model / heads must be even)")
         return self
+
+    @property
+    def moe_ffn(self) -> int:
+        """One expert's intermediate size: `expert_d_ff`, else `d_ff`."""
+        return self.d_ff if self.expert_d_ff is None else self.expert_d_ff
+
+    def is_moe(self, block: int) -> bool:
+        """Whether block `block` (0-based) has experts in place of its MLP: every `moe_every`-th
+        after the first `first_dense_layers` (Megatron-LM's --moe-layer-freq; DeepSeek-V3's
+        first_k_dense_replace)."""
+        return bool(self.experts) and block >= self.first_dense_layers and \
+            (block - self.first_dense_layers) % self.moe_every == 0
 
     @property
     def query_groups(self) -> int:

@@ -27,6 +27,7 @@ from gpipe_sim.spec.layers import describe_layer_count, layer_count
 from gpipe_sim.spec.overrides import blame, parse_overrides
 from gpipe_sim.spec.tensor_parallel import tensor_parallel_problem
 from gpipe_sim.spec.context_parallel import context_parallel_problem
+from gpipe_sim.spec.experts import expert_parallel_problem
 from gpipe_sim.spec.mesh import devices_per_rank
 from gpipe_sim.spec.recompute import remat_problem
 from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
@@ -86,6 +87,9 @@ class Pipeline(_Strict):
     # C: each sample's sequence split over C devices (Megatron-LM's --context-parallel-size; keys and
     # values passed around them: gpipe_sim.spec.context_parallel); the gradients reduced over D x C.
     context_parallel: ContextParallel = 1
+    # E: a mixture of experts' experts spread over E devices of the data-parallel group (Megatron-LM's
+    # --expert-model-parallel-size), tokens exchanged by all-to-all (gpipe_sim.spec.experts)
+    expert_parallel: ContextParallel = 1
     micro_batches: MicroBatchCount = 8
     batch_size: BatchSize = 64
     schedule: str | CsvSchedule = "gpipe"
@@ -319,6 +323,7 @@ class Scenario(_Strict):
             raise ValueError("hardware.stage_to_device: with data_parallel > 1 give hardware.placement instead")
         problem = (tensor_parallel_problem(self.model, p.tensor_parallel, self.hardware)
                    or context_parallel_problem(self.model, p.context_parallel, p.tensor_parallel, self.hardware)
+                   or expert_parallel_problem(self.model, p.expert_parallel, p.tensor_parallel, p.data_parallel)
                    or remat_problem(self.model, p.remat))
         if problem:
             raise ValueError(problem)
