@@ -15,19 +15,16 @@ from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
 from gpipe_sim.plan.buckets import overlap_profiles
 from gpipe_sim.plan.replicas import data_parallel_groups
 from gpipe_sim.spec.mesh import gradient_group, total_devices
-from gpipe_sim.plan.context_parallel import combined, ring_work
-from gpipe_sim.plan.experts import all_to_all_work
+from gpipe_sim.plan.chunk_times import chunk_times
 from gpipe_sim.spec.context_parallel import local_model
 from gpipe_sim.plan.sharding import (bytes_per_param, fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes,
                                      shard_degree)
-from gpipe_sim.plan.tensor_parallel import collective_work
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScenarioError, ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
-from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, measured_host_seconds, update_seconds
-from gpipe_sim.spec.gpu_model import StreamWork
+from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, update_seconds
 from gpipe_sim.spec.layers import input_bytes_per_sample
 from gpipe_sim.spec.limits import MAX_PASSES
 from gpipe_sim.plan.layer_table import scenario_layers
@@ -287,7 +284,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     first = 0
     for c, count in enumerate(counts):
         own = layers[first : first + count]
-        per_size, tp_seconds = _chunk_times(scenario, own, first, scenario.device_map[schedule.placement[c]],
+        per_size, tp_seconds = chunk_times(scenario, own, first, scenario.device_map[schedule.placement[c]],
                                             distinct)
         in_flight = (0.0, 0.0)
         if gathers_per_pass(scenario):  # ZeRO-3 without pipelining: each pass gathers its layers
@@ -485,38 +482,6 @@ def input_pass_bytes(layers: Sequence[LayerSpec]) -> float:
         best = max(best, own + after)
         after += layer.kept_for_weight_bytes_per_sample
     return best
-
-
-def _chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, device: int,
-                 sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
-    """A chunk's [size, (forward, backward, backward input, backward weight)] seconds for each of
-    `sizes` samples, its layers' tensor-parallel collectives (on the TP link of its rank's
-    `device`), context-parallel rings (gpipe_sim.plan.context_parallel) and experts' all-to-alls
-    (gpipe_sim.plan.experts) inside its passes, and
-    the [size, (forward, backward)] seconds the tensor-parallel collectives add to the passes (None
-    at T = 1). A pass takes at least what issuing its layers' kernels takes
-    the host (profiles that measured it)."""
-    accel, dtype, dtype_bytes = scenario.hardware.accelerator, scenario.training.dtype, scenario.training.dtype_bytes
-    span = slice(first, first + len(own))
-    extra = combined(ring_work(scenario, device, sizes, span), all_to_all_work(scenario, device, sizes, span, own))
-    tp = collective_work(scenario, device, sizes, span)
-    mine = combined(tp, extra)
-    host = np.array([[math.fsum(h[i] for h in hosts) for i in range(2)]
-                     for hosts in ([measured_host_seconds(layer, b) for layer in own] for b in sizes)]
-                    ).reshape(len(sizes), 2)
-
-    def summed(work: list[list[StreamWork]] | None) -> np.ndarray:
-        """[size, 4] of the chunk's passes with `work`'s collectives inside, at least the host's issue."""
-        out = np.array([[math.fsum(t[k] for t in per_layer) for k in range(4)] for per_layer in (
-            [layer_pass_times(layer, b, accel, dtype, dtype_bytes, None if work is None else work[i][j])
-             for i, layer in enumerate(own)] for j, b in enumerate(sizes))], dtype=float).reshape(len(sizes), 4)
-        out[:, :2] = np.maximum(out[:, :2], host)
-        return out
-
-    times = summed(mine)
-    if tp is None:
-        return times, None
-    return times, np.maximum(times[:, :2] - summed(extra)[:, :2], 0.0)
 
 
 def _expert_params(plan: Plan) -> list[int]:

@@ -294,6 +294,8 @@ def candidate_space(base: Scenario, options: PlanOptions,
         share = batch // D
         zeros = options.zero if options.zero is not None else (
             (0,) if D == 1 else (3,) if base.training.shard_within_node else ZERO_STAGES)
+        if C > 1:  # ZeRO-3 over the data x context mesh is not modelled (gpipe_sim.plan.sharding)
+            zeros = tuple(z for z in zeros if z != 3)
         Ms = [m for m in (options.micro_batches or range(1, share + 1)) if 1 <= m <= share]
         if options.even_micro_batches:
             Ms = [m for m in Ms if share % m == 0]
