@@ -278,8 +278,8 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     prog = plan.program
     n, G, K, D = len(prog.kind), plan.num_ranks, len(plan.ranks), plan.replicas
     out = DataParallelBytes(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(G))
-    if D == 1 or not plan.scenario.hardware.host.step_buffers:
-        return out
+    if D == 1 or not plan.scenario.hardware.host.step_buffers or plan.scenario.training.zero >= 2:
+        return out  # ZeRO-2/3 (FSDP2): no flat bucket; the gathered units are the passes' transients
     grads = np.array([c.param_bytes for c in plan.chunks])
     at = prog.kind == Kind.ALLREDUCE
     out.bucket_alloc[at] = grads[prog.chunk[at]]
