@@ -151,3 +151,10 @@ def test_the_executor_refuses_context_parallelism_in_one_line():
 
     with pytest.raises(ScenarioError, match=r"^pipeline\.context_parallel: gpipe-exec runs"):
         check_model(_scenario(2))
+
+
+def test_megatron_arguments_carry_the_context_parallel_size_and_its_devices():
+    from gpipe_sim.frameworks.megatron import write_megatron
+
+    text = write_megatron(_scenario(2, 2)).text
+    assert "--context-parallel-size 2" in text and "--nproc-per-node 8" in text  # T x C x K = 2 x 2 x 2

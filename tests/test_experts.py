@@ -158,3 +158,13 @@ def test_the_executor_refuses_experts_in_one_line():
 
     with pytest.raises(ScenarioError, match=r"^model\.experts: gpipe-exec builds dense blocks only"):
         check_model(_scenario(1))
+
+
+def test_megatron_arguments_carry_the_experts_and_their_parallelism():
+    from gpipe_sim.frameworks.megatron import write_megatron
+
+    text = write_megatron(_scenario(2)).text
+    for flag in ("--num-experts 8", "--moe-router-topk 2", "--moe-ffn-hidden-size 768",
+                 "--moe-shared-expert-intermediate-size 768", "--moe-layer-freq '[0,1,1,1]'",
+                 "--expert-model-parallel-size 2"):
+        assert flag in text

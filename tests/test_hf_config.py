@@ -77,8 +77,8 @@ def test_missing_keys_unknown_families_and_experts_get_one_line_naming_the_key(t
     assert "`model_type` 'bert' is not a family" in _bad(tmp_path, {**llama, "model_type": "bert"})
     assert "`num_hidden_layers` is '32'" in _bad(tmp_path, {**llama, "num_hidden_layers": "32"})
     assert "`hidden_act` 'gelu'" in _bad(tmp_path, {**llama, "hidden_act": "gelu"})
-    mixtral = _bad(tmp_path, json.loads((DATA / "mixtral-8x7b.json").read_text()))
-    assert mixtral.startswith("model.hf_config: ") and "`num_local_experts` (8): a mixture of experts" in mixtral
+    mixtral = json.loads((DATA / "mixtral-8x7b.json").read_text())
+    assert "`num_experts_per_tok` is 'two'" in _bad(tmp_path, {**mixtral, "num_experts_per_tok": "two"})
     # a value the preset refuses names the field it fills
     assert _bad(tmp_path, {**llama, "num_key_value_heads": 5}).startswith("model.kv_heads: 32 heads do not form")
     with pytest.raises(ScenarioError, match=r"^model.hf_config: .*missing.json"):
@@ -91,5 +91,13 @@ def test_read_hf_prints_the_scenario_it_makes_and_its_notes(capsys):
     sc = parse_scenario(yaml.safe_load(out.out))
     assert (sc.model.kv_heads, sc.model.seq_len, sc.model.d_ff) == (4, 4096, 18944)
     assert "gpipe-sim: note: qwen2: its Q, K and V projections have biases" in out.err
-    assert main(["read", "hf", str(DATA / "mixtral-8x7b.json")]) == 2
-    assert "num_local_experts" in capsys.readouterr().err
+    assert main(["read", "hf", str(DATA / "mixtral-8x7b.json")]) == 0
+    model = parse_scenario(yaml.safe_load(capsys.readouterr().out)).model
+    assert (model.experts, model.top_k, model.moe_ffn, model.layers) == (8, 2, 14336, 32)
+
+
+def test_mixtral_config_reads_as_the_mixtral_preset_46_7b_parameters():
+    """Mixtral 8x7B's config.json: the same model as the mixtral-8x7b preset but its 32,768 positions."""
+    read = _scenario({"hf_config": str(DATA / "mixtral-8x7b.json")})
+    preset = parse_scenario({"model": {"preset": "mixtral-8x7b", "seq_len": 32768, "vocab_multiple": 1}})
+    assert model_figures(read).parameters == model_figures(preset).parameters == 46_702_792_704

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpipe_sim.spec.mesh import total_devices
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.spec.model import TransformerModel
 from gpipe_sim.spec.scenario import Pipeline, Scenario, parse_scenario
@@ -30,8 +31,8 @@ class Read:
 
 
 def devices(p: Pipeline) -> int:
-    """Every device of the run: T x K x D."""
-    return p.tensor_parallel * p.stages * p.data_parallel
+    """Every device of the run: T x C x K x D (gpipe_sim.spec.mesh)."""
+    return total_devices(p.stages * p.data_parallel, p)
 
 
 def micro_batch_size(p: Pipeline) -> int | None:

@@ -54,6 +54,9 @@ def write_deepspeed(scenario: Scenario) -> Written:
     elif p.remat != "none":
         notes.append(f"pipeline.remat: {p.remat} re-computation is the model code's (deepspeed.checkpointing), "
                      "not a config key")
+    if p.context_parallel > 1 or p.expert_parallel > 1:
+        notes.append(f"pipeline.context_parallel {p.context_parallel}, expert_parallel {p.expert_parallel}: DeepSpeed's "
+                     "sequence and expert parallelism (Ulysses, deepspeed.moe) are the model code's; not in the config")
     notes += layout_notes(scenario)
     return Written(json.dumps(config, indent=2), notes)
 

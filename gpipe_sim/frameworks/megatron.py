@@ -95,6 +95,10 @@ def parallel_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]
                      f"{scenario.model.preset} model are not expressible")
     if p.sequence_parallel and p.tensor_parallel > 1:
         flags.append(("--sequence-parallel", None))
+    if p.context_parallel > 1:
+        flags.append(("--context-parallel-size", p.context_parallel))
+    if p.expert_parallel > 1:
+        flags.append(("--expert-model-parallel-size", p.expert_parallel))
     mbs = micro_batch_size(p)
     if mbs is None:
         notes.append(f"pipeline.micro_batches: {p.micro_batches} micro-batches do not divide the "
@@ -132,6 +136,24 @@ def model_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]]:
         (not m.bias, "--disable-bias-linear", None)) if wanted]
     flags += [("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout),
               ("--attention-backend", "flash" if m.attention == "flash" else "unfused")]
+    return flags + expert_flags(m)
+
+
+def expert_flags(m: TransformerModel) -> list[tuple[str, Any]]:
+    """A mixture of experts as Megatron-LM's MoE arguments (none for a dense model): the experts,
+    top-k, one expert's size, the shared experts' summed size, which layers are MoE (a pattern
+    where not every one is) and the capacity factor (dropless without)."""
+    if not m.experts:
+        return []
+    flags: list[tuple[str, Any]] = [("--num-experts", m.experts), ("--moe-router-topk", m.top_k),
+                                    ("--moe-ffn-hidden-size", m.moe_ffn)]
+    if m.shared_experts:
+        flags.append(("--moe-shared-expert-intermediate-size", m.shared_experts * m.moe_ffn))
+    pattern = [int(m.is_moe(i)) for i in range(m.layers)]
+    if not all(pattern):
+        flags.append(("--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"))
+    if m.capacity_factor is not None:
+        flags.append(("--moe-expert-capacity-factor", m.capacity_factor))
     return flags
 
 

@@ -137,6 +137,10 @@ def parallelism_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
     p, t = scenario.pipeline, scenario.training
     keys: dict[str, Any] = {"data_parallel_replicate_degree": p.data_parallel, "data_parallel_shard_degree": 1,
                             "tensor_parallel_degree": p.tensor_parallel, "pipeline_parallel_degree": p.stages}
+    if p.context_parallel > 1:
+        keys["context_parallel_degree"] = p.context_parallel
+    if p.expert_parallel > 1:
+        keys["expert_parallel_degree"] = p.expert_parallel
     if t.overlap_grad_reduce or t.overlap_param_gather:
         notes.append("training.overlap_grad_reduce: torchtitan's data parallelism schedules its own reduction "
                      "and gathers; not a job setting")

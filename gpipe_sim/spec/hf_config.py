@@ -1,5 +1,5 @@
-"""A Hugging Face `config.json` read into the transformer preset's fields: Llama, Mistral, Qwen2, GPT-2 and
-GPT-NeoX keys (Mixtral refused until mixture-of-experts exists), from the file alone."""
+"""A Hugging Face `config.json` read into the transformer preset's fields: Llama, Mistral, Mixtral (its
+experts), Qwen2, GPT-2 and GPT-NeoX keys, from the file alone."""
 
 from __future__ import annotations
 
@@ -37,12 +37,10 @@ class _Config:
 
 
 def _llama(c: _Config, family: str) -> Fields:
-    """Llama, Mistral and Qwen2 (LlamaConfig's keys): rotary positions, RMSNorm, SwiGLU (hidden_act
-    silu), grouped-query attention; no biases unless attention_bias and mlp_bias say so."""
+    """Llama, Mistral, Mixtral and Qwen2 (LlamaConfig's keys): rotary positions, RMSNorm, SwiGLU
+    (hidden_act silu), grouped-query attention; no biases unless attention_bias and mlp_bias say so;
+    Mixtral's `num_local_experts` experts of `intermediate_size`, `num_experts_per_tok` a token."""
     notes: list[str] = []
-    if "num_local_experts" in c.data:
-        raise ValueError(f"{c.where}: `num_local_experts` ({c.data['num_local_experts']}): a mixture of experts "
-                         f"({family}), which gpipe-sim does not model yet")
     act = c.data.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{c.where}: `hidden_act` {str(act)[:20]!r}: a gated MLP gpipe-sim models is SwiGLU (silu)")
@@ -67,6 +65,8 @@ def _llama(c: _Config, family: str) -> Fields:
               "mlp": "swiglu", "norm": "rmsnorm", "position": "rope",
               "tied_embeddings": c.flag("tie_word_embeddings", False), "bias": attention_bias or mlp_bias,
               "dropout": c.number("attention_dropout", 0.0, whole=False)}
+    if "num_local_experts" in c.data:  # Mixtral: every block's MLP is num_local_experts experts of intermediate_size
+        fields.update(experts=c.number("num_local_experts"), top_k=c.number("num_experts_per_tok", 2))
     return fields, notes
 
 
