@@ -282,7 +282,7 @@ def test_k1_is_named_data_parallel_alike_for_entries_and_pruned_candidates():
     entry = _entry(0, 1.0, 1.0)
     cand = Candidate.from_overrides(entry.overrides)
     expected = {"D": 1, "K": 1, "v": None, "M": 1, "schedule": "data parallel", "remat": "none",
-                "partition": None, "zero": 0, "T": 1, "C": 1}
+                "partition": None, "zero": 0, "T": 1, "C": 1, "E": 1}
     assert cand.shown_axes() == expected
     assert {k: entry.to_dict()[k] for k in expected} == expected
     assert {k: entry.shown(k) for k in expected} == expected

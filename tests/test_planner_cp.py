@@ -67,3 +67,32 @@ def test_bounds_stay_below_the_simulated_step_and_the_pick_simulates_as_planned(
     text = plan_text(search)
     assert "context parallelism: picked C=" in text
     assert any(row.get("C") == 2 for row in csv_rows(search))
+
+
+MOE = {**LONG, "model": {**LONG["model"], "seq_len": 1024, "experts": 8, "top_k": 2, "mlp": "swiglu",
+                         "norm": "rmsnorm", "position": "rope", "bias": False, "dropout": 0.0}}
+
+
+def test_expert_parallelism_searched_where_it_divides_the_experts_and_d():
+    from gpipe_sim.planner.space import expert_parallel_values
+
+    base = parse_scenario(MOE)
+    assert expert_parallel_values(base, PlanOptions(devices=8), 8) == [1, 2, 4, 8]
+    assert expert_parallel_values(base, PlanOptions(devices=8), 2) == [1, 2]
+    assert expert_parallel_values(base, PlanOptions(devices=8, expert_parallel=(4, 3)), 8) == [4]
+    assert expert_parallel_values(_base(), PlanOptions(devices=8), 8) == [1]  # dense
+
+
+def test_expert_bounds_stay_below_the_simulator_and_the_pick_says_why():
+    base = parse_scenario(MOE)
+    options = PlanOptions(devices=4, schedules=("1f1b",), remat=("none",), micro_batches=(1,), tensor_parallel=(1,),
+                          reserve=0.0)
+    search = search_configurations(base, options)
+    assert {c.expert_parallel for c in search.candidates} == {1, 2, 4}
+    for i, (code, figure, _) in search.pruned.items():
+        cand = search.candidates[i]
+        if code == "bound" and cand.expert_parallel > 1:
+            assert figure <= simulate(search.base.with_updates(cand.overrides())).step_time_s
+    pick = search.pick
+    assert simulate(base.with_updates(pick.candidate.overrides())).step_time_s == pytest.approx(pick.step_time_s)
+    assert "expert parallelism: picked E=" in plan_text(search)

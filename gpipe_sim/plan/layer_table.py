@@ -22,31 +22,34 @@ _BUILT: dict[tuple, tuple[LayerSpec, ...]] = {}  # the last tables built, by wha
 _BUILT_SIZE = 32
 
 
-def layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_parallel: int = 1) -> list[LayerSpec]:
-    """`scenario_layers` at another T, remat mode and C (the planner's candidates). Kept for the next
-    call with the same model, dtype, dropout masks, T, sequence parallelism, remat mode and C (the
-    planner asks for each many times; layers are immutable); a new list each call."""
+def layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_parallel: int = 1,
+                expert_parallel: int | None = None) -> list[LayerSpec]:
+    """`scenario_layers` at another T, remat mode, C and E (the planner's candidates; E None: the
+    scenario's). Kept for the next call with the same model, dtype, dropout masks, T, sequence
+    parallelism, remat mode, C and E (the planner asks for each many times; layers are
+    immutable); a new list each call."""
+    ep = scenario.pipeline.expert_parallel if expert_parallel is None else expert_parallel
     dtype_bytes = scenario.training.dtype_bytes
     key = (scenario.model, dtype_bytes, scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes),
-           tensor_parallel, scenario.pipeline.sequence_parallel, remat, context_parallel,
-           scenario.pipeline.expert_parallel)
+           tensor_parallel, scenario.pipeline.sequence_parallel, remat, context_parallel, ep)
     try:
         kept = _BUILT.get(key)
     except TypeError:  # a model with an unhashable field: built each time
-        return _layer_table(scenario, tensor_parallel, remat, context_parallel)
+        return _layer_table(scenario, tensor_parallel, remat, context_parallel, ep)
     if kept is None:
-        kept = tuple(_layer_table(scenario, tensor_parallel, remat, context_parallel))
+        kept = tuple(_layer_table(scenario, tensor_parallel, remat, context_parallel, ep))
         if len(_BUILT) >= _BUILT_SIZE:
             _BUILT.pop(next(iter(_BUILT)))
         _BUILT[key] = kept
     return list(kept)
 
 
-def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_parallel: int) -> list[LayerSpec]:
+def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_parallel: int,
+                 expert_parallel: int) -> list[LayerSpec]:
     p, dtype_bytes = scenario.pipeline, scenario.training.dtype_bytes
     mask = scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes)
     model = local_model(scenario.model, context_parallel)
-    layers = build_layers(model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel, p.expert_parallel)
+    layers = build_layers(model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel, expert_parallel)
     if remat != "selective" or not isinstance(model, TransformerModel):
         layers = recompute_layers(layers, model, remat, tensor_parallel)
     else:
@@ -55,7 +58,7 @@ def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_p
             model, dtype_bytes, dropout_mask, tensor_parallel, p.sequence_parallel))
     if context_parallel == 1:
         return layers
-    whole = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel, p.expert_parallel)
+    whole = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel, expert_parallel)
     return ring_attention_layers(layers, whole, scenario.model, context_parallel, tensor_parallel, dtype_bytes,
                                  per_layer(remat))
 

@@ -36,23 +36,26 @@ _COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
 
 
 class CostTable:
-    """Per-layer costs of the base model split over T devices per rank and its sequence over C
-    (the base's T and C unless given), its blocks as a per-layer remat mode checkpoints them (`layer_remat`: full,
-    selective, or "none" for the whole-chunk modes, which leave the table as it is), built once
-    and reused by every candidate's bounds: seconds per micro-batch size (the tensor-parallel
-    collectives included), static bytes per (D, ZeRO), activation bytes per sample. A candidate
-    of another T, C or per-layer remat mode is bounded with that table (`of`)."""
+    """Per-layer costs of the base model split over T devices per rank, its sequence over C and
+    its experts over E (the base's T, C and E unless given), its blocks as a per-layer remat mode
+    checkpoints them (`layer_remat`: full, selective, or "none" for the whole-chunk modes, which
+    leave the table as it is), built once and reused by every candidate's bounds: seconds per
+    micro-batch size (the tensor-parallel collectives and context-parallel ring included; the
+    experts' all-to-alls, which the schedule may hide, left out: a lower bound), static bytes per
+    (D, ZeRO), activation bytes per sample. A candidate of another T, C, E or per-layer remat
+    mode is bounded with that table (`of`)."""
 
     def __init__(self, base: Scenario, tensor_parallel: int | None = None, layer_remat: str = "none",
-                 context_parallel: int | None = None) -> None:
+                 context_parallel: int | None = None, expert_parallel: int | None = None) -> None:
         self.base = base
         t, p = base.training, base.pipeline
         self.tp = p.tensor_parallel if tensor_parallel is None else tensor_parallel
         self.cp = p.context_parallel if context_parallel is None else context_parallel
+        self.ep = p.expert_parallel if expert_parallel is None else expert_parallel
         self.layer_remat = layer_remat
         self.accel = base.hardware.accelerator
         self.dtype, self.dtype_bytes = t.dtype, t.dtype_bytes
-        self.layers = layer_table(base, self.tp, layer_remat, self.cp)
+        self.layers = layer_table(base, self.tp, layer_remat, self.cp, self.ep)
         self.L = len(self.layers)
         self.params = np.array([float(layer.params) for layer in self.layers])
         self.act = np.array([float(layer.activation_bytes_per_sample) for layer in self.layers])
@@ -65,13 +68,14 @@ class CostTable:
         self._terms: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
         self.params_sum, self.act_sum = float(self.params.sum()), float(self.act.sum())
         self.cache: dict[Any, float] = {}  # partition-free bounds by the axes they depend on
-        self._tables: dict[tuple[int, str, int], CostTable] = {(self.tp, layer_remat, self.cp): self}
+        self._tables: dict[tuple[int, str, int, int], CostTable] = {(self.tp, layer_remat, self.cp, self.ep): self}
         self._collectives = self._tp_collectives()
 
     def of(self, cand: Candidate) -> "CostTable":
         """The table of the candidate's T, per-layer remat mode and C (this one, or one built once per
         such triple with this capacity)."""
-        key = (cand.tensor_parallel, cand.remat if per_layer(cand.remat) else "none", cand.context_parallel)
+        key = (cand.tensor_parallel, cand.remat if per_layer(cand.remat) else "none", cand.context_parallel,
+               cand.expert_parallel)
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = CostTable(self.base, *key)
@@ -145,7 +149,7 @@ class CostTable:
         # overlapped (ZeRO-3 always): hidden up to its last bucket
         if D * C <= 1 or self.base.training.overlap_grad_reduce or cand.zero == 3:
             return np.zeros(K), np.zeros(K)
-        if self.base.pipeline.expert_parallel > 1:  # experts' gradients on a smaller ring: bounded by 0
+        if cand.expert_parallel > 1:  # experts' gradients on a smaller ring: bounded by 0
             return np.zeros(K), np.zeros(K)
         hw = self.base.hardware
         network = hw.network or hw.link

@@ -133,6 +133,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         headroom=_share("--headroom", args.headroom) or 0.0,
         tensor_parallel=_tensor_parallel(args.tensor_parallel), sequence_parallel=args.sequence_parallel,
         context_parallel=_stages(args.context_parallel, "--context-parallel"),
+        expert_parallel=_stages(args.expert_parallel, "--expert-parallel"),
     )
     check_options(options)
     if not device_layouts(scenario, options):
@@ -217,6 +218,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--context-parallel", metavar="C",
                    help="C values tried: comma-separated or a range (e.g. 1,2,4 or 1-16; default: 1 and every "
                         "power of two that leaves each device at least 8,192 tokens of a sample)")
+    p.add_argument("--expert-parallel", metavar="E",
+                   help="E values tried for a mixture of experts: comma-separated or a range (default: 1 and "
+                        "every power of two dividing its experts and D)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="configurations with T > 1 use sequence parallelism (default: the scenario's setting)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

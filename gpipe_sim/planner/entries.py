@@ -54,8 +54,8 @@ class PlanEntry:
 
     def get(self, key: str) -> Any:
         """An axis of the configuration by its short name (D, K, v, M, schedule, remat, partition, zero,
-        T, C; T and C are 1 where the overrides do not name them)."""
-        return self.overrides[AXES[key]] if key not in ("T", "C") else self.overrides.get(AXES[key], 1)
+        T, C, E; T, C and E are 1 where the overrides do not name them)."""
+        return self.overrides[AXES[key]] if key not in ("T", "C", "E") else self.overrides.get(AXES[key], 1)
 
     @cached_property
     def candidate(self) -> Candidate:

@@ -16,7 +16,7 @@ from gpipe_sim.planner.search import PlanEntry, PlanSearch, family
 from gpipe_sim.planner.run_table import entry_run, run_cells, run_dict, table_run_columns
 from gpipe_sim.results.run_cost import run_columns
 from gpipe_sim.planner.axis_choice import axis_text
-from gpipe_sim.planner.tp_choice import cp_text, searched_cp, searched_tp, tp_text
+from gpipe_sim.planner.tp_choice import cp_text, ep_text, searched_cp, searched_ep, searched_tp, tp_text
 from gpipe_sim.spec.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -57,13 +57,14 @@ def entry_row_dict(e: PlanEntry, figures: ModelFigures, base: Scenario) -> dict[
 def table_columns(search: PlanSearch) -> tuple[str, ...]:
     """The ranked table's columns: COLUMNS (with C after T where the search tried C > 1), then the
     run's where the scenario asks for them."""
-    columns = COLUMNS if len(searched_cp(search)) < 2 else (*COLUMNS[:2], "C", *COLUMNS[2:])
-    return columns + table_run_columns(search.base)
+    axes = _shown_axes(search)
+    return (COLUMNS[0], *axes, *COLUMNS[1 + len(SHOWN_AXES):]) + table_run_columns(search.base)
 
 
 def _shown_axes(search: PlanSearch) -> tuple[str, ...]:
-    """SHOWN_AXES, with C after T where the search tried C > 1."""
-    return SHOWN_AXES if len(searched_cp(search)) < 2 else ("T", "C", *SHOWN_AXES[1:])
+    """SHOWN_AXES, with C and E after T where the search tried more than one of each."""
+    extra = tuple(axis for axis, values in (("C", searched_cp(search)), ("E", searched_ep(search))) if len(values) > 1)
+    return ("T", *extra, *SHOWN_AXES[1:])
 
 
 def table_rows(search: PlanSearch, top: int, entries: Sequence[PlanEntry] | None = None) -> list[list[str]]:
@@ -210,7 +211,8 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
             lines.append("  ".join(cell.ljust(w) if name in _LEFT else cell.rjust(w)
                                    for name, cell, w in zip(columns, r, widths)).rstrip())
         lines.append(choice_text(search))
-        for why in (tp_text(search, config_text), cp_text(search, config_text), axis_text(search, "remat"),
+        for why in (tp_text(search, config_text), cp_text(search, config_text), ep_text(search, config_text),
+                    axis_text(search, "remat"),
                     axis_text(search, "zero")):
             if why:
                 lines.append(why)
@@ -258,6 +260,7 @@ def plan_dict(search: PlanSearch, top: int = 10) -> dict[str, Any]:
         "tensor_parallel": searched_tp(search),
         "sequence_parallel": search.base.pipeline.sequence_parallel, "why_tensor_parallel": tp_text(search, config_text) or None,
         "context_parallel": searched_cp(search), "why_context_parallel": cp_text(search, config_text) or None,
+        "expert_parallel": searched_ep(search), "why_expert_parallel": ep_text(search, config_text) or None,
         "why_remat": axis_text(search, "remat") or None, "why_zero": axis_text(search, "zero") or None,
         "tied": search.tied, "pick": entry_dict(search.pick, figures, search.base) if search.pick else None,
         "ranked": [entry_dict(e, figures, search.base) for e in search.order[:top]],
@@ -275,7 +278,7 @@ def plan_json(search: PlanSearch, top: int = 10) -> str:
     return json.dumps(plan_dict(search, top), indent=2, allow_nan=False)
 
 
-CSV_AXES = (*SHOWN_AXES, "C")
+CSV_AXES = (*SHOWN_AXES, "C", "E")
 
 
 def _reason(code: str, figure: float, limit: float) -> str:
@@ -332,7 +335,7 @@ def write_csv(search: PlanSearch, path: str | Path) -> None:
 def config_text(e: PlanEntry) -> str:
     """The configuration in words: "T=1, D=16, K=1, data parallel, M=16, remat=none, zero=0" at K=1
     (", C=4" after T where it splits the sequence)."""
-    cp = f", C={e.get('C')}" if e.get("C") > 1 else ""
+    cp = (f", C={e.get('C')}" if e.get("C") > 1 else "") + (f", E={e.get('E')}" if e.get("E") > 1 else "")
     if e.data_parallel_only:
         return (f"T={e.get('T')}{cp}, D={e.get('D')}, K=1, {e.shown('schedule')}, M={e.get('M')}{'' if e.even else UNEVEN}, "
                 f"remat={e.get('remat')}, zero={e.get('zero')}")

@@ -123,12 +123,13 @@ _SCHEDULE_ORDER = ("1f1b", "gpipe", "zb_h1", "zb_h2", "interleaved_1f1b", "inter
 
 def structure(cand: Candidate, batch: int) -> tuple[Any, ...]:
     """The part of `preference` known before simulating: no tensor parallelism (then the smaller
-    T), no context parallelism (then the smaller C), fewer stages, no re-computation, no ZeRO, one chunk per rank, even micro-batches, the
+    T), no context parallelism (then the smaller C), the smaller E, fewer stages, no re-computation, no ZeRO, one chunk per rank, even micro-batches, the
     plainer schedule and partition."""
     name = cand.schedule
     rank = _SCHEDULE_ORDER.index(name) if name in _SCHEDULE_ORDER else len(_SCHEDULE_ORDER)
     even = (batch // cand.data_parallel) % cand.micro_batches == 0
-    return (cand.tensor_parallel, cand.context_parallel, cand.stages, _REMAT_ORDER.get(cand.remat, len(_REMAT_ORDER)),
+    return (cand.tensor_parallel, cand.context_parallel, cand.expert_parallel, cand.stages,
+            _REMAT_ORDER.get(cand.remat, len(_REMAT_ORDER)),
             cand.zero, cand.chunks, not even, rank, cand.partition != "uniform")
 
 
@@ -143,7 +144,7 @@ _Queued = tuple[float, int, "list[int] | None", bool]
 
 
 # a candidate's (T, D, M, remat, ZeRO) and (K, v): what its coarse bounds depend on
-_WORK_KEY = operator.itemgetter(8, 9, 0, 3, 5, 7)  # T, C, D, M, remat, zero
+_WORK_KEY = operator.itemgetter(8, 9, 10, 0, 3, 5, 7)  # T, C, E, D, M, remat, zero
 _SHAPE_KEY = operator.itemgetter(1, 2)
 
 
@@ -184,7 +185,8 @@ class _Refiner:
     def __call__(self, cand: Candidate) -> tuple[float, float, list[int] | None]:
         """(memory bound, step-time bound, counts or None)."""
         costs = self.costs
-        wkey = (cand.tensor_parallel, cand.context_parallel, cand.data_parallel, cand.micro_batches, cand.remat, cand.zero)
+        wkey = (cand.tensor_parallel, cand.context_parallel, cand.expert_parallel, cand.data_parallel,
+                cand.micro_batches, cand.remat, cand.zero)
         w = self.works.get(wkey)
         if w is None:
             w = self.works[wkey] = candidate_work(costs, cand)

@@ -32,9 +32,9 @@ DATA_PARALLEL = "data parallel"
 AXES = {"D": "pipeline.data_parallel", "K": "pipeline.stages", "v": "pipeline.chunks",
         "M": "pipeline.micro_batches", "schedule": "pipeline.schedule", "remat": "pipeline.remat",
         "partition": "pipeline.partition", "zero": "training.zero", "T": "pipeline.tensor_parallel",
-        "C": "pipeline.context_parallel"}
-# T = 1 and C = 1 where an overrides dict (written before they were axes) does not name them
-_OPTIONAL_AXES = {"pipeline.tensor_parallel": 1, "pipeline.context_parallel": 1}
+        "C": "pipeline.context_parallel", "E": "pipeline.expert_parallel"}
+# T, C and E = 1 where an overrides dict (written before they were axes) does not name them
+_OPTIONAL_AXES = {"pipeline.tensor_parallel": 1, "pipeline.context_parallel": 1, "pipeline.expert_parallel": 1}
 # By default the planner tries context parallelism C only while every device keeps at least this
 # many tokens of a sample: the ring's transfers hide behind the attention only on long blocks, and
 # the runs that use it split long sequences so (Llama 3's long-context phase: 131,072 tokens over
@@ -71,6 +71,9 @@ class PlanOptions:
     # C values tried (None: 1, and each power of two the model's sequence splits into at least
     # MIN_TOKENS_PER_CP_RANK tokens a device: `context_parallel_values`)
     context_parallel: tuple[int, ...] | None = None
+    # E values tried for a mixture of experts (None: 1 and each power of two dividing its experts
+    # and D: `expert_parallel_values`); 1 for a dense model
+    expert_parallel: tuple[int, ...] | None = None
 
 
 class Candidate(NamedTuple):
@@ -90,6 +93,7 @@ class Candidate(NamedTuple):
     zero: int
     tensor_parallel: int = 1  # T
     context_parallel: int = 1  # C
+    expert_parallel: int = 1  # E (carved from the D replicas: no devices of its own)
     cleared: tuple[str, ...] = ()
 
     @property
@@ -108,7 +112,7 @@ class Candidate(NamedTuple):
 
     def axes(self) -> tuple[Any, ...]:
         """The values of the axes, in `AXES` order."""
-        return tuple(self[:10])
+        return tuple(self[:11])
 
     def shown_axes(self) -> dict[str, Any]:
         """The axes by short name (`AXES`) as reports show them: at K=1 (no pipeline, one chunk)
@@ -232,6 +236,17 @@ def context_parallel_values(base: Scenario, options: PlanOptions, tensor_paralle
     return [c for c in values if c == 1 or context_parallel_problem(base.model, c, tensor_parallel, placed) is None]
 
 
+def expert_parallel_values(base: Scenario, options: PlanOptions, data_parallel: int) -> list[int]:
+    """The E the planner tries with D = `data_parallel` replicas: for a mixture of experts 1 and
+    each power of two dividing both its experts and D (`options.expert_parallel`: those of its
+    values that do); 1 for a dense model."""
+    experts = getattr(base.model, "experts", 0)
+    if not experts:
+        return [1]
+    values = options.expert_parallel or [1 << i for i in range(data_parallel.bit_length())]
+    return sorted(e for e in set(values) if experts % e == 0 and data_parallel % e == 0)
+
+
 def device_layouts(base: Scenario, options: PlanOptions) -> list[tuple[int, int, int, int]]:
     """(T, C, D, K) with T x C x D x K = N (or fewer): `device_pairs` for each of
     `tensor_parallel_values` and its `context_parallel_values`."""
@@ -304,10 +319,11 @@ def candidate_space(base: Scenario, options: PlanOptions,
             [(name, v, partitions) for name in names for v in range(1, options.max_chunks + 1) if K * v <= layers]
         for name, v, parts in groups:
             accepted = _family_accepts(SCHEDULES[name], (D, K, v, T), name, Ms, rejected)
-            accepted = _schema_accepts(base, (D, K, v, T, C), name, accepted, cleared, rejected)
-            modes = _remats_for(base, remats, name, K, v, accepted)
-            out.extend(Candidate(D, K, v, M, name, remat, partition, zero, T, C, cleared)
-                       for M, remat, partition, zero in itertools.product(accepted, modes, parts, zeros))
+            for E in expert_parallel_values(base, options, D):
+                kept = _schema_accepts(base, (D, K, v, T, C, E), name, accepted, cleared, rejected)
+                modes = _remats_for(base, remats, name, K, v, kept)
+                out.extend(Candidate(D, K, v, M, name, remat, partition, zero, T, C, E, cleared)
+                           for M, remat, partition, zero in itertools.product(kept, modes, parts, zeros))
     return out
 
 
@@ -352,12 +368,12 @@ def enumerate_candidates(base: Scenario, options: PlanOptions) -> list[dict[str,
     return [c.overrides() for c in candidate_space(base, options)]
 
 
-def _schema_accepts(base: Scenario, layout: tuple[int, int, int, int, int], name: str, Ms: list[int],
+def _schema_accepts(base: Scenario, layout: tuple[int, int, int, int, int, int], name: str, Ms: list[int],
                     cleared: tuple[str, ...], rejected: list[tuple[Any, ...]] | None = None) -> list[int]:
-    """The Ms of a (D, K, v, T, C) layout and schedule the schema accepts: one validation for the group
+    """The Ms of a (D, K, v, T, C, E) layout and schedule the schema accepts: one validation for the group
     (its other rules do not depend on M), each M on its own if that one fails (those refused
     noted in `rejected` with the schema's message)."""
-    D, K, v, T, C = layout
+    D, K, v, T, C, E = layout
     if not Ms:
         return Ms
 
@@ -365,7 +381,8 @@ def _schema_accepts(base: Scenario, layout: tuple[int, int, int, int, int], name
         try:
             base.with_updates({"pipeline.data_parallel": D, "pipeline.stages": K, "pipeline.chunks": v,
                                "pipeline.micro_batches": M, "pipeline.schedule": name,
-                               "pipeline.tensor_parallel": T, "pipeline.context_parallel": C, **{field_name: None for field_name in cleared}})
+                               "pipeline.tensor_parallel": T, "pipeline.context_parallel": C,
+                               "pipeline.expert_parallel": E, **{field_name: None for field_name in cleared}})
         except GpipeError as exc:
             return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None

@@ -1,5 +1,5 @@
-"""Why the planner's pick has its T and its C: the pick's figures beside the best of every other
-T (or C) searched, or what kept that value out (memory, or a step-time bound)."""
+"""Why the planner's pick has its T, C and E: the pick's figures beside the best of every other
+value searched, or what kept that value out (memory, or a step-time bound)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def searched_tp(search: PlanSearch) -> list[int]:
 def searched_cp(search: PlanSearch) -> list[int]:
     """The C values of the configurations the search enumerated."""
     return sorted({c.context_parallel for c in search.candidates})
+
+
+def searched_ep(search: PlanSearch) -> list[int]:
+    """The E values of the configurations the search enumerated."""
+    return sorted({c.expert_parallel for c in search.candidates})
 
 
 def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
@@ -68,6 +73,11 @@ def tp_text(search: PlanSearch, describe: Callable[[PlanEntry], str]) -> str:
 def cp_text(search: PlanSearch, describe: Callable[[PlanEntry], str]) -> str:
     """The same line for the pick's C (context parallelism) when more than one C was searched."""
     return _axis_choice(search, describe, "C", "context parallelism", searched_cp(search))
+
+
+def ep_text(search: PlanSearch, describe: Callable[[PlanEntry], str]) -> str:
+    """The same line for the pick's E (expert parallelism) when more than one E was searched."""
+    return _axis_choice(search, describe, "E", "expert parallelism", searched_ep(search))
 
 
 def _axis_choice(search: PlanSearch, describe: Callable[[PlanEntry], str], axis: str, name: str,
