@@ -33,6 +33,9 @@ def check_model(scenario: Scenario) -> None:
     if getattr(scenario.model, "experts", 0) or scenario.pipeline.expert_parallel > 1:
         raise ScenarioError("model.experts: gpipe-exec builds dense blocks only (no mixture of experts, "
                             "expert_parallel 1); gpipe-sim predicts it")
+    if scenario.training.dtype == "fp8":
+        raise ScenarioError("training.dtype: gpipe-exec has no FP8 GEMMs (Transformer Engine and torchao's float8 "
+                            "need an H100 or H200); gpipe-sim predicts fp8, run bf16")
     if scenario.pipeline.context_parallel > 1:
         raise ScenarioError(f"pipeline.context_parallel: gpipe-exec runs every sample's whole sequence on one "
                             f"device (context_parallel 1); gpipe-sim predicts {scenario.pipeline.context_parallel}")

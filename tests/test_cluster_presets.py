@@ -54,7 +54,8 @@ def test_a_node_of_known_gpus_takes_its_accelerator_and_host_from_the_accelerato
 def test_gb200_is_blackwell_figures_over_h100_kernel_tables_marked_derived():
     b200, h100 = _hardware("gb200-nvl72").accelerator, _hardware("h100-sxm").accelerator
     rack = 72
-    assert b200.peak_flops == {"fp32": 5760e12 / rack, "bf16": 360e15 / 2 / rack, "fp16": 360e15 / 2 / rack}
+    assert b200.peak_flops == {"fp32": 5760e12 / rack, "bf16": 360e15 / 2 / rack, "fp16": 360e15 / 2 / rack,
+                               "fp8": 720e15 / 2 / rack}
     assert b200.memory_bytes == pytest.approx(13.4e12 / rack, rel=1e-3)
     assert b200.memory_bandwidth == 576e12 / rack
     assert b200.gpu.sms == 148

@@ -40,6 +40,10 @@ def write_deepspeed(scenario: Scenario) -> Written:
                      "deepspeed.initialize")
     if t.dtype in ("bf16", "fp16"):
         config[t.dtype] = {"enabled": True}
+    elif t.dtype == "fp8":
+        config["bf16"] = {"enabled": True}
+        notes.append("training.dtype: fp8 GEMMs are the model code's (Transformer Engine), not a DeepSpeed config "
+                     "key; written as bf16")
     config["zero_optimization"] = {"stage": t.zero, **reduction_keys(scenario, notes)}
     if t.zero >= 2 and p.stages > 1:
         notes.append(f"training.zero: DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only; stage {t.zero} "

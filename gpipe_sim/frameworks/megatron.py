@@ -23,7 +23,9 @@ SCRIPT = "pretrain_gpt.py"
 # Megatron-LM's schedules: 1F1B with one model chunk per rank, interleaved 1F1B with several
 # (megatron/core/pipeline_parallel/schedules.py); one stage runs micro-batches back to back.
 SCHEDULES = {1: "1f1b", 2: "interleaved_1f1b"}  # by v == 1 / v > 1
-DTYPE_FLAGS = {"bf16": "--bf16", "fp16": "--fp16"}  # fp32: neither
+DTYPE_FLAGS = {"bf16": "--bf16", "fp16": "--fp16", "fp8": "--bf16"}  # fp32: neither; fp8: bf16 with FP8 GEMMs
+# Megatron-LM's FP8 recipe through Transformer Engine: E4M3 in forward, E5M2 for gradients ("hybrid")
+FP8_FORMAT = "hybrid"
 SGD_MOMENTUM = 0.9  # Megatron-LM's default --sgd-momentum, written for the `momentum` optimizer
 
 
@@ -176,6 +178,8 @@ def training_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]
                      "attention core, or none); left out")
     if t.dtype in DTYPE_FLAGS:
         flags.append((DTYPE_FLAGS[t.dtype], None))
+    if t.dtype == "fp8":
+        flags.append(("--fp8-format", FP8_FORMAT))
     if t.optimizer in ("adam", "adamw"):  # Megatron-LM's adam decouples weight decay: AdamW
         flags.append(("--optimizer", "adam"))
         if t.optimizer == "adam":

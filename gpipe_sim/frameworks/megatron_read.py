@@ -21,6 +21,7 @@ VALUE_FLAGS = (
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--optimizer", "--sgd-momentum",
     "--train-samples", "--train-iters", "--num-query-groups", "--normalization", "--position-embedding-type",
     "--ddp-bucket-size", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--fp8-format",
 )
 BOOL_FLAGS = ("--sequence-parallel", "--bf16", "--fp16", "--use-distributed-optimizer",
               "--untie-embeddings-and-output-weights", "--use-flash-attn", "--group-query-attention", "--swiglu",
@@ -277,6 +278,8 @@ def training_data(args: dict[str, Any], data: dict[str, Any], notes: list[str]) 
     """The dtype, the optimizer, ZeRO-1 and the token budget."""
     training = dict(data["training"])
     training["dtype"] = "bf16" if args.get("--bf16") else "fp16" if args.get("--fp16") else "fp32"
+    if args.get("--fp8-format") and training["dtype"] == "bf16":  # FP8 GEMMs (Transformer Engine), bf16 elsewhere
+        training["dtype"] = "fp8"
     optimizer = args.get("--optimizer", "adam")
     if optimizer == "sgd":
         training["optimizer"] = "momentum" if _float(args, "--sgd-momentum", 0.9) > 0 else "sgd"

@@ -117,6 +117,10 @@ def training_keys(scenario: Scenario, notes: list[str]) -> dict[str, Any]:
         keys["seq_len"] = seq
     if t.dtype in PRECISION:
         keys["mixed_precision_param"] = PRECISION[t.dtype]
+    elif t.dtype == "fp8":
+        keys["mixed_precision_param"] = PRECISION["bf16"]
+        notes.append("training.dtype: fp8 is torchtitan's float8 converter ([model] converters = [\"float8\"]), "
+                     "not written; written as bfloat16")
     else:
         notes.append(f"training.dtype: torchtitan trains in bfloat16 or float32, not {t.dtype}; left out")
     if t.tokens is not None and seq is not None:

@@ -28,6 +28,7 @@ from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, update_seconds
 from gpipe_sim.spec.layers import input_bytes_per_sample
 from gpipe_sim.spec.limits import MAX_PASSES
 from gpipe_sim.plan.layer_table import scenario_layers
+from gpipe_sim.spec.fp8 import check_fp8
 from gpipe_sim.spec.recompute import per_layer, recompute_peak_bytes
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.files import shown_path
@@ -259,6 +260,7 @@ def scenario_schedule(scenario: Scenario) -> Schedule:
 
 def compile_plan(scenario: Scenario) -> Plan:
     """Build the layer table, partition it into K*v chunks, place and cost them, build the programs."""
+    check_fp8(scenario)
     p, training, accel = scenario.pipeline, scenario.training, scenario.hardware.accelerator
     dtype, dtype_bytes = training.dtype, training.dtype_bytes
     layers = scenario_layers(scenario)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpipe_sim.spec.context_parallel import local_model, ring_attention_layers
+from gpipe_sim.spec.fp8 import FP8, fp8_layers
 from gpipe_sim.spec.layers import build_layers, selective_bytes_per_token
 from gpipe_sim.spec.model import LayerSpec, TransformerModel
 from gpipe_sim.spec.recompute import per_layer, recompute_layers
@@ -30,7 +31,8 @@ def layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_pa
     immutable); a new list each call."""
     ep = scenario.pipeline.expert_parallel if expert_parallel is None else expert_parallel
     dtype_bytes = scenario.training.dtype_bytes
-    key = (scenario.model, dtype_bytes, scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes),
+    key = (scenario.model, scenario.training.dtype, dtype_bytes,
+           scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes),
            tensor_parallel, scenario.pipeline.sequence_parallel, remat, context_parallel, ep)
     try:
         kept = _BUILT.get(key)
@@ -50,6 +52,8 @@ def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_p
     mask = scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes)
     model = local_model(scenario.model, context_parallel)
     layers = build_layers(model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel, expert_parallel)
+    if scenario.training.dtype == FP8:  # GEMM inputs saved in FP8
+        layers = fp8_layers(layers, model, tensor_parallel, p.sequence_parallel)
     if remat != "selective" or not isinstance(model, TransformerModel):
         layers = recompute_layers(layers, model, remat, tensor_parallel)
     else:

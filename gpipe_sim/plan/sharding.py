@@ -2,7 +2,9 @@
 
 Bytes a rank holds per parameter (`bytes_per_param`), with g the gradient and w the weight in the
 training dtype, s the optimizer states plus the fp32 master copy (none in fp32 training), D the
-replicas and S the shard group (D, or with `shard_within_node` the replicas sharing a node):
+replicas and S the shard group (D, or with `shard_within_node` the replicas sharing a node); under
+`training.dtype: fp8` w counts the weights' FP8 copies too (gpipe_sim.spec.fp8) but for ZeRO-3
+without pipelining, whose gathered units the passes hold:
 
     zero 0:  w + g + s                          (PyTorch DDP, Megatron-LM without its distributed optimizer)
     zero 1:  w + g + s / D                      (Megatron-LM --use-distributed-optimizer, DeepSpeed stage 1)
@@ -34,6 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.errors import ScenarioError
+from gpipe_sim.spec.fp8 import FP8, FP8_WEIGHT_BYTES
 from gpipe_sim.spec.model import LayerSpec
 from gpipe_sim.spec.scenario import Scenario, Training
 from gpipe_sim.spec.tensor_parallel import ALL_REDUCE, collective_seconds
@@ -104,8 +107,8 @@ def bytes_per_param(training: Training, D: int, S: int, K: int, zero: int | None
     """(weight bytes, other bytes) a rank holds per parameter all step under ZeRO stage `zero`
     (`training.zero` if None; module docstring); `D` replicas, `S` of them sharing a shard, `K`
     pipeline stages."""
-    w = float(training.dtype_bytes)
-    g = w
+    g = float(training.dtype_bytes)
+    w = g + (FP8_WEIGHT_BYTES if training.dtype == FP8 else 0)  # with FP8 GEMMs, their weights' FP8 copies
     s = training.state_bytes_per_param - g
     zero = (training.zero if zero is None else zero) if D > 1 else 0
     if zero == 0:
@@ -114,7 +117,7 @@ def bytes_per_param(training: Training, D: int, S: int, K: int, zero: int | None
         return w, g + s / D
     if zero == 2:
         return w, (g + s) / D
-    own = w if training.dtype == "fp32" else 0.0  # the sharded parameter beside the master copy
+    own = g if training.dtype == "fp32" else 0.0  # the sharded parameter beside the master copy
     if K == 1:
         return own / S, (g + s) / S
     return w, g + (own + s) / S

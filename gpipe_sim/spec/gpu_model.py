@@ -9,6 +9,7 @@ from typing import Any, Literal, Sequence
 from pydantic import Field, PrivateAttr
 
 from gpipe_sim.spec.fields import Fraction, Seconds, _Strict
+from gpipe_sim.spec.fp8 import FP8, GEMM_TABLE
 from gpipe_sim.spec.kernels import Flash, Gemm, Kernel, LayerKernels, MemOp, Softmax
 
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -96,7 +97,8 @@ def gemm_seconds(g: Gemm, samples: int, dtype: str, p: int, peak_flops: dict[str
     """One (batched) GEMM: waves of tiles over the SMs, small-k and unaligned penalties, never
     faster than its operands' traffic or the kernel floor."""
     batch, m, n, k = g.shape(samples)
-    rate = peak_for(peak_flops, dtype) * t.gemm_efficiency.get(dtype, max(t.gemm_efficiency.values()))  # type: ignore[call-overload]
+    table = GEMM_TABLE if dtype == FP8 else dtype  # an FP8 GEMM: the bf16 table at the FP8 rate
+    rate = peak_for(peak_flops, dtype) * t.gemm_efficiency.get(table, max(t.gemm_efficiency.values()))  # type: ignore[call-overload]
     per_sm = rate / t.sms
     best = math.inf
     for rows, cols, share in t.gemm_tiles:

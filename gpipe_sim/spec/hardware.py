@@ -23,7 +23,7 @@ class Accelerator(_Strict):
     """One accelerator: compute, memory and per-kernel overhead."""
 
     name: str = "custom"
-    peak_flops: dict[Literal["fp32", "bf16", "fp16"], Flops]
+    peak_flops: dict[Literal["fp32", "bf16", "fp16", "fp8"], Flops]  # fp8: dense (gpipe_sim.spec.fp8)
     efficiency: Fraction = 0.5
     memory_bytes: PositiveBytes = math.inf
     usable_memory_fraction: Fraction = 1.0  # the rest: runtime, fragmentation

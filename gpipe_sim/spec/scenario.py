@@ -34,7 +34,7 @@ from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
 from gpipe_sim.spec.training_run import Goodput, TokenCount, tokens_per_sample
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"  # package data
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # fp8: bf16 storage (gpipe_sim.spec.fp8)
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2}
 # How an optimizer's step runs (torch.optim's implementations): one tensor at a time ("for_loop",
 # torch's default on CPU), on lists of all its tensors at once ("foreach", torch's default on CUDA),
@@ -171,7 +171,7 @@ class Training(_Strict):
 
     # adamw: Adam with decoupled weight decay (torch.optim.AdamW): the same states and temporaries
     optimizer: Literal["sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw"] = "adam"
-    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
     # ZeRO stage (gpipe_sim.plan.sharding): 1 optimizer states and master weights sharded over the D
     # replicas (Megatron-LM's distributed optimizer), 2 gradients too (DeepSpeed ZeRO-2), 3 parameters
     # too, gathered per layer (PyTorch FSDP2 `fully_shard`, torchtitan's default); with
