@@ -41,10 +41,14 @@ def check_fp8(scenario: Any) -> None:
 def fp8_saved_bytes_per_token(model: TransformerModel, tp: int, sequence_parallel: bool) -> float:
     """Bytes a block saves less per token (one device's share) when its GEMM inputs are kept in
     FP8 rather than bf16: one byte for each element of the two norm outputs (whole, or split over
-    T with sequence parallelism), the attention's output and the down-projection's input (split)."""
+    T with sequence parallelism), the attention's output and the down-projection's input (split).
+    A mixture of experts' block: the attention's side only (the first norm's output and the
+    attention's output; its routed MLP's inputs are left in bf16, an upper bound)."""
     b = BlockShape.of(model, tp)
-    replicated = 2 * b.d / (tp if sequence_parallel and tp > 1 else 1)
-    return replicated + b.q + b.f_share
+    share = tp if sequence_parallel and tp > 1 else 1
+    if getattr(model, "experts", 0):
+        return b.d / share + b.q
+    return 2 * b.d / share + b.q + b.f_share
 
 
 def fp8_layers(layers: list[LayerSpec], model: Any, tp: int, sequence_parallel: bool) -> list[LayerSpec]:
