@@ -168,3 +168,20 @@ def test_megatron_arguments_carry_the_experts_and_their_parallelism():
                  "--moe-shared-expert-intermediate-size 768", "--moe-layer-freq '[0,1,1,1]'",
                  "--expert-model-parallel-size 2"):
         assert flag in text
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_zero_shards_the_experts_over_the_d_over_e_replicas_that_hold_them(zero):
+    """Each routed expert lives on D / E replicas: ZeRO shards its states over those, not over D
+    (Megatron-LM's expert-data-parallel group)."""
+    from gpipe_sim.plan.sharding import bytes_per_param
+
+    scenario = _scenario(2, D=4).with_updates({"training.zero": zero, "pipeline.stages": 1, "pipeline.schedule": "1f1b"})
+    plan = compile_plan(scenario)
+    t = scenario.training
+    dense_w, dense_s = bytes_per_param(t, 4, 4, 1)
+    expert_w, expert_s = bytes_per_param(t, 2, 2, 1)
+    chunk = plan.chunks[0]
+    experts = sum(layer.expert_params for layer in plan.layers)
+    assert chunk.state_bytes == pytest.approx((chunk.params - experts) * dense_s + experts * expert_s)
+    assert chunk.param_bytes == pytest.approx((chunk.params - experts) * dense_w + experts * expert_w)

@@ -273,6 +273,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     bpp = training.bytes_per_param
     weight_per_param = local_weight_bytes_per_param(scenario)
     state_per_param = local_state_bytes_per_param(scenario)
+    expert_weight, expert_state = expert_bytes_per_param(scenario)
     schedule = scenario_schedule(scenario)
     model_input = input_bytes_per_sample(local_model(scenario.model, p.context_parallel), dtype_bytes)
     memory = None
@@ -296,6 +297,7 @@ def compile_plan(scenario: Scenario) -> Plan:
             in_flight = in_flight_bytes(own, dtype_bytes)
         per_size = per_size[size_index]
         params = sum(layer.params for layer in own)
+        experts = sum(layer.expert_params for layer in own)
         input_per_sample = model_input if c == 0 else layers[first - 1].output_bytes_per_sample
         # a tensor two adjacent layers of the chunk both save is one allocation
         act_per_sample = sum(layer.activation_bytes_per_sample for layer in own) - sum(
@@ -308,8 +310,8 @@ def compile_plan(scenario: Scenario) -> Plan:
                 first_layer=first,
                 last_layer=first + count - 1,
                 params=params,
-                param_bytes=float(params * weight_per_param),
-                state_bytes=float(params * state_per_param),
+                param_bytes=float(params * weight_per_param + experts * (expert_weight - weight_per_param)),
+                state_bytes=float(params * state_per_param + experts * (expert_state - state_per_param)),
                 forward_s=per_size[:, 0].copy(),
                 backward_s=backward.copy(),
                 backward_input_s=per_size[:, 2].copy(),
@@ -362,6 +364,15 @@ def local_state_bytes_per_param(scenario: Scenario) -> float:
     optimizer states and fp32 master weights, as `training.zero` shards them (gpipe_sim.plan.sharding)."""
     p = scenario.pipeline
     return bytes_per_param(scenario.training, p.data_parallel, shard_degree(scenario), p.stages)[1]
+
+
+def expert_bytes_per_param(scenario: Scenario) -> tuple[float, float]:
+    """(weight, other) bytes a rank holds all step per routed expert's parameter: sharded as
+    `training.zero` shards over the D / E replicas that hold the same experts (Megatron-LM's
+    expert-data-parallel group; torchtitan's dp_shard_mod_ep), not over D."""
+    p = scenario.pipeline
+    E = p.expert_parallel
+    return bytes_per_param(scenario.training, p.data_parallel // E, max(1, shard_degree(scenario) // E), p.stages)
 
 
 def local_weight_bytes_per_param(scenario: Scenario) -> float:
