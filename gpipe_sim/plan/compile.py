@@ -271,9 +271,8 @@ def compile_plan(scenario: Scenario) -> Plan:
     remat_factor = 0.0 if p.remat == "none" or per_layer(p.remat) else 1.0  # whole chunks re-computed
     time_weights = [f * (1 + remat_factor) + b for f, b in times]
     bpp = training.bytes_per_param
-    weight_per_param = local_weight_bytes_per_param(scenario)
-    state_per_param = local_state_bytes_per_param(scenario)
-    expert_weight, expert_state = expert_bytes_per_param(scenario)
+    (weight_per_param, state_per_param), (expert_weight, expert_state) = (
+        (local_weight_bytes_per_param(scenario), local_state_bytes_per_param(scenario)), expert_bytes_per_param(scenario))
     schedule = scenario_schedule(scenario)
     model_input = input_bytes_per_sample(local_model(scenario.model, p.context_parallel), dtype_bytes)
     memory = None
@@ -296,8 +295,7 @@ def compile_plan(scenario: Scenario) -> Plan:
             per_size[:, :2] = fsdp_chunk_seconds(scenario, own, shares, per_size[:, :2])
             in_flight = in_flight_bytes(own, dtype_bytes)
         per_size = per_size[size_index]
-        params = sum(layer.params for layer in own)
-        experts = sum(layer.expert_params for layer in own)
+        params, experts = sum(layer.params for layer in own), sum(layer.expert_params for layer in own)
         input_per_sample = model_input if c == 0 else layers[first - 1].output_bytes_per_sample
         # a tensor two adjacent layers of the chunk both save is one allocation
         act_per_sample = sum(layer.activation_bytes_per_sample for layer in own) - sum(
