@@ -40,7 +40,7 @@ def axis_text(search: PlanSearch, axis: str) -> str:
         return ""
     mine = pick.candidate
     others = list(dict.fromkeys(c for c in search.candidates
-                                if c != mine and c._replace(**{axis: getattr(mine, axis)}) == mine))
+                                if c != mine and mine.differs_only_in(axis, c)))
     if not others:
         return ""
     entries = {e.candidate: e for e in (*search.simulated_entries, *search.ranked)}

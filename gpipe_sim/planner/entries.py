@@ -70,7 +70,7 @@ class PlanEntry:
     def shown(self, key: str) -> Any:
         """An axis as reports show it (`Candidate.shown_axes`: at K=1 the schedule is "data
         parallel" and v, the partition are None)."""
-        return self.candidate.shown_axes()[key]
+        return self.candidate.shown(key)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain figures (JSON-ready; no Result); the axes as `shown`."""

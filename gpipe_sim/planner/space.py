@@ -28,11 +28,14 @@ DEFAULT_RESERVE = 0.06
 # forward and its backward per micro-batch) holds the fewest activations. Shown as "data parallel".
 DATA_PARALLEL_SCHEDULE = "1f1b"
 DATA_PARALLEL = "data parallel"
+# at K=1 (no pipeline, one chunk) reports show these axes so
+_SHOWN_AT_K1 = {"schedule": DATA_PARALLEL, "v": None, "partition": None}
 # the axes of a configuration: short name -> the dotted scenario field it overrides (in this order)
 AXES = {"D": "pipeline.data_parallel", "K": "pipeline.stages", "v": "pipeline.chunks",
         "M": "pipeline.micro_batches", "schedule": "pipeline.schedule", "remat": "pipeline.remat",
         "partition": "pipeline.partition", "zero": "training.zero", "T": "pipeline.tensor_parallel",
         "C": "pipeline.context_parallel", "E": "pipeline.expert_parallel"}
+_AXIS_INDEX = {name: i for i, name in enumerate(AXES)}  # a short name's field in `Candidate`
 # T, C and E = 1 where an overrides dict (written before they were axes) does not name them
 _OPTIONAL_AXES = {"pipeline.tensor_parallel": 1, "pipeline.context_parallel": 1, "pipeline.expert_parallel": 1}
 # By default the planner tries context parallelism C only while every device keeps at least this
@@ -119,8 +122,20 @@ class Candidate(NamedTuple):
         the schedule is "data parallel" and v and the partition are None."""
         axes = dict(zip(AXES, self.axes()))
         if self.data_parallel_only:
-            axes.update(schedule=DATA_PARALLEL, v=None, partition=None)
+            axes.update(_SHOWN_AT_K1)
         return axes
+
+    def shown(self, key: str) -> Any:
+        """`shown_axes()[key]`, without making the dict (reports ask it of every candidate)."""
+        if self.stages == 1 and key in _SHOWN_AT_K1:
+            return _SHOWN_AT_K1[key]
+        return self[_AXIS_INDEX[key]]
+
+    def differs_only_in(self, axis: str, other: "Candidate") -> bool:
+        """Whether `other` is this configuration with another value of `axis` (a short name of
+        `AXES`) at most: `other._replace(**{field: self's}) == self`, without making a tuple."""
+        i = _AXIS_INDEX[axis]
+        return self[:i] == other[:i] and self[i + 1:] == other[i + 1:]
 
     def overrides(self) -> dict[str, Any]:
         """The dotted overrides of the base scenario that make this configuration: the axes in

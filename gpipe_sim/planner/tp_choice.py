@@ -43,7 +43,7 @@ def _kept_out(search: PlanSearch, T: int, pick: PlanEntry | None, axis: str = "T
     memory one needs, or the step-time bound that every simulated-free one is at least."""
     memory, bound, preferred = [], [], 0
     for i, (code, figure, _) in search.pruned.items():
-        if search.candidates[i].shown_axes()[axis] == T:
+        if search.candidates[i].shown(axis) == T:
             preferred += code == "preferred"
             (memory if code == "memory" else bound if code == "bound" else []).append(figure)
     memory += [e.peak_memory_bytes for e in search.simulated_entries if e.get(axis) == T and not e.fits]
