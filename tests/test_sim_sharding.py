@@ -149,3 +149,15 @@ def test_executor_refuses_what_it_does_not_run(zero: int) -> None:
     with pytest.raises(ScenarioError) as info:
         check_model(scenario)
     assert str(info.value).startswith("training.zero:") and "\n" not in str(info.value)
+
+
+def test_the_planner_keeps_a_hybrid_sharded_base_at_zero3() -> None:
+    """A base sharding within nodes: every configuration ZeRO-3 (shard_within_node needs it), D = 1
+    included (nothing to shard there), none refused."""
+    from gpipe_sim.planner.search import PlanOptions, search_configurations
+
+    hardware = {"preset": "v100", "devices_per_node": 2, "network": {"bandwidth": "5 GB/s", "latency_s": 5e-6}}
+    base = _scenario(3, D=2, hsdp=True, hardware=hardware)
+    search = search_configurations(base, PlanOptions(devices=4, schedules=("1f1b",), remat=("none",), max_chunks=1))
+    assert search.candidates and all(c.zero == 3 for c in search.candidates)
+    assert {c.data_parallel for c in search.candidates} >= {1, 2, 4} and search.infeasible == 0

@@ -58,7 +58,7 @@ class PlanOptions:
     # None: the partition methods worth trying here, DEFAULT_PARTITIONS ("memory" and "fit" run a
     # partition search of 0.03-0.2 s per candidate: ask for them where memory is tight)
     partitions: tuple[str, ...] | None = None
-    zero: tuple[int, ...] | None = None  # None: (0, 1, 2, 3) when D > 1, else (0,)
+    zero: tuple[int, ...] | None = None  # None: (0, 1, 2, 3) when D > 1, else (0,); (3,) for a hybrid-sharded base
     max_chunks: int = 4  # v values tried for families with chunks > 1
     top: int = 10  # the ranking that must be exact: the bound never skips a candidate that enters it
     micro_batches: tuple[int, ...] | None = None  # None: every M the batch allows (1 .. batch / D)
@@ -323,7 +323,8 @@ def candidate_space(base: Scenario, options: PlanOptions,
     for T, C, D, K in device_layouts(base, options):
         share = batch // D
         zeros = options.zero if options.zero is not None else (
-            (0,) if D == 1 else (3,) if base.training.shard_within_node else ZERO_STAGES)
+            # a hybrid-sharded base keeps ZeRO-3 (at D = 1 it shards nothing: plain training)
+            (3,) if base.training.shard_within_node else (0,) if D == 1 else ZERO_STAGES)
         if C > 1:  # ZeRO-3 over the data x context mesh is not modelled (gpipe_sim.plan.sharding)
             zeros = tuple(z for z in zeros if z != 3)
         Ms = [m for m in (options.micro_batches or range(1, share + 1)) if 1 <= m <= share]
