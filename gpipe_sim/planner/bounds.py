@@ -201,6 +201,18 @@ class CostTable:
             out[j] = least / ln.bandwidth + ln.latency_s + host
         return out
 
+    def fsdp_collectives(self, cand: Candidate) -> float:
+        """Seconds at least of ZeRO-3's collectives over a step without pipelining: each forward
+        gathers every layer and each backward gathers them again and reduce-scatters their
+        gradients, one after another on one queue a pass (gpipe_sim.plan.sharding), and the one
+        rank runs its passes one after another, so M x 3/2 ring all-reduces of the parameters
+        (`allreduce`'s ring, one latency for the many). 0 elsewhere and under hybrid sharding
+        (whose shard ring is smaller)."""
+        if cand.zero != 3 or cand.stages != 1 or cand.data_parallel <= 1 or self.base.training.shard_within_node:
+            return 0.0
+        per_param, fixed = self.allreduce(cand._replace(zero=0))
+        return cand.micro_batches * 1.5 * float(fixed[0] + per_param[0] * self.params_sum)
+
     def static_per_param(self, D: int, zero: int) -> float:
         """Bytes per parameter a rank holds at least: weight, gradient, optimizer states as the ZeRO
         stage shards them over all D replicas without pipelining (`bytes_per_param`: the least it holds)."""
@@ -276,7 +288,7 @@ def coarse_bounds(costs: CostTable, cand: Candidate, work: Work) -> tuple[float,
     D, K, v = cand.data_parallel, cand.stages, cand.chunks
     static = costs.params_sum * costs.static_per_param(D, cand.zero)
     memory = (static + costs.act_sum * work.largest / v) / K
-    step = max(work.total / K, work.chain)
+    step = max(work.total / K, work.chain, costs.fsdp_collectives(cand))
     return memory * _SLACK, step * _SLACK
 
 
@@ -434,7 +446,7 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
     per_param, fixed = costs.allreduce(cand)
     p_cum = _cum(costs.params)
     h_cum = _cum(costs.hops(cand, w.smallest, placement))  # transfers before chunk c: h_cum[c]
-    bound = max(bound, float(w.forward.sum() + w.backward.sum() + 2 * h_cum[-1]))
+    bound = max(bound, float(w.forward.sum() + w.backward.sum() + 2 * h_cum[-1]), costs.fsdp_collectives(cand))
     if counts is not None:
         edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
         busy = np.bincount(placement, weights=w_cum[edges[1:]] - w_cum[edges[:-1]], minlength=K)
