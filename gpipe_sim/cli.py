@@ -14,7 +14,7 @@ from gpipe_sim.spec.overrides import add_set_option
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from gpipe_sim.spec.command_scenario import load_command_scenario, write_schedule_notes
+    from gpipe_sim.spec.command_scenario import load_command_scenario, write_derived_notes, write_schedule_notes
     from gpipe_sim.plan.compile import compile_plan
     from gpipe_sim.summary import summary_text
     from gpipe_sim.api import simulate_plan
@@ -31,6 +31,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         return emit(args.emit, scenario)
     plan = compile_plan(scenario)
     write_schedule_notes(scenario)
+    write_derived_notes(scenario)
     result = simulate_plan(plan, args.engine)
     problem = result_problem(scenario, result)
     if problem:

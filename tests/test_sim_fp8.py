@@ -79,3 +79,13 @@ def test_megatron_arguments_carry_fp8_both_ways() -> None:
     written = write_megatron(_scenario("fp8"))
     assert "--bf16" in written.text and "--fp8-format hybrid" in written.text
     assert read_megatron(written.text, _scenario("bf16")).scenario.training.dtype == "fp8"
+
+
+def test_simulate_says_the_fp8_gemm_times_are_derived(tmp_path, capsys) -> None:
+    from gpipe_sim.cli import main
+
+    path = tmp_path / "fp8.yaml"
+    path.write_text(_scenario("fp8").to_yaml())
+    assert main(["simulate", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "training.dtype fp8: GEMM times are derived" in err and len(err.strip().splitlines()) == 1

@@ -6,6 +6,7 @@ import sys
 from typing import Sequence
 
 from gpipe_sim.errors import one_line
+from gpipe_sim.spec.fp8 import DERIVED_NOTE, FP8
 from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, Scenario, load_scenario, read_schedule_csv
 
 
@@ -17,6 +18,13 @@ def load_command_scenario(path: str | None, overrides: Sequence[str] | None = No
     if DEFAULT_SCENARIO.exists():
         return load_scenario(DEFAULT_SCENARIO, overrides)
     return Scenario().with_overrides(overrides)
+
+
+def write_derived_notes(scenario: Scenario) -> None:
+    """One line on stderr for each figure the scenario prices from derived rather than measured
+    tables (FP8 GEMMs: gpipe_sim.spec.fp8)."""
+    if scenario.training.dtype == FP8:
+        sys.stderr.write(f"gpipe-sim: note: {DERIVED_NOTE}\n")
 
 
 def write_schedule_notes(scenario: Scenario) -> None:

@@ -30,6 +30,11 @@ FP8_WEIGHT_BYTES = 2  # Float8Tensor: row-wise and column-wise FP8 data, 1 byte 
 GEMM_TABLE = "bf16"  # the GEMM table an FP8 GEMM's efficiency is read from
 
 
+# what a simulation of FP8 training says of its GEMM times (gpipe-sim simulate, on stderr)
+DERIVED_NOTE = ("training.dtype fp8: GEMM times are derived (the bf16 GEMM table at the spec sheet's FP8 rate), "
+                "not measured")
+
+
 def check_fp8(scenario: Any) -> None:
     """ScenarioError (one line) for FP8 training on an accelerator without an FP8 rate."""
     accel = scenario.hardware.accelerator
@@ -60,4 +65,4 @@ def fp8_layers(layers: list[LayerSpec], model: Any, tp: int, sequence_parallel: 
             if layer.name.startswith("block") else layer for layer in layers]
 
 
-__all__ = ["FP8", "FP8_WEIGHT_BYTES", "GEMM_TABLE", "check_fp8", "fp8_layers", "fp8_saved_bytes_per_token"]
+__all__ = ["DERIVED_NOTE", "FP8", "FP8_WEIGHT_BYTES", "GEMM_TABLE", "check_fp8", "fp8_layers", "fp8_saved_bytes_per_token"]
