@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.errors import ScenarioError
+from gpipe_sim.plan.distinct import distinct_sorted
 
 
 def micro_batch_sizes(batch_size: int, micro_batches: int) -> list[int]:
@@ -46,7 +47,7 @@ def balance_by_weight(weights: Sequence[float], stages: int) -> list[int]:
     slack = 8 * np.finfo(float).eps * max(float(prefix[-1]), 1e-300)  # prefix-sum rounding
     if len(w) <= _CANDIDATE_LAYERS:
         first, last = np.triu_indices(len(prefix), k=1)
-        sums = np.unique(prefix[last] - prefix[first])
+        sums = distinct_sorted(prefix[last] - prefix[first])
         sums = sums[sums >= w.max() - slack]
         lo, hi = 0, len(sums) - 1
         while lo < hi:

@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from gpipe_sim.plan.distinct import distinct_sorted
 from gpipe_sim.plan.links import transfer_link_keys
 from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
 from gpipe_sim.plan.buckets import overlap_profiles
@@ -564,7 +565,7 @@ def _flatten(plan: Plan) -> Program:
     keys_all, inverse = np.unique(users_key, return_inverse=True)
     link[remote] = inverse[: len(remote)]
     group_link_ids = inverse[len(remote):]
-    pairs = np.unique(inverse * (G + C + 1) + users_who)
+    pairs = distinct_sorted(inverse * (G + C + 1) + users_who)
     dedicated = np.bincount(pairs // (G + C + 1), minlength=len(keys_all)) == 1
     per_device = np.bincount(dmap)
     return Program(
