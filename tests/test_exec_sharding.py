@@ -62,3 +62,35 @@ def test_pipelined_zero3_is_refused_with_one_line() -> None:
     with pytest.raises(ScenarioError) as info:
         check_runnable(scenario)
     assert str(info.value).startswith("training.zero:") and "\n" not in str(info.value)
+
+
+def _memory_case(zero: int):
+    model = {"preset": "transformer", "layers": 4, "d_model": 128, "d_ff": 512, "heads": 4, "seq_len": 64,
+             "vocab": 512}
+    return parse_scenario({"model": model, "hardware": {"preset": "cpu", "host": {"step_buffers": True}},
+                           "pipeline": {"stages": 1, "data_parallel": 2, "micro_batches": 4, "batch_size": 16,
+                                        "schedule": "gpipe", "remat": "none"},
+                           "training": {"optimizer": "adam", "zero": zero}})
+
+
+@pytest.mark.slow
+def test_peak_memory_against_the_prediction() -> None:
+    """The tensor tracker's peak (storages FSDP2 resizes re-read: `StorageTracker(resized=True)`)
+    against gpipe-sim's. ZeRO-3: within 3.5% (the gathered units in flight predicted a little high).
+    ZeRO-2: FSDP2's (no reshard after forward) keeps its sharded fp32 parameter beside the gathered
+    one, which DeepSpeed's ZeRO-2, the one predicted, does not: measured = predicted + that shard
+    (1%)."""
+    from gpipe_exec.measure.steps import measured_result
+    from gpipe_sim.api import simulate
+
+    scenarios = {zero: _memory_case(zero) for zero in (2, 3)}
+    plans = {zero: check_runnable(sc) for zero, sc in scenarios.items()}
+    outs = launch([job_for(plans[z], steps=1, warmup=1) for z in (2, 3)], [0, 1], OPTIONS)
+    for zero, out in zip((2, 3), outs):
+        measured = measured_result(plans[zero], out).result.stages[0].peak_memory_bytes
+        predicted = simulate(scenarios[zero]).stages[0].peak_memory_bytes
+        if zero == 3:
+            assert abs(predicted / measured - 1) <= 0.035, (zero, predicted, measured)
+        else:
+            shard = sum(c.params for c in plans[zero].chunks) * 4 / 2
+            assert measured == pytest.approx(predicted + shard, rel=0.01), (zero, predicted, measured)

@@ -39,10 +39,14 @@ class StorageTracker(TorchDispatchMode):
     `track` gives it; `track` moves an already counted storage to its new category (a gradient
     made by a backward pass becomes `gradients` once accumulated). `mark()` starts an interval:
     `interval_peak` is the largest total since then (an action's peak, its transients included).
+    `resized`: storages may change size in place (FSDP2 frees a gathered parameter's storage by
+    `resize_(0)` and regrows it for the next gather), so every count first re-reads the live
+    storages' sizes (slower: for sharded runs only).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, resized: bool = False) -> None:
         super().__init__()
+        self.resized = resized
         self._live: dict[int, tuple[weakref.ref, int, str]] = {}  # id(storage) -> (ref, bytes, category)
         self.by_category: dict[str, int] = {}
         self.total = 0
@@ -74,6 +78,8 @@ class StorageTracker(TorchDispatchMode):
                     self.by_category[old] -= nbytes
                     self.by_category[category] = self.by_category.get(category, 0) + nbytes
                     self._live[key] = (ref, nbytes, category)
+                if self.resized:  # a regrown storage is written to as it is gathered into
+                    self._seen()
                 return
             self._freed(key)  # an id reused after its storage died before its callback ran
         nbytes = int(storage.nbytes())
@@ -83,7 +89,19 @@ class StorageTracker(TorchDispatchMode):
         self.by_category[category] = self.by_category.get(category, 0) + nbytes
         self._seen()
 
+    def _refresh(self) -> None:
+        """Re-read the size of every live storage (`resized`)."""
+        for key, (ref, nbytes, category) in list(self._live.items()):
+            storage = ref()
+            now = nbytes if storage is None else int(storage.nbytes())
+            if now != nbytes:
+                self._live[key] = (ref, now, category)
+                self.total += now - nbytes
+                self.by_category[category] += now - nbytes
+
     def _seen(self) -> None:
+        if self.resized:
+            self._refresh()
         if self.total > self.interval_peak:
             self.interval_peak = self.total
         if self.total > self.peak:

@@ -434,7 +434,7 @@ class RankRunner:
         """The memory step's meter, with the state that outlives a step registered (CPU)."""
         if self.device.type == "cuda":
             return AllocatorPeak(self.device, self.allocator_baseline)
-        tracker = StorageTracker()
+        tracker = StorageTracker(resized=self.sharded)
         module_state(tracker, [ch.module for ch in self.chunks.values()], [self.update.optimizer])
         tracker.track(self.update.masters, "optimizer_states")  # fp32 master copies (or ZeRO-1's shard)
         tracker.track([*self.inputs, *self.targets], INPUTS)
