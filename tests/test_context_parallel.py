@@ -158,3 +158,16 @@ def test_megatron_arguments_carry_the_context_parallel_size_and_its_devices():
 
     text = write_megatron(_scenario(2, 2)).text
     assert "--context-parallel-size 2" in text and "--nproc-per-node 8" in text  # T x C x K = 2 x 2 x 2
+
+
+@pytest.mark.parametrize("D, zero", [(1, 1), (2, 1), (2, 2)])
+def test_zero_shards_over_d_times_c_as_megatrons_distributed_optimizer(D, zero):
+    """Megatron-LM's distributed optimizer shards over the data-parallel group with context
+    parallelism: C = 2 halves each device's optimizer states (and gradients under ZeRO-2) as D = 2 does."""
+    from gpipe_sim.plan.sharding import bytes_per_param
+
+    scenario = _scenario(2, data_parallel=D).with_updates({"training.zero": zero})
+    plan = compile_plan(scenario)
+    weight, other = bytes_per_param(scenario.training, 2 * D, 2 * D, 2, zero)
+    for chunk in plan.chunks:
+        assert chunk.param_bytes == chunk.params * weight and chunk.state_bytes == pytest.approx(chunk.params * other)

@@ -360,30 +360,39 @@ def _rank_plans(scenario: Scenario, schedule: Schedule, layers: Sequence[LayerSp
 
 def local_state_bytes_per_param(scenario: Scenario) -> float:
     """Bytes a rank holds all step per parameter beside the weight itself: the gradient, the
-    optimizer states and fp32 master weights, as `training.zero` shards them (gpipe_sim.plan.sharding)."""
+    optimizer states and fp32 master weights, as `training.zero` shards them (gpipe_sim.plan.sharding)
+    over the D x C devices that hold the same weights (`shard_members`)."""
     p = scenario.pipeline
-    return bytes_per_param(scenario.training, p.data_parallel, shard_degree(scenario), p.stages)[1]
+    return bytes_per_param(scenario.training, gradient_group(p), shard_members(scenario), p.stages)[1]
+
+
+def shard_members(scenario: Scenario) -> int:
+    """The devices a ZeRO stage shards a weight's states over: the shard group's replicas
+    (`shard_degree`) x C, as Megatron-LM's distributed optimizer shards over the data-parallel
+    group with context parallelism (ZeRO-3 with C > 1 is refused there)."""
+    return shard_degree(scenario) * scenario.pipeline.context_parallel
 
 
 def expert_bytes_per_param(scenario: Scenario) -> tuple[float, float]:
     """(weight, other) bytes a rank holds all step per routed expert's parameter: sharded as
     `training.zero` shards over the D / E replicas that hold the same experts (Megatron-LM's
-    expert-data-parallel group; torchtitan's dp_shard_mod_ep), not over D."""
+    expert-data-parallel group; torchtitan's dp_shard_mod_ep), not over D x C."""
     p = scenario.pipeline
     E = p.expert_parallel
-    return bytes_per_param(scenario.training, p.data_parallel // E, max(1, shard_degree(scenario) // E), p.stages)
+    return bytes_per_param(scenario.training, gradient_group(p) // E, max(1, shard_members(scenario) // E), p.stages)
 
 
 def local_weight_bytes_per_param(scenario: Scenario) -> float:
     """Bytes of the weight a rank holds all step per parameter: the training dtype's, or under
     ZeRO-3 without pipelining its shard (gpipe_sim.plan.sharding)."""
     p = scenario.pipeline
-    return bytes_per_param(scenario.training, p.data_parallel, shard_degree(scenario), p.stages)[0]
+    return bytes_per_param(scenario.training, gradient_group(p), shard_members(scenario), p.stages)[0]
 
 
 def _update_share(scenario: Scenario) -> int:
-    """The replicas a rank's optimizer update is shared among: the shard group under ZeRO, else 1."""
-    return shard_degree(scenario) if scenario.training.zero and scenario.pipeline.data_parallel > 1 else 1
+    """The devices a rank's optimizer update is shared among: the shard group under ZeRO
+    (`shard_members`), else 1."""
+    return shard_members(scenario) if scenario.training.zero and gradient_group(scenario.pipeline) > 1 else 1
 
 
 def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) -> tuple[list[float], list[float]]:
@@ -400,13 +409,13 @@ def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) ->
     (summed; the shard's padding left out); with `hardware.host.step_buffers` the runtime's shard
     gradient and all-gather buffers, larger and later in the update, are counted instead
     (gpipe_sim.plan.memory's data-parallel bytes), so nothing here."""
-    training, D = scenario.training, scenario.pipeline.data_parallel
+    training = scenario.training
     step = scenario.optimizer_step
     factor = 4.0 * OPTIMIZER_SCRATCH[step][training.optimizer]  # fp32 copies
     upcast = 0.0 if training.dtype == "fp32" else 4.0  # the gradients' fp32 copies
     none = [0.0] * len(layers)
-    if training.zero and D > 1:
-        share = 0.0 if scenario.hardware.host.step_buffers else (factor + upcast) / shard_degree(scenario)
+    if training.zero and gradient_group(scenario.pipeline) > 1:
+        share = 0.0 if scenario.hardware.host.step_buffers else (factor + upcast) / shard_members(scenario)
         return [share * layer.params for layer in layers], none
     if step == "foreach":
         return [(factor + upcast) * layer.params for layer in layers], none

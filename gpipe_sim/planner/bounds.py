@@ -215,7 +215,7 @@ class CostTable:
 
     def static_per_param(self, D: int, zero: int) -> float:
         """Bytes per parameter a rank holds at least: weight, gradient, optimizer states as the ZeRO
-        stage shards them over all D replicas without pipelining (`bytes_per_param`: the least it holds)."""
+        stage shards them over all `D` devices (D x C) without pipelining (`bytes_per_param`: the least it holds)."""
         return sum(bytes_per_param(self.base.training, D, D, 1, zero))
 
     def time_weights(self, largest: int, remat: str) -> list[float]:
@@ -259,7 +259,7 @@ def candidate_work(costs: CostTable, cand: Candidate) -> Work:
     remat, zero = cand.remat, cand.zero
     size, extra = divmod(costs.base.pipeline.batch_size // D, M)  # as `micro_batch_sizes` splits
     sizes = [size + 1] * (extra > 0) + [size] * (extra < M)
-    update = costs.update / (D if zero else 1)
+    update = costs.update / (D * cand.context_parallel if zero else 1)  # ZeRO's shards: over D x C
     groups: dict[tuple[int, float], int] = {}
     # the first `extra` micro-batches have one sample more; only the step's last micro-batch
     # (the last of its range) may re-compute otherwise than the others ("except_last")
@@ -286,7 +286,7 @@ def coarse_bounds(costs: CostTable, cand: Candidate, work: Work) -> tuple[float,
     chain."""
     costs = costs.of(cand)
     D, K, v = cand.data_parallel, cand.stages, cand.chunks
-    static = costs.params_sum * costs.static_per_param(D, cand.zero)
+    static = costs.params_sum * costs.static_per_param(D * cand.context_parallel, cand.zero)
     memory = (static + costs.act_sum * work.largest / v) / K
     step = max(work.total / K, work.chain, costs.fsdp_collectives(cand))
     return memory * _SLACK, step * _SLACK
@@ -357,7 +357,7 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
     minimised over the partitions (per chunk) when the counts are not given."""
     costs = costs.of(cand)
     D, K = cand.data_parallel, cand.stages
-    static = costs.params * costs.static_per_param(D, cand.zero)
+    static = costs.params * costs.static_per_param(D * cand.context_parallel, cand.zero)
     h, per_rank = held_samples(cand, costs.base.pipeline.batch_size)
     placement = chunk_placement(cand)
     s_cum, a_cum = _cum(static), _cum(costs.act)
@@ -398,7 +398,7 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
     D, K, v = cand.data_parallel, cand.stages, cand.chunks
     M = cand.micro_batches
     largest = max(micro_batch_sizes(costs.base.pipeline.batch_size // D, M))
-    static = costs.params * costs.static_per_param(D, cand.zero)
+    static = costs.params * costs.static_per_param(D * cand.context_parallel, cand.zero)
     act = costs.act * largest
     if counts is not None:
         placement = chunk_placement(cand)
