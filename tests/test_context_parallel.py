@@ -171,3 +171,13 @@ def test_zero_shards_over_d_times_c_as_megatrons_distributed_optimizer(D, zero):
     weight, other = bytes_per_param(scenario.training, 2 * D, 2 * D, 2, zero)
     for chunk in plan.chunks:
         assert chunk.param_bytes == chunk.params * weight and chunk.state_bytes == pytest.approx(chunk.params * other)
+
+
+def test_the_bubble_counts_each_timed_rank_for_its_t_times_c_devices():
+    """K = 1, one replica on C devices: the bubble is the one rank's idle share of the step (its
+    wait for the gradients' C-member all-reduce), not half the devices idle."""
+    for cp in (1, 2):
+        result = simulate(_scenario(cp).with_updates({"pipeline.stages": 1, "pipeline.micro_batches": 1}))
+        assert result.num_devices == cp
+        assert result.bubble_fraction == pytest.approx(1 - result.stages[0].busy_s / result.step_time_s)
+        assert result.bubble_fraction < 0.1

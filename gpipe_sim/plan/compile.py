@@ -208,7 +208,7 @@ class Plan:
         return Layout(tuple((c.first_layer, c.last_layer) for c in self.chunks),
                       tuple(c.rank for c in self.chunks), self.device_map[:len(self.ranks)],
                       self.num_devices, self.replicas, self.scenario.pipeline.tensor_parallel,
-                      self.num_ranks // len(self.ranks))
+                      self.num_ranks // len(self.ranks), self.scenario.pipeline.context_parallel)
 
     @property
     def analytic_bubble_fraction(self) -> float:

@@ -84,6 +84,7 @@ class Layout:
     # Replicas whose ranks the timeline holds (0: all): 1 where replica 0 was timed for D alike
     # replicas (gpipe_sim.plan.replica_symmetry), each of the others running its times
     timeline_replicas: int = 0
+    context_parallel: int = 1  # C: a rank's T devices again for each part of the sequence (T x C a rank)
 
     def chunks_of(self, rank: int) -> list[int]:
         return [c for c, r in enumerate(self.chunk_rank) if r == rank]
@@ -483,7 +484,8 @@ def summarize(
     waits = first & (timeline.kind == Kind.RECV) & (timeline.micro_batch < 0)
     exposed = np.bincount(timeline.rank[waits], weights=(timeline.end_s - timeline.start_s)[waits], minlength=K)
     devices = layout.num_devices or len(set(layout.device_map))
-    bubble = 1.0 - float(busy.sum()) * stands_for * layout.tensor_parallel / (devices * step) if step > 0 else 0.0
+    per_rank = layout.tensor_parallel * layout.context_parallel  # the devices each timed rank stands for
+    bubble = 1.0 - float(busy.sum()) * stands_for * per_rank / (devices * step) if step > 0 else 0.0
     chunks = [
         ChunkResult(index=c, rank=int(layout.chunk_rank[c]), layers=tuple(layout.chunk_layers[c]),
                     busy_s=float(chunk_busy[c]), peak_activation_bytes=float(chunk_peak_activation_bytes[c]),
