@@ -319,6 +319,15 @@ def _pipeline_fields(box: Any, bp: dict[str, Any]) -> dict[str, Any]:
                            key=_init(PREFIX + "pipeline.sequence_parallel", bool(bp.get("sequence_parallel", False))),
                            help="Sequence parallelism: shard the LayerNorm and residual activations "
                                 "over the T devices too.")
+    k1, k2 = box.columns(2)
+    context = k1.number_input("context parallel C", min_value=1, max_value=1024, step=1,
+                              key=_init(PREFIX + "pipeline.context_parallel", int(bp.get("context_parallel", 1))),
+                              help="Each sequence split over C devices, keys and values passed around a ring "
+                                   "(T x C x K x D devices; flash attention; docs/guide/context-and-experts.md).")
+    experts = k2.number_input("expert parallel E", min_value=1, max_value=1024, step=1,
+                              key=_init(PREFIX + "pipeline.expert_parallel", int(bp.get("expert_parallel", 1))),
+                              help="A mixture of experts' experts spread over E of the D replicas, tokens "
+                                   "sent by all-to-all (model.experts > 0).")
     remat = box.selectbox("re-materialization", REMAT_MODES, key=_init(PREFIX + "pipeline.remat", bp["remat"]),
                           help="always: every forward keeps only its input and is re-computed "
                                "before backward (GPipe); none: keep all activations.")
@@ -331,7 +340,8 @@ def _pipeline_fields(box: Any, bp: dict[str, Any]) -> dict[str, Any]:
                                    "layers: the opened file's list of layer counts, one per chunk."))
     return {"stages": stages, "chunks": chunks, "data_parallel": replicas, "micro_batches": micro,
             "batch_size": batch, "schedule": schedule, "remat": remat, "partition": partition,
-            "tensor_parallel": int(tensor), "sequence_parallel": bool(seq_par) and tensor > 1}
+            "tensor_parallel": int(tensor), "sequence_parallel": bool(seq_par) and tensor > 1,
+            "context_parallel": int(context), "expert_parallel": int(experts)}
 
 
 def _training_fields(box: Any, bt: dict[str, Any], hardware: dict[str, Any]) -> tuple[dict[str, Any], str]:

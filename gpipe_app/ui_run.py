@@ -73,6 +73,7 @@ FIELD_LABELS: dict[str, str] = {
     "pipeline.chunks": "chunks per rank v", "pipeline.batch_size": "mini-batch size",
     "pipeline.schedule": "schedule", "pipeline.remat": "re-materialization", "pipeline.partition": "partition",
     "pipeline.tensor_parallel": "tensor parallel T", "pipeline.sequence_parallel": "sequence parallel",
+    "pipeline.context_parallel": "context parallel C", "pipeline.expert_parallel": "expert parallel E",
     "training.optimizer": "optimizer", "training.dtype": "dtype", "model.preset": "model preset",
     "training.optimizer_step": "optimizer step", "training.zero": "ZeRO stage", "training.tokens": "tokens to train on",
     "pipeline.data_parallel": "data-parallel D", "hardware.price_per_device_hour": "price per device-hour",
