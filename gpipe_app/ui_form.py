@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 import typing
 from dataclasses import dataclass
 from functools import lru_cache
@@ -104,6 +105,14 @@ def _model_fields(box: Any, preset: str, base: dict[str, Any]) -> dict[str, Any]
         if name == "preset":
             continue
         default = base.get(name, field.default) if base.get("preset") == preset else field.default
+        kind = _optional_kind(field.annotation)
+        if kind is not None:  # an optional size (kv_heads, expert_d_ff, ...): a widget only where given
+            if default is None:
+                continue
+            key = _init(f"{PREFIX}model.{preset}.{name}", kind(default))
+            model[name] = box.number_input(_label(name), step=1 if kind is int else 0.1,
+                                           format="%d" if kind is int else "%g", key=key)
+            continue
         key = _init(f"{PREFIX}model.{preset}.{name}", default)
         if field.annotation is int:
             model[name] = box.number_input(_label(name), step=1, key=key)
@@ -118,6 +127,16 @@ def _model_fields(box: Any, preset: str, base: dict[str, Any]) -> dict[str, Any]
     if caption:
         box.caption(caption)
     return model
+
+
+def _optional_kind(annotation: Any) -> type | None:
+    """int or float for an optional number field (`X | None`, X an int or float kind), else None."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    if type(None) not in args:
+        return None
+    inner = next(a for a in args if a is not type(None))
+    inner = typing.get_args(inner)[0] if typing.get_origin(inner) is typing.Annotated else inner
+    return inner if inner in (int, float) else None
 
 
 def layer_count_caption(model: dict[str, Any]) -> str | None:

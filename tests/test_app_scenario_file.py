@@ -229,3 +229,21 @@ def test_a_csv_schedule_file_runs_in_explore_and_compare(tmp_path, monkeypatch):
     assert metric(at, "Step time") == want
     at.switch_page("views/compare.py").run()
     assert not at.exception and not at.error, [e.value for e in at.error]
+
+
+def test_a_mixture_of_experts_file_keeps_its_optional_sizes_and_parallel_sizes(tmp_path, monkeypatch):
+    """An opened file's expert_d_ff, kv_heads, capacity factor, C and E stay in the form (each an
+    input) and the page simulates the file's own scenario."""
+    from gpipe_app.ui_run import duration_text
+
+    data = {**SCENARIO, "model": {**SCENARIO["model"], "attention": "flash", "kv_heads": 4, "experts": 4,
+                                  "top_k": 2, "expert_d_ff": 2560, "capacity_factor": 1.25},
+            "pipeline": {**SCENARIO["pipeline"], "data_parallel": 2, "expert_parallel": 2, "context_parallel": 2}}
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(sys, "argv", [str(APP), str(path)])
+    at = app_test().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert _form(at, "model.transformer.expert_d_ff") == 2560 and _form(at, "model.transformer.kv_heads") == 4
+    assert _form(at, "pipeline.expert_parallel") == 2 and _form(at, "pipeline.context_parallel") == 2
+    assert metric(at, "Step time") == duration_text(simulate(parse_scenario(data)).step_time_s)
