@@ -185,3 +185,18 @@ def test_zero_shards_the_experts_over_the_d_over_e_replicas_that_hold_them(zero)
     experts = sum(layer.expert_params for layer in plan.layers)
     assert chunk.state_bytes == pytest.approx((chunk.params - experts) * dense_s + experts * expert_s)
     assert chunk.param_bytes == pytest.approx((chunk.params - experts) * dense_w + experts * expert_w)
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_megatron_arguments_written_read_back_are_the_same_scenario(cp):
+    """write_megatron then read_megatron on the same hardware: the experts, E and C come back."""
+    from gpipe_sim.frameworks.megatron import write_megatron
+    from gpipe_sim.frameworks.megatron_read import read_megatron
+
+    scenario = _scenario(2).with_updates({"pipeline.context_parallel": cp, "hardware.devices_per_node": 16,
+                                          "model.capacity_factor": 1.5})
+    read = read_megatron(write_megatron(scenario).text, scenario).scenario
+    assert read.model == scenario.model
+    p, q = read.pipeline, scenario.pipeline
+    assert (p.context_parallel, p.expert_parallel, p.data_parallel) == (q.context_parallel, q.expert_parallel,
+                                                                        q.data_parallel)

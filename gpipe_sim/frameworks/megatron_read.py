@@ -21,7 +21,9 @@ VALUE_FLAGS = (
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--optimizer", "--sgd-momentum",
     "--train-samples", "--train-iters", "--num-query-groups", "--normalization", "--position-embedding-type",
     "--ddp-bucket-size", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-    "--fp8-format",
+    "--fp8-format", "--context-parallel-size", "--expert-model-parallel-size", "--num-experts", "--moe-router-topk",
+    "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq",
+    "--moe-expert-capacity-factor",
 )
 BOOL_FLAGS = ("--sequence-parallel", "--bf16", "--fp16", "--use-distributed-optimizer",
               "--untie-embeddings-and-output-weights", "--use-flash-attn", "--group-query-attention", "--swiglu",
@@ -140,6 +142,7 @@ def model_data(args: dict[str, Any], base: dict[str, Any], notes: list[str]) -> 
     if backend not in ("flash", "unfused"):
         notes.append(f"--attention-backend {backend}: a fused kernel that keeps no scores; taken as flash")
     model.update(block_data(args, notes))
+    model.update(expert_data(args, model, notes))
     positions = _int(args, "--max-position-embeddings", model.get("seq_len"))
     if positions != model.get("seq_len") and model.get("position") == "learned":
         notes.append(f"--max-position-embeddings {positions}: the preset's position table has seq_len rows")
@@ -165,12 +168,43 @@ def block_data(args: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return out
 
 
+def expert_data(args: dict[str, Any], model: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """A mixture of experts from --num-experts and the --moe-* flags (none without it): top-k
+    (Megatron-LM's default 2), one expert's size (default --ffn-hidden-size), the shared experts
+    (their summed size over one expert's), which blocks are MoE (--moe-layer-freq: every N-th, or
+    a 0/1 pattern read as dense blocks first, then every N-th) and the capacity factor."""
+    if "--num-experts" not in args:
+        return {"experts": 0}
+    ffn = _int(args, "--moe-ffn-hidden-size", model.get("d_ff"))
+    out: dict[str, Any] = {"experts": _int(args, "--num-experts"), "top_k": _int(args, "--moe-router-topk", 2),
+                           "expert_d_ff": ffn, "shared_experts": 0, "first_dense_layers": 0, "moe_every": 1}
+    shared = _int(args, "--moe-shared-expert-intermediate-size", 0, low=0) or 0
+    if shared and ffn and shared % ffn == 0:
+        out["shared_experts"] = shared // ffn
+    elif shared:
+        notes.append(f"--moe-shared-expert-intermediate-size {shared}: not a whole number of experts of {ffn}; left out")
+    freq = str(args.get("--moe-layer-freq", "1")).strip()
+    if freq.startswith("["):
+        pattern = [whole(SOURCE, "--moe-layer-freq", x.strip(), 0) for x in freq.strip("[]").split(",") if x.strip()]
+        first = next((i for i, x in enumerate(pattern) if x), len(pattern))
+        every = next((i - first for i in range(first + 1, len(pattern)) if pattern[i]), 1)
+        out.update(first_dense_layers=first, moe_every=every)
+        if [int(i >= first and (i - first) % every == 0) for i in range(len(pattern))] != pattern:
+            notes.append(f"--moe-layer-freq {freq}: read as {first} dense blocks, then every {every}-th MoE")
+    else:
+        out["moe_every"] = whole(SOURCE, "--moe-layer-freq", freq)
+    if "--moe-expert-capacity-factor" in args:
+        out["capacity_factor"] = _float(args, "--moe-expert-capacity-factor", 1.0)
+    return out
+
+
 def pipeline_data(args: dict[str, Any], launch: dict[str, Any], data: dict[str, Any],
                   notes: list[str]) -> dict[str, Any]:
     """K, v, D, T, sequence parallelism, the batch, M, the schedule, the partition and remat."""
     pipe = dict(data["pipeline"])
     T = _int(args, "--tensor-model-parallel-size", 1)
     K = _int(args, "--pipeline-model-parallel-size", 1)
+    C = _int(args, "--context-parallel-size", 1)
     sizes = layout_sizes(args["--pipeline-model-parallel-layout"]) if "--pipeline-model-parallel-layout" in args \
         else None
     v = len(sizes) // K if sizes is not None else _virtual_stages(args, data["model"], K)
@@ -181,13 +215,14 @@ def pipeline_data(args: dict[str, Any], launch: dict[str, Any], data: dict[str, 
     if sizes is not None and len(sizes) % K:
         raise ScenarioError(f"{SOURCE}: --pipeline-model-parallel-layout: {len(sizes)} stages for "
                             f"--pipeline-model-parallel-size {K}")
-    D = _data_parallel(launch, T * K, pipe.get("data_parallel", 1), notes)
+    D = _data_parallel(launch, T * C * K, pipe.get("data_parallel", 1), notes)
     mbs = _int(args, "--micro-batch-size", 1)
     batch = _int(args, "--global-batch-size", mbs * D)
     if batch % (mbs * D):
         raise ScenarioError(f"{SOURCE}: --global-batch-size {batch} is not a multiple of --micro-batch-size {mbs} "
                             f"x {D} data-parallel replicas")
-    pipe.update(stages=K, chunks=v, data_parallel=D, tensor_parallel=T, batch_size=batch,
+    pipe.update(stages=K, chunks=v, data_parallel=D, tensor_parallel=T, context_parallel=C,
+                expert_parallel=_int(args, "--expert-model-parallel-size", 1), batch_size=batch,
                 micro_batches=batch // (mbs * D), sequence_parallel=bool(args.get("--sequence-parallel")) and T > 1,
                 schedule=SCHEDULES[min(v, 2)],
                 partition=list(sizes) if sizes is not None else megatron_split(args, data["model"], K, v, notes))
