@@ -181,3 +181,13 @@ def test_the_bubble_counts_each_timed_rank_for_its_t_times_c_devices():
         assert result.num_devices == cp
         assert result.bubble_fraction == pytest.approx(1 - result.stages[0].busy_s / result.step_time_s)
         assert result.bubble_fraction < 0.1
+
+
+def test_torchtitan_degrees_written_read_back():
+    from gpipe_sim.frameworks.torchtitan import write_torchtitan
+    from gpipe_sim.frameworks.torchtitan_read import read_torchtitan
+
+    scenario = _scenario(2, 2)
+    read = read_torchtitan(write_torchtitan(scenario).text, scenario)
+    assert read.scenario.pipeline.context_parallel == 2
+    assert not any("context_parallel_degree" in note for note in read.notes)

@@ -21,7 +21,7 @@ TAKEN = {
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param", "dtype", "steps"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
                     "pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
-                    "module_fqns_per_model_part"},
+                    "module_fqns_per_model_part", "context_parallel_degree", "expert_parallel_degree"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "optimizer": {"name"},
 }
@@ -29,7 +29,8 @@ TAKEN = {
 DEFAULTS = {"local_batch_size": 8, "global_batch_size": -1, "mixed_precision_param": "bfloat16",
             "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": -1, "tensor_parallel_degree": 1,
             "pipeline_parallel_degree": 1, "pipeline_parallel_schedule": "1F1B",
-            "pipeline_parallel_microbatch_size": 1, "mode": "selective", "name": "AdamW"}
+            "pipeline_parallel_microbatch_size": 1, "mode": "selective", "name": "AdamW",
+            "context_parallel_degree": 1, "expert_parallel_degree": 1}
 
 
 def read_torchtitan(text: str, base: Scenario) -> Read:
@@ -119,6 +120,8 @@ def _pipeline(cfg: dict[str, Any], data: dict[str, Any], notes: list[str]) -> di
                             f"local_batch_size {local}")
     if K > 1 and accumulation > 1:
         notes.append(f"{accumulation} accumulated steps of the pipeline: taken as one schedule of all their micro-batches")
+    pipe.update(context_parallel=whole(SOURCE, "parallelism.context_parallel_degree", cfg["context_parallel_degree"]),
+                expert_parallel=whole(SOURCE, "parallelism.expert_parallel_degree", cfg["expert_parallel_degree"]))
     pipe.update(stages=K, chunks=v, data_parallel=D, tensor_parallel=T, sequence_parallel=T > 1, batch_size=batch,
                 micro_batches=accumulation * (local // mbs if K > 1 else 1), schedule=schedule,
                 partition=list(sizes) if sizes else "uniform", remat=_remat(str(cfg["mode"]), notes))
