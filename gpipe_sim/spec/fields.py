@@ -123,6 +123,7 @@ NonNegative = Amount  # the former name
 LayerCount = Annotated[int, _integer(low=1, high=limits.MAX_LAYERS, what="layers")]
 Dimension = Annotated[int, _integer(low=1, high=limits.MAX_DIMENSION, what="")]
 ExpertCount = Annotated[int, _integer(low=0, high=limits.MAX_EXPERTS, what="experts")]  # 0: none
+LayerCountOrNone = Annotated[int, _integer(low=0, high=limits.MAX_LAYERS, what="layers")]  # 0: none
 # tokens an expert takes, in multiples of its even share (Megatron-LM's --moe-expert-capacity-factor)
 CapacityFactor = Annotated[float, _real(high=limits.MAX_EXPERTS, low_open=True)]
 Params = Annotated[int, _integer(low=0, high=limits.MAX_PARAMS, what="parameters per layer")]

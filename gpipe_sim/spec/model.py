@@ -11,7 +11,7 @@ from gpipe_sim.errors import ScenarioError
 from gpipe_sim.spec.architectures import ARCHITECTURES, expand_architecture
 from gpipe_sim.spec.hf_config import expand_hf_config
 from gpipe_sim.spec.fields import (Amount, BatchSize, CapacityFactor, Dimension, DropoutRate, Duration, ExpertCount,
-                                   Kernels, LayerCount, Params, TensorParallel, _Strict)
+                                   Kernels, LayerCount, LayerCountOrNone, Params, TensorParallel, _Strict)
 from gpipe_sim.spec.limits import MAX_DIMENSION, MAX_LAYERS
 from gpipe_sim.spec.files import read_data_file
 
@@ -175,7 +175,7 @@ class TransformerModel(_Strict):
     expert_d_ff: Dimension | None = None
     shared_experts: ExpertCount = 0
     moe_every: Dimension = 1
-    first_dense_layers: ExpertCount = 0
+    first_dense_layers: LayerCountOrNone = 0
     capacity_factor: CapacityFactor | None = None
 
     @model_validator(mode="after")
