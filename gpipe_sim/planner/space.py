@@ -290,6 +290,9 @@ def _cleared_hardware(base: Scenario, D: int, K: int, T: int = 1, C: int = 1) ->
     return tuple(out)
 
 
+_candidate = functools.partial(tuple.__new__, Candidate)  # a Candidate of its fields' tuple, made in C
+
+
 def candidate_space(base: Scenario, options: PlanOptions,
                     rejected: list[tuple[Any, ...]] | None = None) -> list[Candidate]:
     """Every configuration in the space that the schema and the schedule families accept, in a
@@ -338,8 +341,8 @@ def candidate_space(base: Scenario, options: PlanOptions,
             for E in expert_parallel_values(base, options, D):
                 kept = _schema_accepts(base, (D, K, v, T, C, E), name, accepted, cleared, rejected)
                 modes = _remats_for(base, remats, name, K, v, kept)
-                out.extend(Candidate(D, K, v, M, name, remat, partition, zero, T, C, E, cleared)
-                           for M, remat, partition, zero in itertools.product(kept, modes, parts, zeros))
+                out.extend(map(_candidate, itertools.product(  # the fields in Candidate's order
+                    (D,), (K,), (v,), kept, (name,), modes, parts, zeros, (T,), (C,), (E,), (cleared,))))
     return out
 
 
