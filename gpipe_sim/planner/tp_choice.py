@@ -51,7 +51,7 @@ def _kept_out(search: PlanSearch, T: int, pick: PlanEntry | None, axis: str = "T
     cap = format_bytes(search.limit_bytes)
     if preferred:
         return (f"not simulated: {preferred:,} configurations may be within the tie of the fastest, but "
-                f"simpler tied ones (a smaller {axis} first) rank before them")
+                "simpler tied ones rank before them (the tie's order: smaller T, C, E, fewer stages, ...)")
     if bound:
         least = min(bound)
         versus = f" ({least / pick.step_time_s - 1.0:+.1%} on the pick)" if pick and pick.step_time_s > 0 else ""
