@@ -373,19 +373,27 @@ def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
                 ranking.pruned[i] = ("preferred", math.nan, limit)
             continue
         for i in sorted(groups[key]):
-            del ranking.pruned[i]
-            outcomes["bound"] -= 1
-            mem, step, counts = refine(candidates[i])
-            if mem > costs.capacity or step > limit:
-                what = "memory" if mem > costs.capacity else "bound"
-                ranking.pruned[i] = (what, mem if what == "memory" else step,
-                                     costs.capacity if what == "memory" else limit)
-                outcomes[what] += 1
-                continue
-            outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
+            _reconsider(base, costs, ranking, candidates, i, limit, refine, outcomes)
         tied |= {e.signature for e in ranking.entries if e.fits and e.step_time_s <= limit
                  and structure(e.candidate, batch) == key}
     ranking.fixed = None
+
+
+def _reconsider(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate], i: int,
+                limit: float, refine: _Refiner, outcomes: Counter[str]) -> None:
+    """Take candidate i, pruned by the coarse bound, out of the pruned; prune it again by its
+    refined memory or step bound where that exceeds the capacity or `limit`, else decide it
+    (`_decide`: simulate, or reuse a simulated twin). Counts the outcome."""
+    del ranking.pruned[i]
+    outcomes["bound"] -= 1
+    mem, step, counts = refine(candidates[i])
+    if mem > costs.capacity or step > limit:
+        what = "memory" if mem > costs.capacity else "bound"
+        ranking.pruned[i] = (what, mem if what == "memory" else step,
+                             costs.capacity if what == "memory" else limit)
+        outcomes[what] += 1
+        return
+    outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
 
 
 def _ordered(ranked: list[PlanEntry], distinct: list[PlanEntry], tie: float, batch: int
@@ -451,18 +459,9 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
                 break
             if progress:
                 progress(len(candidates), len(candidates))
-            del ranking.pruned[i]
-            outcomes["bound"] -= 1
             ranking.fixed = limit
-            mem, step, counts = refine(candidates[i])
-            if mem > costs.capacity or step > limit:
-                what = "memory" if mem > costs.capacity else "bound"
-                ranking.pruned[i] = (what, mem if what == "memory" else step,
-                                     costs.capacity if what == "memory" else limit)
-                outcomes[what] += 1
-                continue
             done = len(ranking.entries)
-            outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
+            _reconsider(base, costs, ranking, candidates, i, limit, refine, outcomes)
             keep(ranking.entries[done:])
     ranking.fixed = None
     return sorted(best.values(), key=lambda e: (e.step_time_s, e.index))
