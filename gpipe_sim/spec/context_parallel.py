@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from gpipe_sim.spec.block_shape import BlockShape
 from gpipe_sim.spec.kernels import Flash, LayerKernels
+from gpipe_sim.spec.mesh import rank_layout_problem
 from gpipe_sim.spec.model import LayerSpec, ModelSpec, TransformerModel
 
 
@@ -37,18 +38,8 @@ def context_parallel_problem(model: ModelSpec, cp: int, tp: int, hardware: Any) 
     if model.seq_len % (2 * cp):
         return (f"model.seq_len: {model.seq_len:,} tokens do not cut into {2 * cp} equal chunks "
                 f"(2 x pipeline.context_parallel {cp}, two per device for the causal load balance)")
-    width = tp * cp
-    per_node = hardware.devices_per_node
-    if per_node is not None and per_node % width and width % per_node:
-        return (f"pipeline.context_parallel: {tp} x {cp} devices per rank (tensor x context parallel) "
-                f"do not tile nodes of {per_node} (hardware.devices_per_node)")
-    ids = [d for row in (hardware.placement or ()) for d in row] + list(hardware.stage_to_device or ())
-    odd = next((d for d in ids if d % width), None)
-    if odd is not None:
-        where = "placement" if hardware.placement else "stage_to_device"
-        return (f"hardware.{where}: device {odd} is not a multiple of {width}: with tensor_parallel {tp} "
-                f"and context_parallel {cp} each rank takes {width} consecutive devices, from the one given")
-    return None
+    return rank_layout_problem(hardware, tp * cp, "pipeline.context_parallel",
+                               f"{tp} x {cp}", f"tensor_parallel {tp} and context_parallel {cp}")
 
 
 def local_model(model: ModelSpec, cp: int) -> ModelSpec:

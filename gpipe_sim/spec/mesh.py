@@ -39,9 +39,28 @@ def context_members(first_device: int, tp: int, cp: int) -> list[int]:
     return [first_device + c * tp for c in range(cp)]
 
 
+def rank_layout_problem(hardware: Any, width: int, field: str, count: str, what: str, fix: str = "") -> str | None:
+    """Why ranks `width` devices wide (`count` of them, as the fields give it; `what`, the fields
+    with their values) cannot be laid out on `hardware`, in one line naming the field, or None:
+    they must tile its nodes (divide a node's devices or be whole nodes; `field` is named, `fix`
+    appended) and each must start on a multiple of `width` (a rank takes `width` consecutive
+    devices from the one its placement or stage_to_device gives)."""
+    per_node = hardware.devices_per_node
+    if per_node is not None and per_node % width and width % per_node:
+        return f"{field}: {count} devices per rank do not tile nodes of {per_node} (hardware.devices_per_node){fix}"
+    ids = [d for row in (hardware.placement or ()) for d in row] + list(hardware.stage_to_device or ())
+    odd = next((d for d in ids if d % width), None)
+    if odd is not None:
+        where = "placement" if hardware.placement else "stage_to_device"
+        return (f"hardware.{where}: device {odd} is not a multiple of {width}: with {what} each rank "
+                f"takes {width} consecutive devices, from the one given")
+    return None
+
+
 def total_devices(rank_devices: int, pipeline: Any) -> int:
     """Every device of the step, from the number of distinct devices the pipeline ranks start on."""
     return rank_devices * devices_per_rank(pipeline)
 
 
-__all__ = ["context_members", "devices_per_rank", "expert_gradient_group", "gradient_group", "total_devices", "whole_layers"]
+__all__ = ["context_members", "devices_per_rank", "expert_gradient_group", "gradient_group", "rank_layout_problem",
+           "total_devices", "whole_layers"]

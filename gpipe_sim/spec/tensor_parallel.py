@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpipe_sim.spec.block_shape import kv_heads_problem
+from gpipe_sim.spec.mesh import rank_layout_problem
 from gpipe_sim.spec.model import ModelSpec, TableModel, TransformerModel
 
 # A reduce-scatter or an all-gather of B bytes moves half what a ring all-reduce of B bytes moves
@@ -58,18 +59,8 @@ def tensor_parallel_problem(model: ModelSpec, tp: int, hardware: Any) -> str | N
         problem = kv_heads_problem(model.query_groups, tp)
         if problem:
             return problem
-    per_node = hardware.devices_per_node
-    if per_node is not None and per_node % tp and tp % per_node:
-        return (f"pipeline.tensor_parallel: {tp} devices per rank do not tile nodes of "
-                f"{per_node} (hardware.devices_per_node): give a T that divides a node's devices "
-                f"or a multiple of them (whole nodes)")
-    ids = [d for row in (hardware.placement or ()) for d in row] + list(hardware.stage_to_device or ())
-    odd = next((d for d in ids if d % tp), None)
-    if odd is not None:
-        where = "placement" if hardware.placement else "stage_to_device"
-        return (f"hardware.{where}: device {odd} is not a multiple of {tp}: with tensor_parallel {tp} "
-                f"each rank takes {tp} consecutive devices, from the one given")
-    return None
+    return rank_layout_problem(hardware, tp, "pipeline.tensor_parallel", str(tp), f"tensor_parallel {tp}",
+                               ": give a T that divides a node's devices or a multiple of them (whole nodes)")
 
 
 def transformer_collectives(model: TransformerModel, tp: int, sequence_parallel: bool,
