@@ -26,8 +26,8 @@ def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
-    chunk on one device per rank; a per-layer remat it runs (`check_recompute`); gradients reduced
-    after the backward, not overlapping it; no context parallelism, no experts; ZeRO-2 and 3 without pipelining."""
+    chunk on one device per rank; a per-layer remat it runs (`check_recompute`); no context
+    parallelism, no experts; ZeRO-2 and 3 without pipelining."""
     check_buildable(scenario.model)
     check_recompute(scenario)
     if getattr(scenario.model, "experts", 0) or scenario.pipeline.expert_parallel > 1:
@@ -39,9 +39,6 @@ def check_model(scenario: Scenario) -> None:
     if scenario.pipeline.context_parallel > 1:
         raise ScenarioError(f"pipeline.context_parallel: gpipe-exec runs every sample's whole sequence on one "
                             f"device (context_parallel 1); gpipe-sim predicts {scenario.pipeline.context_parallel}")
-    if scenario.training.overlap_grad_reduce and scenario.pipeline.data_parallel > 1:
-        raise ScenarioError("training.overlap_grad_reduce: gpipe-exec reduces each chunk's gradients after its "
-                            "last backward pass (gpipe-sim predicts the overlap); set it false to run")
     p = scenario.pipeline
     if scenario.training.zero >= 2 and p.data_parallel > 1 and (p.stages * p.chunks > 1 or p.tensor_parallel > 1):
         raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{scenario.training.zero} (FSDP2 fully_shard) "

@@ -165,14 +165,6 @@ def test_the_executor_refuses_per_layer_remat_with_tensor_parallelism() -> None:
         check_runnable(sc)
 
 
-def test_the_executor_refuses_an_overlapped_gradient_reduction() -> None:
-    sc = parse_scenario({"model": STANDARD, "hardware": {"preset": "cpu"},
-                         "pipeline": {"stages": 1, "data_parallel": 2, "micro_batches": 2, "batch_size": 4,
-                                      "remat": "none"}, "training": {"overlap_grad_reduce": True}})
-    with pytest.raises(ScenarioError, match=r"^training.overlap_grad_reduce: gpipe-exec reduces"):
-        check_runnable(sc)
-
-
 def test_validate_refuses_per_layer_remat_in_one_line() -> None:
     """validate predicts from a profiled layer table, which has no blocks to checkpoint."""
     from gpipe_exec.checks.validate import validate

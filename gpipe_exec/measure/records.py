@@ -29,6 +29,8 @@ class StepRecord:
     memory_breakdown: dict[str, float] = field(default_factory=dict)
     memory_action_peaks: list[float] = field(default_factory=list)
     memory_levels: list[float] = field(default_factory=list)
+    # overlap_grad_reduce: per chunk, when each of its gradient buckets' all-reduces was started
+    bucket_starts: dict[int, list[float]] = field(default_factory=dict)
     loss: float = 0.0  # the sum of the micro-batches' losses (on the rank holding the last chunk)
 
     def __len__(self) -> int:

@@ -10,12 +10,11 @@ Every action is recorded as it ran: its kind, chunk, micro-batch and message, an
 end on the aligned clock.
 
 Data parallelism (`pipeline.data_parallel` = D): global rank g = d*K + r runs pipeline rank r's
-program for replica d on its share of the global batch, with each chunk's gradients all-reduced
-among its D replicas (`allreduce` starts it, asynchronously, right after the chunk's last backward
-pass; the `recv` of the REDUCED tensor before the update waits for it). With `training.zero: 1`
-each replica's optimizer holds and updates only its 1/D shard of the rank's parameters (ZeRO-1),
-then the replicas all-gather the updated shards. ZeRO-2/3 (one stage): FSDP2 shards the layers and
-reduce-scatters their gradients in the backward (runtime.sharded); the optimizer steps the shards.
+program for replica d on its share of the global batch, each chunk's gradients all-reduced among
+its D replicas (`allreduce` starts it after the chunk's last backward pass, or with
+overlap_grad_reduce arms runtime.grad_buckets before it; the REDUCED `recv` waits). ZeRO-1: each
+replica updates its 1/D shard of the rank's parameters, then the replicas all-gather the shards.
+ZeRO-2/3 (one stage): FSDP2 reduce-scatters in the backward (runtime.sharded); the update steps shards.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_b
 from gpipe_exec.runtime.chunk import Chunk
 from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.measure.records import StepRecord
+from gpipe_exec.runtime.grad_buckets import chunk_buckets
 from gpipe_exec.runtime.job import Job
 from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_parameters, sequence_shards,
                                                 split_chunk, vocab_parallel_loss)
@@ -221,11 +221,8 @@ class RankRunner:
         # what the optimizer, the reductions and the memory meter step: each DTensor's local shard
         self.shards = {c: LocalShards(list(ch.module.parameters())) for c, ch in self.chunks.items()}
         params = [q for shards in self.shards.values() for q in shards.local]
-        if self.D == 1:
-            self.dp_group = None
-        else:
-            self.dp_group = (self.mesh["dp"].get_group() if self.mesh is not None
-                             else data_parallel_groups(self.K, self.D)[self.pipeline_rank])
+        self.dp_group = None if self.D == 1 else (self.mesh["dp"].get_group() if self.mesh is not None
+                                                  else data_parallel_groups(self.K, self.D)[self.pipeline_rank])
         self.zero: ZeroShardUpdate | None = None
         self.update: Update | ZeroShardUpdate
         if self.D > 1 and sc.training.zero == 1:
@@ -250,6 +247,8 @@ class RankRunner:
             self.shapes = sequence_shards(self.shapes, self.T)
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = _Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
+        self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, self.D, self.sharded,
+                                          self.comm, self.dp_group, clock)
         self._buffers: dict[int, torch.Tensor] = {}
         # (With T > 1 a pass's collectives wait for the rank's other devices: a device lock shared
         # with another rank could hold one of them back while it holds the lock, so none is taken.)
@@ -377,7 +376,9 @@ class RankRunner:
 
     def _allreduce(self, i: int, a: Action) -> tuple[Kind, int, int]:
         """Start the sum of chunk a.chunk's gradients over its D replicas (one flat bucket; nothing under FSDP2)."""
-        if self.sharded:  # FSDP2 reduced them in the backward
+        if a.chunk in self.grad_buckets:  # overlap_grad_reduce: the coming last backward pass starts them
+            self.grad_buckets[a.chunk].arm()
+        if self.sharded or a.chunk in self.grad_buckets:  # FSDP2 reduced them in the backward
             return Kind.ALLREDUCE, a.chunk, -1
         grads = self._chunk_grads(a.chunk)
         bucket = (torch.cat([g.reshape(-1) for g in grads]) if grads
@@ -388,7 +389,9 @@ class RankRunner:
 
     def _reduced(self, i: int, a: Action) -> tuple[Kind, int, int]:
         """Wait for chunk a.chunk's reduction and put the summed gradients back in `.grad`."""
-        if self.sharded:
+        if a.chunk in self.grad_buckets:
+            self._record.bucket_starts[a.chunk] = self.grad_buckets[a.chunk].finish()
+        if self.sharded or a.chunk in self.grad_buckets:
             return Kind.RECV, a.chunk, -1
         work, bucket = self._state.reductions.pop(a.chunk)
         self.comm.wait_collective(work, a.chunk)
