@@ -41,7 +41,9 @@ class GradBuckets:
         self.groups: list[list[nn.Parameter]] = []
         first = 0
         for last, _ in buckets([sum(p.numel() * p.element_size() for p in ps) for ps in backward], size):
-            self.groups.append([p for ps in backward[first:last + 1] for p in ps])
+            params = [p for ps in backward[first:last + 1] for p in ps]
+            if params:  # a chunk without parameters reduces nothing
+                self.groups.append(params)
             first = last + 1
         self.index, self.comm, self.group, self.clock = index, comm, group, clock
         self.armed = False
@@ -67,7 +69,7 @@ class GradBuckets:
 
     def _launch(self, b: int) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.groups[b]]
-        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        flat = torch.cat([g.reshape(-1) for g in grads])
         self.started_at.append(self.clock())
         self.works[b] = (self.comm.allreduce(flat, self.group, self.index), flat)
 
