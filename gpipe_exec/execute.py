@@ -27,19 +27,22 @@ def check_model(scenario: Scenario) -> None:
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
     chunk on one device per rank; a per-layer remat it runs (`check_recompute`); no context
-    parallelism, no experts; ZeRO-2 and 3 without pipelining."""
+    parallelism; experts with T = 1, no ZeRO and (at E > 1) no overlap_grad_reduce; ZeRO-2 and 3
+    without pipelining."""
     check_buildable(scenario.model)
     check_recompute(scenario)
-    if getattr(scenario.model, "experts", 0) or scenario.pipeline.expert_parallel > 1:
-        raise ScenarioError("model.experts: gpipe-exec builds dense blocks only (no mixture of experts, "
-                            "expert_parallel 1); gpipe-sim predicts it")
+    p = scenario.pipeline
+    if getattr(scenario.model, "experts", 0) and (p.tensor_parallel > 1 or scenario.training.zero or
+                                                  p.expert_parallel > 1 and scenario.training.overlap_grad_reduce):
+        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with tensor_parallel 1, "
+                            "training.zero 0 and (expert_parallel > 1) overlap_grad_reduce false; gpipe-sim "
+                            "predicts the rest")
     if scenario.training.dtype == "fp8":
         raise ScenarioError("training.dtype: gpipe-exec has no FP8 GEMMs (Transformer Engine and torchao's float8 "
                             "need an H100 or H200); gpipe-sim predicts fp8, run bf16")
     if scenario.pipeline.context_parallel > 1:
         raise ScenarioError(f"pipeline.context_parallel: gpipe-exec runs every sample's whole sequence on one "
                             f"device (context_parallel 1); gpipe-sim predicts {scenario.pipeline.context_parallel}")
-    p = scenario.pipeline
     if scenario.training.zero >= 2 and p.data_parallel > 1 and (p.stages * p.chunks > 1 or p.tensor_parallel > 1):
         raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{scenario.training.zero} (FSDP2 fully_shard) "
                             "with one pipeline stage, one chunk and tensor_parallel 1; gpipe-sim predicts the rest")

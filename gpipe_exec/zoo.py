@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpipe_exec.moe import ExpertGroup, MoeMlp
 from gpipe_exec.runtime.checkpoint import checkpointed
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.spec.layers import build_layers, layer_count
@@ -20,6 +21,7 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 DEFAULT_DROPOUT = 0.1
 RMS_EPS = 1e-5
 ROPE_BASE = 10000.0
+EXPERT_SEEDS = 1_009  # routed expert e of the layer seeded s is initialised from s x EXPERT_SEEDS + e
 
 
 class Embedding(nn.Module):
@@ -71,9 +73,12 @@ class Block(nn.Module):
     MLP is fc1, GeLU, fc2, or SwiGLU's silu(fc1) x up, then fc2 (torchtitan's w1, w3, w2).
     `recompute` (set by runtime.recompute): "full" runs the block under a checkpoint, "selective"
     its attention core (`_core`: Megatron-LM's DotProductAttention, the key/value repeat for the
-    query heads included; gpipe_sim.spec.recompute); "none" neither."""
+    query heads included; gpipe_sim.spec.recompute); "none" neither. Block `block` (0-based) of a
+    mixture of experts (`model.is_moe`) runs `moe` (gpipe_exec.moe, its experts `experts`' share)
+    in place of the MLP."""
 
-    def __init__(self, model: TransformerModel, dropout: float) -> None:
+    def __init__(self, model: TransformerModel, dropout: float, block: int = 0,
+                 experts: ExpertGroup | None = None) -> None:
         super().__init__()
         d, hd = model.d_model, model.d_model // model.heads
         self.heads, self.kv_heads = model.heads, model.query_groups  # this device's, once split
@@ -83,9 +88,12 @@ class Block(nn.Module):
         self.qkv = nn.Linear(d, d + 2 * self.kv_heads * hd, bias=model.bias)
         self.proj = nn.Linear(d, d, bias=model.bias)
         self.ln2 = norm_layer(model)
-        self.fc1 = nn.Linear(d, model.d_ff, bias=model.bias)
-        self.up = nn.Linear(d, model.d_ff, bias=model.bias) if model.mlp == "swiglu" else None
-        self.fc2 = nn.Linear(model.d_ff, d, bias=model.bias)
+        self.moe = MoeMlp(model, seed=torch.initial_seed() * EXPERT_SEEDS, group=experts) \
+            if model.is_moe(block) else None
+        if self.moe is None:
+            self.fc1 = nn.Linear(d, model.d_ff, bias=model.bias)
+            self.up = nn.Linear(d, model.d_ff, bias=model.bias) if model.mlp == "swiglu" else None
+            self.fc2 = nn.Linear(model.d_ff, d, bias=model.bias)
         self.drop = nn.Dropout(dropout)
         self.attn_drop = nn.Dropout(dropout)
         # Buffers, so the saved-bytes meter (which skips parameters and buffers) does not count them.
@@ -113,6 +121,8 @@ class Block(nn.Module):
         context = checkpointed(self._core, q, k, v) if self.recompute == "selective" else self._core(q, k, v)
         x = x + self.drop(self.proj(context.transpose(1, 2).reshape(b, s, self.heads * hd)))
         n = self.ln2(x)
+        if self.moe is not None:
+            return x + self.drop(self.moe(n))
         h = F.gelu(self.fc1(n)) if self.up is None else F.silu(self.fc1(n)) * self.up(n)
         return x + self.drop(self.fc2(h))
 
@@ -181,13 +191,14 @@ class ConvHead(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
-def _transformer_layer(m: TransformerModel, i: int, dropout: float, tp: int = 1) -> nn.Module:
+def _transformer_layer(m: TransformerModel, i: int, dropout: float, tp: int = 1,
+                       experts: ExpertGroup | None = None) -> nn.Module:
     # the vocabulary padded as T devices split it (gpipe_sim.spec.tensor_parallel.split_vocab)
     if i == 0:
         return Embedding(split_vocab(m, tp), m.seq_len, m.d_model, dropout, positions=m.position == "learned")
     if i == m.layers + 1:
         return Head(m, split_vocab(m, tp))
-    return Block(m, dropout)
+    return Block(m, dropout, i - 1, experts)
 
 
 def _mlp_layer(m: MlpModel, i: int, dropout: float) -> nn.Module:
@@ -234,13 +245,16 @@ def check_buildable(model: ModelSpec) -> None:
 
 
 def build_layer(model: ModelSpec, index: int, *, seed: int = 0, dropout: float | None = None,
-                dtype: str = "fp32", tensor_parallel: int = 1) -> nn.Module:
+                dtype: str = "fp32", tensor_parallel: int = 1, experts: ExpertGroup | None = None) -> nn.Module:
     """Layer `index` of the model, initialised from `seed + index` (the same in every process).
     `dropout` overrides the model's own rate (`model.dropout`, where it has one); `tensor_parallel`
-    T pads a transformer's vocabulary as T devices split it (the layer is still whole)."""
+    T pads a transformer's vocabulary as T devices split it (the layer is still whole); `experts`
+    the expert-parallel group whose share of a MoE block's routed experts it holds (None: all)."""
     check_buildable(model)
     p = getattr(model, "dropout", DEFAULT_DROPOUT) if dropout is None else dropout
-    extra = {"tp": tensor_parallel} if tensor_parallel > 1 else {}
+    extra: dict[str, object] = {"tp": tensor_parallel} if tensor_parallel > 1 else {}
+    if experts is not None:
+        extra["experts"] = experts
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed * 100_003 + index)
         layer = _LAYER_BUILDERS[model.preset](model, index, p, **extra)

@@ -152,12 +152,14 @@ def test_what_experts_cannot_split_is_one_line_naming_the_field(updates, start):
     assert str(exc.value).startswith(start) and "\n" not in str(exc.value)
 
 
-def test_the_executor_refuses_experts_in_one_line():
+def test_the_executor_runs_experts_and_refuses_them_with_zero_in_one_line():
     pytest.importorskip("torch")
     from gpipe_exec.execute import check_model
 
-    with pytest.raises(ScenarioError, match=r"^model\.experts: gpipe-exec builds dense blocks only"):
-        check_model(_scenario(1))
+    check_model(_scenario(1))
+    with pytest.raises(ScenarioError, match=r"^model\.experts: gpipe-exec runs a mixture of experts with") as exc:
+        check_model(_scenario(1).with_updates({"training.zero": 1}))
+    assert "\n" not in str(exc.value)
 
 
 def test_megatron_arguments_carry_the_experts_and_their_parallelism():

@@ -36,6 +36,7 @@ from gpipe_exec.measure.gpu_spans import GpuSpans
 from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_bytes, tensor_bytes
 from gpipe_exec.runtime.chunk import Chunk
 from gpipe_exec.runtime.device_lock import device_lock, holding
+from gpipe_exec.runtime.experts import expert_groups, flat, global_names, reduction_buckets, unflat
 from gpipe_exec.measure.records import StepRecord
 from gpipe_exec.runtime.grad_buckets import chunk_buckets
 from gpipe_exec.runtime.job import Job
@@ -186,7 +187,7 @@ class _StepState:
     posted: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)  # action -> (work, buffer)
     sends: list[tuple[int, int, Any]] = field(default_factory=list)  # (record index, action, work)
     next_post: int = 0
-    reductions: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)  # chunk -> (work, bucket)
+    reductions: dict[int, list[tuple[list[bool], Any, torch.Tensor]]] = field(default_factory=dict)  # per bucket
 
 
 class RankRunner:
@@ -215,6 +216,7 @@ class RankRunner:
         dtype = sc.training.dtype
         self.mesh = device_mesh(device.type, self.D, self.K, self.T) if self.T > 1 else None
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
+        self.experts, self.expert_dp_group = expert_groups(self.K, self.D, sc.pipeline.expert_parallel, self.program_rank)
         self.chunks = self._build_chunks(model)
         # ZeRO-2/3: FSDP2 reduces in the backward itself (runtime.sharded); allreduce actions do nothing
         self.sharded = shard_chunks([ch.module for ch in self.chunks.values()], sc, device.type)
@@ -278,7 +280,7 @@ class RankRunner:
         for index in plan.ranks[self.pipeline_rank].chunks:
             first, last = plan.chunks[index].first_layer, plan.chunks[index].last_layer
             layers = build_layers_range(model, first, last, seed=job.seed, dropout=job.dropout,
-                                        dtype=sc.training.dtype, tensor_parallel=self.T)
+                                        dtype=sc.training.dtype, tensor_parallel=self.T, experts=self.experts)
             module = torch.nn.Sequential(*layers).to(self.device)
             apply_recompute(module, sc.pipeline.remat)
             if self.mesh is not None:
@@ -375,16 +377,16 @@ class RankRunner:
         return self.shards[c].grads()
 
     def _allreduce(self, i: int, a: Action) -> tuple[Kind, int, int]:
-        """Start the sum of chunk a.chunk's gradients over its D replicas (one flat bucket; nothing under FSDP2)."""
+        """Start the sum of chunk a.chunk's gradients over its replicas (`reduction_buckets`; not under FSDP2)."""
         if a.chunk in self.grad_buckets:  # overlap_grad_reduce: the coming last backward pass starts them
             self.grad_buckets[a.chunk].arm()
         if self.sharded or a.chunk in self.grad_buckets:  # FSDP2 reduced them in the backward
             return Kind.ALLREDUCE, a.chunk, -1
-        grads = self._chunk_grads(a.chunk)
-        bucket = (torch.cat([g.reshape(-1) for g in grads]) if grads
-                  else torch.zeros(0, dtype=self.float_dtype, device=self.device))
-        work = self.comm.allreduce(bucket, self.dp_group, a.chunk)
-        self._state.reductions[a.chunk] = (work, bucket)
+        grads, self._state.reductions[a.chunk] = self._chunk_grads(a.chunk), []
+        for mask, group in reduction_buckets(self.chunks[a.chunk].module, self.experts is not None,
+                                             self.dp_group, self.expert_dp_group):
+            bucket = flat(grads, mask, self.float_dtype, self.device)
+            self._state.reductions[a.chunk].append((mask, self.comm.allreduce(bucket, group, a.chunk), bucket))
         return Kind.ALLREDUCE, a.chunk, -1
 
     def _reduced(self, i: int, a: Action) -> tuple[Kind, int, int]:
@@ -393,12 +395,10 @@ class RankRunner:
             self._record.bucket_starts[a.chunk] = self.grad_buckets[a.chunk].finish()
         if self.sharded or a.chunk in self.grad_buckets:
             return Kind.RECV, a.chunk, -1
-        work, bucket = self._state.reductions.pop(a.chunk)
-        self.comm.wait_collective(work, a.chunk)
-        at = 0
-        for g in self._chunk_grads(a.chunk):
-            g.copy_(bucket[at:at + g.numel()].view_as(g))
-            at += g.numel()
+        grads = self._chunk_grads(a.chunk)
+        for mask, work, bucket in self._state.reductions.pop(a.chunk):
+            self.comm.wait_collective(work, a.chunk)
+            unflat(bucket, grads, mask)
         return Kind.RECV, a.chunk, -1
 
     def _recv(self, i: int, a: Action) -> tuple[Kind, int, int]:
@@ -568,7 +568,7 @@ class RankRunner:
                 out.update(full_parameters(ch.named_parameters(), self.model.heads))  # type: ignore[attr-defined]
             else:  # as they are, or FSDP2's shards gathered whole from the D replicas (a collective)
                 out.update(whole(ch.named_parameters()))
-        return out
+        return global_names(out, self.experts, getattr(self.model, "experts", 0))
 
 
 def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> dict[str, Any]:
