@@ -151,3 +151,26 @@ def test_each_layer_holds_the_simulators_parameters(E: int, mlp: str, bias: bool
     assert [sum(p.numel() for p in layer.parameters()) for layer in built] == [row.params for row in table]
     assert [isinstance(layer, Block) and layer.moe is not None for layer in built] == \
         [False] + [model.is_moe(i) for i in range(model.layers)] + [False]
+
+
+@pytest.mark.slow
+def test_executor_memory_is_the_simulators_within_3_percent() -> None:
+    """D = E = 2, one stage: each device's measured parameters, gradients and momentum are the
+    simulator's exactly (its experts / E routed experts), its measured peak within 3% of the
+    simulated one (balanced routing there, this batch's routing here)."""
+    from gpipe_exec.execute import execute
+    from gpipe_sim.api import simulate
+
+    sc = parse_scenario({
+        "model": MOE_MODEL, "hardware": {"preset": "cpu"},
+        "pipeline": {"stages": 1, "micro_batches": 2, "batch_size": 8, "schedule": "1f1b", "data_parallel": 2,
+                     "expert_parallel": 2},
+        "training": {"optimizer": "momentum"},
+    })
+    predicted = simulate(sc).stages[0]
+    measured = execute(sc, steps=1, warmup=1).result
+    b = measured.stages[0].memory_breakdown
+    assert b["parameters"] == b["gradients"] == b["optimizer_states"] == predicted.memory_breakdown["parameters"]
+    assert len(measured.device_peak_memory_bytes) == 2
+    for peak in measured.device_peak_memory_bytes.values():
+        assert peak == pytest.approx(predicted.peak_memory_bytes, rel=0.03)
