@@ -137,6 +137,10 @@ QUOTED: dict[str, float | None] = {
     "4 MB": 4e6, "8 MB": 8e6, "16 MB": 16e6, "160 MB": 160e6, "256 KB": 256e3, "370 MB": 370e6,
     "1 byte": 1.0, "8 bytes": 8.0, "12 bytes": 12.0, "85,017,493,504 bytes": 85017493504.0,
     "2 B": 2.0, "4 B": 4.0, "8 B": 8.0, "16 B": 16.0, "688,128 B": 688128.0, "787,456 B": 787456.0,
+    # the executor's mixture-of-experts memory against the simulator (docs/guide/context-and-experts.md)
+    **{f"{x} B": float(x.replace(",", "")) for x in (
+        "2,000", "63,808", "76,736", "282,848", "284,856", "321,080", "321,632")},
+    "400 kB": 400e3,
     # spellings the hardware guide shows being refused
     "200 gb/s": None, "200 gbps": None, "200 GBPS": None, "80 Gb": None,
 }
