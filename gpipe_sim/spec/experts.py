@@ -9,7 +9,8 @@ data-parallel group: gpipe_sim.plan.experts prices the exchange), run through th
 one grouped GEMM over their rows, sent back by a second all-to-all and combined by their router
 weights; `shared_experts` run on every token beside them (one MLP of shared x expert_d_ff, as
 DeepSeek-V3 fuses them). Balanced routing: every device's experts receive tokens x top_k rows in
-all (x `capacity_factor` where one pads every expert to its capacity). The experts are split over
+all, at most their capacity where a `capacity_factor` caps it (rows past it dropped, none padded:
+Megatron-LM's default, without --moe-pad-expert-input-to-capacity; the executor does the same). The experts are split over
 the T tensor-parallel devices as the dense MLP is (Megatron's expert tensor parallelism defaults
 to T).
 """
@@ -46,9 +47,11 @@ def expert_parallel_problem(model: ModelSpec, ep: int, tp: int, data_parallel: i
 
 def routed_rows(model: TransformerModel, tokens: int) -> int:
     """Rows the experts of one device's expert group run per sample of `tokens` tokens, summed over
-    their devices' share: tokens x top_k, x `capacity_factor` (rounded up) where experts are padded."""
+    their devices' share: tokens x top_k under balanced routing, capped at the capacity
+    ceil(tokens x top_k x capacity_factor) where a capacity factor below 1 drops rows (nothing is
+    padded, as Megatron-LM runs by default and gpipe_exec.moe does)."""
     rows = tokens * model.top_k
-    return rows if model.capacity_factor is None else math.ceil(rows * model.capacity_factor)
+    return rows if model.capacity_factor is None else min(rows, math.ceil(rows * model.capacity_factor))
 
 
 def _mlp_params(d: int, f: int, matrices: int, bias: bool) -> int:
