@@ -28,7 +28,7 @@ from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, update_seconds
 from gpipe_sim.spec.layers import input_bytes_per_sample
 from gpipe_sim.spec.limits import MAX_PASSES
-from gpipe_sim.plan.layer_table import scenario_layers
+from gpipe_sim.plan.layer_table import held_parameters, scenario_layers
 from gpipe_sim.spec.fp8 import check_fp8
 from gpipe_sim.spec.recompute import per_layer, recompute_peak_bytes
 from gpipe_sim.spec.model import LayerSpec
@@ -296,7 +296,7 @@ def compile_plan(scenario: Scenario) -> Plan:
             per_size[:, :2] = fsdp_chunk_seconds(scenario, own, shares, per_size[:, :2])
             in_flight = in_flight_bytes(own, dtype_bytes)
         per_size = per_size[size_index]
-        params, experts = sum(layer.params for layer in own), sum(layer.expert_params for layer in own)
+        params, experts = held_parameters(scenario, own, count == len(layers)), sum(x.expert_params for x in own)
         input_per_sample = model_input if c == 0 else layers[first - 1].output_bytes_per_sample
         # a tensor two adjacent layers of the chunk both save is one allocation
         act_per_sample = sum(layer.activation_bytes_per_sample for layer in own) - sum(

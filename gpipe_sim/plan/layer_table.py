@@ -6,6 +6,7 @@ from gpipe_sim.spec.context_parallel import local_model, ring_attention_layers
 from gpipe_sim.spec.fp8 import FP8, fp8_layers
 from gpipe_sim.spec.layers import build_layers, selective_bytes_per_token
 from gpipe_sim.spec.model import LayerSpec, TransformerModel
+from gpipe_sim.spec.model_flops import tied_parameters
 from gpipe_sim.spec.recompute import per_layer, recompute_layers
 from gpipe_sim.spec.scenario import Scenario
 
@@ -68,3 +69,13 @@ def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_p
 
 
 __all__ = ["layer_table", "scenario_layers"]
+
+
+def held_parameters(scenario: Scenario, own: list[LayerSpec], whole: bool) -> int:
+    """Parameters a chunk of layers `own` holds on one device: theirs, less the head's copy of a
+    tied token table where the chunk is the `whole` model (embedding and head share one tensor,
+    as the executor's one-chunk model does); with pipelining each end keeps its own copy."""
+    params = sum(layer.params for layer in own)
+    if whole and getattr(scenario.model, "tied_embeddings", False):
+        params -= tied_parameters(scenario.model) // scenario.pipeline.tensor_parallel
+    return params
