@@ -54,6 +54,25 @@ def test_failing_rank_stops_everyone_and_is_named(kind: str, pipeline: dict | No
     assert peers and peers[0]["peer"] and "rank 1" in peers[0]["message"]
 
 
+def test_a_native_crash_is_named_with_where_it_happened_not_its_peers_lost_connections() -> None:
+    # Rank 1 dies of SIGSEGV: its peers' gloo calls fail with "Connection closed by peer", which
+    # are consequences; the message names the crashed rank and the Python frame it crashed in.
+    job, plan = _job({"rank": 1, "kind": "crash", "action": 4, "step": 1})
+    with pytest.raises(ExecutionError) as info:
+        launch([job], plan.device_map, OPTIONS)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("rank 1 was killed by SIGSEGV at File "), message
+    assert "_fault" in message, message
+    assert all(e["peer"] for e in info.value.rank_errors), info.value.rank_errors
+
+
+def test_lost_connections_are_consequences() -> None:
+    from gpipe_exec.launch.spawn import lost_peer
+    gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:19599"
+    assert lost_peer(RuntimeError(gloo)) and lost_peer(RuntimeError("Read error: Connection reset by peer"))
+    assert not lost_peer(RuntimeError("injected fault at action 4"))
+
+
 def test_a_killed_rank_stops_all_replicas_and_is_named() -> None:
     # D=2 replicas of K=2 ranks: global rank 3 (replica 1's last rank) is killed in its second step;
     # its pipeline peer (rank 2) and replica 0 (blocked in the chunks' all-reduces) stop too.

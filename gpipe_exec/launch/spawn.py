@@ -102,14 +102,20 @@ def run_rank(rank: int, world: int, payload: Any, device_map: Sequence[int], opt
                             world_size=world, timeout=timedelta(seconds=options.comm_timeout_s))
     try:
         clock = AlignedClock.synchronize()
-        return task(rank, device, clock, payload)
+        answer = task(rank, device, clock, payload)
+        # No rank leaves while a peer may still read from it: a socket closed with data unread
+        # resets the connection, and the peer's pending receive fails ("closed by peer").
+        dist.barrier()
+        return answer
     finally:
         dist.destroy_process_group()
 
 
 def _worker(rank: int, world: int, port: int, payload: Any, device_map: Sequence[int],
             options: LaunchOptions, out_dir: str, task: Task) -> None:
-    faulthandler.enable()  # a native crash still shows where in Python it happened
+    # A native crash still shows where in Python it happened: on stderr, and in the parent's message.
+    fault_log = open(Path(out_dir) / f"fault{rank}.txt", "w")  # noqa: SIM115 - open until exit
+    faulthandler.enable(file=fault_log)
     if options.serialize_shared_devices:
         os.environ[LOCK_DIR_ENV] = out_dir  # removed with the launch's temporary directory
     try:
@@ -122,7 +128,7 @@ def _worker(rank: int, world: int, port: int, payload: Any, device_map: Sequence
         os._exit(0)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit non-zero
         record = {
-            "rank": rank, "time": time.time(), "peer": isinstance(exc, PeerError),
+            "rank": rank, "time": time.time(), "peer": isinstance(exc, PeerError) or lost_peer(exc),
             "message": first_line(exc) if str(exc).strip() else "", "type": type(exc).__name__,
             "traceback": traceback.format_exc(),
         }
@@ -130,11 +136,31 @@ def _worker(rank: int, world: int, port: int, payload: Any, device_map: Sequence
         os._exit(1)
 
 
+# How gloo and NCCL say that the other end of a connection went away: a consequence of a peer's
+# failure, never the cause.
+_LOST_PEER = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "socket closed")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether `exc` says only that a peer's connection went away (that peer failed first)."""
+    text = str(exc).lower()
+    return any(words in text for words in _LOST_PEER)
+
+
 def _rank_errors(out_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted(out_dir.glob("error*.json"))]
 
 
-def _failure_message(errors: list[dict[str, Any]], exitcodes: dict[int, int | None]) -> str:
+def _crash_site(out_dir: Path, rank: int) -> str:
+    """The innermost Python frame faulthandler wrote for a rank that crashed natively, or ''."""
+    path = out_dir / f"fault{rank}.txt"
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    frames = [line.strip() for line in lines if line.strip().startswith("File ")]
+    return f" at {frames[0]}" if frames else ""
+
+
+def _failure_message(errors: list[dict[str, Any]], exitcodes: dict[int, int | None],
+                     out_dir: Path | None = None) -> str:
     own = sorted((e for e in errors if not e["peer"]), key=lambda e: e["time"])
     if own:
         e = own[0]
@@ -143,7 +169,8 @@ def _failure_message(errors: list[dict[str, Any]], exitcodes: dict[int, int | No
     for rank, code in exitcodes.items():
         if code is not None and code < 0 and rank not in reported:
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-            return f"rank {rank} was killed by {name} (the other ranks were stopped)"
+            site = _crash_site(out_dir, rank) if out_dir is not None else ""
+            return f"rank {rank} was killed by {name}{site} (the other ranks were stopped)"
     for rank, code in exitcodes.items():
         if code not in (0, None) and rank not in reported:
             return f"rank {rank} exited with status {code} (the other ranks were stopped)"
@@ -193,9 +220,12 @@ def launch(jobs: Any, device_map: Sequence[int], options: LaunchOptions = Launch
         codes = {r: p.exitcode for r, p in enumerate(procs)}
         if failed or any(c != 0 for c in codes.values()):
             errors = _rank_errors(Path(tmp))
+            for path in sorted(Path(tmp).glob("fault*.txt")):  # native crashes, in full, for the log
+                if path.stat().st_size:
+                    sys.stderr.write(f"{path.stem}: " + path.read_text(errors="replace"))
             # Ranks that had failed before the others were stopped come first.
             exc = ExecutionError(_failure_message(errors, {**first_codes, **{
-                r: c for r, c in codes.items() if r not in first_codes}}))
+                r: c for r, c in codes.items() if r not in first_codes}}, Path(tmp)))
             exc.rank_errors = errors  # type: ignore[attr-defined]
             raise exc
         return torch.load(Path(tmp) / "result.pt", weights_only=False)

@@ -429,8 +429,8 @@ class RankRunner:
     def _fault(self, step: int, index: int) -> None:
         f = self.job.fault
         if f and f.get("rank") == self.rank and f.get("step", 0) == step and f.get("action", 0) == index:
-            if f.get("kind") == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
+            if f.get("kind") in ("kill", "crash"):  # crash: a native fault (faulthandler reports it)
+                os.kill(os.getpid(), signal.SIGKILL if f["kind"] == "kill" else signal.SIGSEGV)
             raise RuntimeError(f"injected fault at action {index} ({self.actions[index]})")
 
     def _memory_meter(self) -> StorageTracker | AllocatorPeak:

@@ -11,7 +11,7 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import Plan
 from gpipe_sim.spec.model import ModelSpec
 
-FAULT_ENV = "GPIPE_EXEC_FAULT"  # fault injection for tests: "RANK:raise|kill[:ACTION[:STEP]]"
+FAULT_ENV = "GPIPE_EXEC_FAULT"  # fault injection for tests: "RANK:raise|kill|crash[:ACTION[:STEP]]"
 
 
 def parse_fault(text: str) -> dict[str, Any]:
@@ -23,8 +23,8 @@ def parse_fault(text: str) -> dict[str, Any]:
                  "step": int(parts[3]) if len(parts) > 3 else 0}
     except (IndexError, ValueError):
         raise GpipeError(f"{FAULT_ENV}: expected RANK:raise|kill[:ACTION[:STEP]], got {text!r}") from None
-    if fault["kind"] not in ("raise", "kill"):
-        raise GpipeError(f"{FAULT_ENV}: kind must be raise or kill, got {fault['kind']!r}")
+    if fault["kind"] not in ("raise", "kill", "crash"):
+        raise GpipeError(f"{FAULT_ENV}: kind must be raise, kill or crash, got {fault['kind']!r}")
     return fault
 
 
@@ -54,7 +54,7 @@ class Job:
     # Activations and gradients in process groups of their own (see _Comm); None: on CUDA.
     split_directions: bool | None = None
     weight_pass: WeightPass = "reuse"  # how a backward_weight pass works (runtime.split_backward)
-    fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill, "step", "action"} (tests)
+    fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill|crash, "step", "action"} (tests)
     # One more step after the warm-up and timed ones, measuring each rank's real tensor memory
     # (`RankRunner.step(memory=True)`); the timed steps carry no tracker. Returned parameters are
     # those before it.
