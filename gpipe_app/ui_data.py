@@ -15,8 +15,8 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from gpipe_sim.errors import first_line
-from gpipe_sim.spec.model import load_layer_table_file
-from gpipe_sim.spec.scenario import Scenario, set_dotted
+from gpipe_sim.model.model import load_layer_table_file
+from gpipe_sim.scenario.scenario import Scenario, set_dotted
 
 SWEEP_FILES = ("results.parquet", "results.csv")
 

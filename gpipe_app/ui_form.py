@@ -13,13 +13,13 @@ from typing import Any
 import streamlit as st
 
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.spec.presets import hardware_presets
-from gpipe_sim.spec.hardware import Hardware
-from gpipe_sim.spec.layers import describe_layer_count
-from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
-from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, PARTITION_METHODS, REMAT_MODES, Scenario, load_scenario
+from gpipe_sim.hardware.presets import hardware_presets
+from gpipe_sim.hardware.hardware import Hardware
+from gpipe_sim.model.layers import describe_layer_count
+from gpipe_sim.model.model import AmoebaNetModel, ConvNetModel, MlpModel, TransformerModel, UniformModel
+from gpipe_sim.scenario.scenario import DEFAULT_SCENARIO, PARTITION_METHODS, REMAT_MODES, Scenario, load_scenario
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS, ZERO_STAGES
+from gpipe_sim.scenario.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS, ZERO_STAGES
 from gpipe_app.ui_data import read_layer_table
 from gpipe_app.ui_scenario import (
     KEPT_TABLE as _KEPT_TABLE, PREFIX, TENSOR_PARALLEL_CHOICES, carry_unheld, choice_value, file_choice, finish_boxes, form_base,
@@ -54,7 +54,7 @@ def _hardware_data(preset: str) -> dict[str, Any]:
 
 
 def format_quantity(value: float, kind: str) -> str:
-    """`value` as text with a unit that `gpipe_sim.spec.units.parse_quantity` reads back exactly enough."""
+    """`value` as text with a unit that `gpipe_sim.schema.units.parse_quantity` reads back exactly enough."""
     if math.isinf(value):
         return "inf"
     if kind == "seconds":

@@ -15,10 +15,10 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.results.fit import over_capacity_text
 from gpipe_sim.results.result import Result
 from gpipe_sim.results.run_cost import run_cost_rows
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 from gpipe_sim.api import simulate
 from gpipe_sim.results.trace import chrome_trace
-from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.schema.units import format_bytes, format_seconds
 from gpipe_sim.summary import parameters_short
 
 MAX_GANTT_BARS = 2500  # beyond, the chart merges actions (never misstating busy time)

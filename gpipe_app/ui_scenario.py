@@ -21,9 +21,9 @@ import streamlit as st
 import yaml
 
 from gpipe_sim.errors import GpipeError, first_line, one_line
-from gpipe_sim.spec.files import read_data_file
-from gpipe_sim.spec.presets import hardware_presets
-from gpipe_sim.spec.scenario import load_scenario, parse_scenario, with_default_sections
+from gpipe_sim.schema.files import read_data_file
+from gpipe_sim.hardware.presets import hardware_presets
+from gpipe_sim.scenario.scenario import load_scenario, parse_scenario, with_default_sections
 from gpipe_app.ui_run import round_floats
 
 PREFIX = "cfg."  # widget keys with this prefix keep their values across pages (the form's)

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 
 from gpipe_sim.cli import run_command
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.spec.overrides import add_set_option
-from gpipe_sim.spec.units import format_seconds
+from gpipe_sim.scenario.overrides import add_set_option
+from gpipe_sim.schema.units import format_seconds
 
 
 def _options(args: argparse.Namespace):  # -> LaunchOptions
@@ -24,7 +24,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from gpipe_exec.execute import execute
     from gpipe_exec.checks.validate import spread_warning
     from gpipe_sim.summary import summary_text
-    from gpipe_sim.spec.scenario import load_scenario
+    from gpipe_sim.scenario.scenario import load_scenario
     from gpipe_sim.results.trace import write_chrome_trace
 
     scenario = load_scenario(args.scenario, args.set)
@@ -65,7 +65,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from gpipe_exec.profile import ProfileOptions, profile_model, write_table
-    from gpipe_sim.spec.scenario import load_scenario
+    from gpipe_sim.scenario.scenario import load_scenario
 
     from gpipe_exec.profile import too_large_to_build
     from gpipe_exec.profiling.split import check_meta
@@ -138,7 +138,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from gpipe_exec.checks.validate import validate, validation_text
-    from gpipe_sim.spec.scenario import load_scenario
+    from gpipe_sim.scenario.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.set)
     options = _options(args)
@@ -197,7 +197,7 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from gpipe_exec.checks.plan_check import CheckOptions, check_options, check_text, plan_check
-    from gpipe_sim.spec.scenario import load_scenario
+    from gpipe_sim.scenario.scenario import load_scenario
 
     micro: Any = args.micro_batches
     if micro not in ("even", "all"):

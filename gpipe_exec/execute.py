@@ -16,8 +16,8 @@ from gpipe_sim.errors import GpipeError, ScenarioError, first_line
 from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.results.result import Result
-from gpipe_sim.spec.model import ModelSpec
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.model.model import ModelSpec
+from gpipe_sim.scenario.scenario import Scenario
 
 RANK_OVERHEAD_BYTES = 0.5 * 2**30  # a rank's interpreter, torch and gloo, before the model
 

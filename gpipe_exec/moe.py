@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from gpipe_sim.spec.model import TransformerModel
+from gpipe_sim.model.model import TransformerModel
 
 
 class _AllToAll(torch.autograd.Function):

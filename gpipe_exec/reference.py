@@ -8,7 +8,7 @@ import torch
 
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import build_model, loss_sum, make_batch
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 
 def reference_step(scenario: Scenario, *, seed: int = 0, dropout: float | None = 0.0,

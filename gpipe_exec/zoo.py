@@ -1,4 +1,4 @@
-"""The model zoo: real `nn.Sequential` models whose layers match `gpipe_sim.spec.layers.build_layers`."""
+"""The model zoo: real `nn.Sequential` models whose layers match `gpipe_sim.model.layers.build_layers`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from torch import nn
 from gpipe_exec.moe import ExpertGroup, MoeMlp
 from gpipe_exec.runtime.checkpoint import checkpointed
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.layers import build_layers, layer_count
-from gpipe_sim.spec.model import ConvNetModel, MlpModel, ModelSpec, TransformerModel
-from gpipe_sim.spec.tensor_parallel import split_vocab
+from gpipe_sim.model.layers import build_layers, layer_count
+from gpipe_sim.model.model import ConvNetModel, MlpModel, ModelSpec, TransformerModel
+from gpipe_sim.model.tensor_parallel import split_vocab
 
 ZOO_PRESETS = ("mlp", "transformer", "convnet")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -73,7 +73,7 @@ class Block(nn.Module):
     MLP is fc1, GeLU, fc2, or SwiGLU's silu(fc1) x up, then fc2 (torchtitan's w1, w3, w2).
     `recompute` (set by runtime.recompute): "full" runs the block under a checkpoint, "selective"
     its attention core (`_core`: Megatron-LM's DotProductAttention, the key/value repeat for the
-    query heads included; gpipe_sim.spec.recompute); "none" neither. Block `block` (0-based) of a
+    query heads included; gpipe_sim.model.recompute); "none" neither. Block `block` (0-based) of a
     mixture of experts (`model.is_moe`) runs `moe` (gpipe_exec.moe, its experts `experts`' share)
     in place of the MLP."""
 
@@ -193,7 +193,7 @@ class ConvHead(nn.Module):
 
 def _transformer_layer(m: TransformerModel, i: int, dropout: float, tp: int = 1,
                        experts: ExpertGroup | None = None) -> nn.Module:
-    # the vocabulary padded as T devices split it (gpipe_sim.spec.tensor_parallel.split_vocab)
+    # the vocabulary padded as T devices split it (gpipe_sim.model.tensor_parallel.split_vocab)
     if i == 0:
         return Embedding(split_vocab(m, tp), m.seq_len, m.d_model, dropout, positions=m.position == "learned")
     if i == m.layers + 1:
@@ -210,7 +210,7 @@ def _mlp_layer(m: MlpModel, i: int, dropout: float) -> nn.Module:
 
 
 def _conv_channels(m: ConvNetModel, i: int) -> tuple[int, int]:
-    """(c_in, c_out) of block i, as gpipe_sim.spec.layers._convnet lays them out."""
+    """(c_in, c_out) of block i, as gpipe_sim.model.layers._convnet lays them out."""
     n, c = m.layers, m.channels
     group = min(2, 3 * i // n)
     c_out = c * 2**group

@@ -12,13 +12,13 @@ from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.plan.tensor_parallel import action_tp_seconds, rank_tp_comm_seconds
 from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize
 from gpipe_sim.results.run_cost import scenario_run_cost
-from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.model import LayerSpec, TableModel, TransformerModel
-from gpipe_sim.spec.mesh import whole_layers
-from gpipe_sim.spec.model_flops import (active_parameters, megatron_flops_per_token, palm_flops_per_token,
+from gpipe_sim.model.layers import build_layers
+from gpipe_sim.model.model import LayerSpec, TableModel, TransformerModel
+from gpipe_sim.mesh import whole_layers
+from gpipe_sim.model.model_flops import (active_parameters, megatron_flops_per_token, palm_flops_per_token,
                                         tied_parameters)
-from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.spec.training_run import tokens_per_sample
+from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.scenario.training_run import tokens_per_sample
 
 Engine = Literal["simpy", "fast", "auto"]
 

@@ -10,16 +10,16 @@ from typing import Callable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 from gpipe_sim.frameworks.command import add_emit_option
-from gpipe_sim.spec.overrides import add_set_option
+from gpipe_sim.scenario.overrides import add_set_option
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from gpipe_sim.spec.command_scenario import load_command_scenario, write_derived_notes, write_schedule_notes
+    from gpipe_sim.scenario.command_scenario import load_command_scenario, write_derived_notes, write_schedule_notes
     from gpipe_sim.plan.compile import compile_plan
     from gpipe_sim.summary import summary_text
     from gpipe_sim.api import simulate_plan
     from gpipe_sim.results.trace import write_chrome_trace
-    from gpipe_sim.spec.limits import result_problem
+    from gpipe_sim.schema.limits import result_problem
 
     scenario = load_command_scenario(args.scenario, args.set)
     if args.emit:
@@ -52,7 +52,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    from gpipe_sim.spec.command_scenario import load_command_scenario, write_schedule_notes
+    from gpipe_sim.scenario.command_scenario import load_command_scenario, write_schedule_notes
     from gpipe_sim.plan.compile import scenario_schedule
     from gpipe_sim.schedule.torch_csv import torch_csv_text
     from gpipe_sim.summary import schedule_text

@@ -7,19 +7,19 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from gpipe_sim.spec.mesh import devices_per_rank, gradient_group
-from gpipe_sim.spec.hardware import Hardware
-from gpipe_sim.spec.layers import build_layers, describe_layer_count, total_params
-from gpipe_sim.spec.presets import hardware_presets
+from gpipe_sim.mesh import devices_per_rank, gradient_group
+from gpipe_sim.hardware.hardware import Hardware
+from gpipe_sim.model.layers import build_layers, describe_layer_count, total_params
+from gpipe_sim.hardware.presets import hardware_presets
 from gpipe_sim.results.fit import over_capacity_text
 from gpipe_sim.results.result import Result
 from gpipe_sim.results.run_cost import run_cost_rows
-from gpipe_sim.spec.model import AmoebaNetModel, ConvNetModel, MlpModel, TableModel, TransformerModel, UniformModel
-from gpipe_sim.spec.architectures import ARCHITECTURES
-from gpipe_sim.spec.model_flops import tied_parameters
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.model.model import AmoebaNetModel, ConvNetModel, MlpModel, TableModel, TransformerModel, UniformModel
+from gpipe_sim.model.architectures import ARCHITECTURES
+from gpipe_sim.model.model_flops import tied_parameters
+from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.schedule import Schedule
-from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.schema.units import format_bytes, format_seconds
 
 
 def render(*renderables: object) -> str:

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import pytest
 
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 
 
 def make_uniform(

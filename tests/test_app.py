@@ -75,7 +75,7 @@ def test_explore_bubble_follows_k_and_m_to_the_analytic_value():
 
 
 def test_explore_every_preset_schedule_and_remat_renders():
-    from gpipe_sim.spec.presets import hardware_presets
+    from gpipe_sim.hardware.presets import hardware_presets
     from gpipe_sim.schedule import SCHEDULES
 
     at = app_test().run()

@@ -9,7 +9,7 @@ pytest.importorskip("streamlit")
 
 from test_app_support import app_test, set_widget  # noqa: E402
 
-from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 
 def test_a_cluster_preset_shows_its_nodes_and_nics_and_takes_changes_as_written(monkeypatch):

@@ -19,15 +19,15 @@ from gpipe_sim import load_scenario, parse_scenario, simulate
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import ACTION_KINDS, SCHEDULES
-from gpipe_sim.spec.recompute import per_layer
-from gpipe_sim.spec.scenario import REMAT_MODES
+from gpipe_sim.model.recompute import per_layer
+from gpipe_sim.scenario.scenario import REMAT_MODES
 
 CHUNK_REMAT_MODES = [m for m in REMAT_MODES if not per_layer(m)]  # the uniform model has no blocks
 from gpipe_sim import charts as plots
-from gpipe_sim.spec.presets import hardware_presets
+from gpipe_sim.hardware.presets import hardware_presets
 from gpipe_sim.results.result import Result, Timeline
 from gpipe_sim.schedule.registry import fill_drain_bubble
-from gpipe_sim.spec.units import parse_quantity
+from gpipe_sim.schema.units import parse_quantity
 from test_app_support import ROOT, sweep_table, uniform_data, write_validation
 
 from gpipe_app.ui_data import read_layer_table, read_sweep_bytes, split_sweep  # noqa: E402

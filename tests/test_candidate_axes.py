@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from gpipe_sim.planner.space import AXES, Candidate, PlanOptions, candidate_space
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 
 BASE = {"model": {"preset": "transformer", "layers": 8, "d_model": 256, "d_ff": 1024, "heads": 4,
                   "seq_len": 256, "vocab": 1000},

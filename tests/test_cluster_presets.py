@@ -9,9 +9,9 @@ import pytest
 from gpipe_sim import simulate
 from gpipe_sim.cli import main
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.hardware import Hardware
-from gpipe_sim.spec.presets import _over, _resolved, hardware_presets
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.hardware.hardware import Hardware
+from gpipe_sim.hardware.presets import _over, _resolved, hardware_presets
+from gpipe_sim.scenario.scenario import parse_scenario
 from gpipe_sim.summary import _nodes
 
 GBIT = 1e9 / 8  # bytes/s in one Gb/s

@@ -12,8 +12,8 @@ from gpipe_sim.plan.context_parallel import cp_link, exposed_ring_seconds, ring_
 from gpipe_sim.plan.layer_table import scenario_layers
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.schedule import Kind
-from gpipe_sim.spec.block_shape import BlockShape
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.model.block_shape import BlockShape
+from gpipe_sim.scenario.scenario import parse_scenario
 
 D_MODEL, S, HEADS, KV = 1024, 2048, 16, 4
 LINK_BW, LINK_LAT = 100e9, 2e-6

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from gpipe_sim.cli import main
-from gpipe_sim.spec.command_scenario import load_command_scenario
-from gpipe_sim.spec.files import read_data_file
-from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, load_scenario, parse_scenario
+from gpipe_sim.scenario.command_scenario import load_command_scenario
+from gpipe_sim.schema.files import read_data_file
+from gpipe_sim.scenario.scenario import DEFAULT_SCENARIO, load_scenario, parse_scenario
 
 
 @pytest.mark.parametrize("text", ["", "{}\n", "# only a comment\n"])

@@ -9,7 +9,7 @@ from gpipe_sim.api import simulate
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.plan.memory import data_parallel_bytes
 from gpipe_sim.schedule import Kind, Tensor
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 
 
 def _layer(name: str, params: int) -> dict:

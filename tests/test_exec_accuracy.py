@@ -15,7 +15,7 @@ from gpipe_exec.checks import accuracy  # noqa: E402
 from gpipe_exec.checks.random_cases import (  # noqa: E402
     DEVICE_MAPS, FAMILIES, MAX_STEP_FLOPS, MIN_STEP_FLOPS, case_text, draw_cases, step_flops)
 from gpipe_sim.schedule import schedule_family  # noqa: E402
-from gpipe_sim.spec.layers import layer_count  # noqa: E402
+from gpipe_sim.model.layers import layer_count  # noqa: E402
 
 
 def _dump(cases: list) -> list[dict]:

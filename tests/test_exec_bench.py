@@ -10,7 +10,7 @@ pytest.importorskip("torch.distributed.pipelining")
 from gpipe_exec.checks.bench import (CONTENDERS, TORCH_NAMES, _torch_schedule, bench_order,  # noqa: E402
                                       contender_cases, report, run_benchmark)
 from gpipe_sim.schedule import schedule_family  # noqa: E402
-from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 
 def _scenario(M: int) -> object:

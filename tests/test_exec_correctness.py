@@ -22,8 +22,8 @@ from gpipe_sim.plan.rescheduled import with_schedule  # noqa: E402
 from gpipe_sim.schedule.split import split_backward  # noqa: E402
 from gpipe_exec.reference import reference_step  # noqa: E402
 from gpipe_sim.schedule import SCHEDULES  # noqa: E402
-from gpipe_sim.spec.layers import layer_count  # noqa: E402
-from gpipe_sim.spec.scenario import Scenario, parse_scenario  # noqa: E402
+from gpipe_sim.model.layers import layer_count  # noqa: E402
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario  # noqa: E402
 
 # Eight layers each, so that K=4 ranks x v=2 chunks has a layer per chunk.
 MODELS: dict[str, dict[str, Any]] = {

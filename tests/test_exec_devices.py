@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from gpipe_exec.launch.devices import DEVICE_ENV, Transport, check_gpu_layout, device_type, transport  # noqa: E402
 from gpipe_sim.errors import ScenarioError  # noqa: E402
 from gpipe_sim.plan.compile import compile_plan  # noqa: E402
-from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 
 def test_device_type_follows_the_request_then_the_environment(monkeypatch):

@@ -17,7 +17,7 @@ from gpipe_exec import cli, execute  # noqa: E402
 from gpipe_exec.runtime import job  # noqa: E402
 from gpipe_exec.errors import ExecutionError  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
-from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = {

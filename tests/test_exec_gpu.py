@@ -20,7 +20,7 @@ def _check_equal_to_plain_training(K: int, pipeline: dict[str, Any], split: str 
     from gpipe_sim.plan.rescheduled import with_schedule
     from gpipe_sim.schedule.split import split_backward
     from gpipe_exec.reference import reference_step
-    from gpipe_sim.spec.scenario import parse_scenario
+    from gpipe_sim.scenario.scenario import parse_scenario
 
     sc = parse_scenario({
         "model": {"preset": "mlp", "layers": 6, "width": 32, "input_dim": 16},
@@ -68,7 +68,7 @@ def test_several_stages_share_gpu_0_and_equal_plain_training(K: int, pipeline: d
 
 
 def _transformer(layers: int, d_model: int, seq: int, K: int = 1, M: int = 4, batch: int = 8) -> Any:
-    from gpipe_sim.spec.scenario import parse_scenario
+    from gpipe_sim.scenario.scenario import parse_scenario
 
     return parse_scenario({
         "model": {"preset": "transformer", "layers": layers, "d_model": d_model, "d_ff": 4 * d_model,

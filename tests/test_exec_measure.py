@@ -25,7 +25,7 @@ from gpipe_exec.checks.rounds import predict_with_profile  # noqa: E402
 from gpipe_exec.checks.validate import relative_errors  # noqa: E402
 from gpipe_exec.zoo import build_model  # noqa: E402
 from gpipe_sim.results.result import summarize  # noqa: E402
-from gpipe_sim.spec.scenario import load_scenario, parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import load_scenario, parse_scenario  # noqa: E402
 from gpipe_sim.schedule import ACTION_KINDS, Kind  # noqa: E402
 from gpipe_sim.results.trace import chrome_trace  # noqa: E402
 
@@ -208,7 +208,7 @@ def test_profile_holds_the_device_around_every_timed_layer_op() -> None:
 
 def test_profile_on_devices_profiles_where_the_stages_run() -> None:
     from gpipe_exec.profile import profile_on_devices
-    from gpipe_sim.spec.model import LayerSpec
+    from gpipe_sim.model.model import LayerSpec
 
     shared = parse_scenario(BASE).with_updates({"pipeline.stages": 4, "pipeline.micro_batches": 2,
                                                 "hardware.stage_to_device": [0, 0, 1, 1]})

@@ -11,8 +11,8 @@ from gpipe_exec.measure.memory import (GRADIENTS, OPTIMIZER, PARAMETERS, Storage
 from gpipe_exec.measure.meters import SavedBytesMeter
 from gpipe_sim.api import simulate
 from gpipe_sim.plan.compile import chunk_transient_bytes, compile_plan
-from gpipe_sim.spec.model import LayerSpec
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.model.model import LayerSpec
+from gpipe_sim.scenario.scenario import parse_scenario
 
 
 class BigTemporary(torch.nn.Module):
@@ -355,7 +355,7 @@ def test_input_pass_of_a_chunk_from_its_layers_is_exact(model: dict) -> None:
     from gpipe_exec.profile import input_pass_memory, split_saved_bytes
     from gpipe_exec.zoo import build_layer, make_batch
     from gpipe_sim.plan.compile import input_pass_bytes as chunk_input_pass
-    from gpipe_sim.spec.layers import layer_count
+    from gpipe_sim.model.layers import layer_count
 
     spec = parse_scenario({"model": model, "hardware": {"preset": "cpu"},
                            "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": 4}}).model

@@ -15,7 +15,7 @@ from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_exec.zoo import build_model  # noqa: E402
 from gpipe_sim.api import model_figures  # noqa: E402
 from gpipe_sim.errors import ScenarioError  # noqa: E402
-from gpipe_sim.spec.scenario import Scenario, parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario  # noqa: E402
 
 LLAMA = {"preset": "llama3-8b", "layers": 3, "d_model": 32, "heads": 4, "kv_heads": 2, "d_ff": 48,
          "seq_len": 8, "vocab": 29, "vocab_multiple": 8, "attention": "standard"}

@@ -151,7 +151,7 @@ def test_plan_check_runs_every_configuration_of_a_tiny_model(tmp_path):
     """End to end on a tiny transformer, two schedules: every distinct configuration the planner
     ranks (D, K in {1, 2}) runs twice, and the figures are consistent with the rows."""
     from gpipe_exec.checks.plan_check import plan_check
-    from gpipe_sim.spec.scenario import parse_scenario
+    from gpipe_sim.scenario.scenario import parse_scenario
 
     base = parse_scenario({
         "model": {"preset": "transformer", "layers": 2, "d_model": 32, "d_ff": 64, "heads": 2, "seq_len": 16,

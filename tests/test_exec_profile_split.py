@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from gpipe_exec.profile import ProfileOptions, profile_model, split_saved_bytes, write_table  # noqa: E402
 from gpipe_exec.zoo import build_layer, make_batch  # noqa: E402
-from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 SCENARIO = {
     # the accuracy study's transformer, two blocks: on smaller layers the split's fixed cost per call

@@ -18,7 +18,7 @@ from gpipe_exec.reference import reference_step  # noqa: E402
 from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_sim.api import simulate  # noqa: E402
 from gpipe_sim.errors import ScenarioError  # noqa: E402
-from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 STANDARD = dict(preset="transformer", layers=4, d_model=16, d_ff=32, heads=2, seq_len=6, vocab=23)
 FLASH = {**STANDARD, "attention": "flash"}

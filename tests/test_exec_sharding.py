@@ -15,7 +15,7 @@ from gpipe_exec.launch.spawn import launch  # noqa: E402
 from gpipe_exec.reference import reference_step  # noqa: E402
 from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_sim.errors import ScenarioError  # noqa: E402
-from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 CASES = [Case("mlp", 1, 2, "gpipe", "none", "adam", D=2, zero=3),
          Case("transformer", 1, 3, "1f1b", "always", "momentum", D=2, zero=3),

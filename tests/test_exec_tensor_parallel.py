@@ -18,7 +18,7 @@ from gpipe_sim.plan.compile import compile_plan  # noqa: E402
 from gpipe_sim.schedule import Kind  # noqa: E402
 from gpipe_sim.schedule.global_program import (process_devices, process_program,  # noqa: E402
                                                tensor_parallel_rank)
-from gpipe_sim.spec.scenario import Scenario, parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario  # noqa: E402
 
 # vocab 23 padded to 24 rows (T = 1) or 32 (T = 2: a multiple of vocab_multiple x T), split 16 + 16:
 # the targets fall in both devices' halves

@@ -13,8 +13,8 @@ from gpipe_sim.api import simulate_plan
 from gpipe_sim.cli import main as gpipe_sim_main
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.plan.compile import compile_plan
-from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.model.layers import build_layers
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 
 MODEL = {"preset": "transformer", "layers": 2, "d_model": 32, "d_ff": 64, "heads": 4, "seq_len": 8, "vocab": 96}
 OPTIONS = LaunchOptions(comm_timeout_s=60, run_timeout_s=300)

@@ -12,9 +12,9 @@ from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.plan.experts import all_to_all_seconds, all_to_all_work
 from gpipe_sim.plan.layer_table import scenario_layers
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
-from gpipe_sim.spec.costs import layer_seconds
-from gpipe_sim.spec.model_flops import active_parameters
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.costs.layer_time import layer_seconds
+from gpipe_sim.model.model_flops import active_parameters
+from gpipe_sim.scenario.scenario import parse_scenario
 
 LINK_BW, LINK_LAT, NET_BW, NET_LAT = 100e9, 2e-6, 25e9, 10e-6
 MOE = {"preset": "transformer", "layers": 4, "d_model": 512, "d_ff": 1536, "heads": 8, "kv_heads": 2, "seq_len": 1024,

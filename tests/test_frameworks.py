@@ -16,7 +16,7 @@ from gpipe_sim.frameworks.megatron_read import read_megatron
 from gpipe_sim.frameworks.torchtitan import module_parts, write_torchtitan
 from gpipe_sim.frameworks.torchtitan_read import read_torchtitan
 from gpipe_sim.planner.search import PlanOptions, search_configurations
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 
 
 def _model(layers: int, d: int, heads: int) -> dict:

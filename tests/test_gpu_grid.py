@@ -9,7 +9,7 @@ import pytest
 
 from gpipe_exec.checks.gpu_grid import (case, gpu_bound, gpu_cases, model_host_seconds, profiled_host_seconds,
                                         transformer)
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 
 
 def test_the_gpu_grid_covers_what_a_validated_gpu_needs():
@@ -43,8 +43,8 @@ def test_model_host_time_is_the_pass_time_where_every_pass_is_host_bound():
     """A tiny model on the H100 tables: every pass is host-bound, so the GPU model prices each pass
     at its host issue time, and the step's passes add up to `model_host_seconds`."""
     from gpipe_sim.plan.balance import micro_batch_sizes
-    from gpipe_sim.spec.costs import layer_seconds
-    from gpipe_sim.spec.layers import build_layers
+    from gpipe_sim.costs.layer_time import layer_seconds
+    from gpipe_sim.model.layers import build_layers
 
     sc = parse_scenario(case(transformer(2, 64, 8, vocab=128), 1, 3, 5))
     accel, dtype, nbytes = sc.hardware.accelerator, sc.training.dtype, sc.training.dtype_bytes

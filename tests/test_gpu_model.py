@@ -10,15 +10,15 @@ import pytest
 import yaml
 
 from gpipe_sim.api import simulate
-from gpipe_sim.spec.costs import layer_seconds
+from gpipe_sim.costs.layer_time import layer_seconds
 from gpipe_sim.reference import H100_DIR
-from gpipe_sim.spec.gpu_fit import gemm_pairs, membound_pairs, read_rows, relative_errors
-from gpipe_sim.spec.gpu_model import gemm_seconds, layer_pass_seconds
-from gpipe_sim.spec.hardware import Hardware
-from gpipe_sim.spec.kernels import Gemm
-from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.model import LayerSpec, Timing, TransformerModel
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.costs.gpu_fit import gemm_pairs, membound_pairs, read_rows, relative_errors
+from gpipe_sim.costs.gpu_model import gemm_seconds, layer_pass_seconds
+from gpipe_sim.hardware.hardware import Hardware
+from gpipe_sim.model.kernels import Gemm
+from gpipe_sim.model.layers import build_layers
+from gpipe_sim.model.model import LayerSpec, Timing, TransformerModel
+from gpipe_sim.scenario.scenario import Scenario
 
 H100 = sorted(glob.glob(str(H100_DIR / "*.jsonl")))
 
@@ -137,7 +137,7 @@ def test_gpu_calibration_measures_this_gpu(tmp_path):
 def _block_parts(a, samples: int, tp: int):
     """(forward GPU s, forward host s, backward GPU s, backward host s, the backward's weight
     gradients beside its collectives) of one A100 block split over `tp`, kernel by kernel."""
-    from gpipe_sim.spec.gpu_model import kernel_seconds
+    from gpipe_sim.costs.gpu_model import kernel_seconds
 
     block = build_layers(TransformerModel(layers=2, d_model=2048, d_ff=8192, heads=16, seq_len=1024, vocab=50257),
                          2, 1, tensor_parallel=tp)[1].ops
@@ -156,7 +156,7 @@ def test_collectives_run_on_the_gpu_stream_inside_the_pass():
     """A TP pass is max(GPU kernels + its collectives, the host's launches + one per collective):
     a host-bound pass hides its collectives, a GPU-bound one adds them; the backward's collectives
     run beside the column-parallel weight gradients, so only what exceeds those is added."""
-    from gpipe_sim.spec.gpu_model import StreamWork
+    from gpipe_sim.costs.gpu_model import StreamWork
 
     a = _accel("a100-80gb")
     for samples, comm in ((1, 1e-5), (8, 2e-3)):
@@ -183,7 +183,7 @@ def test_compiled_tp_passes_hold_their_collectives_once():
     forward collective of its layers, each a ring all-reduce of b x s x d bf16 bytes over the
     A100's 150 GB/s link; a host-bound one hides them."""
     from gpipe_sim.plan.compile import compile_plan
-    from gpipe_sim.spec.costs import layer_pass_times
+    from gpipe_sim.costs.layer_time import layer_pass_times
 
     def plan_at(batch):
         return compile_plan(Scenario.model_validate({

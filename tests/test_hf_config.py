@@ -12,7 +12,7 @@ import yaml
 from gpipe_sim.api import model_figures
 from gpipe_sim.cli import main
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.scenario import load_scenario, parse_scenario
+from gpipe_sim.scenario.scenario import load_scenario, parse_scenario
 
 DATA = Path(__file__).parent / "data" / "hf"  # config.json files as the model repositories publish them
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ("gpipe_sim", "gpipe_sim.api", "gpipe_sim.spec.scenario", "gpipe_sim.schedule", "gpipe_sim.plan.compile",
+CORE = ("gpipe_sim", "gpipe_sim.api", "gpipe_sim.scenario.scenario", "gpipe_sim.schedule", "gpipe_sim.plan.compile",
         "gpipe_sim.engines.simpy_engine", "gpipe_sim.engines.fast", "gpipe_sim.engines.reference",
         "gpipe_sim.results.result", "gpipe_sim.plan.memory", "gpipe_sim.results.trace")
 

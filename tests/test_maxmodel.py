@@ -8,7 +8,7 @@ import pytest
 
 from gpipe_sim.cli import main
 from gpipe_sim.studies.maxmodel import SearchError, find_max_model, measure, resolve_field
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 
 PARAMS, ACT, BATCH, CAP = 1_000_000, 2.0e6, 10, 1.0e9
 

@@ -7,8 +7,8 @@ import pytest
 
 from gpipe_sim.api import model_figures, simulate
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.model.layers import build_layers
+from gpipe_sim.scenario.scenario import parse_scenario
 
 
 def _scenario(model: dict, tp: int = 1, batch: int = 8, **pipeline) -> object:

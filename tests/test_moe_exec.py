@@ -17,10 +17,10 @@ from gpipe_exec.moe import ExpertGroup, MoeMlp
 from gpipe_exec.reference import reference_step
 from gpipe_exec.runtime.job import job_for
 from gpipe_exec.zoo import Block, build_layers_range
-from gpipe_sim.spec.experts import moe_parameters
-from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.model import TransformerModel
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.model.experts import moe_parameters
+from gpipe_sim.model.layers import build_layers
+from gpipe_sim.model.model import TransformerModel
+from gpipe_sim.scenario.scenario import parse_scenario
 
 SEED = 11
 # 4 blocks: dense, MoE, dense, MoE (first_dense_layers 1, moe_every 2)

@@ -11,7 +11,7 @@ import pytest
 
 from gpipe_sim.cli import main
 from gpipe_sim.studies.paper import PAPER_DIR, PaperError, load_experiment, run_paper
-from gpipe_sim.spec.scenario import load_scenario
+from gpipe_sim.scenario.scenario import load_scenario
 
 # Cells docs/guide/paper.md reports as misses, with the effect the model lacks.
 KNOWN_THROUGHPUT_MISSES = {

@@ -16,9 +16,9 @@ from gpipe_sim.cli import main
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 from gpipe_sim.planner.report import family_heads, schedules_text
-from gpipe_sim.spec.units import format_seconds
+from gpipe_sim.schema.units import format_seconds
 from gpipe_sim.planner.search import (
     DATA_PARALLEL_SCHEDULE, Candidate, CostTable, PlanEntry, PlanOptions, candidate_space, enumerate_candidates,
     family, held_memory_bound, memory_lower_bound, pareto_front, program_step_bound, reserved_base,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpipe_sim.cli import main
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 from gpipe_sim.planner.report import csv_rows, plan_dict, plan_html, plan_text
 from gpipe_sim.planner.search import TIE, PlanEntry, PlanOptions, search_configurations
 from gpipe_sim.planner.search import _ordered as ordered

@@ -10,7 +10,7 @@ from gpipe_sim.planner.bounds import CostTable, step_lower_bound
 from gpipe_sim.planner.report import csv_rows, plan_text
 from gpipe_sim.planner.search import PlanOptions, candidate_space, search_configurations
 from gpipe_sim.planner.space import MIN_TOKENS_PER_CP_RANK, context_parallel_values
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 
 LONG = {
     "model": {"preset": "transformer", "layers": 4, "d_model": 256, "d_ff": 1024, "heads": 4, "seq_len": 32768,

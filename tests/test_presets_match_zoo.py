@@ -15,8 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from gpipe_exec.profile import measure_layer_bytes, saves_input_output, split_saved_bytes  # noqa: E402
 from gpipe_exec.measure.meters import tensor_bytes  # noqa: E402
 from gpipe_exec.zoo import build_layer, make_batch  # noqa: E402
-from gpipe_sim.spec.layers import build_layers  # noqa: E402
-from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
+from gpipe_sim.model.layers import build_layers  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 SAMPLES = 2
 MODELS = {

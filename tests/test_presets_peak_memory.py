@@ -16,7 +16,7 @@ from gpipe_exec.measure.steps import measured_result  # noqa: E402
 from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_sim.api import simulate  # noqa: E402
-from gpipe_sim.spec.scenario import parse_scenario  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 MODELS = {
     "mlp": {"preset": "mlp", "layers": 4, "width": 256, "input_dim": 100, "num_classes": 10},

@@ -16,7 +16,7 @@ import yaml
 from gpipe_sim.api import model_figures, simulate
 from gpipe_sim.cli import main
 from gpipe_sim.results.result import ModelFigures, Result
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 from gpipe_sim.summary import parameters_short, summary_text
 from user_docs import ROOT, fenced_commands, program_argv, quoted_outputs, user_docs
 
@@ -66,7 +66,7 @@ def test_vocab_padding_sizes_the_tables_and_can_be_turned_off():
     """vocab_multiple (default 128) pads the embedding and head rows; 1 keeps the vocabulary as is;
     0, or a padding beyond the dimension limit, is refused."""
     from gpipe_sim.errors import ScenarioError
-    from gpipe_sim.spec.model import TransformerModel
+    from gpipe_sim.model.model import TransformerModel
 
     assert _scenario().model.padded_vocab == PADDED_VOCAB
     assert TransformerModel(vocab=50257).padded_vocab == 50304  # GPT-2's, as Megatron and nanoGPT run it

@@ -14,7 +14,7 @@ import pytest
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.plan.compile import compile_plan
-from gpipe_sim.spec.scenario import load_scenario, parse_scenario
+from gpipe_sim.scenario.scenario import load_scenario, parse_scenario
 from gpipe_sim.summary import summary_text
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import pytest
 
 from gpipe_sim.plan.layer_table import layer_table
 from gpipe_sim.schedule import build_schedule
-from gpipe_sim.spec.scenario import load_scenario
+from gpipe_sim.scenario.scenario import load_scenario
 from user_docs import ROOT
 
 

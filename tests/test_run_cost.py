@@ -13,9 +13,9 @@ from gpipe_sim.api import simulate
 from gpipe_sim.cli import main
 from gpipe_sim.results.result import Result
 from gpipe_sim.results.run_cost import goodput_figures, goodput_share, optimal_interval, run_cost_rows
-from gpipe_sim.spec.scenario import parse_scenario
-from gpipe_sim.spec.training_run import Goodput
-from gpipe_sim.spec.units import parse_count
+from gpipe_sim.scenario.scenario import parse_scenario
+from gpipe_sim.scenario.training_run import Goodput
+from gpipe_sim.schema.units import parse_count
 from gpipe_sim.summary import summary_text
 
 SEQ, BATCH = 128, 8

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from gpipe_sim.cli import main
-from gpipe_sim.spec.overrides import parse_override
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.overrides import parse_override
+from gpipe_sim.scenario.scenario import parse_scenario
 
 BASE = {
     "model": {"preset": "uniform", "layers": 8},

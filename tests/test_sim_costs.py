@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpipe_sim import parse_scenario, simulate
-from gpipe_sim.spec.costs import layer_seconds, measured_host_seconds, measured_seconds
-from gpipe_sim.spec.hardware import Accelerator
-from gpipe_sim.spec.model import LayerSpec
+from gpipe_sim.costs.layer_time import layer_seconds, measured_host_seconds, measured_seconds
+from gpipe_sim.hardware.hardware import Accelerator
+from gpipe_sim.model.model import LayerSpec
 
 CPU = Accelerator(peak_flops={"fp32": 1e11}, efficiency=0.5, kernel_overhead_s=1e-4)
 

@@ -79,7 +79,7 @@ def test_bad_scenario_gives_one_line_and_exit_2(tmp_path, capsys, data, message)
 
 def test_unknown_key_suggests_only_the_presets_own_fields():
     from gpipe_sim.errors import ScenarioError
-    from gpipe_sim.spec.scenario import parse_scenario
+    from gpipe_sim.scenario.scenario import parse_scenario
 
     with pytest.raises(ScenarioError) as err:  # heads is a transformer's field, not a uniform model's
         parse_scenario(_with("model.heads", 4))
@@ -164,8 +164,8 @@ def test_with_updates_switches_presets_cleanly():
 
 
 def test_layer_counts_name_what_each_preset_adds():
-    from gpipe_sim.spec.layers import build_layers, describe_layer_count
-    from gpipe_sim.spec.model import (AmoebaNetModel, ConvNetModel, MlpModel, TableModel, TransformerModel,
+    from gpipe_sim.model.layers import build_layers, describe_layer_count
+    from gpipe_sim.model.model import (AmoebaNetModel, ConvNetModel, MlpModel, TableModel, TransformerModel,
                                       UniformModel)
 
     expected = {

@@ -8,9 +8,9 @@ import pytest
 from gpipe_sim.api import simulate
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.plan.compile import compile_plan
-from gpipe_sim.spec.gpu_model import gemm_seconds
-from gpipe_sim.spec.kernels import Gemm
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.costs.gpu_model import gemm_seconds
+from gpipe_sim.model.kernels import Gemm
+from gpipe_sim.scenario.scenario import parse_scenario
 
 MODEL = {"preset": "transformer", "layers": 4, "d_model": 1024, "d_ff": 4096, "heads": 16, "seq_len": 512,
          "vocab": 32000}

@@ -12,8 +12,8 @@ import yaml
 
 from gpipe_sim.cli import main
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec import limits
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.schema import limits
+from gpipe_sim.scenario.scenario import parse_scenario
 
 
 def _simulate(tmp_path, capsys, content, *args, suffix=".yaml"):

@@ -9,7 +9,7 @@ import pytest
 from gpipe_sim.api import simulate
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.plan.buckets import bucket_bytes, buckets, overlapped_seconds
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 
 LAYERS, PARAMS = 8, 25_000_000  # fp32: 100 MB of gradients a layer, 800 MB a replica
 BACKWARD_S = 2e-3  # a layer's backward on one sample

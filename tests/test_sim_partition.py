@@ -15,8 +15,8 @@ from gpipe_sim.plan.compile import compile_plan, partition_memory_table
 from gpipe_sim.plan.memory_partition import _bounds, _Layout
 from gpipe_sim.plan.partition import MemoryTable, balance_by_memory, fastest_fitting, held_activations
 from gpipe_sim.schedule import SCHEDULES, Kind, build_schedule
-from gpipe_sim.spec.layers import input_bytes_per_sample
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.model.layers import input_bytes_per_sample
+from gpipe_sim.scenario.scenario import parse_scenario
 
 GIB = 2.0**30
 

@@ -13,7 +13,7 @@ from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.plan.layer_table import scenario_layers
 from gpipe_sim.schedule import Kind
 from gpipe_sim.planner.space import PlanOptions, candidate_space
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 
 # A small GPT on a roofline accelerator (no kernel tables): times are FLOPs at a fixed rate.
 SMALL = {

@@ -9,7 +9,7 @@ from gpipe_sim.api import simulate
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.plan.sharding import fsdp_pass_seconds
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 
 LAYERS, PARAMS = 8, 25_000_000  # 100 MB of fp32 weights a layer
 FORWARD_S, BACKWARD_S = 1e-3, 2e-3  # a layer's passes on one sample

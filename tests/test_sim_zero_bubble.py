@@ -150,10 +150,10 @@ def test_zb_h2_bubble_with_unequal_input_and_weight_passes(i_s, w_s, K, M):
 
 
 def test_transformer_input_gradient_pass_carries_the_attention_backward():
-    from gpipe_sim.spec.costs import split_backward_seconds, layer_seconds
-    from gpipe_sim.spec.layers import build_layers
-    from gpipe_sim.spec.model import TransformerModel
-    from gpipe_sim.spec.hardware import Hardware
+    from gpipe_sim.costs.layer_time import split_backward_seconds, layer_seconds
+    from gpipe_sim.model.layers import build_layers
+    from gpipe_sim.model.model import TransformerModel
+    from gpipe_sim.hardware.hardware import Hardware
 
     accel = Hardware.model_validate({"preset": "a100-80gb"}).accelerator
     embed, block, *_ = build_layers(TransformerModel(d_model=1024, d_ff=4096, heads=16, seq_len=2048), 2)

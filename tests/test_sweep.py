@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpipe_sim.cli import main
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 from gpipe_sim.api import simulate
 from gpipe_sim.sweeps import SweepError, expand, load_sweep, parse_sweep, resolve_base, run_sweep
 

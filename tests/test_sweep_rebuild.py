@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 from gpipe_sim.sweeps import expand, load_sweep, run_sweep
 from gpipe_sim.sweeps.runner import MAX_LIST_CELL_CHARS, flatten
 

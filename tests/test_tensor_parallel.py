@@ -12,10 +12,10 @@ import yaml
 from gpipe_sim.api import simulate
 from gpipe_sim.cli import main
 from gpipe_sim.plan.compile import compile_plan
-from gpipe_sim.spec.kernels import Gemm
-from gpipe_sim.spec.layers import build_layers
-from gpipe_sim.spec.scenario import parse_scenario
-from gpipe_sim.spec.tensor_parallel import split_vocab
+from gpipe_sim.model.kernels import Gemm
+from gpipe_sim.model.layers import build_layers
+from gpipe_sim.scenario.scenario import parse_scenario
+from gpipe_sim.model.tensor_parallel import split_vocab
 
 D, F, S, A = 1024, 4096, 512, 16
 MODEL = {"preset": "transformer", "layers": 4, "d_model": D, "d_ff": F, "heads": A, "seq_len": S,
@@ -190,7 +190,7 @@ def test_executor_takes_tensor_and_sequence_parallel_where_the_sequence_splits()
 
 
 def test_megatron_softmax_falls_back_where_samples_x_heads_is_not_a_multiple_of_4():
-    from gpipe_sim.spec.kernels import Softmax, transformer_block
+    from gpipe_sim.model.kernels import Softmax, transformer_block
     split = transformer_block(1024, 4096, 1024, 16, "standard", True, 2, 1, tp=8)
     soft = next(k for k in split.forward if isinstance(k, Softmax))
     assert soft.heads == 2 and not soft.fused(1) and soft.fused(2)

@@ -10,7 +10,7 @@ from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.plan.tensor_parallel import collective_work, tp_ring
 from gpipe_sim.planner.bounds import CostTable
 from gpipe_sim.planner.search import PlanOptions, search_configurations, tensor_parallel_values
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 
 D_MODEL, S, HEADS = 1024, 512, 16
 LINK_BW, LINK_LAT = 100e9, 2e-6

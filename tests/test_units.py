@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpipe_sim.cli import main
-from gpipe_sim.spec.units import parse_quantity
+from gpipe_sim.schema.units import parse_quantity
 
 ROOT = Path(__file__).resolve().parent.parent
 GB, GIB = 1e9, 2.0**30
@@ -98,7 +98,7 @@ def test_the_command_names_the_field_in_one_line_and_exits_2(tmp_path, capsys, f
 
 
 def test_a_nic_written_in_gigabits_is_an_eighth_of_the_same_figure_in_gigabytes():
-    from gpipe_sim.spec.scenario import parse_scenario
+    from gpipe_sim.scenario.scenario import parse_scenario
 
     def network(bandwidth):
         return parse_scenario({"hardware": {"preset": "a100-80gb", "devices_per_node": 8, "network": {
@@ -147,7 +147,7 @@ QUOTED: dict[str, float | None] = {
 _NUMBER = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 _UNIT = r"(?:[kKmMgGtTpPeE]i?)?(?:bits?|Bytes?|bytes?|[bB])(?:/sec|/s|ps|PS)?"
 _QUOTE = re.compile(rf"(?<![\w.,^])({_NUMBER})( ?)({_UNIT})(?!\w)")
-QUOTING = ("README.md", "docs/**/*.md", "gpipe_sim/spec/presets/*.yaml", "scenarios/**/*.yaml",
+QUOTING = ("README.md", "docs/**/*.md", "gpipe_sim/hardware/presets/*.yaml", "scenarios/**/*.yaml",
            "gpipe_sim/scenarios/**/*.yaml")
 
 

@@ -15,9 +15,9 @@ import streamlit as st
 
 from gpipe_sim.results.result import Result
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.spec.presets import hardware_presets
-from gpipe_sim.spec.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS, PARTITION_METHODS, REMAT_MODES
-from gpipe_sim.spec.units import format_bytes
+from gpipe_sim.hardware.presets import hardware_presets
+from gpipe_sim.scenario.scenario import DTYPE_BYTES, OPTIMIZER_STATES, OPTIMIZER_STEPS, PARTITION_METHODS, REMAT_MODES
+from gpipe_sim.schema.units import format_bytes
 from gpipe_sim import charts as plots
 from gpipe_app.ui_form import MODEL_CLASSES, scenario_form
 from gpipe_app.ui_scenario import choice_value, file_choice

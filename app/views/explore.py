@@ -8,7 +8,7 @@ from gpipe_sim import charts as plots
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.results.result import Result
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 from gpipe_app.ui_form import scenario_form
 from gpipe_app.ui_run import (
     MAX_GANTT_BARS, download_buttons, show_elapsed, show_metrics, simulate_cached, stage_table, try_run,

@@ -10,7 +10,7 @@ import streamlit as st
 
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.spec.scenario import PARTITION_METHODS, parse_scenario
+from gpipe_sim.scenario.scenario import PARTITION_METHODS, parse_scenario
 from gpipe_sim import charts as plots
 from gpipe_sim.planner.report import (
     config_text, counts_text, family_first, family_heads, family_text, memory_text, nothing_fits_text, pareto_figure,

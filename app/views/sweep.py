@@ -7,7 +7,7 @@ import streamlit as st
 
 from gpipe_sim import charts as plots
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.spec.units import format_seconds
+from gpipe_sim.schema.units import format_seconds
 from gpipe_app.ui_data import load_sweep_path, read_sweep_bytes, row_scenario_data, split_sweep
 from gpipe_app.ui_run import download_buttons, show_elapsed, to_scenario, try_run
 

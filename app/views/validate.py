@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from gpipe_sim import charts as plots
-from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.schema.units import format_bytes, format_seconds
 from gpipe_sim.results.validation import ValidationDocument as Validation
 from gpipe_sim.errors import GpipeError
 from gpipe_app.ui_run import MAX_GANTT_BARS, bubble_text, download_buttons, show_elapsed, to_scenario

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import yaml
 
-from gpipe_sim.spec.gpu_fit import fit_tables
+from gpipe_sim.costs.gpu_fit import fit_tables
 
 # A grid small enough to run in well under 3 minutes on one GPU: sizes from the H100 reference set.
 GEMM_SIZES = (256, 1024, 2048, 4096, 8192)
@@ -135,7 +135,7 @@ def hardware_yaml(rows: list[dict[str, Any]], peak_flops: dict[str, float], memo
 def calibrate_gpu_tables(out: Path | str, preset: str, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Measure (unless `rows` are given), fit and write `out`: `hardware:` with `preset` (its peak
     rates and bandwidth, the datasheet's) and the fitted accelerator fields."""
-    from gpipe_sim.spec.hardware import Hardware
+    from gpipe_sim.hardware.hardware import Hardware
 
     base = Hardware.model_validate({"preset": preset}).accelerator
     bandwidth = base.memory_bandwidth
@@ -144,6 +144,6 @@ def calibrate_gpu_tables(out: Path | str, preset: str, rows: list[dict[str, Any]
     hardware = {"preset": preset, **hardware_yaml(measured, dict(base.peak_flops), bandwidth)}
     seconds = time.monotonic() - started
     header = (f"# gpipe-exec calibrate --gpu-tables: kernel tables measured on this GPU "
-              f"({len(measured)} rows, {seconds:.0f} s) and fitted by gpipe_sim.spec.gpu_fit\n")
+              f"({len(measured)} rows, {seconds:.0f} s) and fitted by gpipe_sim.costs.gpu_fit\n")
     Path(out).write_text(header + yaml.safe_dump({"hardware": hardware}, sort_keys=False))
     return hardware

@@ -161,7 +161,7 @@ def calibration_scenario(message_bytes: int, device_map: Sequence[int] = (0, 1))
     """A pipeline of a narrow MLP, one stage per entry of `device_map`, whose transfers carry
     `message_bytes` each (fp32): little compute and many transfers (64 a step per pair of
     neighbours), so the run is mostly the runtime's own time."""
-    from gpipe_sim.spec.scenario import parse_scenario
+    from gpipe_sim.scenario.scenario import parse_scenario
 
     micro, K = 16, len(device_map)
     per_micro = max(1, round(message_bytes / (4 * _WIDTH)))

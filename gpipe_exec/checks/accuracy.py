@@ -23,8 +23,8 @@ from gpipe_exec.checks.random_cases import DEVICE_MAPS, case_text, draw_cases
 from gpipe_exec.checks.rounds import Round, compare_rounds
 from gpipe_exec.checks.validate import calibration_text, combine_rounds, relative_errors
 from gpipe_sim.schedule import schedule_family
-from gpipe_sim.spec.layers import layer_count
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.model.layers import layer_count
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 
 MODELS: dict[str, dict[str, Any]] = {
     "transformer": {"preset": "transformer", "layers": 6, "d_model": 128, "d_ff": 512, "heads": 4,

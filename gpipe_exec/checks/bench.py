@@ -25,7 +25,7 @@ from gpipe_exec.runtime.interpreter import run_job
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import build_layers_range, build_model, loss_sum, make_batch
 from gpipe_sim.schedule import schedule_family
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 
 DEFAULT_MODEL = {"preset": "transformer", "layers": 6, "d_model": 128, "d_ff": 512, "heads": 4,
                  "seq_len": 64, "vocab": 512}

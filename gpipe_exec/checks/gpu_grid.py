@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 
 GPU_BOUND_D_MODEL, GPU_BOUND_TOKENS = 2048, 4096  # issue 35's GPU-bound class: d_model and tokens per micro-batch
 
@@ -99,9 +99,9 @@ def model_host_seconds(scenario: Scenario) -> float:
     backward launches at `host_issue_s` each, `host_backward_factor` in backward, every
     micro-batch), without the optimizer step; NaN where the accelerator has no kernel tables."""
     from gpipe_sim.plan.balance import micro_batch_sizes
-    from gpipe_sim.spec.gpu_model import host_seconds
-    from gpipe_sim.spec.kernels import LayerKernels
-    from gpipe_sim.spec.layers import build_layers
+    from gpipe_sim.costs.gpu_model import host_seconds
+    from gpipe_sim.model.kernels import LayerKernels
+    from gpipe_sim.model.layers import build_layers
 
     tables = scenario.hardware.accelerator.gpu
     if tables is None:

@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Callable, Sequence
 
 from gpipe_exec.checks.validate import validate
-from gpipe_sim.spec.scenario import Scenario, load_scenario
+from gpipe_sim.scenario.scenario import Scenario, load_scenario
 
 MODELS = ("transformer", "convnet")
 SPLIT_SCHEDULES = ("gpipe", "1f1b", "zb_h1")  # x remat none/always x M 2/8

@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 from gpipe_exec.launch.devices import configure_cuda_math
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import build_model, loss_sum, make_batch
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 # The default space, chosen so that a check of the accuracy study's models runs in about ten
 # minutes on two quiet cores: the schedules the accuracy study validates, no re-computation (with

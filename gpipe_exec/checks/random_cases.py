@@ -6,8 +6,8 @@ import random
 from typing import Any, Sequence
 
 from gpipe_sim.schedule import SCHEDULES, schedule_family
-from gpipe_sim.spec.layers import build_layers, layer_count
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.model.layers import build_layers, layer_count
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 
 FAMILIES = ("transformer", "convnet", "mlp")
 REMATS = ("none", "except_last", "always")

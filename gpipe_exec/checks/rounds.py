@@ -16,7 +16,7 @@ from gpipe_sim.plan.compile import Plan, compile_plan, scenario_schedule
 from gpipe_sim.plan.rescheduled import with_schedule
 from gpipe_sim.results.result import Result
 from gpipe_sim.schedule import Kind, Schedule
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 Calibration = Union[LinkFit, RuntimeFit]  # what `hardware_updates()` turns into scenario fields
 

@@ -19,8 +19,8 @@ from gpipe_exec.launch.devices import device_type
 from gpipe_exec.checks.gpu_grid import (cpu_cases, gpu_bound, gpu_cases, model_host_seconds,
                                         profiled_host_seconds, with_tables)
 from gpipe_exec.launch.spawn import LaunchOptions
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
-from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
+from gpipe_sim.schema.units import format_bytes, format_seconds
 
 # Targets the selfcheck reports against (issue 23's for a validated GPU): step time median and worst,
 # peak memory of every stage.

@@ -20,9 +20,9 @@ from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.results.result import Result
 from gpipe_sim.results.validation import ValidationDocument
-from gpipe_sim.spec.recompute import per_layer
-from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.model.recompute import per_layer
+from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.schema.units import format_bytes, format_seconds
 
 
 def calibration_text(c: Calibration) -> str:

@@ -15,7 +15,7 @@ from gpipe_exec.launch.spawn import LaunchOptions, run_rank
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule.global_program import process_devices
-from gpipe_sim.spec.scenario import load_scenario
+from gpipe_sim.scenario.scenario import load_scenario
 
 
 def torchrun_main(argv: Sequence[str] | None = None) -> int:

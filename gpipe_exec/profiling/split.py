@@ -10,7 +10,7 @@ from torch import nn
 
 from gpipe_exec.zoo import build_layer, loss_sum
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 # The loss that ends the model's last layer's passes: (output, target, mini-batch size) -> the
 # micro-batch's share of the mean (`zoo.loss_sum`, or `vocab_parallel_loss` on a split head).

@@ -19,9 +19,9 @@ from gpipe_exec.profiling.timing import Stamps, time_layers, time_update
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import check_buildable, make_batch
 from gpipe_sim.api import model_figures
-from gpipe_sim.spec.layers import layer_count
-from gpipe_sim.spec.model import LayerSpec
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.model.layers import layer_count
+from gpipe_sim.model.model import LayerSpec
+from gpipe_sim.scenario.scenario import Scenario
 
 Progress = Callable[[int, int, str], None]
 
@@ -31,7 +31,7 @@ def too_large_to_build(scenario: Scenario, fraction: float = 0.5) -> bool:
     machine's memory: then only the meta device can profile it."""
     import os
 
-    from gpipe_sim.spec.layers import build_layers
+    from gpipe_sim.model.layers import build_layers
 
     params = sum(layer.params for layer in build_layers(scenario.model))
     try:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from gpipe_sim.plan.buckets import bucket_bytes, buckets
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 
 class Collectives(Protocol):

@@ -48,7 +48,7 @@ from gpipe_exec.runtime.sharded import shard_chunks, whole
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
 from gpipe_sim.schedule.global_program import process_program, tensor_parallel_rank
-from gpipe_sim.spec.model import ModelSpec
+from gpipe_sim.model.model import ModelSpec
 
 # Actions whose time is the host's (transfers and the start of a reduction): on CUDA the others
 # are timed on the GPU by events (measure.gpu_spans), since the host only queues their kernels.
@@ -59,7 +59,7 @@ def boundary_shapes(model: ModelSpec, dtype: str, seed: int, dropout: float | No
                     ) -> list[tuple[int, ...]]:
     """Shape (without the batch dimension) of every layer's output up to `last` (default: all),
     found in one pass on the meta device."""
-    from gpipe_sim.spec.layers import layer_count
+    from gpipe_sim.model.layers import layer_count
 
     last = layer_count(model) - 1 if last is None else last
     x, _ = make_batch(model, 1, seed=seed, dtype=dtype)

@@ -9,7 +9,7 @@ from typing import Any
 from gpipe_exec.runtime.split_backward import WeightPass
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import Plan
-from gpipe_sim.spec.model import ModelSpec
+from gpipe_sim.model.model import ModelSpec
 
 FAULT_ENV = "GPIPE_EXEC_FAULT"  # fault injection for tests: "RANK:raise|kill|crash[:ACTION[:STEP]]"
 

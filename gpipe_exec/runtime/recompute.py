@@ -11,8 +11,8 @@ from torch import nn
 
 from gpipe_exec.zoo import Block
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.recompute import per_layer
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.model.recompute import per_layer
+from gpipe_sim.scenario.scenario import Scenario
 
 
 def apply_recompute(module: nn.Module, remat: str) -> None:

@@ -9,7 +9,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from gpipe_sim.plan.sharding import shard_degree
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 
 def shard_mesh(device_type: str, D: int, S: int) -> DeviceMesh:

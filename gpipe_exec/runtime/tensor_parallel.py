@@ -38,7 +38,7 @@ def device_major_rows(heads: int, kv_heads: int, head_dim: int, T: int) -> torch
     key/value head) to T contiguous shares, each (its heads' queries | its key/value heads' keys |
     their values), so that a contiguous split gives each device whole heads with the keys and
     values of their groups (Megatron-LM's query-group layout); its argsort restores the model's
-    order. T must divide kv_heads (`gpipe_sim.spec.block_shape.kv_heads_per_device`)."""
+    order. T must divide kv_heads (`gpipe_sim.model.block_shape.kv_heads_per_device`)."""
     q = torch.arange(heads * head_dim).view(T, -1)
     k = heads * head_dim + torch.arange(kv_heads * head_dim).view(T, -1)
     v = k + kv_heads * head_dim

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from gpipe_sim.errors import ScenarioError, one_line
 from gpipe_sim.frameworks import FRAMEWORKS, READABLE
-from gpipe_sim.spec.limits import MAX_FILE_BYTES
-from gpipe_sim.spec.overrides import add_set_option
+from gpipe_sim.schema.limits import MAX_FILE_BYTES
+from gpipe_sim.scenario.overrides import add_set_option
 
 if TYPE_CHECKING:  # the writers and readers load pydantic's models: imported when a command runs
     from gpipe_sim.frameworks.common import Read, Written
-    from gpipe_sim.spec.scenario import Scenario
+    from gpipe_sim.scenario.scenario import Scenario
 
 
 # Where each framework's writer and reader live: imported only when a command uses them.
@@ -66,8 +66,8 @@ def add_emit_option(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def _cmd_read(args: argparse.Namespace) -> int:
-    from gpipe_sim.spec.command_scenario import load_command_scenario
-    from gpipe_sim.spec.files import read_text_file
+    from gpipe_sim.scenario.command_scenario import load_command_scenario
+    from gpipe_sim.schema.files import read_text_file
 
     base = load_command_scenario(args.base)
     text = sys.stdin.read(MAX_FILE_BYTES) if args.file == "-" else \

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpipe_sim.spec.mesh import total_devices
+from gpipe_sim.mesh import total_devices
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.model import TransformerModel
-from gpipe_sim.spec.scenario import Pipeline, Scenario, parse_scenario
+from gpipe_sim.model.model import TransformerModel
+from gpipe_sim.scenario.scenario import Pipeline, Scenario, parse_scenario
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Read:
 
 
 def devices(p: Pipeline) -> int:
-    """Every device of the run: T x C x K x D (gpipe_sim.spec.mesh)."""
+    """Every device of the run: T x C x K x D (gpipe_sim.mesh)."""
     return total_devices(p.stages * p.data_parallel, p)
 
 

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from gpipe_sim.frameworks.common import Written, chunk_sizes, devices, micro_batch_size
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad"}  # of DeepSpeed's DEEPSPEED_OPTIMIZERS
 

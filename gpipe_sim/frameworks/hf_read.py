@@ -6,14 +6,14 @@ import json
 
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.frameworks.common import Read, scenario_from
-from gpipe_sim.spec.hf_config import hf_model_fields
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.model.hf_config import hf_model_fields
+from gpipe_sim.scenario.scenario import Scenario
 
 SOURCE = "Hugging Face config.json"
 
 
 def read_hf(text: str, base: Scenario) -> Read:
-    """The base scenario with the config's model (`gpipe_sim.spec.hf_config.hf_model_fields`),
+    """The base scenario with the config's model (`gpipe_sim.model.hf_config.hf_model_fields`),
     one note for each key not taken as written; ScenarioError (one line) naming what is wrong."""
     try:
         data = json.loads(text)

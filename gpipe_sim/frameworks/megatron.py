@@ -16,8 +16,8 @@ from typing import Any
 
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.frameworks.common import Written, chunk_sizes, devices, micro_batch_size, transformer
-from gpipe_sim.spec.model import TransformerModel
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.model.model import TransformerModel
+from gpipe_sim.scenario.scenario import Scenario
 
 SCRIPT = "pretrain_gpt.py"
 # Megatron-LM's schedules: 1F1B with one model chunk per rank, interleaved 1F1B with several

@@ -10,7 +10,7 @@ from typing import Any
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.frameworks.common import Read, scenario_from, whole
 from gpipe_sim.frameworks.megatron import SCHEDULES, layout_sizes
-from gpipe_sim.spec.scenario import DTYPE_BYTES, Scenario
+from gpipe_sim.scenario.scenario import DTYPE_BYTES, Scenario
 
 VALUE_FLAGS = (
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--pipeline-model-parallel-layout",

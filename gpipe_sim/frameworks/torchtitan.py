@@ -15,9 +15,9 @@ from typing import Any
 
 from gpipe_sim.frameworks.common import Written, chunk_sizes, micro_batch_size, transformer
 from gpipe_sim.plan.sharding import shard_degree
-from gpipe_sim.spec.architectures import ARCHITECTURES
-from gpipe_sim.spec.model import TransformerModel
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.model.architectures import ARCHITECTURES
+from gpipe_sim.model.model import TransformerModel
+from gpipe_sim.scenario.scenario import Scenario
 
 # gpipe-sim's schedule families as torch.distributed.pipelining names them
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",

@@ -9,10 +9,10 @@ from typing import Any
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.frameworks.common import Read, scenario_from, whole
 from gpipe_sim.frameworks.torchtitan import EMBEDDING, FLAVORS, HEAD, OPTIMIZERS, PRECISION, SCHEDULE_NAMES
-from gpipe_sim.spec.architectures import expand_architecture
-from gpipe_sim.spec.model import TransformerModel
+from gpipe_sim.model.architectures import expand_architecture
+from gpipe_sim.model.model import TransformerModel
 from gpipe_sim.schedule import SCHEDULES
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 SOURCE = "torchtitan TOML"
 SCHEDULES_BY_NAME = {name: family for family, name in SCHEDULE_NAMES.items()}

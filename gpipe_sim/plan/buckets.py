@@ -26,9 +26,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from gpipe_sim.schedule import Kind
-from gpipe_sim.spec.costs import layer_pass_times
-from gpipe_sim.spec.model import LayerSpec
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.costs.layer_time import layer_pass_times
+from gpipe_sim.model.model import LayerSpec
+from gpipe_sim.scenario.scenario import Scenario
 
 # Megatron-LM's default bucket (DistributedDataParallelConfig.bucket_size None): max(40M, 1M x D)
 # parameters, "larger DP sizes need larger buckets to ensure collectives do not become latency-bound"

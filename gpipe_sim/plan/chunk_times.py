@@ -10,10 +10,10 @@ import numpy as np
 from gpipe_sim.plan.context_parallel import combined, ring_work
 from gpipe_sim.plan.experts import all_to_all_work
 from gpipe_sim.plan.tensor_parallel import collective_work
-from gpipe_sim.spec.costs import layer_pass_times, measured_host_seconds
-from gpipe_sim.spec.gpu_model import StreamWork
-from gpipe_sim.spec.model import LayerSpec
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.costs.layer_time import layer_pass_times, measured_host_seconds
+from gpipe_sim.costs.gpu_model import StreamWork
+from gpipe_sim.model.model import LayerSpec
+from gpipe_sim.scenario.scenario import Scenario
 
 
 def chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, device: int,

@@ -15,9 +15,9 @@ from gpipe_sim.plan.links import transfer_link_keys
 from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
 from gpipe_sim.plan.buckets import overlap_profiles
 from gpipe_sim.plan.replicas import data_parallel_groups
-from gpipe_sim.spec.mesh import gradient_group, total_devices
+from gpipe_sim.mesh import gradient_group, total_devices
 from gpipe_sim.plan.chunk_times import chunk_times
-from gpipe_sim.spec.context_parallel import local_model
+from gpipe_sim.model.context_parallel import local_model
 from gpipe_sim.plan.sharding import (bytes_per_param, fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes,
                                      shard_degree)
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
@@ -25,15 +25,15 @@ from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScenarioError, ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
-from gpipe_sim.spec.costs import layer_pass_times, layer_seconds, update_seconds
-from gpipe_sim.spec.layers import input_bytes_per_sample
-from gpipe_sim.spec.limits import MAX_PASSES
+from gpipe_sim.costs.layer_time import layer_pass_times, layer_seconds, update_seconds
+from gpipe_sim.model.layers import input_bytes_per_sample
+from gpipe_sim.schema.limits import MAX_PASSES
 from gpipe_sim.plan.layer_table import held_parameters, scenario_layers
-from gpipe_sim.spec.fp8 import check_fp8
-from gpipe_sim.spec.recompute import per_layer, recompute_peak_bytes
-from gpipe_sim.spec.model import LayerSpec
-from gpipe_sim.spec.files import shown_path
-from gpipe_sim.spec.scenario import OPTIMIZER_SCRATCH, Scenario, read_schedule_csv
+from gpipe_sim.costs.fp8 import check_fp8
+from gpipe_sim.model.recompute import per_layer, recompute_peak_bytes
+from gpipe_sim.model.model import LayerSpec
+from gpipe_sim.schema.files import shown_path
+from gpipe_sim.scenario.scenario import OPTIMIZER_SCRATCH, Scenario, read_schedule_csv
 
 
 
@@ -506,7 +506,7 @@ def input_pass_bytes(layers: Sequence[LayerSpec]) -> float:
 
 
 def _expert_params(plan: Plan) -> list[int]:
-    """Per chunk, its layers' routed experts' parameters (gpipe_sim.spec.experts)."""
+    """Per chunk, its layers' routed experts' parameters (gpipe_sim.model.experts)."""
     return [sum(layer.expert_params for layer in plan.layers[ch.first_layer:ch.last_layer + 1]) for ch in plan.chunks]
 
 

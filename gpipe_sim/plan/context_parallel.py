@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from gpipe_sim.spec.block_shape import BlockShape
-from gpipe_sim.spec.context_parallel import local_model, ring_bytes_per_sample
-from gpipe_sim.spec.gpu_model import StreamWork, flash_seconds
-from gpipe_sim.spec.hardware import Hardware
-from gpipe_sim.spec.kernels import Flash
-from gpipe_sim.spec.mesh import context_members
-from gpipe_sim.spec.model import TransformerModel
-from gpipe_sim.spec.recompute import checkpointed_layers
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.model.block_shape import BlockShape
+from gpipe_sim.model.context_parallel import local_model, ring_bytes_per_sample
+from gpipe_sim.costs.gpu_model import StreamWork, flash_seconds
+from gpipe_sim.hardware.hardware import Hardware
+from gpipe_sim.model.kernels import Flash
+from gpipe_sim.mesh import context_members
+from gpipe_sim.model.model import TransformerModel
+from gpipe_sim.model.recompute import checkpointed_layers
+from gpipe_sim.scenario.scenario import Scenario
 
 
 def cp_link(hardware: Hardware, tp: int, cp: int, device: int) -> tuple[float, float]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from gpipe_sim.spec.costs import layer_seconds
-from gpipe_sim.spec.experts import routed_rows
-from gpipe_sim.spec.gpu_model import StreamWork
-from gpipe_sim.spec.hardware import Hardware
-from gpipe_sim.spec.mesh import devices_per_rank
-from gpipe_sim.spec.model import LayerSpec, TransformerModel
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.costs.layer_time import layer_seconds
+from gpipe_sim.model.experts import routed_rows
+from gpipe_sim.costs.gpu_model import StreamWork
+from gpipe_sim.hardware.hardware import Hardware
+from gpipe_sim.mesh import devices_per_rank
+from gpipe_sim.model.model import LayerSpec, TransformerModel
+from gpipe_sim.scenario.scenario import Scenario
 
 # the schedules that run one micro-batch's forward beside another's backward and hide each one's
 # all-to-alls behind the other's compute (DeepSeek-V3's DualPipe, section 3.2.1; DualPipeV its V form)

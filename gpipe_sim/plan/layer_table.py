@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from gpipe_sim.spec.context_parallel import local_model, ring_attention_layers
-from gpipe_sim.spec.fp8 import FP8, fp8_layers
-from gpipe_sim.spec.layers import build_layers, selective_bytes_per_token
-from gpipe_sim.spec.model import LayerSpec, TransformerModel
-from gpipe_sim.spec.model_flops import tied_parameters
-from gpipe_sim.spec.recompute import per_layer, recompute_layers
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.model.context_parallel import local_model, ring_attention_layers
+from gpipe_sim.costs.fp8 import FP8, fp8_layers
+from gpipe_sim.model.layers import build_layers, selective_bytes_per_token
+from gpipe_sim.model.model import LayerSpec, TransformerModel
+from gpipe_sim.model.model_flops import tied_parameters
+from gpipe_sim.model.recompute import per_layer, recompute_layers
+from gpipe_sim.scenario.scenario import Scenario
 
 
 def scenario_layers(scenario: Scenario) -> list[LayerSpec]:
     """The scenario's layer table as its devices run it: one of T x C devices' share (the layers
-    split over T, the sequence over C: gpipe_sim.spec.context_parallel; a mixture of experts'
-    experts over E: gpipe_sim.spec.experts), the blocks as
-    `pipeline.remat` checkpoints them (gpipe_sim.spec.recompute)."""
+    split over T, the sequence over C: gpipe_sim.model.context_parallel; a mixture of experts'
+    experts over E: gpipe_sim.model.experts), the blocks as
+    `pipeline.remat` checkpoints them (gpipe_sim.model.recompute)."""
     return layer_table(scenario, scenario.pipeline.tensor_parallel, scenario.pipeline.remat,
                        scenario.pipeline.context_parallel)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpipe_sim.spec.hardware import Hardware
+from gpipe_sim.hardware.hardware import Hardware
 
 
 def transfer_link_keys(hardware: Hardware, a: np.ndarray, b: np.ndarray, n_dev: int, per_node: int) -> np.ndarray:

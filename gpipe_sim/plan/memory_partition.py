@@ -10,7 +10,7 @@ import numpy as np
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.plan.balance import balance_by_count, balance_by_weight, check_stages
 from gpipe_sim.plan.held import MemoryTable
-from gpipe_sim.spec.units import format_bytes
+from gpipe_sim.schema.units import format_bytes
 
 
 class _RangeMax:

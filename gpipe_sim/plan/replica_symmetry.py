@@ -19,7 +19,7 @@ import numpy as np
 
 from gpipe_sim.plan.links import ring_link_keys, transfer_link_keys
 from gpipe_sim.schedule import Kind, Schedule
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 
 class ReplicaSymmetry(NamedTuple):

@@ -13,10 +13,10 @@ from gpipe_sim.plan.buckets import bucket_bytes, gathered_forward_delay, overlap
 from gpipe_sim.plan.links import ring_link_keys
 from gpipe_sim.plan.sharding import Ring, rank_rings, replica_ring
 from gpipe_sim.schedule import Kind, ProgramColumns
-from gpipe_sim.spec.hardware import Link
-from gpipe_sim.spec.mesh import context_members, expert_gradient_group, gradient_group
-from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.spec.tensor_parallel import ALL_REDUCE, collective_seconds
+from gpipe_sim.hardware.hardware import Link
+from gpipe_sim.mesh import context_members, expert_gradient_group, gradient_group
+from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.model.tensor_parallel import ALL_REDUCE, collective_seconds
 
 
 def ring_allreduce_seconds(nbytes: float, members: int, bandwidth: float, latency_s: float) -> float:
@@ -44,7 +44,7 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     order; a group's seconds then run from that pass's start to the end of its bucketed reduction
     (and ZeRO-1's parameter gather, or with `overlap_param_gather` what it delays the forward:
     gpipe_sim.plan.buckets). `chunk_expert_params`: of each chunk's parameters, its routed
-    experts' (gpipe_sim.spec.experts): without overlap their gradients are a second all-reduce,
+    experts' (gpipe_sim.model.experts): without overlap their gradients are a second all-reduce,
     over the D x C / E devices that hold the same experts (`expert_gradient_group`), on the same
     link; with overlap every bucket is reduced over D x C (an upper bound for the experts')."""
     p = scenario.pipeline

@@ -3,7 +3,7 @@
 Bytes a rank holds per parameter (`bytes_per_param`), with g the gradient and w the weight in the
 training dtype, s the optimizer states plus the fp32 master copy (none in fp32 training), D the
 replicas and S the shard group (D, or with `shard_within_node` the replicas sharing a node); under
-`training.dtype: fp8` w counts the weights' FP8 copies too (gpipe_sim.spec.fp8) but for ZeRO-3
+`training.dtype: fp8` w counts the weights' FP8 copies too (gpipe_sim.costs.fp8) but for ZeRO-3
 without pipelining, whose gathered units the passes hold:
 
     zero 0:  w + g + s                          (PyTorch DDP, Megatron-LM without its distributed optimizer)
@@ -36,10 +36,10 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.fp8 import FP8, FP8_WEIGHT_BYTES
-from gpipe_sim.spec.model import LayerSpec
-from gpipe_sim.spec.scenario import Scenario, Training
-from gpipe_sim.spec.tensor_parallel import ALL_REDUCE, collective_seconds
+from gpipe_sim.costs.fp8 import FP8, FP8_WEIGHT_BYTES
+from gpipe_sim.model.model import LayerSpec
+from gpipe_sim.scenario.scenario import Scenario, Training
+from gpipe_sim.model.tensor_parallel import ALL_REDUCE, collective_seconds
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpipe_sim.schedule import Kind
-from gpipe_sim.spec.context_parallel import local_model
-from gpipe_sim.spec.gpu_model import StreamWork
-from gpipe_sim.spec.hardware import Hardware
-from gpipe_sim.spec.model import TransformerModel
-from gpipe_sim.spec.recompute import recompute_collectives
-from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.spec.tensor_parallel import Collectives, collective_seconds, transformer_collectives
+from gpipe_sim.model.context_parallel import local_model
+from gpipe_sim.costs.gpu_model import StreamWork
+from gpipe_sim.hardware.hardware import Hardware
+from gpipe_sim.model.model import TransformerModel
+from gpipe_sim.model.recompute import recompute_collectives
+from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.model.tensor_parallel import Collectives, collective_seconds, transformer_collectives
 
 
 def tp_ring(hardware: Hardware, tp: int, device: int) -> tuple[float, float]:

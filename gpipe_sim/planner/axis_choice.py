@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.schema.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from gpipe_sim.planner.search import PlanEntry, PlanSearch

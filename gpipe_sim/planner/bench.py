@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 from gpipe_sim.planner.report import config_text
 from gpipe_sim.planner.search import PlanOptions, PlanSearch, search_configurations
 

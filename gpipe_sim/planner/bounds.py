@@ -16,16 +16,16 @@ from gpipe_sim.plan.sharding import bytes_per_param
 from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
 from gpipe_sim.schedule.lower import build_schedule, saves_activations
 from gpipe_sim.schedule.registry import looped
-from gpipe_sim.spec.costs import layer_pass_times, update_seconds
-from gpipe_sim.spec.gpu_model import StreamWork
+from gpipe_sim.costs.layer_time import layer_pass_times, update_seconds
+from gpipe_sim.costs.gpu_model import StreamWork
 from gpipe_sim.plan.context_parallel import combined, ring_layer_work
 from gpipe_sim.plan.tensor_parallel import stream_work, tp_ring
-from gpipe_sim.spec.context_parallel import local_model
+from gpipe_sim.model.context_parallel import local_model
 from gpipe_sim.plan.layer_table import layer_table
-from gpipe_sim.spec.recompute import per_layer, recompute_collectives
-from gpipe_sim.spec.model import TransformerModel
-from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.spec.tensor_parallel import Collectives, transformer_collectives
+from gpipe_sim.model.recompute import per_layer, recompute_collectives
+from gpipe_sim.model.model import TransformerModel
+from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.model.tensor_parallel import Collectives, transformer_collectives
 from gpipe_sim.planner.space import Candidate
 
 _SLACK = 1.0 - 1e-9  # bounds are sums in another order than the simulator's: keep them strictly below
@@ -158,7 +158,7 @@ class CostTable:
         out = []
         for r in range(K):
             # Megatron-LM's order: a stage's replicas side by side, each on T x C devices, its C
-            # context-parallel ranks T apart (gpipe_sim.spec.mesh)
+            # context-parallel ranks T apart (gpipe_sim.mesh)
             ring = [T * C * (r * D + d) + c * T for d in range(D) for c in range(C)]
             within = len({device // per_node for device in ring}) == 1
             links = [hw.link, network] if placed else [hw.link if within else network]

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.frameworks.command import add_emit_option
-from gpipe_sim.spec.overrides import add_set_option
-from gpipe_sim.spec.units import parse_quantity
+from gpipe_sim.scenario.overrides import add_set_option
+from gpipe_sim.schema.units import parse_quantity
 
 MAX_DEVICES = 1 << 17
 
@@ -110,7 +110,7 @@ def _write(flag: str, path: str, write: Callable[[], None]) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Exit 0 with the ranked table; 1 when no configuration fits (the smallest peak is named);
     2 on bad input (one line naming the option)."""
-    from gpipe_sim.spec.command_scenario import load_command_scenario
+    from gpipe_sim.scenario.command_scenario import load_command_scenario
     from gpipe_sim.planner.report import plan_json, plan_text, write_csv, write_html
     from gpipe_sim.planner.search import (DEFAULT_RESERVE, TIE, PlanOptions, check_options, device_layouts,
                                           search_configurations)

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from gpipe_sim.api import model_figures
 from gpipe_sim.results.result import NO_FIGURES, ModelFigures
-from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.schema.units import format_bytes, format_seconds
 from gpipe_sim.planner.search import PlanEntry, PlanSearch, family
 from gpipe_sim.planner.run_table import entry_run, run_cells, run_dict, table_run_columns
 from gpipe_sim.results.run_cost import run_columns
 from gpipe_sim.planner.axis_choice import axis_text
 from gpipe_sim.planner.tp_choice import cp_text, ep_text, searched_cp, searched_ep, searched_tp, tp_text
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -7,7 +7,7 @@ from typing import Any
 from gpipe_sim.planner.entries import PlanEntry
 from gpipe_sim.results.result import ModelFigures
 from gpipe_sim.results.run_cost import RunCost, money, scenario_run_cost
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 
 def entry_run(base: Scenario, e: PlanEntry, figures: ModelFigures) -> RunCost | None:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import compile_plan
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
     CostTable, Work, candidate_work, chunk_placement, coarse_bounds, held_memory_bound, held_samples,
     memory_lower_bound, min_max_partition, program_step_bound, quick_counts, step_lower_bound,

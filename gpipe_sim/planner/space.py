@@ -10,9 +10,9 @@ from typing import Any, Mapping, NamedTuple
 
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.schedule import SCHEDULES, Kind, build_schedule
-from gpipe_sim.spec.recompute import per_layer, remat_problem
-from gpipe_sim.spec import limits
-from gpipe_sim.spec.scenario import PARTITION_METHODS, REMAT_MODES, ZERO_STAGES, Scenario
+from gpipe_sim.model.recompute import per_layer, remat_problem
+from gpipe_sim.schema import limits
+from gpipe_sim.scenario.scenario import PARTITION_METHODS, REMAT_MODES, ZERO_STAGES, Scenario
 
 DEFAULT_PARTITIONS = ("uniform", "time")
 # Step times within this share of the fastest are a tie: the model cannot tell them apart
@@ -194,7 +194,7 @@ def check_options(options: PlanOptions) -> None:
 
 def device_pairs(base: Scenario, options: PlanOptions, tensor_parallel: int = 1) -> list[tuple[int, int]]:
     """(D, K) pairs with T x D x K = N (or <= N with `fewer_devices`) that the batch and layers allow."""
-    from gpipe_sim.spec.layers import layer_count
+    from gpipe_sim.model.layers import layer_count
 
     layers = layer_count(base.model)
     batch = base.pipeline.batch_size
@@ -221,7 +221,7 @@ def tensor_parallel_values(base: Scenario, options: PlanOptions) -> list[int]:
     values, up to N (a T of several whole nodes, its collectives over the network, included)."""
     from types import SimpleNamespace
 
-    from gpipe_sim.spec.tensor_parallel import tensor_parallel_problem
+    from gpipe_sim.model.tensor_parallel import tensor_parallel_problem
 
     hw = base.hardware
     # the candidate places itself (an explicit device map of the base is cleared for another T)
@@ -239,7 +239,7 @@ def context_parallel_values(base: Scenario, options: PlanOptions, tensor_paralle
     nodes take it (`context_parallel_problem`: flash attention, 2C chunks, T x C tiling nodes)."""
     from types import SimpleNamespace
 
-    from gpipe_sim.spec.context_parallel import context_parallel_problem
+    from gpipe_sim.model.context_parallel import context_parallel_problem
 
     placed = SimpleNamespace(devices_per_node=base.hardware.devices_per_node, placement=None, stage_to_device=None)
     most = options.devices // tensor_parallel
@@ -315,7 +315,7 @@ def candidate_space(base: Scenario, options: PlanOptions,
     problem = remat_problem(base.model, asked[0]) if asked else None
     if problem:  # asked for by name: refused, not left out
         raise ScenarioError(f"--remat: {problem.split(': ', 1)[1]}")
-    from gpipe_sim.spec.layers import layer_count
+    from gpipe_sim.model.layers import layer_count
 
     layers = layer_count(base.model)
     batch = base.pipeline.batch_size

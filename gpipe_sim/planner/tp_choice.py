@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable
 
-from gpipe_sim.spec.units import format_bytes, format_seconds
+from gpipe_sim.schema.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from gpipe_sim.planner.search import PlanEntry, PlanSearch

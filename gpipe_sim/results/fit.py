@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gpipe_sim.spec.units import format_bytes
+from gpipe_sim.schema.units import format_bytes
 
 MAX_RANGES = 4  # beyond, the devices are counted rather than listed
 

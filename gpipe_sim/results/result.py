@@ -179,7 +179,7 @@ class ModelFigures:
     inputs of `Result.tokens_per_s`, `tflops_per_device` and `mfu` (`gpipe_sim.api.model_figures`).
 
     `model_flops_per_step`: the model FLOPs of one training step, re-computation NOT counted: for
-    the transformer preset Megatron-LM's count (`gpipe_sim.spec.model_flops`: its GEMMs and causal
+    the transformer preset Megatron-LM's count (`gpipe_sim.model.model_flops`: its GEMMs and causal
     attention, 3x the forward), for other models the batch's forward and backward passes as the
     layer table counts them (sum over layers of forward + backward FLOPs per sample, times the
     batch size). None where a layer gives no FLOPs (timed in seconds). `palm_flops_per_step`: the

@@ -18,11 +18,11 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpipe_sim.spec.training_run import Goodput
-from gpipe_sim.spec.units import format_seconds
+from gpipe_sim.scenario.training_run import Goodput
+from gpipe_sim.schema.units import format_seconds
 
 if TYPE_CHECKING:
-    from gpipe_sim.spec.scenario import Scenario
+    from gpipe_sim.scenario.scenario import Scenario
 
 HOUR_S = 3600.0
 DAY_S = 86400.0

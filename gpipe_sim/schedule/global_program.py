@@ -67,7 +67,7 @@ def global_program(schedule: Schedule, replicas: int, held: int | None = None,
     holds, S (default all D; 1: replica 0 alone, whose all-reduces stand for D replicas');
     `overlap`: each all-reduce starts with its chunk's last backward pass (`with_collectives`).
     `reduced`: whether the gradients are reduced at all (default D > 1; context parallelism reduces
-    them over D x C devices, so one replica does too: gpipe_sim.spec.mesh.gradient_group)."""
+    them over D x C devices, so one replica does too: gpipe_sim.mesh.gradient_group)."""
     D, M, C = replicas, schedule.micro_batches, schedule.num_chunks
     reduced = D > 1 if reduced is None else reduced
     S = D if held is None else held

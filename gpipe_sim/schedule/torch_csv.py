@@ -6,7 +6,7 @@ backward that torch runs together; run here one after the other), the comms form
 `0SEND_F1` / `1RECV_F1` / `SEND_B` / `RECV_B` (dropped: the lowering adds transfers itself),
 and `0REDUCE_GRAD`, `0UNSHARD`, `0RESHARD` (skipped, with a note). Empty cells are idle slots.
 A torch stage is a chunk here, and the rank whose row runs it is where it lives. Files are read by
-`gpipe_sim.spec.scenario.read_schedule_csv` (the scenario's `pipeline.schedule.csv`) and written by
+`gpipe_sim.scenario.scenario.read_schedule_csv` (the scenario's `pipeline.schedule.csv`) and written by
 `gpipe-sim schedule --csv`.
 """
 

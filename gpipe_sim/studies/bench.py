@@ -25,7 +25,7 @@ from gpipe_sim.engines.simpy_engine import run_simpy
 from gpipe_sim.engines.reference import straightforward_simpy
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import COMPUTE_KINDS
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 from gpipe_sim.waits import spread, timed_child
 
 
@@ -106,7 +106,7 @@ def _cases(stages: int, micro_batches: int) -> list[tuple[str, dict[str, object]
 _IN_PROCESS = """
 import sys, time, yaml
 from gpipe_sim.api import simulate
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 scenario = parse_scenario(yaml.safe_load(open(sys.argv[1])))
 best = float("inf")
 for _ in range(int(sys.argv[2])):
@@ -122,7 +122,7 @@ _EVALUATOR = """
 import json, sys, time
 from gpipe_sim.engines.fast import evaluate_fast
 from gpipe_sim.plan.compile import compile_plan
-from gpipe_sim.spec.scenario import parse_scenario
+from gpipe_sim.scenario.scenario import parse_scenario
 best = {}
 for label, scenario, repeat in json.loads(sys.stdin.read()):
     plan = compile_plan(parse_scenario(scenario))

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.spec.overrides import add_set_option
+from gpipe_sim.scenario.overrides import add_set_option
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -56,7 +56,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_max_model(args: argparse.Namespace) -> int:
-    from gpipe_sim.spec.scenario import load_scenario
+    from gpipe_sim.scenario.scenario import load_scenario
     from gpipe_sim.studies.maxmodel import find_max_model, max_model_text
 
     scenario = load_scenario(args.scenario, args.set)

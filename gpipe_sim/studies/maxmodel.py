@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpipe_sim.errors import GpipeError, ScenarioError
-from gpipe_sim.spec.layers import describe_layer_count
-from gpipe_sim.spec.model import AmoebaNetModel, TransformerModel
-from gpipe_sim.spec.scenario import Scenario
-from gpipe_sim.spec.units import format_bytes
+from gpipe_sim.model.layers import describe_layer_count
+from gpipe_sim.model.model import AmoebaNetModel, TransformerModel
+from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.schema.units import format_bytes
 
 DEFAULT_LIMIT = 2**16
 SHORT_NAMES = {"width": ("width", "d_model", "filters", "channels")}

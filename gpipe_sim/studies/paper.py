@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.studies.maxmodel import find_max_model, measure
-from gpipe_sim.spec.scenario import Scenario, load_scenario
+from gpipe_sim.scenario.scenario import Scenario, load_scenario
 
 PAPER_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "paper"  # package data
 GB = {"GB": 1e9, "GiB": 2.0**30}

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from gpipe_sim.api import simulate
 from gpipe_sim.reference import H100_DIR, VTRAIN_CSV
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 
 CALIBRATION_CSV = VTRAIN_CSV
 BLOCK_JSONL = H100_DIR / "block.jsonl"
@@ -189,10 +189,10 @@ def _print_groups(groups: list[dict[str, Any]]) -> None:
 def block_check(path: Path = BLOCK_JSONL, hardware: str = "h100-sxm") -> dict[str, float]:
     """Per-block forward and forward+backward, predicted by the preset's kernel tables against the
     measured pre-LN GPT blocks (flash attention, dropout 0.1): held out, never fitted to."""
-    from gpipe_sim.spec.costs import layer_seconds
-    from gpipe_sim.spec.hardware import Hardware
-    from gpipe_sim.spec.layers import build_layers
-    from gpipe_sim.spec.model import TransformerModel
+    from gpipe_sim.costs.layer_time import layer_seconds
+    from gpipe_sim.hardware.hardware import Hardware
+    from gpipe_sim.model.layers import build_layers
+    from gpipe_sim.model.model import TransformerModel
 
     accel = Hardware.model_validate({"preset": hardware}).accelerator
     fwd_err, both_err, ratios = [], [], []

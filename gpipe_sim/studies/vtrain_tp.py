@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpipe_sim.api import simulate
-from gpipe_sim.spec.scenario import Scenario
+from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.reference import VTRAIN_TP_CSV
 from gpipe_sim.studies.vtrain import (VOCAB, Row, _print, accuracy, predict, read_csv_rows, read_rows,
                                       scenario_data)

@@ -57,7 +57,7 @@ def best_text(table: Any, axes: Sequence[str] = (), top: int = BEST_SHOWN) -> st
     from rich.table import Table
 
     from gpipe_sim.summary import render
-    from gpipe_sim.spec.units import format_bytes, format_seconds
+    from gpipe_sim.schema.units import format_bytes, format_seconds
 
     ran = table[table["status"] == "ok"] if len(table) else table
     if not len(ran):

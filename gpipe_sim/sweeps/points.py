@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError
-from gpipe_sim.spec.scenario import Scenario, parse_scenario
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 from gpipe_sim.sweeps.spec import SweepError, SweepSpec, base_file
 
 CHUNKS = "pipeline.chunks"
@@ -126,7 +126,7 @@ def given_fields(spec: SweepSpec, base_dir: Path = Path("."), overrides: Sequenc
     data: Any = spec.base
     path = base_file(spec, base_dir)
     if path is not None:
-        from gpipe_sim.spec.scenario import read_scenario_data
+        from gpipe_sim.scenario.scenario import read_scenario_data
 
         try:
             data = read_scenario_data(path)

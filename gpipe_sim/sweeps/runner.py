@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.results.run_cost import RUN_COLUMNS, run_columns
-from gpipe_sim.spec import limits
-from gpipe_sim.spec.scenario import Scenario, parse_scenario, set_dotted
+from gpipe_sim.schema import limits
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario, set_dotted
 from gpipe_sim.sweeps.points import SweepPoint
 from gpipe_sim.sweeps.spec import SCENARIO_SECTIONS
 

@@ -10,12 +10,12 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
-from gpipe_sim.spec import limits
-from gpipe_sim.spec.files import read_data_file
-from gpipe_sim.spec.scenario import (
+from gpipe_sim.schema import limits
+from gpipe_sim.schema.files import read_data_file
+from gpipe_sim.scenario.scenario import (
     parse_scenario_with_overrides, read_scenario_data, resolve_relative_paths, with_default_sections,
 )
-from gpipe_sim.spec.validation import describe_error
+from gpipe_sim.schema.validation import describe_error
 
 SCENARIO_SECTIONS = ("model", "hardware", "pipeline", "training")
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from gpipe_sim.errors import GpipeError, ScenarioError, first_line
-from gpipe_sim.spec import limits
+from gpipe_sim.schema import limits
 
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's safe loader where built (10x the Python one)
 _OPEN = (yaml.MappingStartEvent, yaml.SequenceStartEvent)

@@ -8,12 +8,12 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.architectures import ARCHITECTURES, expand_architecture
-from gpipe_sim.spec.hf_config import expand_hf_config
-from gpipe_sim.spec.fields import (Amount, BatchSize, CapacityFactor, Dimension, DropoutRate, Duration, ExpertCount,
+from gpipe_sim.model.architectures import ARCHITECTURES, expand_architecture
+from gpipe_sim.model.hf_config import expand_hf_config
+from gpipe_sim.schema.fields import (Amount, BatchSize, CapacityFactor, Dimension, DropoutRate, Duration, ExpertCount,
                                    Kernels, LayerCount, LayerCountOrNone, Params, TensorParallel, _Strict)
-from gpipe_sim.spec.limits import MAX_DIMENSION, MAX_LAYERS
-from gpipe_sim.spec.files import read_data_file
+from gpipe_sim.schema.limits import MAX_DIMENSION, MAX_LAYERS
+from gpipe_sim.schema.files import read_data_file
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,7 +45,7 @@ class LayerSpec(_Strict):
     name: Annotated[str, Field(max_length=1000)]
     params: Params = 0
     # Of `params`, those of routed experts (a mixture of experts' layer): their gradients are
-    # reduced over the expert-data-parallel group, D x C / E (gpipe_sim.spec.experts)
+    # reduced over the expert-data-parallel group, D x C / E (gpipe_sim.model.experts)
     expert_params: Params = 0
     # Parameters of its largest single tensor (an optimizer steps one tensor at a time: its
     # temporaries are that tensor's size); None: all of `params` in one tensor.
@@ -77,7 +77,7 @@ class LayerSpec(_Strict):
     # gpipe_sim counts once where both layers are in one chunk.
     saved_with_previous_bytes_per_sample: Amount = 0.0
     # Bytes its backward re-makes before it runs, beyond what it keeps (per-layer recomputation,
-    # `pipeline.remat: full | selective`: gpipe_sim.spec.recompute): held on top of the saved bytes
+    # `pipeline.remat: full | selective`: gpipe_sim.model.recompute): held on top of the saved bytes
     # while its backward (or input-gradient pass) runs, like a transient.
     recompute_bytes_per_sample: Amount = 0.0
     # Of its saved bytes, those its backward frees before the re-made ones are live (a block's
@@ -95,7 +95,7 @@ class LayerSpec(_Strict):
     timings: tuple[Timing, ...] = Field((), max_length=1000)
     kernels: Kernels = 1
     update_s: Duration | None = None
-    # The layer's kernels (gpipe_sim.spec.kernels.LayerKernels), which a GPU preset's tables
+    # The layer's kernels (gpipe_sim.model.kernels.LayerKernels), which a GPU preset's tables
     # price; set by the analytic presets, never read from or written to a table.
     ops: Any = Field(None, exclude=True, repr=False)
 
@@ -165,7 +165,7 @@ class TransformerModel(_Strict):
     position: Literal["learned", "rope"] = "learned"  # rope: rotary, no parameters
     tied_embeddings: bool = False  # the output projection is the token table
     bias: bool = True  # biases on the linear layers (Megatron-LM's --disable-bias-linear: false)
-    # Mixture of experts (gpipe_sim.spec.experts), as Megatron-LM's MoE layer: `experts` routed
+    # Mixture of experts (gpipe_sim.model.experts), as Megatron-LM's MoE layer: `experts` routed
     # MLPs of `expert_d_ff` (None: d_ff) in place of the MLP of every `moe_every`-th block after
     # the first `first_dense_layers` (dense), each token sent to `top_k` of them by a linear router
     # beside `shared_experts` always used; `capacity_factor`: each expert's tokens padded to that

@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, model_validator
 
-from gpipe_sim.spec import limits
-from gpipe_sim.spec.fields import Seconds, _bounded, _real, _Strict
-from gpipe_sim.spec.model import ModelSpec, TableModel, TransformerModel
-from gpipe_sim.spec.units import parse_count
+from gpipe_sim.schema import limits
+from gpipe_sim.schema.fields import Seconds, _bounded, _real, _Strict
+from gpipe_sim.model.model import ModelSpec, TableModel, TransformerModel
+from gpipe_sim.schema.units import parse_count
 
 
 def _token_count(value: Any) -> float:
@@ -19,8 +19,6 @@ def _token_count(value: Any) -> float:
 
 # `training.tokens`: the tokens to train on, a number or text with K, M, B or T ("15T", "300B").
 TokenCount = Annotated[float, BeforeValidator(_token_count)]
-# `hardware.price_per_device_hour`: an amount of any currency per device per hour (2.5).
-Price = Annotated[float, _real(high=limits.MAX_QUANTITY)]
 DeviceHours = Annotated[float, _real(high=limits.MAX_QUANTITY, low_open=True, unit=" device-hours")]
 
 

@@ -14,27 +14,27 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from gpipe_sim.errors import ScenarioError, ScheduleError, one_line
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.schedule.torch_csv import MAX_CSV_BYTES, TorchSchedule, parse_torch_csv
-from gpipe_sim.spec import limits
-from gpipe_sim.spec.fields import (
+from gpipe_sim.schema import limits
+from gpipe_sim.schema.fields import (
     BatchSize, ChunkCount, MicroBatchCount, PartCount, PositiveBytes, ReplicaCount, StageCount, TensorParallel,
     ContextParallel,
     _Strict, whole_number,
 )
-from gpipe_sim.spec.files import read_data_file, read_text_file, shown_path
-from gpipe_sim.spec.validation import describe_error, did_you_mean, error_location, user_key, valid_keys
-from gpipe_sim.spec.hardware import Hardware, megatron_placement
-from gpipe_sim.spec.layers import describe_layer_count, layer_count
-from gpipe_sim.spec.overrides import blame, parse_overrides
-from gpipe_sim.spec.tensor_parallel import tensor_parallel_problem
-from gpipe_sim.spec.context_parallel import context_parallel_problem
-from gpipe_sim.spec.experts import expert_parallel_problem
-from gpipe_sim.spec.mesh import devices_per_rank
-from gpipe_sim.spec.recompute import remat_problem
-from gpipe_sim.spec.model import MODEL_PRESETS, ModelSpec, TransformerModel
-from gpipe_sim.spec.training_run import Goodput, TokenCount, tokens_per_sample
+from gpipe_sim.schema.files import read_data_file, read_text_file, shown_path
+from gpipe_sim.schema.validation import describe_error, did_you_mean, error_location, user_key, valid_keys
+from gpipe_sim.hardware.hardware import Hardware, megatron_placement
+from gpipe_sim.model.layers import describe_layer_count, layer_count
+from gpipe_sim.scenario.overrides import blame, parse_overrides
+from gpipe_sim.model.tensor_parallel import tensor_parallel_problem
+from gpipe_sim.model.context_parallel import context_parallel_problem
+from gpipe_sim.model.experts import expert_parallel_problem
+from gpipe_sim.mesh import devices_per_rank
+from gpipe_sim.model.recompute import remat_problem
+from gpipe_sim.model.model import MODEL_PRESETS, ModelSpec, TransformerModel
+from gpipe_sim.scenario.training_run import Goodput, TokenCount, tokens_per_sample
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "default.yaml"  # package data
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # fp8: bf16 storage (gpipe_sim.spec.fp8)
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # fp8: bf16 storage (gpipe_sim.costs.fp8)
 OPTIMIZER_STATES: dict[str, int] = {"sgd": 0, "momentum": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2}
 # How an optimizer's step runs (torch.optim's implementations): one tensor at a time ("for_loop",
 # torch's default on CPU), on lists of all its tensors at once ("foreach", torch's default on CUDA),
@@ -53,7 +53,7 @@ OPTIMIZER_SCRATCH: dict[str, dict[str, int]] = {
     "fused": {"sgd": 0, "momentum": 0, "rmsprop": 0, "adagrad": 0, "adam": 0, "adamw": 0},
 }
 # Whole chunks re-computed (torchgpipe's modes: none, except_last, always) or blocks checkpointed
-# one by one (Megatron-LM's and torchtitan's: full, selective; gpipe_sim.spec.recompute)
+# one by one (Megatron-LM's and torchtitan's: full, selective; gpipe_sim.model.recompute)
 REMAT_MODES = ("none", "except_last", "always", "full", "selective")
 ZERO_STAGES = (0, 1, 2, 3)  # training.zero (gpipe_sim.plan.sharding)
 PARTITION_METHODS = ("uniform", "time", "memory", "fit")
@@ -80,15 +80,15 @@ class Pipeline(_Strict):
     stages: StageCount = 4  # K: pipeline ranks (devices in the pipeline)
     chunks: ChunkCount = 1  # v: model chunks per rank (interleaved and V-shaped schedules)
     data_parallel: ReplicaCount = 1  # D: replicas of the K-rank pipeline, the global batch split over them
-    # T: each rank's layers split over T devices the Megatron way (gpipe_sim.spec.tensor_parallel);
+    # T: each rank's layers split over T devices the Megatron way (gpipe_sim.model.tensor_parallel);
     # sequence_parallel: the replicated activations (layernorms, residuals) sharded over them too.
     tensor_parallel: TensorParallel = 1
     sequence_parallel: bool = False
     # C: each sample's sequence split over C devices (Megatron-LM's --context-parallel-size; keys and
-    # values passed around them: gpipe_sim.spec.context_parallel); the gradients reduced over D x C.
+    # values passed around them: gpipe_sim.model.context_parallel); the gradients reduced over D x C.
     context_parallel: ContextParallel = 1
     # E: a mixture of experts' experts spread over E devices of the data-parallel group (Megatron-LM's
-    # --expert-model-parallel-size), tokens exchanged by all-to-all (gpipe_sim.spec.experts)
+    # --expert-model-parallel-size), tokens exchanged by all-to-all (gpipe_sim.model.experts)
     expert_parallel: ContextParallel = 1
     micro_batches: MicroBatchCount = 8
     batch_size: BatchSize = 64
@@ -337,7 +337,7 @@ class Scenario(_Strict):
         """Which device runs each global rank d*K + r (replica d, pipeline rank r): `hardware.placement`,
         else `stage_to_device` (one replica), else Megatron-LM's order (the identity for one replica).
         With tensor parallelism T and context parallelism C a rank occupies T x C consecutive devices
-        and this is the first of them (Megatron-LM's order, gpipe_sim.spec.mesh: tensor-parallel
+        and this is the first of them (Megatron-LM's order, gpipe_sim.mesh: tensor-parallel
         ranks innermost, then context-parallel, so a rank's T devices share a node)."""
         if self.hardware.placement is not None:
             return tuple(device for row in self.hardware.placement for device in row)
@@ -354,7 +354,7 @@ class Scenario(_Strict):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def with_overrides(self, overrides: Sequence[str] | None) -> "Scenario":
-        """A copy with command-line `--set KEY=VALUE` items applied (see gpipe_sim.spec.overrides)."""
+        """A copy with command-line `--set KEY=VALUE` items applied (see gpipe_sim.scenario.overrides)."""
         return parse_scenario_with_overrides(self.to_dict(), overrides) if overrides else self
 
     def with_updates(self, updates: dict[str, Any]) -> "Scenario":
@@ -509,7 +509,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] | None = None) -> S
     """Read and validate a scenario YAML (or JSON) file; raise ScenarioError on any problem.
 
     `overrides` are command-line `--set KEY=VALUE` items, applied before validation (so they may
-    also mend a file that is invalid on its own); see `gpipe_sim.spec.overrides`."""
+    also mend a file that is invalid on its own); see `gpipe_sim.scenario.overrides`."""
     data = read_scenario_data(path)
     return parse_scenario_with_overrides(data, overrides) if overrides else parse_scenario(data)
 

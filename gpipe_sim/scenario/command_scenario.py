@@ -6,8 +6,8 @@ import sys
 from typing import Sequence
 
 from gpipe_sim.errors import one_line
-from gpipe_sim.spec.fp8 import DERIVED_NOTE, FP8
-from gpipe_sim.spec.scenario import DEFAULT_SCENARIO, Scenario, load_scenario, read_schedule_csv
+from gpipe_sim.costs.fp8 import DERIVED_NOTE, FP8
+from gpipe_sim.scenario.scenario import DEFAULT_SCENARIO, Scenario, load_scenario, read_schedule_csv
 
 
 def load_command_scenario(path: str | None, overrides: Sequence[str] | None = None) -> Scenario:
@@ -22,7 +22,7 @@ def load_command_scenario(path: str | None, overrides: Sequence[str] | None = No
 
 def write_derived_notes(scenario: Scenario) -> None:
     """One line on stderr for each figure the scenario prices from derived rather than measured
-    tables (FP8 GEMMs: gpipe_sim.spec.fp8)."""
+    tables (FP8 GEMMs: gpipe_sim.costs.fp8)."""
     if scenario.training.dtype == FP8:
         sys.stderr.write(f"gpipe-sim: note: {DERIVED_NOTE}\n")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
-from gpipe_sim.spec.block_shape import BlockShape
+from gpipe_sim.model.block_shape import BlockShape
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Flash:
     head_dim: int
     causal: bool = True
     backward: bool = False
-    # Context parallelism's ring (gpipe_sim.spec.context_parallel): the kernel runs once per step,
+    # Context parallelism's ring (gpipe_sim.model.context_parallel): the kernel runs once per step,
     # each step `seq` queries against `seq` keys, half of them masked as in causal attention.
     steps: int = 1
 
@@ -159,7 +159,7 @@ def transformer_block(d: int, f: int, s: int, heads: int, attention: str, dropou
     fc2 row-parallel (k / T), heads / T; norms, dropouts and residual adds on whole tokens unless
     `sequence_parallel` (then on s / T of them). `shape`: the device's sizes where the block is not
     a GPT block of these sizes (grouped keys and values, SwiGLU, no biases, RMSNorm). `mlp`: the
-    (forward, backward) kernels in place of the MLP's (a mixture of experts: gpipe_sim.spec.experts)."""
+    (forward, backward) kernels in place of the MLP's (a mixture of experts: gpipe_sim.model.experts)."""
     b = shape or BlockShape(d=d, f=f, s=s, head_dim=d // heads, heads=heads // tp, kv_heads=heads // tp,
                             mlp_matrices=2, bias=True, norm_params=2 * d, tp=tp)
     hd, a = b.head_dim, b.heads

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gpipe_sim.spec.block_shape import kv_heads_problem
-from gpipe_sim.spec.mesh import rank_layout_problem
-from gpipe_sim.spec.model import ModelSpec, TableModel, TransformerModel
+from gpipe_sim.model.block_shape import kv_heads_problem
+from gpipe_sim.mesh import rank_layout_problem
+from gpipe_sim.model.model import ModelSpec, TableModel, TransformerModel
 
 # A reduce-scatter or an all-gather of B bytes moves half what a ring all-reduce of B bytes moves
 # ((T-1)/T x B each way against 2(T-1)/T x B) in half its steps.

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.files import read_text_file, shown_path
-from gpipe_sim.spec.limits import MAX_FILE_BYTES
+from gpipe_sim.schema.files import read_text_file, shown_path
+from gpipe_sim.schema.limits import MAX_FILE_BYTES
 
 FIELD = "model.hf_config"
 Fields = tuple[dict[str, Any], list[str]]  # the preset's fields, one note per key not taken as written

@@ -1,6 +1,6 @@
 """Typed scenario field kinds (quantities with units, bounded numbers and counts) and the strict base
 model. Every kind refuses NaN, infinity where it means nothing, and magnitudes beyond the limits in
-`gpipe_sim.spec.limits`, naming the limit."""
+`gpipe_sim.schema.limits`, naming the limit."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from gpipe_sim.spec import limits
-from gpipe_sim.spec.limits import count, number
-from gpipe_sim.spec.units import parse_quantity
+from gpipe_sim.schema import limits
+from gpipe_sim.schema.limits import count, number
+from gpipe_sim.schema.units import parse_quantity
 
 _UNIT = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOP/s", "seconds": "s"}
 
@@ -142,3 +142,7 @@ DeviceId = Annotated[int, _integer(low=0, high=limits.MAX_DEVICE_ID, what="")]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# `hardware.price_per_device_hour`: an amount of any currency per device per hour (2.5).
+Price = Annotated[float, _real(high=limits.MAX_QUANTITY)]

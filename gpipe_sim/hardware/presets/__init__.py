@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from gpipe_sim.spec.files import YAML_LOADER
+from gpipe_sim.schema.files import YAML_LOADER
 
 
 @lru_cache(maxsize=1)

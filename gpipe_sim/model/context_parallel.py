@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gpipe_sim.spec.block_shape import BlockShape
-from gpipe_sim.spec.kernels import Flash, LayerKernels
-from gpipe_sim.spec.mesh import rank_layout_problem
-from gpipe_sim.spec.model import LayerSpec, ModelSpec, TransformerModel
+from gpipe_sim.model.block_shape import BlockShape
+from gpipe_sim.model.kernels import Flash, LayerKernels
+from gpipe_sim.mesh import rank_layout_problem
+from gpipe_sim.model.model import LayerSpec, ModelSpec, TransformerModel
 
 
 def context_parallel_problem(model: ModelSpec, cp: int, tp: int, hardware: Any) -> str | None:

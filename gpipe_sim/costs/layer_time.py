@@ -7,10 +7,10 @@ from typing import Sequence
 
 import numpy as np
 
-from gpipe_sim.spec.gpu_model import NO_STREAM_WORK, StreamWork, layer_pass_seconds, step_seconds
-from gpipe_sim.spec.hardware import Accelerator
-from gpipe_sim.spec.kernels import LayerKernels
-from gpipe_sim.spec.model import LayerSpec
+from gpipe_sim.costs.gpu_model import NO_STREAM_WORK, StreamWork, layer_pass_seconds, step_seconds
+from gpipe_sim.hardware.hardware import Accelerator
+from gpipe_sim.model.kernels import LayerKernels
+from gpipe_sim.model.model import LayerSpec
 
 
 # The share of a backward pass that computes the input gradient (zero-bubble's I pass) when a layer
@@ -30,7 +30,7 @@ def layer_seconds(
     roofline (compute at peak x efficiency, or memory traffic at the memory bandwidth, whichever is
     slower) plus a fixed overhead per kernel, so small micro-batches are less efficient. On an
     accelerator with kernel tables (`gpu`), a preset layer's kernels are priced one by one
-    (gpipe_sim.spec.gpu_model), once per (layer kernels, micro-batch size).
+    (gpipe_sim.costs.gpu_model), once per (layer kernels, micro-batch size).
 
     `stream`: the tensor-parallel collectives of the layer's passes. Kernel tables run them on the
     GPU's stream inside the pass (the host issues on while they run, so a host-bound pass hides

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from gpipe_sim.spec.kernels import Flash, Gemm, LayerKernels, MemOp, Softmax
-from gpipe_sim.spec.model import LayerSpec, ModelSpec, TransformerModel
-from gpipe_sim.spec.tensor_parallel import Collectives
+from gpipe_sim.model.kernels import Flash, Gemm, LayerKernels, MemOp, Softmax
+from gpipe_sim.model.model import LayerSpec, ModelSpec, TransformerModel
+from gpipe_sim.model.tensor_parallel import Collectives
 
 PER_LAYER_REMAT = ("full", "selective")
 # The attention core's forward kernels by their names in `kernels.transformer_block` (with the

@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.spec.block_shape import BlockShape
-from gpipe_sim.spec.model import LayerSpec, TransformerModel
+from gpipe_sim.model.block_shape import BlockShape
+from gpipe_sim.model.model import LayerSpec, TransformerModel
 
 FP8 = "fp8"
 FP8_WEIGHT_BYTES = 2  # Float8Tensor: row-wise and column-wise FP8 data, 1 byte each

@@ -21,9 +21,9 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from gpipe_sim.spec import kernels as K
-from gpipe_sim.spec.block_shape import BlockShape
-from gpipe_sim.spec.model import LayerSpec, ModelSpec, TransformerModel
+from gpipe_sim.model import kernels as K
+from gpipe_sim.model.block_shape import BlockShape
+from gpipe_sim.model.model import LayerSpec, ModelSpec, TransformerModel
 
 
 def expert_parallel_problem(model: ModelSpec, ep: int, tp: int, data_parallel: int) -> str | None:

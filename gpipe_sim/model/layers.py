@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from gpipe_sim.spec import kernels as K
-from gpipe_sim.spec.block_shape import BlockShape, norm_parameters
-from gpipe_sim.spec.experts import moe_block
-from gpipe_sim.spec.recompute import attention_core_bytes_per_token
-from gpipe_sim.spec.tensor_parallel import split_vocab
-from gpipe_sim.spec.model import (
+from gpipe_sim.model import kernels as K
+from gpipe_sim.model.block_shape import BlockShape, norm_parameters
+from gpipe_sim.model.experts import moe_block
+from gpipe_sim.model.recompute import attention_core_bytes_per_token
+from gpipe_sim.model.tensor_parallel import split_vocab
+from gpipe_sim.model.model import (
     AmoebaNetModel,
     ConvNetModel,
     LayerSpec,
@@ -47,7 +47,7 @@ def build_layers(model: ModelSpec, dtype_bytes: int = 4, mask_bytes: int = 1, te
     With `tensor_parallel` T > 1, each layer as one of its T devices holds and runs it: the
     transformer preset's split here, a layer table's rows as they are (profiled at that T, as
     `tensor_parallel_problem` requires; the other presets are refused there). A mixture of
-    experts' blocks hold `experts / expert_parallel` of its experts (gpipe_sim.spec.experts)."""
+    experts' blocks hold `experts / expert_parallel` of its experts (gpipe_sim.model.experts)."""
     if isinstance(model, TransformerModel) and (tensor_parallel > 1 or model.experts):
         return _transformer(model, dtype_bytes, mask_bytes, tensor_parallel, sequence_parallel, expert_parallel)
     return _BUILDERS[model.preset](model, dtype_bytes, mask_bytes)
@@ -245,7 +245,7 @@ def _blocks(model: TransformerModel, p: int, mask: int, tp: int, r: int) -> list
 def selective_bytes_per_token(model: TransformerModel, p: int, mask: int, tp: int = 1,
                               sequence_parallel: bool = False) -> tuple[float, float]:
     """Per token of a block on one of `tp` devices, under selective recompute (the attention core
-    checkpointed: gpipe_sim.spec.recompute): (what the block no longer keeps: the core's own
+    checkpointed: gpipe_sim.model.recompute): (what the block no longer keeps: the core's own
     saved bytes, and for standard attention with grouped heads the key/value copies repeated for
     the query heads inside the core, whose inputs K and V it keeps instead; what it keeps for the
     part of its backward that runs before the core's: the second norm, both residual dropouts'

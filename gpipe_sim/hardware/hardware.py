@@ -9,10 +9,10 @@ import numpy as np
 
 from pydantic import Field, field_validator, model_validator
 
-from gpipe_sim.spec.gpu_model import GpuTables, peak_for
-from gpipe_sim.spec.fields import Bandwidth, DeviceCount, DeviceId, Flops, Fraction, PositiveBytes, Seconds, _Strict
-from gpipe_sim.spec.limits import MAX_STAGES
-from gpipe_sim.spec.training_run import Price
+from gpipe_sim.hardware.gpu_tables import GpuTables, peak_for
+from gpipe_sim.schema.fields import (Bandwidth, DeviceCount, DeviceId, Flops, Fraction, PositiveBytes, Price, Seconds,
+                                     _Strict)
+from gpipe_sim.schema.limits import MAX_STAGES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -23,7 +23,7 @@ class Accelerator(_Strict):
     """One accelerator: compute, memory and per-kernel overhead."""
 
     name: str = "custom"
-    peak_flops: dict[Literal["fp32", "bf16", "fp16", "fp8"], Flops]  # fp8: dense (gpipe_sim.spec.fp8)
+    peak_flops: dict[Literal["fp32", "bf16", "fp16", "fp8"], Flops]  # fp8: dense (gpipe_sim.costs.fp8)
     efficiency: Fraction = 0.5
     memory_bytes: PositiveBytes = math.inf
     usable_memory_fraction: Fraction = 1.0  # the rest: runtime, fragmentation
@@ -32,7 +32,7 @@ class Accelerator(_Strict):
     # How the framework keeps a dropout mask for backward: "bool", one byte an element (CUDA's
     # fused dropout); "dtype", the scaled noise in the activations' own type (torch on CPU).
     dropout_masks: Literal["bool", "dtype"] = "bool"
-    # How the framework's optimizer steps by default (gpipe_sim.spec.scenario.OPTIMIZER_STEPS):
+    # How the framework's optimizer steps by default (gpipe_sim.scenario.scenario.OPTIMIZER_STEPS):
     # "fused" on GPUs, as large-model training steps (apex's FusedAdam in Megatron-LM and
     # DeepSpeed, torch's fused=True; gpipe-exec then steps so too), and where a compiler fuses the
     # update (XLA); "for_loop" on CPU, torch's default there.
@@ -40,7 +40,7 @@ class Accelerator(_Strict):
     # How an optimizer with no fused step (RMSprop) steps where the default is fused: torch's
     # "foreach" on CUDA; "for_loop" on the TPUs.
     unfused_optimizer_step: Literal["for_loop", "foreach"] = "foreach"
-    # Kernel-level tables (gpipe_sim.spec.gpu_model): where given, a preset layer's time is the
+    # Kernel-level tables (gpipe_sim.costs.gpu_model): where given, a preset layer's time is the
     # sum of its kernels' and `efficiency`/`kernel_overhead_s` are not used for it.
     gpu: GpuTables | None = None
 
@@ -78,7 +78,7 @@ class Network(Link):
     `bandwidth` to it. `per: node`: each node has `nics` ports (NICs) of `bandwidth` each, shared
     by its devices: device i of a node of P sends through NIC i * nics // P, so the devices on one
     NIC take turns (one 200 Gb/s HDR NIC, 25 GB/s, per node of 8: `{bandwidth: 200 Gb/s, per: node,
-    nics: 1}`; `b` is a bit and `B` a byte, as `gpipe_sim.spec.units` reads them).
+    nics: 1}`; `b` is a bit and `B` a byte, as `gpipe_sim.schema.units` reads them).
     Pipeline sends between nodes use the sender's port; an all-reduce ring between nodes runs, as
     NCCL's channels do, as `nics` rings side by side (at `nics` x `bandwidth`), holding every NIC
     of the nodes it leaves. Traffic inside a node uses `link`."""
@@ -199,7 +199,7 @@ class Hardware(_Strict):
     def _apply_preset(cls, data: Any) -> Any:
         if not isinstance(data, dict) or data.get("preset") is None:
             return data
-        from gpipe_sim.spec.presets import hardware_preset
+        from gpipe_sim.hardware.presets import hardware_preset
 
         name = data["preset"]
         if not isinstance(name, str):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpipe_sim.spec.experts import moe_parameters
-from gpipe_sim.spec.model import TransformerModel
+from gpipe_sim.model.experts import moe_parameters
+from gpipe_sim.model.model import TransformerModel
 
 
 def megatron_flops_per_token(model: TransformerModel) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpipe_sim.spec.model import TransformerModel
+from gpipe_sim.model.model import TransformerModel
 
 
 def kv_heads_per_device(kv_heads: int, tp: int) -> int:

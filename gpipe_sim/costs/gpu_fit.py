@@ -9,8 +9,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
-from gpipe_sim.spec.gpu_model import GpuTables, flash_seconds, gemm_seconds, memory_seconds
-from gpipe_sim.spec.kernels import Flash, Gemm
+from gpipe_sim.costs.gpu_model import flash_seconds, gemm_seconds, memory_seconds
+from gpipe_sim.hardware.gpu_tables import GpuTables
+from gpipe_sim.model.kernels import Flash, Gemm
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 # Bytes read plus written per element by the forward kernels the membound rows time.

@@ -7,7 +7,7 @@ switch first), so items that only make sense together (more stages and more laye
 together. Any problem is one line naming the item, raised as ScenarioError (exit status 2).
 
 The items are applied to the file's data before it is validated (`load_scenario(path, items)`,
-`parse_scenario_with_overrides(data, items)` in gpipe_sim.spec.scenario), so they may also mend a
+`parse_scenario_with_overrides(data, items)` in gpipe_sim.scenario.scenario), so they may also mend a
 file that is invalid on its own. Used by `gpipe-sim simulate`, `max-model`, `sweep` (on its base)
 and `schedule`; `gpipe-exec` adds the same option with `add_set_option(parser)` and
 `load_scenario(path, args.set)`.
@@ -22,9 +22,9 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from gpipe_sim.errors import ScenarioError, one_line
-from gpipe_sim.spec import limits
-from gpipe_sim.spec.files import YAML_LOADER
-from gpipe_sim.spec.validation import closest_key
+from gpipe_sim.schema import limits
+from gpipe_sim.schema.files import YAML_LOADER
+from gpipe_sim.schema.validation import closest_key
 
 SECTIONS = ("model", "hardware", "pipeline", "training")
 MAX_ITEM_CHARS = 4096

@@ -1,0 +1,1 @@
+"""The model: per-layer tables, the kernels each layer runs, and how each parallel dimension shards them."""

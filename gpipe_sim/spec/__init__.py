@@ -1,1 +1,0 @@
-"""The scenario specification: schema, units, presets, model layer tables and their costs."""
