@@ -175,7 +175,8 @@ def presets_text() -> str:
         models.add_row(spec.preset, fields, describe_layer_count(spec), f"{total_params(layers) / 1e6:,.1f}M")
     for name, sizes in ARCHITECTURES.items():  # published architectures: the transformer preset's fields
         spec = TransformerModel(**sizes)
-        shown = ", ".join(f"{k}={sizes[k]}" for k in ("d_model", "heads", "kv_heads", "d_ff", "mlp", "position")
+        shown = ", ".join(f"{k}={sizes[k]}" for k in ("d_model", "heads", "kv_heads", "d_ff", "seq_len", "experts",
+                                                      "top_k", "expert_d_ff", "shared_experts", "mlp", "position")
                           if k in sizes)
         models.add_row(name, f"transformer: {shown}", describe_layer_count(spec),
                        parameters_short(total_params(build_layers(spec)) - tied_parameters(spec)))

@@ -139,6 +139,10 @@ def test_simulate_and_presets_say_what_the_layers_are(capsys):
     for text in ("26 layers (24 blocks + embedding + head)", "10 layers (8 blocks + input + head)",
                  "10 layers (8 blocks + stem + head)", "16 layers"):
         assert text in out
+    # What tells the published architectures apart is shown: the long-context preset's sequence,
+    # the mixtures' experts (rich wraps the cell between fields, never inside one).
+    for text in ("seq_len=131072", "seq_len=8192", "experts=8", "top_k=2", "experts=256", "shared_experts=1"):
+        assert text in out
 
 
 def test_schedule_command_prints_pass_counts_and_writes_torchs_csv(scenario_file, tmp_path, capsys):
