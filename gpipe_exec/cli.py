@@ -68,7 +68,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from gpipe_sim.scenario.scenario import load_scenario
 
     from gpipe_exec.profile import too_large_to_build
-    from gpipe_exec.profiling.split import check_meta
+    from gpipe_exec.profiling.layers import check_meta
 
     scenario = load_scenario(args.scenario, args.set)
     meta = args.meta or too_large_to_build(scenario)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpipe_exec.profiling.memory import (InputPassMemory, input_pass_memory, measure_layer, measure_layer_bytes,
-                                         saves_input_output, split_saved_bytes, transient_bytes, transient_fit,
-                                         transient_parts)
+from gpipe_exec.profiling.layer_memory import (InputPassMemory, input_pass_memory, measure_layer,
+                                               measure_layer_bytes, saves_input_output, split_saved_bytes,
+                                               transient_bytes, transient_fit, transient_parts)
 from gpipe_exec.profiling.options import ProfileOptions
 from gpipe_exec.profiling.table import (average_tables, default_sizes, profile_device, profile_model,
                                         profile_on_devices, profile_on_rank, profile_together, table_scenario,

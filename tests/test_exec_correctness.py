@@ -19,7 +19,7 @@ from gpipe_exec.measure.steps import step_timelines  # noqa: E402
 from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_sim.plan.rescheduled import with_schedule  # noqa: E402
-from gpipe_sim.schedule.split import split_backward  # noqa: E402
+from gpipe_sim.schedule.split_backward import split_backward  # noqa: E402
 from gpipe_exec.reference import reference_step  # noqa: E402
 from gpipe_sim.schedule import SCHEDULES  # noqa: E402
 from gpipe_sim.model.layers import layer_count  # noqa: E402

@@ -18,7 +18,7 @@ def _check_equal_to_plain_training(K: int, pipeline: dict[str, Any], split: str 
     from gpipe_exec.runtime.job import job_for
     from gpipe_exec.launch.spawn import LaunchOptions, launch
     from gpipe_sim.plan.rescheduled import with_schedule
-    from gpipe_sim.schedule.split import split_backward
+    from gpipe_sim.schedule.split_backward import split_backward
     from gpipe_exec.reference import reference_step
     from gpipe_sim.scenario.scenario import parse_scenario
 

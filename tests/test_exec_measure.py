@@ -20,7 +20,7 @@ from gpipe_exec.measure.steps import measured_result  # noqa: E402
 from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.profile import ProfileOptions, profile_model, write_table  # noqa: E402
-from gpipe_sim.schedule.split import split_backward  # noqa: E402
+from gpipe_sim.schedule.split_backward import split_backward  # noqa: E402
 from gpipe_exec.checks.rounds import predict_with_profile  # noqa: E402
 from gpipe_exec.checks.validate import relative_errors  # noqa: E402
 from gpipe_exec.zoo import build_model  # noqa: E402

@@ -1,4 +1,4 @@
-"""Split backward (gpipe_sim.schedule.split) and a plan run with other programs (gpipe_sim.plan.rescheduled)."""
+"""Split backward (gpipe_sim.schedule.split_backward) and a plan run with other programs (gpipe_sim.plan.rescheduled)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gpipe_sim.api import simulate_plan
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.plan.rescheduled import with_schedule
 from gpipe_sim.schedule import Kind, build_schedule
-from gpipe_sim.schedule.split import pass_orders, split_backward
+from gpipe_sim.schedule.split_backward import pass_orders, split_backward
 
 B, I, W = Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 

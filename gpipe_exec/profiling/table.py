@@ -12,9 +12,9 @@ import yaml
 
 from gpipe_exec.measure.allocator import cache_host_memory
 from gpipe_exec.measure.meters import tensor_bytes
-from gpipe_exec.profiling.memory import measure_layer
+from gpipe_exec.profiling.layer_memory import measure_layer
 from gpipe_exec.profiling.options import ProfileOptions
-from gpipe_exec.profiling.split import LayerBuilder, check_meta, local_parameters
+from gpipe_exec.profiling.layers import LayerBuilder, check_meta, local_parameters
 from gpipe_exec.profiling.timing import Stamps, time_layers, time_update
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import check_buildable, make_batch

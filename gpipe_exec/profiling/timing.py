@@ -10,7 +10,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 
 from gpipe_exec.profiling.options import ProfileOptions
-from gpipe_exec.profiling.split import LossFn
+from gpipe_exec.profiling.layers import LossFn
 from gpipe_exec.zoo import loss_sum
 
 CLOCKS = ("thread", "wall")

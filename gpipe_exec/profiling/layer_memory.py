@@ -8,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpipe_exec.measure.meters import SavedBytesMeter, local_data, tensor_bytes
-from gpipe_exec.profiling.split import LossFn
+from gpipe_exec.profiling.layers import LossFn
 from gpipe_exec.zoo import loss_sum
 
 
