@@ -24,7 +24,7 @@ import yaml
 from gpipe_sim.errors import ScenarioError, one_line
 from gpipe_sim.schema import limits
 from gpipe_sim.schema.files import YAML_LOADER
-from gpipe_sim.schema.validation import closest_key
+from gpipe_sim.schema.field_errors import closest_key
 
 SECTIONS = ("model", "hardware", "pipeline", "training")
 MAX_ITEM_CHARS = 4096

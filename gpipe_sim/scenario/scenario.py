@@ -21,7 +21,7 @@ from gpipe_sim.schema.fields import (
     _Strict, whole_number,
 )
 from gpipe_sim.schema.files import read_data_file, read_text_file, shown_path
-from gpipe_sim.schema.validation import describe_error, did_you_mean, error_location, user_key, valid_keys
+from gpipe_sim.schema.field_errors import describe_error, did_you_mean, error_location, user_key, valid_keys
 from gpipe_sim.hardware.hardware import Hardware, megatron_placement
 from gpipe_sim.model.layers import describe_layer_count, layer_count
 from gpipe_sim.scenario.overrides import blame, parse_overrides

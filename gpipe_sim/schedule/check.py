@@ -9,7 +9,7 @@ from gpipe_sim.schedule.actions import Action, Kind
 from gpipe_sim.schedule.program import Schedule
 
 
-def validate_schedule(schedule: Schedule) -> None:
+def check_schedule(schedule: Schedule) -> None:
     """Raise ScheduleError (one line) unless, for every chunk and micro-batch: the chunk's rank
     forwards it once and backwards it once (a full backward, or an input-gradient pass and a
     weight-gradient pass after it); re-computation and backward passes come after the forward;

@@ -16,7 +16,7 @@ import numpy as np
 
 from gpipe_sim.errors import ScheduleError
 from gpipe_sim.schedule.actions import PASS_KINDS, Kind, Pass, Tensor
-from gpipe_sim.schedule.check import validate_schedule
+from gpipe_sim.schedule.check import check_schedule
 from gpipe_sim.schedule.program import ProgramColumns, RematMode, Schedule
 from gpipe_sim.schedule.registry import SCHEDULES, schedule_family
 
@@ -88,7 +88,7 @@ def lower(name: str, orders: Sequence[Sequence[Pass]], placement: Sequence[int],
             raise
     _check_passes(passes, len(rank_of), micro_batches)
     result = Schedule(name, ranks, micro_batches, chunks, remat, placement, _program(passes, rank_of, saved))
-    validate_schedule(result)
+    check_schedule(result)
     return result
 
 

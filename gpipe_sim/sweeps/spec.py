@@ -15,7 +15,7 @@ from gpipe_sim.schema.files import read_data_file
 from gpipe_sim.scenario.scenario import (
     parse_scenario_with_overrides, read_scenario_data, resolve_relative_paths, with_default_sections,
 )
-from gpipe_sim.schema.validation import describe_error
+from gpipe_sim.schema.field_errors import describe_error
 
 SCENARIO_SECTIONS = ("model", "hardware", "pipeline", "training")
 
