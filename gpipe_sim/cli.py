@@ -80,7 +80,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from gpipe_sim.studies.bench import run_benchmark
+    from gpipe_sim.studies.engine_bench import run_benchmark
 
     for flag, value in (("--stages", args.stages), ("--micro-batches", args.micro_batches), ("--repeat", args.repeat)):
         if value < 1:

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.pipelining")
 
-from gpipe_exec.checks.bench import (CONTENDERS, TORCH_NAMES, _torch_schedule, bench_order,  # noqa: E402
+from gpipe_exec.checks.executor_bench import (CONTENDERS, TORCH_NAMES, _torch_schedule, bench_order,  # noqa: E402
                                       contender_cases, report, run_benchmark)
 from gpipe_sim.schedule import schedule_family  # noqa: E402
 from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402

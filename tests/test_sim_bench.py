@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpipe_sim.studies.bench import compare, run_benchmark
+from gpipe_sim.studies.engine_bench import compare, run_benchmark
 
 
 def test_benchmark_reports_the_engines_and_three_whole_processes():
@@ -23,10 +23,10 @@ def test_compare_against_this_checkout_gives_ratios_for_every_case_and_figure():
 
 
 def test_compare_evaluator_reports_the_grid_and_the_cases(monkeypatch):
-    from gpipe_sim.studies import bench
+    from gpipe_sim.studies import engine_bench
 
-    small = bench._evaluator_plans(2, 4)
-    monkeypatch.setattr(bench, "_evaluator_plans", lambda stages, micro_batches: small[:2] + small[-3:])
-    text = bench.compare_evaluator(Path(__file__).resolve().parents[1], stages=2, micro_batches=4, repeat=1)
+    small = engine_bench._evaluator_plans(2, 4)
+    monkeypatch.setattr(engine_bench, "_evaluator_plans", lambda stages, micro_batches: small[:2] + small[-3:])
+    text = engine_bench.compare_evaluator(Path(__file__).resolve().parents[1], stages=2, micro_batches=4, repeat=1)
     assert text.startswith("fast evaluator, 2 plans")
     assert len([line for line in text.splitlines() if "ratio" in line]) == 3

@@ -1,6 +1,6 @@
 """`gpipe-sim bench`: engine speed against a straightforward SimPy model, measured side by side.
 
-`python -m gpipe_sim.studies.bench --against DIR` times the same cases with the code in DIR (another
+`python -m gpipe_sim.studies.engine_bench --against DIR` times the same cases with the code in DIR (another
 checkout or a `git worktree` of an older commit) and with this one, alternately, for a ratio.
 """
 
@@ -207,7 +207,7 @@ def compare(against: Path, stages: int = 128, micro_batches: int = 1024, repeat:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m gpipe_sim.studies.bench --against DIR [--evaluator] [--stages K --micro-batches M
+    """`python -m gpipe_sim.studies.engine_bench --against DIR [--evaluator] [--stages K --micro-batches M
     --repeat N]`: `compare`, or with --evaluator `compare_evaluator`."""
     parser = argparse.ArgumentParser(description=compare.__doc__)
     parser.add_argument("--against", type=Path, required=True, help="another checkout (say, a git worktree)")

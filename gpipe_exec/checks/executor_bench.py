@@ -1,7 +1,7 @@
 """Benchmark (not a test): this executor beside torch.distributed.pipelining (GPipe, 1F1B,
 interleaved 1F1B and interleaved zero bubble with v chunks per rank, ZB-V and DualPipeV with two
 chunks per rank in a V), torchgpipe and plain training, on the same model, K and M, in one run
-(`python -m gpipe_exec.checks.bench`); prints step-time ratios, ours / torch's."""
+(`python -m gpipe_exec.checks.executor_bench`); prints step-time ratios, ours / torch's."""
 
 from __future__ import annotations
 
@@ -270,7 +270,7 @@ def report(sc: Scenario, results: dict[str, float | str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpipe_exec.checks.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gpipe_exec.checks.executor_bench", description=__doc__)
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
