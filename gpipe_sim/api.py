@@ -7,7 +7,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from gpipe_sim.engines.fast import contention_free, evaluate_fast
-from gpipe_sim.plan.memory import memory_profile
+from gpipe_sim.plan.memory_timeline import memory_profile
 from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.plan.tensor_parallel import action_tp_seconds, rank_tp_comm_seconds
 from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize

@@ -7,7 +7,7 @@ import pytest
 
 from gpipe_sim.api import simulate
 from gpipe_sim.plan.compile import compile_plan
-from gpipe_sim.plan.memory import data_parallel_bytes
+from gpipe_sim.plan.memory_timeline import data_parallel_bytes
 from gpipe_sim.schedule import Kind, Tensor
 from gpipe_sim.scenario.scenario import parse_scenario
 

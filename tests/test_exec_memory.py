@@ -149,7 +149,7 @@ def test_step_buffers_count_receives_sends_and_data() -> None:
                          "remat": "none", "partition": [1, 1]}}
     plain = simulate(parse_scenario(base))
     held = simulate(parse_scenario({**base, "hardware": {"preset": "ideal", "host": {"step_buffers": True}}}))
-    from gpipe_sim.plan.memory import step_buffer_bytes
+    from gpipe_sim.plan.memory_timeline import step_buffer_bytes
 
     plan = compile_plan(parse_scenario({**base, "hardware": {"preset": "ideal", "host": {"step_buffers": True}}}))
     # rank 0: 2 gradient buffers (8 B x 2 samples) + the model input (8 B x 4 samples); rank 1: 2 activation buffers
@@ -387,7 +387,7 @@ def test_recomputed_output_is_held_from_the_recompute_to_its_backward() -> None:
     """Under step buffers, a re-computation's output (a new tensor, the backward's root) is held to
     the end of its backward: all of it where the chunk sends its output (the forward's sent tensor
     stands for what the last layer saves), none on the model's last chunk."""
-    from gpipe_sim.plan.memory import recomputed_output_deltas
+    from gpipe_sim.plan.memory_timeline import recomputed_output_deltas
     from gpipe_sim.schedule import Kind
 
     def scenario(step_buffers: bool, remat: str = "always"):
@@ -416,7 +416,7 @@ def test_what_only_the_input_pass_reads_goes_when_it_ends() -> None:
     input pass reads at that pass's end, the rest at its weight pass's end; nothing early on the
     model's first chunk, whose input pass does nothing. The held activations (the accounting)
     keep all of them to the weight pass's end."""
-    from gpipe_sim.plan.memory import activation_deltas, freed_after_input_deltas
+    from gpipe_sim.plan.memory_timeline import activation_deltas, freed_after_input_deltas
     from gpipe_sim.schedule import Kind
 
     def layer(name: str, freed: float) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ("gpipe_sim", "gpipe_sim.api", "gpipe_sim.scenario.scenario", "gpipe_sim.schedule", "gpipe_sim.plan.compile",
         "gpipe_sim.engines.simpy_engine", "gpipe_sim.engines.fast", "gpipe_sim.engines.reference",
-        "gpipe_sim.results.result", "gpipe_sim.plan.memory", "gpipe_sim.results.trace")
+        "gpipe_sim.results.result", "gpipe_sim.plan.memory_timeline", "gpipe_sim.results.trace")
 
 
 def test_the_simulator_core_imports_only_numpy_simpy_pydantic_and_yaml():

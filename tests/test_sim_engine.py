@@ -176,7 +176,7 @@ def test_memory_curves_rebuilt_from_totals_match_the_simulators():
     """The executor rebuilds each stage's curve from the bytes held after every action; on the
     simulator's own times and bytes that must give the simulator's curves and device peaks (no
     transients here: uniform layers and an optimizer that steps in place)."""
-    from gpipe_sim.plan.memory import activation_deltas, device_peaks, levels_from_totals, memory_profile
+    from gpipe_sim.plan.memory_timeline import activation_deltas, device_peaks, levels_from_totals, memory_profile
 
     scenario = parse_scenario({
         "model": {"preset": "uniform", "layers": 8},

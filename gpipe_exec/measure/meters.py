@@ -43,7 +43,7 @@ class SavedBytesMeter:
     adds bytes kept by hand (the chunk input under re-materialization); `release(m)` frees all of
     `m`'s bytes (its last backward pass ended). `peak` is the largest total held at any time. So a
     kept forward holds its saved bytes, a re-materialized one its input, and the re-computation
-    brings the micro-batch to max(saved, input) bytes, exactly gpipe_sim.plan.memory's definition.
+    brings the micro-batch to max(saved, input) bytes, exactly gpipe_sim.plan.memory_timeline's definition.
 
     A chunk's meter passes every change on to its `parent`, the rank's meter (which holds nothing
     of its own): the chunk's `peak` is its own peak, the parent's the rank's over all its chunks.
@@ -99,7 +99,7 @@ class SavedBytesMeter:
     def track(self, m: int, retained: int = 0) -> Iterator[None]:
         """Count what autograd saves for micro-batch m. `retained`: bytes of the input kept since a
         re-materialized forward; the first layer saves that very input, so the re-computation adds
-        only max(saved - retained, 0), as gpipe_sim.plan.memory counts it."""
+        only max(saved - retained, 0), as gpipe_sim.plan.memory_timeline counts it."""
         self._current = m
         self.last_packed = 0
         self._packed = set()

@@ -11,7 +11,7 @@ from gpipe_exec.errors import ExecutionError
 from gpipe_exec.measure.records import record_columns
 from gpipe_sim.api import summarize_plan
 from gpipe_sim.plan.compile import Plan, local_state_bytes_per_param
-from gpipe_sim.plan.memory import device_peaks, levels_from_totals
+from gpipe_sim.plan.memory_timeline import device_peaks, levels_from_totals
 from gpipe_sim.results.result import Result, Timeline
 from gpipe_sim.schedule import ACTION_KINDS, Kind
 

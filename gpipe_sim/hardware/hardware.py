@@ -113,7 +113,7 @@ class Host(_Strict):
     # step after step) and its share of the batch on the first chunk's rank, as gpipe-exec and
     # torch.distributed.pipelining do; with data parallelism, gpipe-exec's flat all-reduce bucket
     # per chunk and ZeRO-1's master shard, shard gradient and all-gather buffers: counted in each
-    # rank's memory (gpipe_sim.plan.memory).
+    # rank's memory (gpipe_sim.plan.memory_timeline).
     step_buffers: bool = False
 
     def send_seconds(self, nbytes: float | np.ndarray) -> float | np.ndarray:

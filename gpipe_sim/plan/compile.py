@@ -408,7 +408,7 @@ def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) ->
     summed). Under ZeRO-1 the one tensor stepped is the rank's flat shard, 1/D of every parameter
     (summed; the shard's padding left out); with `hardware.host.step_buffers` the runtime's shard
     gradient and all-gather buffers, larger and later in the update, are counted instead
-    (gpipe_sim.plan.memory's data-parallel bytes), so nothing here."""
+    (gpipe_sim.plan.memory_timeline's data-parallel bytes), so nothing here."""
     training = scenario.training
     step = scenario.optimizer_step
     factor = 4.0 * OPTIMIZER_SCRATCH[step][training.optimizer]  # fp32 copies

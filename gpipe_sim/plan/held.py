@@ -9,13 +9,13 @@ import numpy as np
 
 from gpipe_sim.schedule.actions import Kind
 
-KEPT, INPUT_ONLY, RECOMPUTED = 0, 1, 2  # what a chunk holds for a micro-batch (see plan/memory.py)
+KEPT, INPUT_ONLY, RECOMPUTED = 0, 1, 2  # what a chunk holds for a micro-batch (see plan/memory_timeline.py)
 
 
 @dataclass(frozen=True)
 class HeldActivations:
     """The samples whose activations each chunk holds over its rank's program, counted in program
-    order exactly as the memory accountant (`gpipe_sim.plan.memory`) counts bytes: a forward adds
+    order exactly as the memory accountant (`gpipe_sim.plan.memory_timeline`) counts bytes: a forward adds
     its micro-batch's samples (as KEPT, or INPUT_ONLY under re-materialization) at its start, a
     re-computation adds them as RECOMPUTED, the last backward pass removes them at its end.
 

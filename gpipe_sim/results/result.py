@@ -119,7 +119,7 @@ class StageResult:
     """One pipeline rank's figures, over all its chunks. Bytes are per rank.
 
     `peak_memory_bytes`: predicted, static (parameters, gradients, optimizer states, master weights)
-    + the peak of held activations plus the running pass's transient bytes (gpipe_sim.plan.memory);
+    + the peak of held activations plus the running pass's transient bytes (gpipe_sim.plan.memory_timeline);
     measured, the rank's real tensor bytes at their peak over a dedicated step (gpipe_exec.measure.memory).
     `peak_activation_bytes`: the bytes saved for backward by the schedule's accounting (measured: by
     the saved-tensor hooks, which count as the simulator counts). `memory_breakdown`: what

@@ -1,4 +1,4 @@
-"""Memory accounting: activation bytes held per rank (over all its chunks), per chunk and per device.
+"""Memory over the step: activation bytes held per rank (over all its chunks), per chunk and per device.
 
 A forward that keeps its activations allocates its chunk's saved bytes for that micro-batch at
 its start; under re-materialization it keeps only the chunk input, and the re-computation
