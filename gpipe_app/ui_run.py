@@ -46,11 +46,11 @@ def to_scenario(data: dict[str, Any]) -> Scenario:
 
 @st.cache_data(max_entries=512, show_spinner=False)
 def _simulate_json(scenario_json: str) -> Result:
-    return simulate(parse_scenario(json.loads(scenario_json)), engine="auto")
+    return simulate(parse_scenario(json.loads(scenario_json)))
 
 
 def simulate_cached(scenario: Scenario) -> Result:
-    """`simulate(scenario, engine="auto")`, cached by the scenario's JSON."""
+    """`simulate(scenario)` (the default engine), cached by the scenario's JSON."""
     return _simulate_json(json.dumps(scenario.to_dict(), sort_keys=True))
 
 

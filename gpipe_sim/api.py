@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from gpipe_sim.engines.choice import DEFAULT_ENGINE, Engine
 from gpipe_sim.engines.fast import contention_free, evaluate_fast
 from gpipe_sim.plan.memory_timeline import memory_profile
 from gpipe_sim.plan.compile import Plan, compile_plan
@@ -20,11 +21,8 @@ from gpipe_sim.model.model_flops import (active_parameters, megatron_flops_per_t
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.scenario.training_run import tokens_per_sample
 
-Engine = Literal["simpy", "fast", "auto"]
-
-
-def run_engine(plan: Plan, engine: Engine = "auto") -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of every action. "auto" (every tool's default) takes the fast evaluator
+def run_engine(plan: Plan, engine: Engine = DEFAULT_ENGINE) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of every action. "auto" (`DEFAULT_ENGINE`, every tool's default) takes the fast evaluator
     (exact, linear in the actions) where no device or link is shared (`contention_free`), else
     the SimPy engine."""
     if engine == "fast":
@@ -134,7 +132,7 @@ def result_from_times(plan: Plan, start: np.ndarray, end: np.ndarray, source: st
     return result
 
 
-def simulate_plan(plan: Plan, engine: Engine = "auto", *, every_replica: bool = False) -> Result:
+def simulate_plan(plan: Plan, engine: Engine = DEFAULT_ENGINE, *, every_replica: bool = False) -> Result:
     """Time a compiled plan and summarise it: the one run-and-summarise call every tool makes.
     Data-parallel replicas that are alike are timed once (`Plan.simulated`; the timeline then
     holds replica 0's ranks, every figure as with all); `every_replica` times each of them."""
@@ -144,6 +142,6 @@ def simulate_plan(plan: Plan, engine: Engine = "auto", *, every_replica: bool = 
     return result_from_times(plan, start, end)
 
 
-def simulate(scenario: Scenario, engine: Engine = "auto") -> Result:
+def simulate(scenario: Scenario, engine: Engine = DEFAULT_ENGINE) -> Result:
     """Predict one training step of `scenario`."""
     return simulate_plan(compile_plan(scenario), engine)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from gpipe_sim.engines.choice import DEFAULT_ENGINE, ENGINES
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 from gpipe_sim.frameworks.command import add_emit_option
 from gpipe_sim.scenario.overrides import add_set_option
@@ -105,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     p.add_argument("--no-timeline", action="store_true", help="with --json: leave out the timeline")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace of the timeline")
-    p.add_argument("--engine", choices=("auto", "simpy", "fast"), default="auto",
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
                    help="auto (default): the fast evaluator where no device or link is shared by two "
                         "ranks, else simpy; simpy: the SimPy engine (models contention); fast: the "
                         "vectorised evaluator (contention-free plans only)")

@@ -199,3 +199,25 @@ def test_simulate_defaults_to_the_apis_engine_auto(scenario_file, capsys, monkey
     assert _json(capsys, ["simulate", str(scenario_file), "--json", "--no-timeline",
                           "--set", "hardware.stage_to_device=[0, 0]"])["num_devices"] == 1
     assert ran == ["fast", "fast", "simpy"]
+
+
+def test_every_tool_takes_the_one_default_engine():
+    """The engine default is defined once (`engines.choice.DEFAULT_ENGINE`): the CLI, the API, sweep
+    files and the sweep runner take it, and the CLI offers exactly the engines the API runs."""
+    import inspect
+
+    from gpipe_sim import api
+    from gpipe_sim.cli import build_parser
+    from gpipe_sim.engines.choice import DEFAULT_ENGINE, ENGINES
+    from gpipe_sim.sweeps.runner import run_sweep
+    from gpipe_sim.sweeps.spec import SweepSpec
+
+    assert DEFAULT_ENGINE == "auto" and ENGINES == ("auto", "simpy", "fast")
+    defaults = {f.__name__: inspect.signature(f).parameters["engine"].default
+                for f in (api.simulate, api.simulate_plan, api.run_engine, run_sweep)}
+    assert defaults == dict.fromkeys(defaults, DEFAULT_ENGINE)
+    assert SweepSpec().engine == DEFAULT_ENGINE
+    args = build_parser().parse_args(["simulate"])
+    assert args.engine == DEFAULT_ENGINE
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["simulate", "--engine", "other"])

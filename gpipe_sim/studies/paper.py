@@ -121,7 +121,7 @@ def run_throughput(group: Group, table: str, base_dir: Path) -> list[Row]:
         scenario = base.with_updates(cell.set)
         if group.batch is not None:
             scenario = _fit_batch(scenario, group.batch)
-        result = simulate(scenario, engine="auto")
+        result = simulate(scenario)
         results[cell.name] = (result.throughput_samples_per_s, scenario, result.fits_in_memory)
     ref = results[group.normalize_to or group.cells[0].name][0]
     rows = []

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection, Iterable, Sequence
 
+from gpipe_sim.engines.choice import DEFAULT_ENGINE, Engine
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 from gpipe_sim.sweeps.spec import SweepError, SweepSpec, base_file
@@ -167,7 +168,7 @@ def _check_axis_names(spec: SweepSpec, base: Scenario) -> None:
                 raise SweepError(f"axes: {exc}") from None
 
 
-def scenario_key(data: dict[str, Any], engine: str = "auto") -> str:
+def scenario_key(data: dict[str, Any], engine: Engine = DEFAULT_ENGINE) -> str:
     """A stable short hash of a scenario's plain data (and the engine) naming its result file."""
     text = json.dumps({"scenario": _storable(data), "engine": engine}, sort_keys=True, default=_plain)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gpipe_sim.engines.choice import DEFAULT_ENGINE, Engine
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.results.run_cost import RUN_COLUMNS, run_columns
 from gpipe_sim.schema import limits
@@ -82,13 +83,13 @@ def input_columns(point: SweepPoint, base: dict[str, Any]) -> dict[str, Any]:
     return flatten(data)
 
 
-def result_columns(scenario: Scenario, engine: str) -> dict[str, Any]:
+def result_columns(scenario: Scenario, engine: Engine) -> dict[str, Any]:
     """Simulate one scenario and return its scalar result fields (and per-stage lists)."""
     from gpipe_sim.plan.compile import compile_plan
     from gpipe_sim.api import simulate_plan
 
     plan = compile_plan(scenario)
-    result = simulate_plan(plan, engine)  # type: ignore[arg-type]
+    result = simulate_plan(plan, engine)
     problem = limits.result_problem(scenario, result)
     if problem:
         raise ScenarioError(problem)
@@ -197,7 +198,7 @@ def run_sweep(
     workers: int | None = None,
     chunk_size: int | None = None,
     progress: bool | ProgressCallback = True,
-    engine: str = "auto",
+    engine: Engine = DEFAULT_ENGINE,
 ) -> SweepRun:
     """Run every point not already finished in `out_dir`, then write results.parquet and .csv.
 

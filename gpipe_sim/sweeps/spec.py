@@ -9,6 +9,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpipe_sim.engines.choice import DEFAULT_ENGINE, Engine
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 from gpipe_sim.schema import limits
 from gpipe_sim.schema.files import read_data_file
@@ -39,7 +40,7 @@ class SweepSpec(BaseModel):
     axes: dict[str, list[Any]] = Field(default_factory=dict)
     points: list[dict[str, Any]] = Field(default_factory=list)
     mode: Literal["product", "points"] | None = None
-    engine: Literal["auto", "simpy", "fast"] = "auto"
+    engine: Engine = DEFAULT_ENGINE
 
     @model_validator(mode="after")
     def _consistent(self) -> "SweepSpec":
