@@ -14,6 +14,7 @@ from gpipe_exec.launch.devices import configure_cuda_math
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import build_model, loss_sum, make_batch
 from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.schedule.lower import saves_activations
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,6 @@ def same_work(scenario: Scenario) -> bool:
     collective runs. Where it is false the executor adds hand-overs the loop lacks."""
     p = scenario.pipeline
     return p.stages == 1 and p.chunks == 1 and p.tensor_parallel == 1 and p.data_parallel == 1
-
-
-def _recomputed(scenario: Scenario, m: int) -> bool:
-    """Whether micro-batch `m` is re-materialized under the scenario's torchgpipe remat mode."""
-    remat, M = scenario.pipeline.remat, scenario.pipeline.micro_batches
-    return remat == "always" or (remat == "except_last" and m < M - 1)
 
 
 def plain_step_times(scenario: Scenario, *, steps: int = 5, warmup: int = 2, device: str = "cuda",
@@ -72,7 +67,8 @@ def plain_step_times(scenario: Scenario, *, steps: int = 5, warmup: int = 2, dev
     def step() -> None:
         update.zero_grad(set_to_none=True)
         for m, (xm, ym) in enumerate(zip(inputs, targets)):
-            out = checkpoint(model, xm, use_reentrant=False) if _recomputed(scenario, m) else model(xm)
+            kept = saves_activations(scenario.pipeline.remat, m, M)  # else re-made, as the schedule says
+            out = model(xm) if kept else checkpoint(model, xm, use_reentrant=False)
             loss_sum(out, ym, B).backward()
         update.step()
 
