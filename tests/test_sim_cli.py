@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from gpipe_sim.cli import main
+from gpipe_sim.errors import ScenarioError
 from gpipe_sim.scenario.overrides import parse_override
 from gpipe_sim.scenario.scenario import parse_scenario
 
@@ -221,3 +222,14 @@ def test_every_tool_takes_the_one_default_engine():
     assert args.engine == DEFAULT_ENGINE
     with pytest.raises(SystemExit):
         build_parser().parse_args(["simulate", "--engine", "other"])
+
+
+def test_a_set_key_starts_with_a_section_of_the_scenario():
+    """`--set` keys, sweep columns and default sections all use the scenario's own sections."""
+    from gpipe_sim.scenario.scenario import SECTIONS, Scenario
+    from gpipe_sim.sweeps import SCENARIO_SECTIONS
+
+    assert SECTIONS == tuple(Scenario.model_fields) and SCENARIO_SECTIONS is SECTIONS
+    assert parse_override("training.dtype=bf16") == ("training.dtype", "bf16")
+    with pytest.raises(ScenarioError, match="start with one of model, hardware, pipeline, training"):
+        parse_override("optimizer.lr=1")

@@ -7,6 +7,7 @@ import streamlit as st
 
 from gpipe_sim import charts as plots
 from gpipe_sim.errors import GpipeError
+from gpipe_sim.scenario.scenario import SECTIONS
 from gpipe_sim.schema.units import format_seconds
 from gpipe_app.ui_data import load_sweep_path, read_sweep_bytes, row_scenario_data, split_sweep
 from gpipe_app.ui_run import download_buttons, show_elapsed, to_scenario, try_run
@@ -53,7 +54,7 @@ def table_view(rows: pd.DataFrame, varying: list[str], results: list[str]) -> pd
     still = [c for c in varying if c in shown and rows[c].astype(str).nunique(dropna=False) > 1]
     main = [c for c in FIRST_RESULTS if c in shown]
     rest_results = [c for c in results if c in shown and c not in main]
-    inputs = [c for c in shown if c.split(".", 1)[0] in ("model", "hardware", "pipeline", "training")]
+    inputs = [c for c in shown if c.split(".", 1)[0] in SECTIONS]
     constant = [c for c in inputs if c not in still]
     middle = [c for c in shown if c not in still + main + rest_results + constant]
     return rows[list(dict.fromkeys(still + main + rest_results + middle + constant))]

@@ -26,7 +26,7 @@ from gpipe_sim.schema import limits
 from gpipe_sim.schema.files import YAML_LOADER
 from gpipe_sim.schema.field_errors import closest_key
 
-SECTIONS = ("model", "hardware", "pipeline", "training")
+SECTIONS = ("model", "hardware", "pipeline", "training")  # the scenario's sections (`Scenario`'s fields), in order
 MAX_ITEM_CHARS = 4096
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")
 _EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")  # 1e-3: text to YAML 1.1, a number here

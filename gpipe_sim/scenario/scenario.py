@@ -24,7 +24,7 @@ from gpipe_sim.schema.files import read_data_file, read_text_file, shown_path
 from gpipe_sim.schema.field_errors import describe_error, did_you_mean, error_location, user_key, valid_keys
 from gpipe_sim.hardware.hardware import Hardware, megatron_placement
 from gpipe_sim.model.layers import describe_layer_count, layer_count
-from gpipe_sim.scenario.overrides import blame, parse_overrides
+from gpipe_sim.scenario.overrides import SECTIONS, blame, parse_overrides
 from gpipe_sim.model.tensor_parallel import tensor_parallel_problem
 from gpipe_sim.model.context_parallel import context_parallel_problem
 from gpipe_sim.model.experts import expert_parallel_problem
@@ -549,9 +549,6 @@ def read_scenario_data(path: str | Path) -> Any:
     data = with_default_sections(read_data_file(path, "scenario"))
     resolve_relative_paths(data, path.parent)
     return data
-
-
-SECTIONS = ("model", "hardware", "pipeline", "training")
 
 
 def with_default_sections(data: Any) -> Any:

@@ -14,11 +14,11 @@ from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 from gpipe_sim.schema import limits
 from gpipe_sim.schema.files import read_data_file
 from gpipe_sim.scenario.scenario import (
-    parse_scenario_with_overrides, read_scenario_data, resolve_relative_paths, with_default_sections,
+    SECTIONS, parse_scenario_with_overrides, read_scenario_data, resolve_relative_paths, with_default_sections,
 )
 from gpipe_sim.schema.field_errors import describe_error
 
-SCENARIO_SECTIONS = ("model", "hardware", "pipeline", "training")
+SCENARIO_SECTIONS = SECTIONS  # a sweep's input columns start with one of these
 
 
 class SweepError(GpipeError, ValueError):
