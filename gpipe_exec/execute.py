@@ -14,7 +14,6 @@ from gpipe_exec.zoo import check_buildable
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError, ScenarioError, first_line
 from gpipe_sim.plan.compile import Plan, compile_plan
-from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.results.result import Result
 from gpipe_sim.model.model import ModelSpec
 from gpipe_sim.scenario.scenario import Scenario
@@ -83,8 +82,8 @@ def check_gpu_processes(plan: Plan, gpus: int) -> None:
     """ScenarioError (one line) unless every process has a GPU here, and, with tensor parallelism,
     one of its own (a pass's collectives need all T devices of a rank running at once: NCCL, one
     process per GPU)."""
-    T = plan.scenario.pipeline.tensor_parallel
-    processes = process_devices(plan.device_map, T)
+    T = plan.mesh.tensor_parallel
+    processes = plan.mesh.process_devices()
     if T > 1 and len(processes) > gpus:  # before check_gpu_layout, whose remedy (sharing a GPU) is not one here
         raise ScenarioError(f"pipeline.tensor_parallel: {T} x {len(processes) // T} ranks need {len(processes)} GPUs "
                             f"of their own (NCCL, one process per GPU) but this machine has {gpus}; "
@@ -142,5 +141,5 @@ def run_plan(plan: Plan, *, model: ModelSpec | None = None, steps: int = 5, warm
     if steps < 1 or warmup < 0:
         raise GpipeError(f"steps must be >= 1 and warm-up >= 0, got {steps} and {warmup}")
     job = job_for(plan, model=model, steps=steps, warmup=warmup, seed=seed, dropout=dropout)
-    output = launch([job], process_devices(plan.device_map, plan.scenario.pipeline.tensor_parallel), options)[0]
+    output = launch([job], plan.mesh.process_devices(), options)[0]
     return measured_result(plan, output)

@@ -15,7 +15,6 @@ from gpipe_sim.results.result import ModelFigures, Result, Timeline, summarize
 from gpipe_sim.results.run_cost import scenario_run_cost
 from gpipe_sim.model.layers import build_layers
 from gpipe_sim.model.model import LayerSpec, TableModel, TransformerModel
-from gpipe_sim.mesh import whole_layers
 from gpipe_sim.model.model_flops import (active_parameters, megatron_flops_per_token, palm_flops_per_token,
                                         tied_parameters)
 from gpipe_sim.scenario.scenario import Scenario
@@ -99,7 +98,7 @@ def summarize_plan(plan: Plan, timeline: Timeline, *, peak_activation_bytes: Seq
         source=source,
         peak_memory_bytes=peak_memory_bytes,
         memory_breakdown=memory_breakdown,
-        figures=model_figures(plan.scenario, plan.layers if whole_layers(plan.scenario.pipeline) else None),
+        figures=model_figures(plan.scenario, plan.layers if plan.mesh.whole_layers else None),
         # what the collectives add, where the timeline prices it (simulated, program order); a
         # measured step's collectives are inside its timed passes, not timed apart
         tp_comm_s=None if timeline.tp_s is None else rank_tp_comm_seconds(plan, timeline.tp_s),

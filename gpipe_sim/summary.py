@@ -7,7 +7,6 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from gpipe_sim.mesh import devices_per_rank, gradient_group
 from gpipe_sim.hardware.hardware import Hardware
 from gpipe_sim.model.layers import build_layers, describe_layer_count, total_params
 from gpipe_sim.hardware.presets import hardware_presets
@@ -36,7 +35,7 @@ SHOWN_RANKS = 8  # a summary lists the first and last ranks of a deeper pipeline
 
 def summary_text(scenario: Scenario, result: Result) -> str:
     """A summary of one simulated (or measured) step: headline figures and a per-stage table."""
-    p = scenario.pipeline
+    p, mesh = scenario.pipeline, scenario.mesh
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_column(style="bold")
     head.add_column()
@@ -54,7 +53,7 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     if p.context_parallel > 1:
         head.add_row("context parallel", f"C={p.context_parallel}: {getattr(model, 'seq_len', 0) // p.context_parallel:,} "
                                          "tokens a device, keys and values passed around a ring beside the attention; "
-                                         f"gradients reduced over D x C = {gradient_group(p)} devices")
+                                         f"gradients reduced over D x C = {mesh.gradient_group} devices")
     head.add_row("step time", format_seconds(result.step_time_s))
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
     for name, text in quoted_figures_rows(result) + run_cost_rows(result.run):
@@ -85,7 +84,7 @@ def summary_text(scenario: Scenario, result: Result) -> str:
             continue
         over = s.peak_memory_bytes > result.memory_capacity_bytes
         table.add_row(
-            str(s.index), s.layers_text, _devices(s.device, devices_per_rank(p)), format_seconds(s.busy_s),
+            str(s.index), s.layers_text, _devices(s.device, mesh.devices_per_rank), format_seconds(s.busy_s),
             format_bytes(s.param_bytes), format_bytes(s.state_bytes),
             format_bytes(s.peak_activation_bytes),
             format_bytes(s.peak_memory_bytes) + (" !" if over else ""),

@@ -113,7 +113,7 @@ def test_gradients_are_reduced_over_d_times_c_even_with_one_replica():
 def test_the_mesh_counts_t_times_c_devices_per_rank_in_megatrons_order():
     """tp-cp-dp-pp: a rank of one replica takes T x C consecutive devices."""
     scenario = _scenario(2, 2, data_parallel=2)
-    assert scenario.device_map == (0, 8, 4, 12)
+    assert scenario.mesh.rank_devices == (0, 8, 4, 12)
     assert compile_plan(scenario).num_devices == 2 * 2 * 2 * 2
     assert simulate(scenario).num_devices == 16
 

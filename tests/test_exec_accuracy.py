@@ -34,7 +34,7 @@ def test_every_random_case_is_a_runnable_scenario(K: int) -> None:
     cases = [sc for seed in range(3) for sc in draw_cases(8, seed, K)]
     for sc in cases:
         p = sc.pipeline
-        assert p.stages == K and list(sc.device_map) == DEVICE_MAPS[K]
+        assert p.stages == K and list(sc.mesh.rank_devices) == DEVICE_MAPS[K]
         assert schedule_family(p.schedule_name).problem(K, p.micro_batches, p.chunks) is None
         assert K * p.chunks <= layer_count(sc.model) and p.micro_batches <= p.batch_size
         assert MIN_STEP_FLOPS <= step_flops(sc) <= MAX_STEP_FLOPS

@@ -32,7 +32,7 @@ def _check_equal_to_plain_training(K: int, pipeline: dict[str, Any], split: str 
     if split:
         plan = with_schedule(plan, split_backward(plan.schedule, split))
     job = job_for(plan, steps=1, warmup=0, dropout=0.0, return_params=True)
-    out = launch([job], sc.device_map, LaunchOptions(comm_timeout_s=60, device="cuda"))[0]
+    out = launch([job], plan.mesh.process_devices(), LaunchOptions(comm_timeout_s=60, device="cuda"))[0]
     assert all(r["records"][0].cuda_peak_bytes is not None for r in out["ranks"])
     measured_result(plan, out)  # the ranks ran their programs
     got = {}

@@ -16,8 +16,7 @@ from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_sim.errors import ScenarioError  # noqa: E402
 from gpipe_sim.plan.compile import compile_plan  # noqa: E402
 from gpipe_sim.schedule import Kind  # noqa: E402
-from gpipe_sim.schedule.global_program import (process_devices, process_program,  # noqa: E402
-                                               tensor_parallel_rank)
+from gpipe_sim.schedule.global_program import process_program, tensor_parallel_rank  # noqa: E402
 from gpipe_sim.scenario.scenario import Scenario, parse_scenario  # noqa: E402
 
 # vocab 23 padded to 24 rows (T = 1) or 32 (T = 2: a multiple of vocab_multiple x T), split 16 + 16:
@@ -85,7 +84,7 @@ def assert_equal_to_reference(results: list[tuple[Case, dict[str, Any]]], steps:
 
 def test_a_process_per_device_sends_to_the_same_tensor_parallel_rank() -> None:
     plan = compile_plan(scenario(Case(T=2, K=2, M=2, schedule="1f1b")))
-    assert process_devices(plan.device_map, 2) == [0, 1, 2, 3]
+    assert plan.mesh.process_devices() == (0, 1, 2, 3)
     for process in range(4):
         g, t = tensor_parallel_rank(process, 2)
         mine = process_program(plan.global_program, process, 2)
@@ -152,7 +151,7 @@ def test_nccl_tensor_parallel_equals_plain_training(K: int, schedule: str, v: in
     sc = scenario(case).with_updates({"hardware.preset": "a100-80gb"})
     plan = check_runnable(sc, "cuda")
     job = job_for(plan, steps=2, warmup=0, dropout=0.0, return_params=True)
-    out = launch([job], process_devices(plan.device_map, 2), LaunchOptions(comm_timeout_s=60, device="cuda"))[0]
+    out = launch([job], plan.mesh.process_devices(), LaunchOptions(comm_timeout_s=60, device="cuda"))[0]
     step_timelines(plan, out)
     got: dict[str, Any] = {}
     for rank in out["ranks"]:

@@ -81,7 +81,7 @@ def test_tensor_parallel_rings_share_the_nodes_nics(network, share):
         "training": {"dtype": "bf16"},
     })
     plan = compile_plan(scenario)
-    assert scenario.device_map == (0, 2)  # the two replicas on the two nodes
+    assert scenario.mesh.rank_devices == (0, 2)  # the two replicas on the two nodes
     chunk = plan.chunks[0]
     expected = ring_allreduce_seconds(chunk.params * 2, 2, 1 * GB * share, scenario.hardware.network.latency_s)
     assert plan.program.group_seconds[0] == pytest.approx(expected)

@@ -105,10 +105,10 @@ def test_zero_1_shards_optimizer_states_and_master_weights():
 
 def test_default_placement_keeps_a_stages_replicas_together():
     sc = scenario(2, K=3)
-    assert sc.device_map == (0, 2, 4, 1, 3, 5)  # replica 0's ranks, then replica 1's
+    assert sc.mesh.rank_devices == (0, 2, 4, 1, 3, 5)  # replica 0's ranks, then replica 1's
     placed = parse_scenario({**sc.to_dict(), "hardware": {**sc.to_dict()["hardware"],
                                                            "placement": [[0, 1, 2], [3, 4, 5]]}})
-    assert placed.device_map == (0, 1, 2, 3, 4, 5)
+    assert placed.mesh.rank_devices == (0, 1, 2, 3, 4, 5)
 
 
 @pytest.mark.parametrize("change, match", [

@@ -187,7 +187,7 @@ def calibrate_runtime(device_map: Sequence[int] = (0, 1), *, sizes: Sequence[int
     scenarios = [calibration_scenario(n, device_map) for n in sizes]
     plans = [compile_plan(sc) for sc in scenarios]
     jobs = [job_for(plan, steps=steps, warmup=2) for plan in plans]
-    outputs = launch(jobs, plans[0].device_map, options)
+    outputs = launch(jobs, plans[0].mesh.process_devices(), options)
     samples = []
     for sc, plan, out in zip(scenarios, plans, outputs):
         sent = 4.0 * _WIDTH * sc.pipeline.batch_size // sc.pipeline.micro_batches

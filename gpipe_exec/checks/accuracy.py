@@ -102,7 +102,7 @@ def run_cases(cases: Sequence[Scenario], steps: int, warmup: int, options: Launc
     """Rows of `cases` (all on one device map), compared in one process group (`compare_rounds`)."""
     payload = {"cases": list(cases), "calibration": calibration, "steps": steps, "warmup": warmup,
                "rounds": rounds, "profile": profile, "alone": not concurrent}
-    done = launch(payload, cases[0].device_map, options, task=compare_rounds)
+    done = launch(payload, cases[0].mesh.process_devices(), options, task=compare_rounds)
     return [_row(sc, rounds_of_case) for sc, rounds_of_case in zip(cases, done)]
 
 

@@ -197,7 +197,7 @@ def run_benchmark(sc: Scenario, steps: int = 7, warmup: int = 2, chunks: int = 2
     cases, skipped = contender_cases(sc, chunks, schedules)
     if not cases:
         raise ValueError("no contender can run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    device_map = cases[0][3].device_map
+    device_map = cases[0][3].mesh.process_devices()
     shared = len(set(device_map)) < len(device_map)
     variants = [(case, lock) for lock in ((True, False) if shared else (True,)) for case in cases]
     jobs = [job_for(plan, steps=steps, warmup=warmup, dropout=0.0, device_lock=lock)
@@ -243,7 +243,7 @@ def _theirs(schedule: str, v: int) -> str:
 def report(sc: Scenario, results: dict[str, float | str]) -> str:
     p = sc.pipeline
     lines = [f"model {sc.model.preset}, K={p.stages}, M={p.micro_batches}, batch {p.batch_size}, remat none, "
-             f"devices {list(sc.device_map)}",
+             f"devices {list(sc.mesh.rank_devices)}",
              f"{'contender':64s} {'step (ms)':>10s} {'vs gpipe_exec gpipe':>20s}"]
     base = results.get("gpipe_exec gpipe")
     if not isinstance(base, float):

@@ -112,7 +112,7 @@ class Checked:
     predicted_throughput: float  # samples/s
     predicted_step_s: float
     run: Scenario | None = None  # as run: the simulator's partition written out as layer counts
-    device_map: tuple[int, ...] = ()
+    device_map: tuple[int, ...] = ()  # the device of each process (Mesh.process_devices)
     same_as: list[dict[str, Any]] = field(default_factory=list)  # other candidates that run the same
     measured: list[float] = field(default_factory=list)  # samples/s, one per round
 
@@ -299,7 +299,7 @@ def runnable_rows(base: Scenario, predicted: Sequence[Prediction]) -> list[Check
         if key in seen:
             seen[key].same_as.append(o)
             continue
-        row = Checked(o, throughput, step, run, tuple(plan.device_map))
+        row = Checked(o, throughput, step, run, plan.mesh.process_devices())
         seen[key] = row
         rows.append(row)
     return rows

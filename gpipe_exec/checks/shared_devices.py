@@ -21,7 +21,7 @@ def calibrate_shared(fit: RuntimeFit, device_map: Sequence[int], *, message_byte
     # One launch: the pipeline profiled as its stages run, then run (validate's own rounds).
     payload = {"cases": [scenario], "rounds": 1, "steps": steps, "warmup": 2, "alone": False,
                "profile": ProfileOptions(min_time_s=0.2), "calibration": fit}
-    done = launch(payload, scenario.device_map, options, task=compare_rounds)[0][0]
+    done = launch(payload, scenario.mesh.process_devices(), options, task=compare_rounds)[0][0]
     measured, table = done.measured.result.step_time_s, done.table
 
     def scaled(alpha: float) -> RuntimeFit:

@@ -17,7 +17,6 @@ from gpipe_exec.measure.steps import Measurement
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import ProfileOptions
 from gpipe_sim.errors import GpipeError, ScenarioError
-from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.results.result import Result
 from gpipe_sim.results.validation import ValidationDocument
 from gpipe_sim.model.recompute import per_layer
@@ -136,14 +135,14 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
                             "`gpipe-sim simulate` of the preset instead (as tests/test_exec_recompute.py does)")
     if table is None:  # before profiling: the model builds and (on CPU) its ranks fit in free memory
         check_runnable(scenario, options.device)
-    device_map = process_devices(scenario.device_map, T)  # one process per device (T per rank)
+    device_map = scenario.mesh.process_devices()  # one process per device (T per rank)
     devices = sorted(set(device_map))
     if calibration is None and calibrate and len(devices) > 1:
         say("calibrating the runtime (host time per action, link)")
         calibration = calibrate_runtime((devices[0], devices[1]), options=options)
         if len(devices) < len(device_map) and T == 1:
             say("calibrating the runtime on the shared devices")
-            calibration = calibrate_shared(calibration, scenario.device_map, options=options)
+            calibration = calibrate_shared(calibration, scenario.mesh.rank_devices, options=options)
     if table is not None:  # one compile and one simulation: the plan predicted is the plan run
         check_model(scenario)
         prediction = predict_with_profile(scenario, table, calibration)

@@ -14,7 +14,6 @@ from gpipe_exec.runtime.job import job_for
 from gpipe_exec.launch.spawn import LaunchOptions, run_rank
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.plan.compile import compile_plan
-from gpipe_sim.schedule.global_program import process_devices
 from gpipe_sim.scenario.scenario import load_scenario
 
 
@@ -35,14 +34,13 @@ def torchrun_main(argv: Sequence[str] | None = None) -> int:
         return 2
     plan = compile_plan(scenario)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    T = scenario.pipeline.tensor_parallel  # one process per device: T per rank
-    if world != plan.num_ranks * T:
-        sys.stderr.write(f"gpipe-exec: error: the plan has {plan.num_ranks * T} processes (pipeline.stages x "
+    if world != plan.mesh.num_processes:  # one process per device: T per rank
+        sys.stderr.write(f"gpipe-exec: error: the plan has {plan.mesh.num_processes} processes (pipeline.stages x "
                          f"pipeline.data_parallel x pipeline.tensor_parallel), torchrun started {world}\n")
         return 2
     job = job_for(plan, steps=args.steps, warmup=args.warmup)
     options = LaunchOptions(threads=args.threads, pin=False)
-    out = run_rank(rank, world, [job], process_devices(plan.device_map, T), options)
+    out = run_rank(rank, world, [job], plan.mesh.process_devices(), options)
     if rank == 0:
         measurement = measured_result(plan, out[0])
         sys.stdout.write(measurement.result.to_json(timeline=args.json) + "\n")

@@ -238,7 +238,7 @@ def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> d
     if p.tensor_parallel > 1:
         mesh = device_mesh(profile_device(options.device).type, p.data_parallel, p.stages, p.tensor_parallel)
         return profile_model(scenario, options, mesh=mesh["tp"], together=dist.group.WORLD)
-    lock = device_lock(rank, scenario.device_map)
+    lock = device_lock(rank, scenario.mesh.rank_devices)
     return profile_model(scenario, options, hold=nullcontext if lock is None else lock.hold)
 
 
@@ -268,8 +268,6 @@ def profile_on_devices(scenario: Scenario, options: ProfileOptions = ProfileOpti
     Measured on 2 cores (convnet, K=4 on two shared cores, M=16): stage compute in the run was
     1.26-1.43x the profile taken by one process per device, 1.05-1.2x this one."""
     from gpipe_exec.launch.spawn import LaunchOptions, launch
-    from gpipe_sim.schedule.global_program import process_devices
 
     payload = {"scenario": scenario, "options": options}
-    devices = process_devices(scenario.device_map, scenario.pipeline.tensor_parallel)
-    return launch(payload, devices, launch_options or LaunchOptions(), task=_profile_task)
+    return launch(payload, scenario.mesh.process_devices(), launch_options or LaunchOptions(), task=_profile_task)

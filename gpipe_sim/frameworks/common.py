@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpipe_sim.mesh import total_devices
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.model.model import TransformerModel
 from gpipe_sim.scenario.scenario import Pipeline, Scenario, parse_scenario
@@ -30,9 +29,6 @@ class Read:
     notes: list[str] = field(default_factory=list)
 
 
-def devices(p: Pipeline) -> int:
-    """Every device of the run: T x C x K x D (gpipe_sim.mesh)."""
-    return total_devices(p.stages * p.data_parallel, p)
 
 
 def micro_batch_size(p: Pipeline) -> int | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpipe_sim.frameworks.common import Written, chunk_sizes, devices, micro_batch_size
+from gpipe_sim.frameworks.common import Written, chunk_sizes, micro_batch_size
 from gpipe_sim.scenario.scenario import Scenario
 
 OPTIMIZER_TYPES = {"adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad"}  # of DeepSpeed's DEEPSPEED_OPTIMIZERS
@@ -87,7 +87,7 @@ def layout_notes(scenario: Scenario) -> list[str]:
     """What DeepSpeed takes from the model's code and the launcher: devices, K, T, the schedule
     and the chunks' layers."""
     p = scenario.pipeline
-    notes = [f"launch on T x K x D = {devices(p)} GPUs: DeepSpeed's data parallelism is what the pipeline and "
+    notes = [f"launch on T x K x D = {scenario.mesh.num_processes} GPUs: DeepSpeed's data parallelism is what the pipeline and "
              "tensor parallelism leave of them"]
     if p.stages > 1:
         notes.append(f"pipeline.stages: give PipelineModule(num_stages={p.stages}) the layers "

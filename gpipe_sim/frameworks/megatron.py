@@ -15,7 +15,7 @@ import shlex
 from typing import Any
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.frameworks.common import Written, chunk_sizes, devices, micro_batch_size, transformer
+from gpipe_sim.frameworks.common import Written, chunk_sizes, micro_batch_size, transformer
 from gpipe_sim.model.model import TransformerModel
 from gpipe_sim.scenario.scenario import Scenario
 
@@ -62,7 +62,7 @@ def layout_sizes(text: str, flag: str = "--pipeline-model-parallel-layout") -> t
 def launch_counts(scenario: Scenario, notes: list[str]) -> tuple[int, int]:
     """(nodes, processes per node) for torchrun: the T x K x D devices in nodes of
     `hardware.devices_per_node` (one node when not given or when they fit one)."""
-    n = devices(scenario.pipeline)
+    n = scenario.mesh.num_processes
     per_node = scenario.hardware.devices_per_node
     if per_node is None and n > 1:
         notes.append(f"hardware.devices_per_node not given: written as one node of {n} processes; set torchrun's "

@@ -215,10 +215,3 @@ class Hardware(_Strict):
             else:
                 merged[key] = value
         return merged
-
-
-def megatron_placement(ranks: int, replicas: int) -> tuple[tuple[int, ...], ...]:
-    """[replica][rank] -> device, as Megatron-LM orders them: data parallelism inside, pipeline
-    outside, so the replicas of a stage sit on neighbouring devices (one node when they fit) and
-    consecutive pipeline ranks are `replicas` devices apart."""
-    return tuple(tuple(r * replicas + d for r in range(ranks)) for d in range(replicas))

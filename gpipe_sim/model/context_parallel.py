@@ -17,16 +17,15 @@ from typing import Any, Sequence
 
 from gpipe_sim.model.block_shape import BlockShape
 from gpipe_sim.model.kernels import Flash, LayerKernels
-from gpipe_sim.mesh import rank_layout_problem
 from gpipe_sim.model.model import LayerSpec, ModelSpec, TransformerModel
 
 
-def context_parallel_problem(model: ModelSpec, cp: int, tp: int, hardware: Any) -> str | None:
-    """One line naming the field where `cp` devices cannot split this model's sequence or tile this
-    hardware; None where they can (always at C = 1). Context parallelism needs the transformer
-    preset with flash attention (Megatron-LM runs it through Transformer Engine's fused attention
-    only), a sequence that cuts into 2C equal chunks, and T x C devices per rank that lie in one
-    node or fill whole nodes."""
+def context_parallel_problem(model: ModelSpec, cp: int) -> str | None:
+    """One line naming the field where `cp` devices cannot split this model's sequence; None where
+    they can (always at C = 1). Context parallelism needs the transformer preset with flash
+    attention (Megatron-LM runs it through Transformer Engine's fused attention only) and a
+    sequence that cuts into 2C equal chunks (whether T x C devices per rank tile the nodes is the
+    mesh's to say: gpipe_sim.mesh.layout_problem)."""
     if cp == 1:
         return None
     if not isinstance(model, TransformerModel):
@@ -38,8 +37,7 @@ def context_parallel_problem(model: ModelSpec, cp: int, tp: int, hardware: Any) 
     if model.seq_len % (2 * cp):
         return (f"model.seq_len: {model.seq_len:,} tokens do not cut into {2 * cp} equal chunks "
                 f"(2 x pipeline.context_parallel {cp}, two per device for the causal load balance)")
-    return rank_layout_problem(hardware, tp * cp, "pipeline.context_parallel",
-                               f"{tp} x {cp}", f"tensor_parallel {tp} and context_parallel {cp}")
+    return None
 
 
 def local_model(model: ModelSpec, cp: int) -> ModelSpec:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from gpipe_sim.model.block_shape import kv_heads_problem
-from gpipe_sim.mesh import rank_layout_problem
 from gpipe_sim.model.model import ModelSpec, TableModel, TransformerModel
 
 # A reduce-scatter or an all-gather of B bytes moves half what a ring all-reduce of B bytes moves
@@ -36,13 +34,12 @@ def split_vocab(model: TransformerModel, tp: int) -> int:
     return -(-model.vocab // multiple) * multiple
 
 
-def tensor_parallel_problem(model: ModelSpec, tp: int, hardware: Any) -> str | None:
-    """One line naming the field where `tp` devices per rank cannot split this model or fit this
-    hardware; None where they can. The transformer preset splits at any `tp` dividing its heads
+def tensor_parallel_problem(model: ModelSpec, tp: int) -> str | None:
+    """One line naming the field where `tp` devices per rank cannot split this model; None where
+    they can (whether they tile the nodes is the mesh's to say: gpipe_sim.mesh.layout_problem). The transformer preset splits at any `tp` dividing its heads
     and d_ff whose key/value heads it splits or replicates (`kv_heads_problem`); a measured layer table runs at the T it was profiled at only (its rows are one
     device's share: `TableModel.tensor_parallel`), T = 1 included; other presets at T = 1 only.
-    With nodes, a rank's T devices lie in one node (T divides its devices) or fill whole nodes
-    (T a multiple of them: the collectives then cross the network, `gpipe_sim.plan.tensor_parallel.tp_ring`)."""
+    """
     if isinstance(model, TableModel) and model.tensor_parallel != tp:
         return (f"model.tensor_parallel: the layer table was profiled at tensor_parallel {model.tensor_parallel} "
                 f"(its rows are one device's share) but pipeline.tensor_parallel is {tp}; profile it at {tp}")
@@ -59,8 +56,7 @@ def tensor_parallel_problem(model: ModelSpec, tp: int, hardware: Any) -> str | N
         problem = kv_heads_problem(model.query_groups, tp)
         if problem:
             return problem
-    return rank_layout_problem(hardware, tp, "pipeline.tensor_parallel", str(tp), f"tensor_parallel {tp}",
-                               ": give a T that divides a node's devices or a multiple of them (whole nodes)")
+    return None
 
 
 def transformer_collectives(model: TransformerModel, tp: int, sequence_parallel: bool,

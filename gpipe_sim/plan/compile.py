@@ -4,7 +4,7 @@ their costs, and the flat program the engines run."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Sequence
 
@@ -15,7 +15,7 @@ from gpipe_sim.plan.links import transfer_link_keys
 from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
 from gpipe_sim.plan.buckets import overlap_profiles
 from gpipe_sim.plan.replicas import data_parallel_groups
-from gpipe_sim.mesh import gradient_group, total_devices
+from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.chunk_times import chunk_times
 from gpipe_sim.model.context_parallel import local_model
 from gpipe_sim.plan.sharding import (bytes_per_param, fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes,
@@ -149,15 +149,20 @@ class Plan:
     chunks: tuple[ChunkPlan, ...]
     ranks: tuple[RankPlan, ...]
     micro_batch_sizes: tuple[int, ...]
-    device_map: tuple[int, ...]  # per global rank d*K + r (replica d, pipeline rank r)
+    mesh: Mesh  # the parallel sizes and where each rank runs (the scenario's)
     # The replicas the program holds: all D (None), or replica 0 alone (1) standing for D alike
     # replicas (`simulated`, gpipe_sim.plan.replica_symmetry)
     program_replicas: int | None = None
-    num_devices: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        # every device of the step: T x C consecutive devices from each distinct rank device
-        object.__setattr__(self, "num_devices", total_devices(len(set(self.device_map)), self.scenario.pipeline))
+    @property
+    def device_map(self) -> tuple[int, ...]:
+        """The first device of each program rank d*K + r (`Mesh.rank_devices`)."""
+        return self.mesh.rank_devices
+
+    @property
+    def num_devices(self) -> int:
+        """Every device of the step (`Mesh.num_devices`)."""
+        return self.mesh.num_devices
 
     @property
     def replicas(self) -> int:
@@ -207,8 +212,8 @@ class Plan:
         """Each chunk's layers and rank and each rank's device, as a Result records them."""
         return Layout(tuple((c.first_layer, c.last_layer) for c in self.chunks),
                       tuple(c.rank for c in self.chunks), self.device_map[:len(self.ranks)],
-                      self.num_devices, self.replicas, self.scenario.pipeline.tensor_parallel,
-                      self.num_ranks // len(self.ranks), self.scenario.pipeline.context_parallel)
+                      self.num_devices, self.replicas, self.mesh.tensor_parallel,
+                      self.num_ranks // len(self.ranks), self.mesh.context_parallel)
 
     @property
     def analytic_bubble_fraction(self) -> float:
@@ -230,7 +235,7 @@ class Plan:
         training = self.scenario.training
         return global_program(self.schedule, self.replicas, self.program_replicas,
                               training.overlap_grad_reduce or training.zero == 3,
-                              reduced=gradient_group(self.scenario.pipeline) > 1)
+                              reduced=self.mesh.gradient_group > 1)
 
     @cached_property
     def program(self) -> Program:
@@ -262,7 +267,7 @@ def scenario_schedule(scenario: Scenario) -> Schedule:
 def compile_plan(scenario: Scenario) -> Plan:
     """Build the layer table, partition it into K*v chunks, place and cost them, build the programs."""
     check_fp8(scenario)
-    p, training, accel = scenario.pipeline, scenario.training, scenario.hardware.accelerator
+    p, training, accel, mesh = scenario.pipeline, scenario.training, scenario.hardware.accelerator, scenario.mesh
     dtype, dtype_bytes = training.dtype, training.dtype_bytes
     layers = scenario_layers(scenario)
     M = p.micro_batches
@@ -287,7 +292,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     first = 0
     for c, count in enumerate(counts):
         own = layers[first : first + count]
-        per_size, tp_seconds = chunk_times(scenario, own, first, scenario.device_map[schedule.placement[c]],
+        per_size, tp_seconds = chunk_times(scenario, own, first, mesh.rank_devices[schedule.placement[c]],
                                             distinct)
         in_flight = (0.0, 0.0)
         if gathers_per_pass(scenario):  # ZeRO-3 without pipelining: each pass gathers its layers
@@ -338,7 +343,7 @@ def compile_plan(scenario: Scenario) -> Plan:
         )
         first += count
     ranks = _rank_plans(scenario, schedule, layers, chunks)
-    return Plan(scenario, schedule, tuple(layers), tuple(chunks), ranks, tuple(sizes), scenario.device_map)
+    return Plan(scenario, schedule, tuple(layers), tuple(chunks), ranks, tuple(sizes), mesh)
 
 
 def _rank_plans(scenario: Scenario, schedule: Schedule, layers: Sequence[LayerSpec],
@@ -348,7 +353,7 @@ def _rank_plans(scenario: Scenario, schedule: Schedule, layers: Sequence[LayerSp
     for r in range(schedule.ranks):
         mine = schedule.chunks_of(r)
         ranks.append(RankPlan(
-            index=r, device=scenario.device_map[r], chunks=mine,
+            index=r, device=scenario.mesh.rank_devices[r], chunks=mine,
             param_bytes=math.fsum(chunks[c].param_bytes for c in mine),
             state_bytes=math.fsum(chunks[c].state_bytes for c in mine),
             update_s=math.fsum(chunks[c].update_s for c in mine),
@@ -363,7 +368,7 @@ def local_state_bytes_per_param(scenario: Scenario) -> float:
     optimizer states and fp32 master weights, as `training.zero` shards them (gpipe_sim.plan.sharding)
     over the D x C devices that hold the same weights (`shard_members`)."""
     p = scenario.pipeline
-    return bytes_per_param(scenario.training, gradient_group(p), shard_members(scenario), p.stages)[1]
+    return bytes_per_param(scenario.training, scenario.mesh.gradient_group, shard_members(scenario), p.stages)[1]
 
 
 def shard_members(scenario: Scenario) -> int:
@@ -377,22 +382,22 @@ def expert_bytes_per_param(scenario: Scenario) -> tuple[float, float]:
     """(weight, other) bytes a rank holds all step per routed expert's parameter: sharded as
     `training.zero` shards over the D / E replicas that hold the same experts (Megatron-LM's
     expert-data-parallel group; torchtitan's dp_shard_mod_ep), not over D x C."""
-    p = scenario.pipeline
-    E = p.expert_parallel
-    return bytes_per_param(scenario.training, gradient_group(p) // E, max(1, shard_members(scenario) // E), p.stages)
+    mesh = scenario.mesh
+    return bytes_per_param(scenario.training, mesh.expert_gradient_group,
+                           max(1, shard_members(scenario) // mesh.expert_parallel), mesh.stages)
 
 
 def local_weight_bytes_per_param(scenario: Scenario) -> float:
     """Bytes of the weight a rank holds all step per parameter: the training dtype's, or under
     ZeRO-3 without pipelining its shard (gpipe_sim.plan.sharding)."""
     p = scenario.pipeline
-    return bytes_per_param(scenario.training, gradient_group(p), shard_members(scenario), p.stages)[0]
+    return bytes_per_param(scenario.training, scenario.mesh.gradient_group, shard_members(scenario), p.stages)[0]
 
 
 def _update_share(scenario: Scenario) -> int:
     """The devices a rank's optimizer update is shared among: the shard group under ZeRO
     (`shard_members`), else 1."""
-    return shard_members(scenario) if scenario.training.zero and gradient_group(scenario.pipeline) > 1 else 1
+    return shard_members(scenario) if scenario.training.zero and scenario.mesh.gradient_group > 1 else 1
 
 
 def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) -> tuple[list[float], list[float]]:
@@ -414,7 +419,7 @@ def update_scratch_per_layer(scenario: Scenario, layers: Sequence[LayerSpec]) ->
     factor = 4.0 * OPTIMIZER_SCRATCH[step][training.optimizer]  # fp32 copies
     upcast = 0.0 if training.dtype == "fp32" else 4.0  # the gradients' fp32 copies
     none = [0.0] * len(layers)
-    if training.zero and gradient_group(scenario.pipeline) > 1:
+    if training.zero and scenario.mesh.gradient_group > 1:
         share = 0.0 if scenario.hardware.host.step_buffers else (factor + upcast) / shard_members(scenario)
         return [share * layer.params for layer in layers], none
     if step == "foreach":
@@ -452,7 +457,7 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
         input_bytes=[float(input_bytes_per_sample(local_model(scenario.model, scenario.pipeline.context_parallel), dtype_bytes))]
         + [float(layer.output_bytes_per_sample) for layer in layers[:-1]],
         held=held_activations(schedule, sizes),
-        device_map=scenario.device_map,
+        device_map=scenario.mesh.rank_devices,
         capacity_bytes=scenario.hardware.accelerator.usable_memory_bytes,
         transient_bytes=[max(layer.transient_bytes + largest * (layer.transient_bytes_per_sample
                                                                  + recompute_peak_bytes(layer)),

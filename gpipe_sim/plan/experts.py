@@ -10,19 +10,12 @@ from gpipe_sim.costs.layer_time import layer_seconds
 from gpipe_sim.model.experts import routed_rows
 from gpipe_sim.costs.gpu_model import StreamWork
 from gpipe_sim.hardware.hardware import Hardware
-from gpipe_sim.mesh import devices_per_rank
 from gpipe_sim.model.model import LayerSpec, TransformerModel
 from gpipe_sim.scenario.scenario import Scenario
 
 # the schedules that run one micro-batch's forward beside another's backward and hide each one's
 # all-to-alls behind the other's compute (DeepSeek-V3's DualPipe, section 3.2.1; DualPipeV its V form)
 OVERLAPPING = ("dualpipev",)
-
-
-def expert_group(first_device: int, ep: int, stride: int) -> list[int]:
-    """The E devices of the expert group of the replica at `first_device`: every `stride`-th
-    device (T x C: the next replicas of the same pipeline rank, Megatron-LM's order)."""
-    return [first_device + i * stride for i in range(ep)]
 
 
 def all_to_all_seconds(hardware: Hardware, members: Sequence[int], nbytes: float) -> float:
@@ -57,7 +50,7 @@ def all_to_all_work(scenario: Scenario, device: int, sizes: Sequence[float], lay
     ep = p.expert_parallel
     if ep == 1 or not isinstance(model, TransformerModel):
         return None
-    members = expert_group(device, ep, devices_per_rank(p))
+    members = scenario.mesh.expert_members(device)
     tokens = model.seq_len // p.context_parallel
     sent = routed_rows(model, tokens) * model.d_model * scenario.training.dtype_bytes
     overlapped = p.schedule_name in OVERLAPPING
@@ -79,4 +72,4 @@ def all_to_all_work(scenario: Scenario, device: int, sizes: Sequence[float], lay
             if 1 <= i <= model.layers and model.is_moe(i - 1) else empty for j, i in enumerate(index)]
 
 
-__all__ = ["OVERLAPPING", "all_to_all_seconds", "all_to_all_work", "expert_group"]
+__all__ = ["OVERLAPPING", "all_to_all_seconds", "all_to_all_work"]

@@ -47,7 +47,7 @@ def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
         return ReplicaSymmetry(False, "one replica", frozenset())
     if hardware.host.step_buffers and scenario.training.zero:
         return ReplicaSymmetry(False, "ZeRO-1 step buffers differ per replica", frozenset())
-    dmap = np.asarray(scenario.device_map, dtype=np.int64).reshape(D, K)
+    dmap = np.asarray(scenario.mesh.rank_devices, dtype=np.int64).reshape(D, K)
     devices = np.array([_labels(row) for row in dmap])
     if (devices != devices[0]).any():
         return ReplicaSymmetry(False, "the replicas' ranks share devices differently", frozenset())

@@ -14,7 +14,6 @@ from gpipe_sim.plan.links import ring_link_keys
 from gpipe_sim.plan.sharding import Ring, rank_rings, replica_ring
 from gpipe_sim.schedule import Kind, ProgramColumns
 from gpipe_sim.hardware.hardware import Link
-from gpipe_sim.mesh import context_members, expert_gradient_group, gradient_group
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.model.tensor_parallel import ALL_REDUCE, collective_seconds
 
@@ -35,7 +34,7 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     """(group of each allreduce action of the program `c`, [group, link key] rows of the links
     each group's ring uses, seconds of each group's ring all-reduce). One group per chunk (on
     pipeline rank `chunk_ranks[i]`, `chunk_params[i]` parameters): its D replicas, device
-    dmap[d*K + rank], each with its C context-parallel devices (`gradient_group`: D x C members;
+    dmap[d*K + rank], each with its C context-parallel devices (`Mesh.gradient_members`: D x C;
     at T > 1, the ring of the chunk's first devices stands for its T concurrent
     rings, one per shard: they share the nodes' NICs, `network_ring_bandwidth`). A ring holds
     none of the `foreign` links (where the program holds replica 0 alone: ReplicaSymmetry.foreign).
@@ -45,12 +44,11 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     (and ZeRO-1's parameter gather, or with `overlap_param_gather` what it delays the forward:
     gpipe_sim.plan.buckets). `chunk_expert_params`: of each chunk's parameters, its routed
     experts' (gpipe_sim.model.experts): without overlap their gradients are a second all-reduce,
-    over the D x C / E devices that hold the same experts (`expert_gradient_group`), on the same
+    over the D x C / E devices that hold the same experts (`Mesh.expert_gradient_group`), on the same
     link; with overlap every bucket is reduced over D x C (an upper bound for the experts')."""
-    p = scenario.pipeline
-    D = p.data_parallel
-    K = len(dmap) // D
-    members = gradient_group(p)  # D x C: context-parallel ranks reduce their weights' gradients too
+    mesh = scenario.mesh
+    K = mesh.stages
+    members = mesh.gradient_group  # D x C: context-parallel ranks reduce their weights' gradients too
     collective = np.full(len(c.kind), -1, dtype=np.int64)
     if members == 1:
         return collective, np.zeros((0, 2), dtype=np.int64), np.zeros(0)
@@ -64,8 +62,7 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     seconds, rows = [], []
     zero = scenario.training.zero
     for index, (rank, params) in enumerate(zip(chunk_ranks, chunk_params)):
-        ring = [member for d in range(D)
-                for member in context_members(int(dmap[d * K + rank]), p.tensor_parallel, p.context_parallel)]
+        ring = mesh.gradient_members(rank)
         # the rings of the rank's shards in one node leave it together (all T, or a node's worth
         # where the rank's T devices fill several nodes)
         whole = replica_ring(scenario, ring, per_node, tp)
@@ -75,7 +72,7 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
         elif overlap is None:
             experts = chunk_expert_params[index] if chunk_expert_params is not None else 0
             # the experts' gradients: a ring of the D x C / E devices holding the same experts
-            alike = Ring(expert_gradient_group(p), whole.bandwidth, whole.latency_s)
+            alike = Ring(mesh.expert_gradient_group, whole.bandwidth, whole.latency_s)
             seconds.append(reduce((params - experts) * dtype_bytes)
                            + (alike.allreduce(experts * dtype_bytes) if experts else 0.0))
         elif zero:  # each bucket reduce-scattered, the parameters all-gathered after

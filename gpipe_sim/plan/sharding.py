@@ -80,9 +80,11 @@ def shard_degree(scenario: Scenario) -> int:
                             "dp_shard_cp) is not modelled; use zero 0-2 with pipeline.context_parallel > 1")
     if not scenario.training.shard_within_node or D == 1:
         return D
-    dmap = scenario.device_map
+    mesh = scenario.mesh
+    dmap = mesh.rank_devices
     per_node = hardware.devices_per_node or max(dmap) + 1
-    counts = {sum(dmap[d * K + r] // per_node == dmap[r] // per_node for d in range(D)) for r in range(K)}
+    counts = {sum(dmap[mesh.program_rank(d, r)] // per_node == dmap[r] // per_node for d in range(D))
+              for r in range(K)}
     S = counts.pop()
     if counts or D % S:
         raise ScenarioError(f"training.shard_within_node: a node holds {S} of a stage's {D} replicas here, "
@@ -95,11 +97,12 @@ def rank_rings(scenario: Scenario, rank: int, per_node: int) -> tuple[Ring, Ring
     gathered and reduce-scattered among (replica 0's group), and the D / S groups' shard all-reduce
     across them (one member, free, without HSDP)."""
     p = scenario.pipeline
-    D, K, T = p.data_parallel, p.stages, p.tensor_parallel
+    D, T = p.data_parallel, p.tensor_parallel
     S = shard_degree(scenario)
-    dmap = scenario.device_map
-    shard = replica_ring(scenario, [dmap[d * K + rank] for d in range(S)], per_node, T)
-    across = replica_ring(scenario, [dmap[d * K + rank] for d in range(0, D, S)], per_node, S * T)
+    mesh = scenario.mesh
+    first = [mesh.rank_devices[mesh.program_rank(d, rank)] for d in range(D)]
+    shard = replica_ring(scenario, first[:S], per_node, T)
+    across = replica_ring(scenario, first[::S], per_node, S * T)
     return shard, across
 
 
@@ -165,7 +168,7 @@ def fsdp_chunk_seconds(scenario: Scenario, layers: Sequence[LayerSpec], shares: 
     `seconds` the passes alone, shared over the layers as `shares` [size, layer, (forward, backward)]
     are; each layer gathered over the shard ring, its gradients reduce-scattered there and, under
     HSDP, their shard all-reduced across the nodes (`fsdp_pass_seconds`)."""
-    per_node = scenario.hardware.devices_per_node or max(scenario.device_map) + 1
+    per_node = scenario.hardware.devices_per_node or max(scenario.mesh.rank_devices) + 1
     shard, across = rank_rings(scenario, 0, per_node)
     nbytes = [float(layer.params * scenario.training.dtype_bytes) for layer in layers]
     gathers = [shard.half(n) for n in nbytes]

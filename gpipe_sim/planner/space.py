@@ -219,16 +219,15 @@ def tensor_parallel_values(base: Scenario, options: PlanOptions) -> list[int]:
     hardware has no nodes) that the model splits (the transformer preset, T dividing its heads and
     d_ff: `tensor_parallel_problem`); where `options.tensor_parallel` is given, those of its
     values, up to N (a T of several whole nodes, its collectives over the network, included)."""
-    from types import SimpleNamespace
-
+    from gpipe_sim.mesh import tiles_nodes
     from gpipe_sim.model.tensor_parallel import tensor_parallel_problem
 
     hw = base.hardware
     # the candidate places itself (an explicit device map of the base is cleared for another T)
-    placed = SimpleNamespace(devices_per_node=hw.devices_per_node, placement=None, stage_to_device=None)
     most = options.devices if options.tensor_parallel else min(options.devices, hw.devices_per_node or options.devices)
     out = [1] + [1 << i for i in range(1, most.bit_length())
-                 if tensor_parallel_problem(base.model, 1 << i, placed) is None]
+                 if tensor_parallel_problem(base.model, 1 << i) is None
+                 and tiles_nodes(hw.devices_per_node, 1 << i)]
     return [t for t in out if options.tensor_parallel is None or t in options.tensor_parallel]
 
 
@@ -237,18 +236,18 @@ def context_parallel_values(base: Scenario, options: PlanOptions, tensor_paralle
     that leaves every device at least MIN_TOKENS_PER_CP_RANK tokens; where
     `options.context_parallel` is given, those of its values; each only where the model and the
     nodes take it (`context_parallel_problem`: flash attention, 2C chunks, T x C tiling nodes)."""
-    from types import SimpleNamespace
-
+    from gpipe_sim.mesh import tiles_nodes
     from gpipe_sim.model.context_parallel import context_parallel_problem
 
-    placed = SimpleNamespace(devices_per_node=base.hardware.devices_per_node, placement=None, stage_to_device=None)
+    per_node = base.hardware.devices_per_node
     most = options.devices // tensor_parallel
     if options.context_parallel is not None:
         values = sorted(c for c in options.context_parallel if c <= most)
     else:
         tokens = getattr(base.model, "seq_len", 0)
         values = [1] + [1 << i for i in range(1, most.bit_length()) if tokens // (1 << i) >= MIN_TOKENS_PER_CP_RANK]
-    return [c for c in values if c == 1 or context_parallel_problem(base.model, c, tensor_parallel, placed) is None]
+    return [c for c in values if c == 1 or (context_parallel_problem(base.model, c) is None
+                                            and tiles_nodes(per_node, tensor_parallel * c))]
 
 
 def expert_parallel_values(base: Scenario, options: PlanOptions, data_parallel: int) -> list[int]:

@@ -22,13 +22,13 @@ from gpipe_sim.schema.fields import (
 )
 from gpipe_sim.schema.files import read_data_file, read_text_file, shown_path
 from gpipe_sim.schema.field_errors import describe_error, did_you_mean, error_location, user_key, valid_keys
-from gpipe_sim.hardware.hardware import Hardware, megatron_placement
+from gpipe_sim.hardware.hardware import Hardware
 from gpipe_sim.model.layers import describe_layer_count, layer_count
 from gpipe_sim.scenario.overrides import SECTIONS, blame, parse_overrides
 from gpipe_sim.model.tensor_parallel import tensor_parallel_problem
 from gpipe_sim.model.context_parallel import context_parallel_problem
 from gpipe_sim.model.experts import expert_parallel_problem
-from gpipe_sim.mesh import devices_per_rank
+from gpipe_sim.mesh import Mesh, device_lists_problem, layout_problem
 from gpipe_sim.model.recompute import remat_problem
 from gpipe_sim.model.model import MODEL_PRESETS, ModelSpec, TransformerModel
 from gpipe_sim.scenario.training_run import Goodput, TokenCount, tokens_per_sample
@@ -308,21 +308,12 @@ class Scenario(_Strict):
                 f"hardware.links: {len(self.hardware.links)} links for {p.stages} stages "
                 f"(give one per consecutive pair: {p.stages - 1})"
             )
-        device_map = self.hardware.stage_to_device
-        if device_map is not None and len(device_map) != p.stages:
-            raise ValueError(
-                f"hardware.stage_to_device: {len(device_map)} entries for {p.stages} stages"
-            )
-        placement = self.hardware.placement
-        if placement is not None:
-            if len(placement) != D or any(len(row) != p.stages for row in placement):
-                raise ValueError(f"hardware.placement: give {D} rows (one per replica) of {p.stages} devices")
-            if device_map is not None:
-                raise ValueError("hardware.placement: give either placement or stage_to_device, not both")
-        elif D > 1 and device_map is not None:
-            raise ValueError("hardware.stage_to_device: with data_parallel > 1 give hardware.placement instead")
-        problem = (tensor_parallel_problem(self.model, p.tensor_parallel, self.hardware)
-                   or context_parallel_problem(self.model, p.context_parallel, p.tensor_parallel, self.hardware)
+        problem = device_lists_problem(p, self.hardware)
+        if problem:
+            raise ValueError(problem)
+        problem = (tensor_parallel_problem(self.model, p.tensor_parallel)
+                   or context_parallel_problem(self.model, p.context_parallel)
+                   or layout_problem(p, self.hardware)
                    or expert_parallel_problem(self.model, p.expert_parallel, p.tensor_parallel, p.data_parallel)
                    or remat_problem(self.model, p.remat))
         if problem:
@@ -333,18 +324,9 @@ class Scenario(_Strict):
         return self
 
     @property
-    def device_map(self) -> tuple[int, ...]:
-        """Which device runs each global rank d*K + r (replica d, pipeline rank r): `hardware.placement`,
-        else `stage_to_device` (one replica), else Megatron-LM's order (the identity for one replica).
-        With tensor parallelism T and context parallelism C a rank occupies T x C consecutive devices
-        and this is the first of them (Megatron-LM's order, gpipe_sim.mesh: tensor-parallel
-        ranks innermost, then context-parallel, so a rank's T devices share a node)."""
-        if self.hardware.placement is not None:
-            return tuple(device for row in self.hardware.placement for device in row)
-        if self.hardware.stage_to_device is not None:
-            return self.hardware.stage_to_device
-        width = devices_per_rank(self.pipeline)
-        return tuple(width * d for row in megatron_placement(self.pipeline.stages, self.pipeline.data_parallel) for d in row)
+    def mesh(self) -> Mesh:
+        """The parallel sizes and the rank -> process -> device -> node map (gpipe_sim.mesh)."""
+        return Mesh.of(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as plain data (YAML/JSON-ready), with presets resolved."""

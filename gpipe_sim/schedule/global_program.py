@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpipe_sim.mesh import Mesh, tensor_parallel_rank
 from gpipe_sim.schedule.actions import Action, Kind, Tensor
 from gpipe_sim.schedule.program import ProgramColumns, Schedule
 
@@ -133,22 +134,10 @@ def _stack(parts: list[dict[str, np.ndarray]]) -> ProgramColumns:
     )
 
 
-# Tensor parallelism (`pipeline.tensor_parallel` T): program rank g runs on T processes (devices),
-# process g*T + t for t = 0 .. T-1 (Megatron-LM's order, tensor-parallel innermost: the
-# process grid is (replica, pipeline rank, tensor-parallel rank), row-major). Every one of them
-# runs g's program; a transfer goes to the same t of the peer rank. The simulator prices the T
-# devices of a rank as one (device_map names the first, `Scenario.device_map`); the executor runs
-# one process per device, and its measured timeline is each rank's t = 0 process.
-
-def tensor_parallel_process(g: int, t: int, tp: int) -> int:
-    """The process (and device offset) of program rank g's tensor-parallel rank t of `tp`."""
-    return g * tp + t
-
-
-def tensor_parallel_rank(process: int, tp: int) -> tuple[int, int]:
-    """(program rank g, tensor-parallel rank t) of a process: the inverse of `tensor_parallel_process`."""
-    return divmod(process, tp)
-
+# Tensor parallelism (`pipeline.tensor_parallel` T): program rank g runs on T processes, numbered
+# by the mesh (gpipe_sim.mesh.Mesh.process). Every one of them runs g's program; a transfer goes
+# to the same t of the peer rank. The simulator prices the T devices of a rank as one; the
+# executor runs one process per device, and its measured timeline is each rank's t = 0 process.
 
 def process_program(program: GlobalProgram, process: int, tp: int) -> RankProgram:
     """The slice a process runs: its program rank's actions, each transfer's peer the same
@@ -158,11 +147,6 @@ def process_program(program: GlobalProgram, process: int, tp: int) -> RankProgra
     mine = program.rank(g)
     if tp == 1:
         return mine
-    actions = tuple(a._replace(peer=tensor_parallel_process(a.peer, t, tp)) if a.peer >= 0 else a
-                    for a in mine.actions)
+    grid = Mesh(tensor_parallel=tp)
+    actions = tuple(a._replace(peer=grid.process(a.peer, 0, t)) if a.peer >= 0 else a for a in mine.actions)
     return RankProgram(process, actions, mine.message)
-
-
-def process_devices(device_map: tuple[int, ...] | list[int], tp: int) -> list[int]:
-    """The device of every process: program rank g's first device (`Scenario.device_map`) + t."""
-    return [device_map[g] + t for g in range(len(device_map)) for t in range(tp)]
