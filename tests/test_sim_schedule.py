@@ -209,3 +209,14 @@ def test_time_partition_equals_brute_force_on_random_weights():
 def test_large_partition_uses_float_bisection_and_stays_balanced():
     counts = balance_by_weight([1.0] * 1000, 7)
     assert sum(counts) == 1000 and max(counts) == 143
+
+
+def test_rank_chunks_reads_each_placement_the_other_way():
+    from gpipe_sim.schedule.registry import looped, rank_chunks, v_shape
+
+    assert rank_chunks(v_shape(4, 2), 4) == ((0, 7), (1, 6), (2, 5), (3, 4))
+    assert rank_chunks(looped(3, 2), 3) == ((0, 3), (1, 4), (2, 5))
+    for placement, K in ((looped(5, 3), 5), (v_shape(6, 2), 6), ((0, 0, 1), 2)):
+        held = rank_chunks(placement, K)
+        assert sorted(c for chunks in held for c in chunks) == list(range(len(placement)))
+        assert all(placement[c] == r for r, chunks in enumerate(held) for c in chunks)

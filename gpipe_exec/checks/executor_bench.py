@@ -25,6 +25,7 @@ from gpipe_exec.runtime.interpreter import run_job
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import build_layers_range, build_model, loss_sum, make_batch
 from gpipe_sim.schedule import schedule_family
+from gpipe_sim.schedule.registry import rank_chunks
 from gpipe_sim.scenario.scenario import Scenario, parse_scenario
 
 DEFAULT_MODEL = {"preset": "transformer", "layers": 6, "d_model": 128, "d_ff": 512, "heads": 4,
@@ -64,7 +65,7 @@ def _torch_pipelining(rank: int, device: torch.device, clock: AlignedClock, sc: 
     K, M, B = sc.pipeline.stages, sc.pipeline.micro_batches, sc.pipeline.batch_size
     C = K * chunks
     placement = schedule_family(schedule).placement(K, chunks)
-    mine = sorted(c for c, owner in enumerate(placement) if owner == rank)
+    mine = rank_chunks(placement, K)[rank]
     modules, stages = [], []
     for c in mine:
         first, last = bounds[c]

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpipe_sim.schedule.actions import Kind
+from gpipe_sim.schedule.registry import rank_chunks
 
 KEPT, INPUT_ONLY, RECOMPUTED = 0, 1, 2  # what a chunk holds for a micro-batch (see plan/memory_timeline.py)
 
@@ -38,9 +39,9 @@ def held_activations(schedule: Any, sizes: Sequence[int]) -> HeldActivations:
     c = schedule.columns
     placement = tuple(int(r) for r in schedule.placement)
     ranks = schedule.ranks
-    rank_chunks = tuple(tuple(ch for ch, owner in enumerate(placement) if owner == r) for r in range(ranks))
+    held_chunks = rank_chunks(placement, ranks)
     local = np.zeros(len(placement), dtype=np.int64)
-    for mine in rank_chunks:
+    for mine in held_chunks:
         local[list(mine)] = np.arange(len(mine))
     samples = np.asarray(sizes, dtype=float)
     kind, save = c.kind, c.save.astype(bool)
@@ -69,9 +70,9 @@ def held_activations(schedule: Any, sizes: Sequence[int]) -> HeldActivations:
         rows.append(_levels(col[mine] % 3, val[mine], 3, cap=None))
     rank_rows = tuple(
         _levels(col, val, 3 * len(mine)) if len(col) * 3 * len(mine) <= _DENSE_LEVELS else None
-        for (col, val), mine in zip(events, rank_chunks)
+        for (col, val), mine in zip(events, held_chunks)
     )
-    return HeldActivations(placement, rank_chunks, events, tuple(rows), rank_rows)
+    return HeldActivations(placement, held_chunks, events, tuple(rows), rank_rows)
 
 
 _DENSE_LEVELS = 2_000_000  # entries of a rank's level matrix worth listing

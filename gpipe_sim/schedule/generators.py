@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpipe_sim.schedule.actions import Kind
-from gpipe_sim.schedule.registry import Check, RankOrders, fixed_chunks, one_chunk, register, v_shape
+from gpipe_sim.schedule.registry import Check, RankOrders, fixed_chunks, one_chunk, rank_chunks, register, v_shape
 
 # Passes are (kind, chunk, micro_batch) rows: tuples, or an (n, 3) integer array for speed; kinds
 # as plain int codes, which NumPy converts at once (an IntEnum member is converted one by one).
@@ -203,11 +203,6 @@ def zb_h2(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     return orders
 
 
-def _v_chunks(ranks: int, r: int) -> tuple[int, int]:
-    """The two chunks of rank r in a V: r on the way down, 2K-1-r on the way back."""
-    return r, 2 * ranks - 1 - r
-
-
 @register("zbv", placement=v_shape, check=fixed_chunks("zbv", 2), analytic_bubble=split_bubble)
 def zbv(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     """ZB-V (Qi et al. 2024, section 6; torch's ScheduleZBVZeroBubble): two chunks per rank in a V,
@@ -215,8 +210,7 @@ def zbv(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     then steady F/I/W triples on each chunk; near-zero bubble at 1F1B's memory when F = I = W."""
     orders: RankOrders = []
     n = max(2 * ranks - 1, micro_batches)  # the order for fewer micro-batches is this one, cut
-    for r in range(ranks):
-        down, up = _v_chunks(ranks, r)
+    for r, (down, up) in enumerate(rank_chunks(v_shape(ranks, 2), ranks)):  # r, and 2K-1-r on the way back
         counts = {(k, c): 0 for k in (F, I, W) for c in (down, up)}
         order: list[tuple[int, int, int]] = []
 
@@ -270,8 +264,7 @@ def dualpipev(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     overlaps the pair on the device; here they run one after the other), and the cool-down splits
     backwards so that weight passes fill the tail."""
     orders: RankOrders = []
-    for r in range(ranks):
-        down, up = _v_chunks(ranks, r)
+    for r, (down, up) in enumerate(rank_chunks(v_shape(ranks, 2), ranks)):  # r, and 2K-1-r on the way back
         counts: dict[tuple[int, int], int] = {}
         weights: list[tuple[int, int]] = []  # (chunk, micro-batch) whose W is pending, oldest first
         order: list[tuple[int, int, int]] = []

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 
 from gpipe_sim.schedule.actions import Action, Kind, Tensor
+from gpipe_sim.schedule.registry import rank_chunks
 
 RematMode = Literal["none", "except_last", "always", "full", "selective"]
 SEND, RECV = int(Kind.SEND), int(Kind.RECV)
@@ -91,4 +92,8 @@ class Schedule:
 
     def chunks_of(self, r: int) -> tuple[int, ...]:
         """The chunks rank `r` holds, in model order."""
-        return tuple(c for c, owner in enumerate(self.placement) if owner == r)
+        return self._rank_chunks[r]
+
+    @cached_property
+    def _rank_chunks(self) -> tuple[tuple[int, ...], ...]:
+        return rank_chunks(self.placement, self.ranks)

@@ -28,6 +28,15 @@ def v_shape(ranks: int, chunks: int) -> tuple[int, ...]:
     return tuple(c if c < ranks else 2 * ranks - 1 - c for c in range(ranks * chunks))
 
 
+def rank_chunks(placement: Sequence[int], ranks: int) -> tuple[tuple[int, ...], ...]:
+    """The placement read the other way: per rank of `ranks`, the chunks it holds (placement[c]
+    is chunk c's rank), in model order."""
+    held: list[list[int]] = [[] for _ in range(ranks)]
+    for chunk, owner in enumerate(placement):
+        held[int(owner)].append(chunk)
+    return tuple(tuple(chunks) for chunks in held)
+
+
 def one_chunk(name: str) -> Check:
     """The check of a family that runs one chunk per rank."""
 
