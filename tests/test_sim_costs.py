@@ -75,3 +75,14 @@ def test_below_the_smallest_measurement_time_is_not_under_proportional_scaling()
     assert measured_seconds([2, 4], [1.0, 3.0], 1) == 0.5
     assert measured_seconds([2, 4], [1.0, 3.0], 6) == 5.0  # beyond: the last segment's line
     assert measured_seconds([2, 4], [1.0, 0.1], 40) == 0.0  # never below zero
+
+
+def test_ring_collectives_take_nccls_ring_formula():
+    """An all-reduce of B bytes among n devices: 2(n-1)/n x B / bandwidth + 2(n-1) x latency; a
+    reduce-scatter or all-gather (share 0.5) half; bytes per sample times the samples; 0 alone."""
+    from gpipe_sim.costs.collectives import collective_seconds
+
+    B, n, bw, lat = 3e6, 4, 2e9, 1e-5
+    assert collective_seconds(((1.0, B),), 2, n, bw, lat) == pytest.approx(2 * 3 / 4 * 2 * B / bw + 6 * lat)
+    assert collective_seconds(((0.5, B), (1.0, B)), 1, n, bw, lat) == pytest.approx(1.5 * (1.5 * B / bw + 6 * lat))
+    assert collective_seconds(((1.0, B),), 1, 1, bw, lat) == 0.0

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from gpipe_sim.model.block_shape import kv_heads_problem
 from gpipe_sim.model.model import ModelSpec, TableModel, TransformerModel
 
 # A reduce-scatter or an all-gather of B bytes moves half what a ring all-reduce of B bytes moves
-# ((T-1)/T x B each way against 2(T-1)/T x B) in half its steps.
+# ((T-1)/T x B each way against 2(T-1)/T x B) in half its steps (priced: gpipe_sim.costs.collectives).
 ALL_REDUCE = 1.0
 HALF = 0.5
 # Bytes per token of each of the vocabulary-parallel cross-entropy's three all-reduces (fp32: the
@@ -87,13 +86,3 @@ def transformer_collectives(model: TransformerModel, tp: int, sequence_parallel:
         block = Collectives(forward=((ALL_REDUCE, act),) * 2, backward=((ALL_REDUCE, act),) * 2)
         head = Collectives(forward=loss, backward=((ALL_REDUCE, act),))
     return [embed, *([block] * model.layers), head]
-
-
-def collective_seconds(ops: tuple[tuple[float, float], ...], samples: float, tp: int, bandwidth: float,
-                       latency_s: float) -> float:
-    """Ring collectives among `tp` devices on a micro-batch of `samples`: an all-reduce of B bytes
-    takes 2(T-1)/T x B / bandwidth + 2(T-1) x latency, a reduce-scatter or all-gather half that."""
-    if tp <= 1 or not ops:
-        return 0.0
-    steps = 2 * (tp - 1)
-    return math.fsum(share * (steps / tp * nbytes * samples / bandwidth + steps * latency_s) for share, nbytes in ops)

@@ -15,7 +15,8 @@ from gpipe_sim.plan.sharding import Ring, rank_rings, replica_ring
 from gpipe_sim.schedule import Kind, ProgramColumns
 from gpipe_sim.hardware.hardware import Link
 from gpipe_sim.scenario.scenario import Scenario
-from gpipe_sim.model.tensor_parallel import ALL_REDUCE, collective_seconds
+from gpipe_sim.costs.collectives import collective_seconds
+from gpipe_sim.model.tensor_parallel import ALL_REDUCE
 
 
 def ring_allreduce_seconds(nbytes: float, members: int, bandwidth: float, latency_s: float) -> float:

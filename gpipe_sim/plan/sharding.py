@@ -39,7 +39,8 @@ from gpipe_sim.errors import ScenarioError
 from gpipe_sim.costs.fp8 import FP8, FP8_WEIGHT_BYTES
 from gpipe_sim.model.model import LayerSpec
 from gpipe_sim.scenario.scenario import Scenario, Training
-from gpipe_sim.model.tensor_parallel import ALL_REDUCE, collective_seconds
+from gpipe_sim.costs.collectives import collective_seconds
+from gpipe_sim.model.tensor_parallel import ALL_REDUCE
 
 
 @dataclass(frozen=True)

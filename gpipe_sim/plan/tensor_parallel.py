@@ -13,7 +13,8 @@ from gpipe_sim.hardware.hardware import Hardware
 from gpipe_sim.model.model import TransformerModel
 from gpipe_sim.model.recompute import recompute_collectives
 from gpipe_sim.scenario.scenario import Scenario
-from gpipe_sim.model.tensor_parallel import Collectives, collective_seconds, transformer_collectives
+from gpipe_sim.costs.collectives import collective_seconds
+from gpipe_sim.model.tensor_parallel import Collectives, transformer_collectives
 
 
 def tp_ring(hardware: Hardware, tp: int, device: int) -> tuple[float, float]:
