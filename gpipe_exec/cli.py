@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any, Sequence
 
+from gpipe_exec.launch.device_choice import DEVICE_TYPES
 from gpipe_sim.cli import run_command
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.scenario.overrides import add_set_option
@@ -243,7 +244,7 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
 
 def _device_flag(p: argparse.ArgumentParser) -> None:
     """Where to run: cpu, cuda or auto (the default: $GPIPE_EXEC_DEVICE, else CUDA where torch sees a GPU)."""
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"),
+    p.add_argument("--device", choices=DEVICE_TYPES,
                    help="where the ranks run: auto (default: $GPIPE_EXEC_DEVICE, else a GPU where torch sees "
                         "one), cpu or cuda")
 

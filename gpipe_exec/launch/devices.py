@@ -15,23 +15,21 @@ from typing import Sequence
 
 import torch
 
+from gpipe_exec.launch.device_choice import DEFAULT_DEVICE, DEVICE_ENV, DEVICE_TYPES
 from gpipe_exec.runtime.interpreter import stages_through_host
 from gpipe_sim.errors import ScenarioError
-
-DEVICE_ENV = "GPIPE_EXEC_DEVICE"
-DEVICE_TYPES = ("auto", "cpu", "cuda")
 
 
 def device_type(requested: str | None = None) -> str:
     """"cpu" or "cuda": `requested` (or $GPIPE_EXEC_DEVICE, or "auto") resolved on this machine.
     ScenarioError (one line) for an unknown name or CUDA asked where torch sees no GPU."""
-    name = (requested or os.environ.get(DEVICE_ENV) or "auto").strip().lower()
+    name = (requested or os.environ.get(DEVICE_ENV) or DEFAULT_DEVICE).strip().lower()
     if name.startswith("cuda"):
         name = "cuda"
     if name not in DEVICE_TYPES:
         raise ScenarioError(f"device: {name!r} is not one of {', '.join(DEVICE_TYPES)} (from {DEVICE_ENV} "
                             "or the command's --device)")
-    if name == "auto":
+    if name == DEFAULT_DEVICE:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ScenarioError("device: cuda asked for, but torch sees no CUDA GPU here (a CPU build of torch, "
