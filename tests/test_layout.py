@@ -135,7 +135,12 @@ def test_each_folder_imports_only_its_own_layer_or_below():
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_simulator_and_the_app_never_import_the_executor():
+def test_the_simulator_and_the_app_never_import_the_executor_or_torch():
     for package in ("gpipe_sim", "gpipe_app", "app"):
         for module, deps in _module_imports(package).items():
             assert not any(d.split(".")[0] == "gpipe_exec" for d in deps), module
+        for path in (ROOT / package).rglob("*.py"):
+            imported = {name.split(".")[0] for node in ast.walk(ast.parse(path.read_text()))
+                        for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])}
+            assert "torch" not in imported, path
