@@ -19,6 +19,7 @@ from gpipe_exec.calibration.runtime import calibrate_runtime
 from gpipe_exec.checks.shared_devices import calibrate_shared
 from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.profile import CLOCKS, ProfileOptions
+from gpipe_exec.checks.plan_check import DEFAULT_SCHEDULES
 from gpipe_exec.checks.random_cases import DEVICE_MAPS, case_text, draw_cases
 from gpipe_exec.checks.rounds import Round, compare_rounds
 from gpipe_exec.checks.validate import calibration_text, combine_rounds, relative_errors
@@ -31,9 +32,6 @@ MODELS: dict[str, dict[str, Any]] = {
                     "seq_len": 64, "vocab": 512},
     "convnet": {"preset": "convnet", "layers": 6, "channels": 16, "image_size": 32, "num_classes": 10},
 }
-# The schedules the study runs by default (--schedules picks others, any registered family):
-# zb_h1 runs one chunk per rank, zbv two in a V; each only the (M, v) its family accepts.
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
 
 
 def base_scenario(model: str, K: int, batch: int) -> Scenario:
@@ -174,8 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="transformer,convnet")
     parser.add_argument("--stages", default="2,4")
     parser.add_argument("--micro-batches", default="1,2,4,8,16")
-    parser.add_argument("--schedules", default=",".join(SCHEDULES),
-                        help=f"comma-separated schedule families (default {','.join(SCHEDULES)}); "
+    parser.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES),
+                        help=f"comma-separated schedule families (default {','.join(DEFAULT_SCHEDULES)}); "
                              f"each runs the cases its family accepts")
     parser.add_argument("--chunks", default="1,2",
                         help="chunks per rank; each schedule runs those its family accepts (default 1,2)")

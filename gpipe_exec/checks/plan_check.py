@@ -19,9 +19,11 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.scenario.scenario import Scenario
 
 # The default space, chosen so that a check of the accuracy study's models runs in about ten
-# minutes on two quiet cores: the schedules the accuracy study validates, no re-computation (with
-# everything in memory it is only slower, and checking it doubles the run), the "time" partition
-# (the others choose the same counts or worse here), no ZeRO (memory only), v <= 2, equal micro-batches.
+# minutes on two quiet cores: the schedules the accuracy study validates (its default too,
+# checks.accuracy; zb_h1 runs one chunk per rank, zbv two in a V, each only at the (M, v) its family
+# accepts), no re-computation (with everything in memory it is only slower, and checking it doubles
+# the run), the "time" partition (the others choose the same counts or worse here), no ZeRO (memory
+# only), v <= 2, equal micro-batches.
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
 DEFAULT_REMAT = ("none",)
 

@@ -22,7 +22,7 @@ from gpipe_sim.scenario.scenario import Scenario
 SCRIPT = "pretrain_gpt.py"
 # Megatron-LM's schedules: 1F1B with one model chunk per rank, interleaved 1F1B with several
 # (megatron/core/pipeline_parallel/schedules.py); one stage runs micro-batches back to back.
-SCHEDULES = {1: "1f1b", 2: "interleaved_1f1b"}  # by v == 1 / v > 1
+MEGATRON_SCHEDULES = {1: "1f1b", 2: "interleaved_1f1b"}  # by v == 1 / v > 1
 DTYPE_FLAGS = {"bf16": "--bf16", "fp16": "--fp16", "fp8": "--bf16"}  # fp32: neither; fp8: bf16 with FP8 GEMMs
 # Megatron-LM's FP8 recipe through Transformer Engine: E4M3 in forward, E5M2 for gradients ("hybrid")
 FP8_FORMAT = "hybrid"
@@ -109,7 +109,7 @@ def parallel_flags(scenario: Scenario, notes: list[str]) -> list[tuple[str, Any]
     else:
         flags.append(("--micro-batch-size", mbs))
     flags.append(("--global-batch-size", p.batch_size))
-    expected = SCHEDULES[min(p.chunks, 2)]
+    expected = MEGATRON_SCHEDULES[min(p.chunks, 2)]
     if p.stages > 1 and p.schedule_name != expected:
         notes.append(f"pipeline.schedule: Megatron-LM runs {expected} with v={p.chunks}, not {p.schedule_name}; "
                      f"these arguments run {expected}")

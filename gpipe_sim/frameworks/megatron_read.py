@@ -9,7 +9,7 @@ from typing import Any
 
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.frameworks.common import Read, scenario_from, whole
-from gpipe_sim.frameworks.megatron import SCHEDULES, layout_sizes
+from gpipe_sim.frameworks.megatron import MEGATRON_SCHEDULES, layout_sizes
 from gpipe_sim.scenario.scenario import DTYPE_BYTES, Scenario
 
 VALUE_FLAGS = (
@@ -224,7 +224,7 @@ def pipeline_data(args: dict[str, Any], launch: dict[str, Any], data: dict[str, 
     pipe.update(stages=K, chunks=v, data_parallel=D, tensor_parallel=T, context_parallel=C,
                 expert_parallel=_int(args, "--expert-model-parallel-size", 1), batch_size=batch,
                 micro_batches=batch // (mbs * D), sequence_parallel=bool(args.get("--sequence-parallel")) and T > 1,
-                schedule=SCHEDULES[min(v, 2)],
+                schedule=MEGATRON_SCHEDULES[min(v, 2)],
                 partition=list(sizes) if sizes is not None else megatron_split(args, data["model"], K, v, notes))
     pipe["remat"] = _remat(args, notes)
     return pipe
