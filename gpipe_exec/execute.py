@@ -9,7 +9,6 @@ from gpipe_exec.launch.spawn import LaunchOptions, launch
 from gpipe_exec.measure.steps import Measurement, measured_result
 from gpipe_exec.runtime.interpreter import boundary_shapes
 from gpipe_exec.runtime.job import job_for
-from gpipe_exec.runtime.recompute import check_recompute
 from gpipe_exec.zoo import check_buildable
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError, ScenarioError, first_line
@@ -25,11 +24,10 @@ def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
-    chunk on one device per rank; a per-layer remat it runs (`check_recompute`); no context
+    chunk on one device per rank; no context
     parallelism; experts with T = 1, no ZeRO and (at E > 1) no overlap_grad_reduce; ZeRO-2 and 3
     without pipelining."""
     check_buildable(scenario.model)
-    check_recompute(scenario)
     p = scenario.pipeline
     if getattr(scenario.model, "experts", 0) and (p.tensor_parallel > 1 or scenario.training.zero or
                                                   p.expert_parallel > 1 and scenario.training.overlap_grad_reduce):

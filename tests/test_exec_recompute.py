@@ -157,14 +157,6 @@ def test_held_activations_are_what_the_hooks_count(memory) -> None:
             assert measured < base_measured, f"{label} stage {k}"
 
 
-def test_the_executor_refuses_per_layer_remat_with_tensor_parallelism() -> None:
-    sc = parse_scenario({"model": {**STANDARD, "heads": 2}, "hardware": {"preset": "cpu"},
-                         "pipeline": {"stages": 1, "tensor_parallel": 2, "micro_batches": 2, "batch_size": 4,
-                                      "remat": "full"}})
-    with pytest.raises(ScenarioError, match=r"^pipeline.remat: the executor runs full at tensor_parallel 1"):
-        check_runnable(sc)
-
-
 def test_validate_refuses_per_layer_remat_in_one_line() -> None:
     """validate predicts from a profiled layer table, which has no blocks to checkpoint."""
     from gpipe_exec.checks.validate import validate

@@ -2,7 +2,10 @@
 
 `full` runs each transformer block (`zoo.Block`) under `runtime.checkpoint.checkpointed`,
 `selective` the attention core inside it (Q K^T, mask, softmax, dropout, the product with V;
-flash's fused kernel), as Megatron-LM's full and selective recompute do.
+flash's fused kernel), as Megatron-LM's full and selective recompute do. With tensor parallelism
+the checkpointed code is the split block: its re-run forward calls the same parallel modules, whose
+hooks issue the collectives again (Megatron-LM re-runs the tensor-parallel all-reduces in a full
+recompute too).
 """
 
 from __future__ import annotations
@@ -10,9 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from gpipe_exec.zoo import Block
-from gpipe_sim.errors import ScenarioError
 from gpipe_sim.model.recompute import per_layer
-from gpipe_sim.scenario.scenario import Scenario
 
 
 def apply_recompute(module: nn.Module, remat: str) -> None:
@@ -25,14 +26,4 @@ def apply_recompute(module: nn.Module, remat: str) -> None:
             layer.recompute = remat
 
 
-def check_recompute(scenario: Scenario) -> None:
-    """ScenarioError (one line) where the executor cannot run the scenario's per-layer remat: with
-    tensor parallelism (its split blocks run DTensor collectives the checkpoint would re-run
-    outside the hooks that issue them)."""
-    p = scenario.pipeline
-    if per_layer(p.remat) and p.tensor_parallel > 1:
-        raise ScenarioError(f"pipeline.remat: the executor runs {p.remat} at tensor_parallel 1 only "
-                            f"(pipeline.tensor_parallel is {p.tensor_parallel}); gpipe-sim predicts it at any T")
-
-
-__all__ = ["apply_recompute", "check_recompute"]
+__all__ = ["apply_recompute"]
