@@ -211,9 +211,7 @@ class Plan:
     def layout(self) -> Layout:
         """Each chunk's layers and rank and each rank's device, as a Result records them."""
         return Layout(tuple((c.first_layer, c.last_layer) for c in self.chunks),
-                      tuple(c.rank for c in self.chunks), self.device_map[:len(self.ranks)],
-                      self.num_devices, self.replicas, self.mesh.tensor_parallel,
-                      self.num_ranks // len(self.ranks), self.mesh.context_parallel)
+                      tuple(c.rank for c in self.chunks), self.mesh, self.num_ranks // len(self.ranks))
 
     @property
     def analytic_bubble_fraction(self) -> float:

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.compile import Plan
 from gpipe_sim.plan.partition import held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
@@ -155,12 +156,10 @@ class CostTable:
         network = hw.network or hw.link
         placed = hw.placement is not None and not cand.clears("hardware.placement")
         per_node = hw.devices_per_node or T * C * D * K
+        mesh = _mesh(cand, hw.devices_per_node)  # Megatron-LM's order, as compile places the candidate
         out = []
         for r in range(K):
-            # Megatron-LM's order: a stage's replicas side by side, each on T x C devices, its C
-            # context-parallel ranks T apart (gpipe_sim.mesh)
-            ring = [T * C * (r * D + d) + c * T for d in range(D) for c in range(C)]
-            within = len({device // per_node for device in ring}) == 1
+            within = len({mesh.node(device) for device in mesh.gradient_members(r)}) == 1
             links = [hw.link, network] if placed else [hw.link if within else network]
             bandwidth = max(hw.network_ring_bandwidth(min(T, per_node)) if ln is network else ln.bandwidth
                             for ln in links)
@@ -178,13 +177,11 @@ class CostTable:
         ranks' own timelines, as compile prices them); 0 on one device, and 0 everywhere where the
         candidate keeps an explicit device map of the base."""
         hw = self.base.hardware
-        D = cand.data_parallel
         C = len(placement)
         if C < 2 or (hw.placement is not None and not cand.clears("hardware.placement")) or \
                 (hw.stage_to_device is not None and not cand.clears("hardware.stage_to_device")):
             return np.zeros(max(C - 1, 0))
-        T = cand.tensor_parallel * cand.context_parallel  # devices per rank
-        per_node = hw.devices_per_node or T * D * cand.stages
+        mesh = _mesh(cand, hw.devices_per_node)  # Megatron-LM's order, as compile places the candidate
         network = hw.network or hw.link
         # a boundary follows any layer but the last
         least = min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1]) * samples
@@ -194,7 +191,7 @@ class CostTable:
             a, b = placement[j], placement[j + 1]
             if a == b:
                 continue
-            if (T * a * D) // per_node != (T * b * D) // per_node:
+            if mesh.node(mesh.rank_devices[a]) != mesh.node(mesh.rank_devices[b]):
                 ln = network
             else:
                 ln = hw.link_between(min(a, b)) if abs(a - b) == 1 else hw.link
@@ -537,3 +534,9 @@ def quick_counts(costs: CostTable, cand: Candidate, largest: int) -> list[int] |
 @lru_cache(maxsize=4096)
 def _resolve_cached(method: str, chunks: int, weights: tuple[float, ...]) -> list[int]:
     return resolve_partition(method, chunks, list(weights))
+
+
+def _mesh(cand: Candidate, devices_per_node: int | None) -> Mesh:
+    """The candidate's mesh where it places itself (Megatron-LM's order), as compile would make it."""
+    return Mesh(cand.data_parallel, cand.stages, cand.chunks, cand.tensor_parallel, cand.context_parallel,
+                cand.expert_parallel, (), devices_per_node)

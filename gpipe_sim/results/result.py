@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpipe_sim.mesh import Mesh
 from gpipe_sim.results.run_cost import RunCost
 from gpipe_sim.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Kind
 
@@ -73,18 +74,20 @@ class Timeline:
 
 @dataclass(frozen=True)
 class Layout:
-    """What a Result needs of the plan: each chunk's layers and rank, each rank's device."""
+    """What a Result needs of the plan: each chunk's layers and rank, and the mesh (the sizes and
+    each rank's device)."""
 
     chunk_layers: tuple[tuple[int, int], ...]
     chunk_rank: tuple[int, ...]
-    device_map: tuple[int, ...]  # per pipeline rank (of replica 0)
-    num_devices: int = 0  # every device of the step, all replicas (0: those of `device_map`)
-    replicas: int = 1  # D: data-parallel replicas of the pipeline
-    tensor_parallel: int = 1  # T: devices per rank (num_devices counts all of them)
+    mesh: Mesh
     # Replicas whose ranks the timeline holds (0: all): 1 where replica 0 was timed for D alike
     # replicas (gpipe_sim.plan.replica_symmetry), each of the others running its times
     timeline_replicas: int = 0
-    context_parallel: int = 1  # C: a rank's T devices again for each part of the sequence (T x C a rank)
+
+    @property
+    def device_map(self) -> tuple[int, ...]:
+        """The first device of each pipeline rank of replica 0."""
+        return self.mesh.rank_devices[:self.mesh.stages]
 
     def chunks_of(self, rank: int) -> list[int]:
         return [c for c, r in enumerate(self.chunk_rank) if r == rank]
@@ -476,16 +479,17 @@ def summarize(
     step = float(timeline.end_s.max()) if len(timeline) else 0.0
     durations = np.where(timeline.is_compute, timeline.end_s - timeline.start_s, 0.0)
     busy = np.bincount(timeline.rank, weights=durations, minlength=K)
-    stands_for = layout.replicas / (layout.timeline_replicas or layout.replicas)  # replicas per timed one
+    mesh = layout.mesh
+    stands_for = mesh.data_parallel / (layout.timeline_replicas or mesh.data_parallel)  # replicas per timed one
     first = timeline.rank < K  # replica 0
     in_chunk = first & (timeline.chunk >= 0)
     chunk_busy = np.bincount(timeline.chunk[in_chunk], weights=durations[in_chunk], minlength=C)
     # waits for the data-parallel reductions: receives that carry no micro-batch
     waits = first & (timeline.kind == Kind.RECV) & (timeline.micro_batch < 0)
     exposed = np.bincount(timeline.rank[waits], weights=(timeline.end_s - timeline.start_s)[waits], minlength=K)
-    devices = layout.num_devices or len(set(layout.device_map))
-    per_rank = layout.tensor_parallel * layout.context_parallel  # the devices each timed rank stands for
-    bubble = 1.0 - float(busy.sum()) * stands_for * per_rank / (devices * step) if step > 0 else 0.0
+    devices = mesh.num_devices
+    # each timed rank stands for its T x C devices
+    bubble = 1.0 - float(busy.sum()) * stands_for * mesh.devices_per_rank / (devices * step) if step > 0 else 0.0
     chunks = [
         ChunkResult(index=c, rank=int(layout.chunk_rank[c]), layers=tuple(layout.chunk_layers[c]),
                     busy_s=float(chunk_busy[c]), peak_activation_bytes=float(chunk_peak_activation_bytes[c]),
@@ -513,8 +517,8 @@ def summarize(
         device_peak_memory_bytes=device_peak_memory_bytes,
         source=source,
         chunks=chunks,
-        data_parallel=layout.replicas,
-        tensor_parallel=layout.tensor_parallel,
+        data_parallel=mesh.data_parallel,
+        tensor_parallel=mesh.tensor_parallel,
         num_devices=devices,
         figures=figures,
     )
