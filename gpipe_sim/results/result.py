@@ -11,6 +11,7 @@ import numpy as np
 from gpipe_sim.mesh import Mesh
 from gpipe_sim.results.run_cost import RunCost
 from gpipe_sim.schedule.actions import ACTION_KINDS, COMPUTE_KINDS, Kind
+from gpipe_sim.schedule.registry import rank_chunks
 
 _COMPUTE_CODES = np.array(sorted(COMPUTE_KINDS))  # for np.isin over Kind codes
 
@@ -88,9 +89,6 @@ class Layout:
     def device_map(self) -> tuple[int, ...]:
         """The first device of each pipeline rank of replica 0."""
         return self.mesh.rank_devices[:self.mesh.stages]
-
-    def chunks_of(self, rank: int) -> list[int]:
-        return [c for c, r in enumerate(self.chunk_rank) if r == rank]
 
 
 @dataclass
@@ -425,8 +423,7 @@ def _stage_results(layout: Layout, busy: np.ndarray, exposed: np.ndarray, peak_a
     """Each pipeline rank of replica 0: its chunks, busy and exposed all-reduce time, static bytes
     and peaks (static + peak activations unless `peak_memory_bytes` gives the rank's peak)."""
     stages = []
-    for k in range(len(layout.device_map)):
-        mine = layout.chunks_of(k)
+    for k, mine in enumerate(rank_chunks(layout.chunk_rank, len(layout.device_map))):
         params = float(sum(param_bytes[c] for c in mine))
         states = float(sum(state_bytes[c] for c in mine))
         stages.append(
