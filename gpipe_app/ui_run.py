@@ -219,13 +219,14 @@ def show_metrics(scenario: Scenario, result: Result, box: Any = st, reference: R
                   delta(r.busiest_idle_fraction, ref and ref.busiest_idle_fraction, "fraction"),
                   delta_color="inverse", help="The share of the step the busiest rank idles: the "
                   "pipeline's own fill and drain, what the analytic bubble describes.")
-    p = scenario.pipeline
-    if p.data_parallel > 1 or p.tensor_parallel > 1:
+    p, mesh = scenario.pipeline, scenario.mesh
+    if mesh.data_parallel > 1 or mesh.devices_per_rank > 1:
         dp = box.columns(3)
-        shape = f"{p.data_parallel} x {p.stages}" if p.tensor_parallel == 1 else \
-            f"T={p.tensor_parallel} x K={p.stages} x D={p.data_parallel}"
+        shape = f"{mesh.data_parallel} x {mesh.stages}" if mesh.devices_per_rank == 1 else \
+            f"T={mesh.tensor_parallel} x " + (f"C={mesh.context_parallel} x " if mesh.context_parallel > 1 else "") \
+            + f"K={mesh.stages} x D={mesh.data_parallel}"
         dp[0].metric("Devices", f"{r.num_devices} ({shape})",
-                     help="D data-parallel replicas of the K-rank pipeline, each rank on T devices.")
+                     help="D data-parallel replicas of the K-rank pipeline, each rank on T x C devices.")
         dp[1].metric("Throughput per device", compact_number(r.throughput_per_device),
                      delta(r.throughput_per_device, ref and ref.throughput_per_device, "rate"))
         dp[2].metric("Exposed all-reduce", duration_text(r.exposed_allreduce_s),

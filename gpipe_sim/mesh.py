@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+IndexT = TypeVar("IndexT")  # one index (int), or a numpy array of them
 
 # Megatron-LM's default rank order (--rank-order "tp-cp-ep-dp-pp"): tensor-parallel ranks innermost,
 # then context-parallel, then data-parallel, then pipeline. A pipeline rank of one replica therefore
@@ -95,6 +97,14 @@ class Mesh:
     def program_rank(self, replica: int, rank: int) -> int:
         """g = d*K + r: the program rank of pipeline rank `rank` in replica `replica`."""
         return replica * self.stages + rank
+
+    def replica(self, program_rank: IndexT) -> IndexT:
+        """d: the replica of a program rank g = d*K + r (or of each of an array of them)."""
+        return program_rank // self.stages
+
+    def pipeline_rank(self, program_rank: IndexT) -> IndexT:
+        """r: the pipeline rank of a program rank g = d*K + r (or of each of an array of them)."""
+        return program_rank % self.stages
 
     def device(self, program_rank: int, context_rank: int = 0, tensor_rank: int = 0) -> int:
         """The device of a program rank's context rank c and tensor rank t: its first + c*T + t."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from gpipe_sim.errors import ScenarioError
@@ -37,11 +38,14 @@ def test_processes_devices_and_nodes_follow_the_hand_written_table() -> None:
     assert (mesh.num_ranks, mesh.devices_per_rank, mesh.num_processes, mesh.num_devices) == (4, 4, 16, 16)
     for d, r, c, t, process, device, node in TABLE:
         g = mesh.program_rank(d, r)
+        assert (mesh.replica(g), mesh.pipeline_rank(g)) == (d, r)
         assert mesh.process(g, c, t) == process
         assert mesh.coordinates(process) == (g, c, t)
         assert mesh.device(g, c, t) == device
         assert mesh.node(device) == node
     assert mesh.process_devices() == tuple(row[5] for row in sorted(TABLE, key=lambda row: row[4]))
+    assert mesh.pipeline_rank(np.arange(4)).tolist() == [0, 1, 0, 1]  # arrays of program ranks too
+    assert mesh.replica(np.arange(4)).tolist() == [0, 0, 1, 1]
 
 
 def test_groups_are_the_table_s_devices() -> None:

@@ -535,7 +535,7 @@ def _flatten(plan: Plan) -> Program:
     passes = np.flatnonzero(rows[kind] >= 0)
     duration[passes] = table[rows[kind[passes]], chunk[passes], mb[passes]] + host.action_s
     updates = np.flatnonzero(kind == Kind.UPDATE)
-    duration[updates] = np.array([r.update_s for r in plan.ranks])[rank[updates] % K] + host.action_s
+    duration[updates] = np.array([r.update_s for r in plan.ranks])[plan.mesh.pipeline_rank(rank[updates])] + host.action_s
 
     keys = gp.keys  # a point-to-point transfer's key in its replica (-1 elsewhere)
     sends = np.flatnonzero(kind == Kind.SEND)
@@ -561,7 +561,7 @@ def _flatten(plan: Plan) -> Program:
     pair_links = [hardware.link_between(r) for r in range(max(K - 1, 1))] + [hardware.link, network]
     bandwidth = np.array([ln.bandwidth for ln in pair_links])
     pair_latency = np.array([ln.latency_s for ln in pair_links])
-    s_r, d_r = s % K, d % K
+    s_r, d_r = plan.mesh.pipeline_rank(s), plan.mesh.pipeline_rank(d)
     which = np.where(np.abs(s_r - d_r) == 1, np.minimum(s_r, d_r), len(pair_links) - 2)
     which = np.where(between, len(pair_links) - 1, which)
     serialization[remote] = out[keys[remote] // M // 2, mb[remote]] / bandwidth[which]

@@ -208,9 +208,8 @@ def step_buffer_bytes(plan: Plan) -> np.ndarray:
         return out
     out += np.bincount(prog.rank, weights=_message_bytes(plan, Kind.RECV, receiving=True), minlength=plan.num_ranks)
     inp = np.array([c.input_bytes for c in plan.chunks])
-    K = len(plan.ranks)
     for g in range(plan.num_ranks):
-        if 0 in plan.ranks[g % K].chunks:
+        if 0 in plan.ranks[plan.mesh.pipeline_rank(g)].chunks:
             out[g] += float(inp[0].sum())
     return out
 
@@ -276,7 +275,7 @@ class DataParallelBytes:
 def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     """The all-reduce buckets and ZeRO-1's flat copies (module docstring) of every global rank."""
     prog = plan.program
-    n, G, K, D = len(prog.kind), plan.num_ranks, len(plan.ranks), plan.replicas
+    n, G, D = len(prog.kind), plan.num_ranks, plan.replicas
     out = DataParallelBytes(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(G))
     if D == 1 or not plan.scenario.hardware.host.step_buffers or plan.scenario.training.zero >= 2:
         return out  # ZeRO-2/3 (FSDP2): no flat bucket; the gathered units are the passes' transients
@@ -293,13 +292,13 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     total = np.array([sum(plan.chunks[c].params for c in r.chunks) for r in plan.ranks], dtype=float)
     s = np.ceil(total / D)
     g = np.arange(G)
-    replica, rank = g // K, g % K
+    replica, rank = plan.mesh.replica(g), plan.mesh.pipeline_rank(g)
     mine = np.minimum((replica + 1) * s[rank], total[rank]) - np.minimum(replica * s[rank], total[rank])
     if training.dtype == "fp32":  # Training.state_bytes_per_param counts a master copy otherwise
         out.master_shard[:] = mine * element
     at = prog.kind == Kind.UPDATE
     out.shard_gradient[at] = mine[prog.rank[at]] * 4.0  # the fp32 master shard's gradient
-    out.gather[at] = (2 * D + 1) * s[prog.rank[at] % K] * element
+    out.gather[at] = (2 * D + 1) * s[plan.mesh.pipeline_rank(prog.rank[at])] * element
     return out
 
 
@@ -360,11 +359,12 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
             for c in plan.ranks[g].chunks:
                 chunk_peaks[c] = float(np.cumsum(delta[chunk == c]).max(initial=0.0))
     buffers = step_buffer_bytes(plan)
-    static = [plan.ranks[g % K].param_bytes + plan.ranks[g % K].state_bytes + buffers[g] + dp.master_shard[g]
-              for g in range(plan.num_ranks)]
+    rank_of = plan.mesh.pipeline_rank
+    static = [plan.ranks[rank_of(g)].param_bytes + plan.ranks[rank_of(g)].state_bytes + buffers[g]
+              + dp.master_shard[g] for g in range(plan.num_ranks)]
     device_peak = device_peaks(plan.device_map[:plan.num_ranks], static, times, in_all)
     if plan.num_ranks < len(plan.device_map):  # replica 0 timed for all: each replica's devices hold as much
-        mirror = dict(zip(plan.device_map, (plan.device_map[g % K] for g in range(len(plan.device_map)))))
+        mirror = dict(zip(plan.device_map, (plan.device_map[rank_of(g)] for g in range(len(plan.device_map)))))
         device_peak = {device: device_peak[mirror[device]] for device in sorted(mirror)}
     peak_memory = np.array([static[k] + float(in_all[k].max(initial=0.0)) for k in range(K)])
     for k in range(K):
