@@ -24,9 +24,8 @@ def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
-    chunk on one device per rank; no context
-    parallelism; experts with T = 1, no ZeRO and (at E > 1) no overlap_grad_reduce; ZeRO-2 and 3
-    without pipelining."""
+    chunk on one device per rank; context parallelism as `check_context_parallel` allows; experts
+    with T = 1, no ZeRO and (at E > 1) no overlap_grad_reduce; ZeRO-2 and 3 without pipelining."""
     check_buildable(scenario.model)
     p = scenario.pipeline
     if getattr(scenario.model, "experts", 0) and (p.tensor_parallel > 1 or scenario.training.zero or
@@ -37,9 +36,7 @@ def check_model(scenario: Scenario) -> None:
     if scenario.training.dtype == "fp8":
         raise ScenarioError("training.dtype: gpipe-exec has no FP8 GEMMs (Transformer Engine and torchao's float8 "
                             "need an H100 or H200); gpipe-sim predicts fp8, run bf16")
-    if scenario.pipeline.context_parallel > 1:
-        raise ScenarioError(f"pipeline.context_parallel: gpipe-exec runs every sample's whole sequence on one "
-                            f"device (context_parallel 1); gpipe-sim predicts {scenario.pipeline.context_parallel}")
+    check_context_parallel(scenario)
     if scenario.training.zero >= 2 and p.data_parallel > 1 and (p.stages * p.chunks > 1 or p.tensor_parallel > 1):
         raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{scenario.training.zero} (FSDP2 fully_shard) "
                             "with one pipeline stage, one chunk and tensor_parallel 1; gpipe-sim predicts the rest")
@@ -55,6 +52,24 @@ def check_model(scenario: Scenario) -> None:
         boundary_shapes(scenario.model, scenario.training.dtype, 0, 0.0)
     except (RuntimeError, ValueError) as exc:
         raise ScenarioError(f"model: the {scenario.model.preset} model cannot be built ({first_line(exc)})") from None
+
+
+def check_context_parallel(scenario: Scenario) -> None:
+    """ScenarioError (one line naming the field) unless the executor runs the scenario's context
+    parallelism (gpipe_exec.context_parallel): any C with tensor_parallel 1, no mixture of
+    experts, training.zero 0 and overlap_grad_reduce false (the simulator predicts the rest)."""
+    p, training = scenario.pipeline, scenario.training
+    C = p.context_parallel
+    if C == 1:
+        return
+    refused = [("pipeline.tensor_parallel", p.tensor_parallel > 1, "tensor_parallel 1"),
+               ("model.experts", bool(getattr(scenario.model, "experts", 0)), "a dense model"),
+               ("training.zero", training.zero > 0, "training.zero 0"),
+               ("training.overlap_grad_reduce", training.overlap_grad_reduce, "overlap_grad_reduce false")]
+    for field, problem, needed in refused:
+        if problem:
+            raise ScenarioError(f"{field}: gpipe-exec runs context_parallel {C} with {needed}; "
+                                "gpipe-sim predicts the rest")
 
 
 def check_runnable(scenario: Scenario, device: str | None = None) -> Plan:
@@ -77,19 +92,22 @@ def check_layout(plan: Plan, device: str | None = None, predicted: Result | None
 
 
 def check_gpu_processes(plan: Plan, gpus: int) -> None:
-    """ScenarioError (one line) unless every process has a GPU here, and, with tensor parallelism,
-    one of its own (a pass's collectives need all T devices of a rank running at once: NCCL, one
-    process per GPU)."""
-    T = plan.mesh.tensor_parallel
-    processes = plan.mesh.process_devices()
-    if T > 1 and len(processes) > gpus:  # before check_gpu_layout, whose remedy (sharing a GPU) is not one here
-        raise ScenarioError(f"pipeline.tensor_parallel: {T} x {len(processes) // T} ranks need {len(processes)} GPUs "
+    """ScenarioError (one line) unless every process has a GPU here, and, with tensor or context
+    parallelism, one of its own (a pass's collectives need all T x C devices of a rank running at
+    once: NCCL, one process per GPU)."""
+    mesh = plan.mesh
+    width = mesh.devices_per_rank
+    field, what = ("tensor_parallel", mesh.tensor_parallel) if mesh.tensor_parallel > 1 else ("context_parallel",
+                                                                                              mesh.context_parallel)
+    processes = mesh.process_devices()
+    if width > 1 and len(processes) > gpus:  # before check_gpu_layout, whose remedy (sharing a GPU) is not one here
+        raise ScenarioError(f"pipeline.{field}: {width} x {len(processes) // width} ranks need {len(processes)} GPUs "
                             f"of their own (NCCL, one process per GPU) but this machine has {gpus}; "
-                            "run under torchrun across machines, or without tensor parallelism")
+                            f"run under torchrun across machines, or without {field.replace('_', ' ')}ism")
     check_gpu_layout(processes, gpus)
-    if T > 1 and len(set(processes)) < len(processes):
-        raise ScenarioError(f"hardware.stage_to_device: with tensor_parallel {T} every rank needs {T} GPUs of "
-                            "its own (gpipe-exec runs several stages on one GPU only without tensor parallelism)")
+    if width > 1 and len(set(processes)) < len(processes):
+        raise ScenarioError(f"hardware.stage_to_device: with {field} {what} every rank needs {width} GPUs of "
+                            f"its own (gpipe-exec runs several stages on one GPU only without {field.replace('_', ' ')}ism)")
 
 
 def host_available_bytes() -> float | None:
@@ -112,11 +130,13 @@ def check_host_memory(plan: Plan, available: float | None = None, predicted: Res
     if available is None:
         return
     stages = (predicted or simulate_plan(plan)).stages  # replica 0's; every replica holds as much
-    T = plan.scenario.pipeline.tensor_parallel  # a rank's T processes each hold its per-device peak
-    needed = plan.replicas * T * (sum(s.peak_memory_bytes for s in stages) + RANK_OVERHEAD_BYTES * len(stages))
+    p = plan.scenario.pipeline  # a rank's T x C processes each hold its per-device peak
+    T, C = p.tensor_parallel, p.context_parallel
+    needed = plan.replicas * T * C * (sum(s.peak_memory_bytes for s in stages) + RANK_OVERHEAD_BYTES * len(stages))
     if needed > available:
         gib = 2.0**30
         what = (f"{len(stages)} stages" + (f" x {T} tensor-parallel devices" if T > 1 else "")
+                + (f" x {C} context-parallel devices" if C > 1 else "")
                 + (f" x {plan.replicas} replicas" if plan.replicas > 1 else ""))
         raise ScenarioError(
             f"model: running these {what} here needs about {needed / gib:.1f} GiB "

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpipe_exec.context_parallel import SequenceShard, attend
 from gpipe_exec.moe import ExpertGroup, MoeMlp
 from gpipe_exec.runtime.checkpoint import checkpointed
 from gpipe_sim.errors import ScenarioError
@@ -25,17 +26,23 @@ EXPERT_SEEDS = 1_009  # routed expert e of the layer seeded s is initialised fro
 
 
 class Embedding(nn.Module):
-    """Token embedding, plus a learned position table unless the blocks rotate (RoPE)."""
+    """Token embedding, plus a learned position table unless the blocks rotate (RoPE). The tokens
+    are the sequence's first ones, or those at `position_ids` (a buffer set by context parallelism:
+    runtime.context_parallel)."""
 
     def __init__(self, vocab: int, seq_len: int, d_model: int, dropout: float, positions: bool = True) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, d_model)
         self.positions = nn.Parameter(torch.randn(seq_len, d_model) * 0.02) if positions else None
         self.drop = nn.Dropout(dropout)
+        self.register_buffer("position_ids", None, persistent=False)  # a buffer: static, not an activation
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(ids)
-        return self.drop(x if self.positions is None else x + self.positions[: ids.shape[1]])
+        if self.positions is None:
+            return self.drop(x)
+        rows = self.positions[: ids.shape[1]] if self.position_ids is None else self.positions[self.position_ids]
+        return self.drop(x + rows)
 
 
 def norm_layer(model: TransformerModel) -> nn.Module:
@@ -75,7 +82,9 @@ class Block(nn.Module):
     its attention core (`_core`: Megatron-LM's DotProductAttention, the key/value repeat for the
     query heads included; gpipe_sim.model.recompute); "none" neither. Block `block` (0-based) of a
     mixture of experts (`model.is_moe`) runs `moe` (gpipe_exec.moe, its experts `experts`' share)
-    in place of the MLP."""
+    in place of the MLP. With `context` (set by runtime.context_parallel) the block holds that
+    share of the sequence, its rotary tables those tokens' rows, and its attention is the
+    context-parallel group's (gpipe_exec.context_parallel.attend)."""
 
     def __init__(self, model: TransformerModel, dropout: float, block: int = 0,
                  experts: ExpertGroup | None = None) -> None:
@@ -84,6 +93,7 @@ class Block(nn.Module):
         self.heads, self.kv_heads = model.heads, model.query_groups  # this device's, once split
         self.flash = model.attention == "flash"
         self.recompute = "none"
+        self.context: SequenceShard | None = None
         self.ln1 = norm_layer(model)
         self.qkv = nn.Linear(d, d + 2 * self.kv_heads * hd, bias=model.bias)
         self.proj = nn.Linear(d, d, bias=model.bias)
@@ -130,6 +140,8 @@ class Block(nn.Module):
         """The attention core: (batch, heads, seq, head_dim) queries and (batch, kv_heads, seq,
         head_dim) keys and values to the context."""
         grouped = self.kv_heads != self.heads
+        if self.context is not None:
+            return attend(self.context, q, k, v, grouped)
         if self.flash:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         if grouped:

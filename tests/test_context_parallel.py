@@ -145,14 +145,6 @@ def test_c_1_is_todays_plan():
     assert not (compile_plan(base).program.kind == Kind.ALLREDUCE).any()
 
 
-def test_the_executor_refuses_context_parallelism_in_one_line():
-    pytest.importorskip("torch")
-    from gpipe_exec.execute import check_model
-
-    with pytest.raises(ScenarioError, match=r"^pipeline\.context_parallel: gpipe-exec runs"):
-        check_model(_scenario(2))
-
-
 def test_megatron_arguments_carry_the_context_parallel_size_and_its_devices():
     from gpipe_sim.frameworks.megatron import write_megatron
 

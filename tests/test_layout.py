@@ -87,7 +87,7 @@ LAYERS = (
     ("gpipe_sim.cli", "gpipe_sim"),
     ("gpipe_exec.errors", "gpipe_exec.moe"),
     ("gpipe_exec.measure",),
-    ("gpipe_exec.runtime", "gpipe_exec.zoo", "gpipe_exec.reference"),
+    ("gpipe_exec.runtime", "gpipe_exec.zoo", "gpipe_exec.reference", "gpipe_exec.context_parallel"),
     ("gpipe_exec.launch", "gpipe_exec.execute"),
     ("gpipe_exec.profiling", "gpipe_exec.profile", "gpipe_exec.calibration"),
     ("gpipe_exec.checks",),

@@ -140,6 +140,8 @@ QUOTED: dict[str, float | None] = {
     # the executor's mixture-of-experts memory against the simulator (docs/guide/context-and-experts.md)
     **{f"{x} B": float(x.replace(",", "")) for x in (
         "2,000", "63,808", "76,736", "282,848", "284,856", "321,080", "321,632")},
+    # the executor's context-parallel memory against the simulator (docs/guide/context-and-experts.md)
+    **{f"{x} B": float(x.replace(",", "")) for x in ("15,744", "28,800", "71,552", "72,832", "87,264", "89,984")},
     "400 kB": 400e3,
     # spellings the hardware guide shows being refused
     "200 gb/s": None, "200 gbps": None, "200 GBPS": None, "80 Gb": None,

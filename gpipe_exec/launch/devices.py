@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from gpipe_exec.launch.device_choice import DEFAULT_DEVICE, DEVICE_ENV, DEVICE_TYPES
-from gpipe_exec.runtime.interpreter import stages_through_host
+from gpipe_exec.runtime.comm import stages_through_host
 from gpipe_sim.errors import ScenarioError
 
 

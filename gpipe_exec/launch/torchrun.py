@@ -34,9 +34,10 @@ def torchrun_main(argv: Sequence[str] | None = None) -> int:
         return 2
     plan = compile_plan(scenario)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != plan.mesh.num_processes:  # one process per device: T per rank
+    if world != plan.mesh.num_processes:  # one process per device: T x C per rank
         sys.stderr.write(f"gpipe-exec: error: the plan has {plan.mesh.num_processes} processes (pipeline.stages x "
-                         f"pipeline.data_parallel x pipeline.tensor_parallel), torchrun started {world}\n")
+                         f"pipeline.data_parallel x pipeline.tensor_parallel x pipeline.context_parallel), "
+                         f"torchrun started {world}\n")
         return 2
     job = job_for(plan, steps=args.steps, warmup=args.warmup)
     options = LaunchOptions(threads=args.threads, pin=False)

@@ -23,7 +23,7 @@ from gpipe_sim.scenario.scenario import Scenario
 
 
 class Collectives(Protocol):
-    """What the buckets need of the rank's communicator (the interpreter's `_Comm`)."""
+    """What the buckets need of the rank's communicator (`runtime.comm.Comm`)."""
 
     def allreduce(self, bucket: torch.Tensor, group: Any, chunk: int) -> Any: ...
 

@@ -28,13 +28,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from gpipe_exec.errors import ExecutionError, PeerError
-from gpipe_sim.errors import first_line
+from gpipe_exec.context_parallel import SequenceShard
+from gpipe_exec.errors import ExecutionError
 from gpipe_exec.measure.memory import (INPUTS, RECEIVE_BUFFERS, AllocatorPeak, StorageTracker, live_cuda_bytes,
                                        gradients_as_gradients, module_state)
 from gpipe_exec.measure.gpu_spans import GpuSpans
 from gpipe_exec.measure.meters import AlignedClock, SavedBytesMeter, cuda_peak_bytes, tensor_bytes
 from gpipe_exec.runtime.chunk import Chunk
+from gpipe_exec.runtime.comm import Comm, data_parallel_groups, stages_through_host
+from gpipe_exec.runtime.context_parallel import (context_groups, context_loss, shard_batch, split_sequence,
+                                                 sum_losses)
 from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.runtime.experts import expert_groups, flat, global_names, reduction_buckets, unflat
 from gpipe_exec.measure.records import StepRecord
@@ -47,7 +50,7 @@ from gpipe_exec.runtime.recompute import apply_recompute
 from gpipe_exec.runtime.sharded import shard_chunks, whole
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
-from gpipe_sim.schedule.global_program import process_program, tensor_parallel_rank
+from gpipe_sim.schedule.global_program import process_program
 from gpipe_sim.model.model import ModelSpec
 
 # Actions whose time is the host's (transfers and the start of a reduction): on CUDA the others
@@ -71,110 +74,6 @@ def boundary_shapes(model: ModelSpec, dtype: str, seed: int, dropout: float | No
             h = module(h)
             shapes.append(tuple(h.shape[1:]))
     return shapes
-
-
-_DIRECTION_GROUPS: tuple[Any, dict[Tensor, Any]] | None = None  # (default group, its two groups)
-
-
-def direction_groups() -> dict[Tensor, Any]:
-    """One process group for activations and one for gradients, made once per default group
-    (collective: every rank builds its runner, so every rank gets here in the same order)."""
-    global _DIRECTION_GROUPS
-    default = dist.distributed_c10d._get_default_group()
-    if _DIRECTION_GROUPS is None or _DIRECTION_GROUPS[0] is not default:
-        ranks = list(range(dist.get_world_size()))
-        _DIRECTION_GROUPS = (default, {Tensor.ACTIVATION: dist.new_group(ranks),
-                                       Tensor.GRADIENT: dist.new_group(ranks)})
-    return _DIRECTION_GROUPS[1]
-
-
-_DP_GROUPS: tuple[Any, int, int, list[Any]] | None = None  # (default group, K, D, group per pipeline rank)
-
-
-def data_parallel_groups(K: int, D: int) -> list[Any]:
-    """Per pipeline rank r, the process group of its D replicas (global ranks d*K + r), made once
-    per (default group, K, D); collective: every rank creates all K, in the same order."""
-    global _DP_GROUPS
-    default = dist.distributed_c10d._get_default_group()
-    if _DP_GROUPS is None or _DP_GROUPS[0] is not default or _DP_GROUPS[1:3] != (K, D):
-        if dist.get_world_size() != K * D:
-            raise ExecutionError(f"{dist.get_world_size()} processes for {D} replicas of {K} ranks")
-        _DP_GROUPS = (default, K, D, [dist.new_group([d * K + r for d in range(D)]) for r in range(K)])
-    return _DP_GROUPS[3]
-
-
-def stages_through_host(kind: str, backend: str) -> bool:
-    """Whether transfers between ranks on devices of `kind` over `backend` go through host memory
-    (`_Comm.staged`): gloo moves no CUDA tensors point to point."""
-    return kind == "cuda" and backend == "gloo"
-
-
-class _Comm:
-    """Point-to-point transfers tagged by message key, with clear errors on peer failure.
-
-    A message's key (`ProgramColumns.message_keys`: chunk boundary, tensor, micro-batch) is unique
-    in the step and shared by its send and receive: it is the gloo tag. With `split`, activations
-    and gradients travel in two process groups of their own. NCCL runs a pair of ranks' sends and
-    receives in order on one stream per communicator, and a send may wait for its receive: in 1F1B
-    a rank's next activation send queued before its gradient receive, while its peer's gradient
-    send is queued before that activation's receive, would wait on each other forever. Each
-    direction in its own group flows in one order on both ends.
-
-    `staged` (gloo joining ranks that share a GPU: `launch.devices.transport`): gloo moves no CUDA
-    tensors, so a send copies its tensor to host memory first and receives land in host buffers
-    (`_buffer`), copied to the GPU when awaited (`_recv`).
-    """
-
-    def __init__(self, rank: int, split: bool = False, staged: bool = False) -> None:
-        self.rank = rank
-        self.groups: dict[Tensor, Any] = direction_groups() if split else {}
-        self.staged = staged
-
-    def _guard(self, peer: int, what: str, fn: Callable[[], Any]) -> Any:
-        return self._guarded(f"{what} rank {peer}", fn)
-
-    def _guarded(self, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except (RuntimeError, dist.DistError) as exc:
-            raise PeerError(f"rank {self.rank}: {what} failed ({first_line(exc)})") from None
-
-    def allreduce(self, bucket: torch.Tensor, group: Any, chunk: int) -> Any:
-        """Start the sum of `bucket` over the data-parallel group (asynchronous)."""
-        return self._guarded(f"all-reduce of chunk {chunk} with its replicas",
-                             lambda: dist.all_reduce(bucket, group=group, async_op=True))
-
-    def wait_collective(self, work: Any, chunk: int) -> None:
-        self._guarded(f"all-reduce of chunk {chunk} with its replicas", work.wait)
-
-    def isend(self, tensor: torch.Tensor, action: Action, tag: int) -> Any:
-        group = self.groups.get(action.tensor)
-        payload = tensor.detach().to("cpu") if self.staged else tensor.contiguous()
-        work = self._guard(action.peer, "send to",
-                           lambda: dist.isend(payload, action.peer, group=group, tag=tag))
-        return _StagedSend(work, payload) if self.staged else work
-
-    def irecv(self, buffer: torch.Tensor, action: Action, tag: int) -> Any:
-        group = self.groups.get(action.tensor)
-        return self._guard(action.peer, "receive from",
-                           lambda: dist.irecv(buffer, action.peer, group=group, tag=tag))
-
-    def wait(self, work: Any, action: Action) -> None:
-        what = "send to" if action.kind == Kind.SEND else "receive from"
-        self._guard(action.peer, what, work.wait)
-
-
-class _StagedSend:
-    """A send of a host copy: the work, and the copy kept alive until the send completes."""
-
-    def __init__(self, work: Any, payload: torch.Tensor) -> None:
-        self.work, self.payload = work, payload
-
-    def is_completed(self) -> bool:
-        return bool(self.work.is_completed())
-
-    def wait(self) -> Any:
-        return self.work.wait()
 
 
 @dataclass
@@ -203,58 +102,58 @@ class RankRunner:
         self.model = model = job.model or sc.model  # the zoo model built (the plan's may be a table)
         self.rank, self.device, self.clock = rank, device, clock
         self.K, self.M, self.C, self.D = len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks), plan.replicas
-        self.T = sc.pipeline.tensor_parallel
+        self.T, self.CP = sc.pipeline.tensor_parallel, sc.pipeline.context_parallel
         self.sequence_parallel = self.T > 1 and sc.pipeline.sequence_parallel
-        # Process g*T + t runs program rank g = d*K + r (pipeline rank r's program for replica d)
-        # on its tensor-parallel rank t; its transfers go to the same t of the peer rank.
-        self.program_rank, self.tp_rank = tensor_parallel_rank(rank, self.T)
+        # Process g*T*C + c*T + t runs program rank g = d*K + r (pipeline rank r's program for
+        # replica d) on its context-parallel rank c and tensor-parallel rank t (gpipe_sim.mesh's
+        # order); its transfers go to the same (c, t) of the peer rank.
+        self.width = plan.mesh.devices_per_rank
+        self.program_rank, self.cp_rank, self.tp_rank = plan.mesh.coordinates(rank)
         self.replica, self.pipeline_rank = divmod(self.program_rank, self.K)
         if self.replica >= self.D:
-            raise ExecutionError(f"global rank {rank} is outside {self.D} replicas of {self.K} ranks x {self.T}")
-        mine = process_program(plan.global_program, rank, self.T)
+            raise ExecutionError(f"global rank {rank} is outside {self.D} replicas of {self.K} ranks x {self.width}")
+        mine = process_program(plan.global_program, rank, self.width)
         self.actions, self.tags = mine.actions, mine.message
         dtype = sc.training.dtype
         self.mesh = device_mesh(device.type, self.D, self.K, self.T) if self.T > 1 else None
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
         self.experts, self.expert_dp_group = expert_groups(self.K, self.D, sc.pipeline.expert_parallel, self.program_rank)
+        self.sequence: SequenceShard | None = None  # this device's share of each sequence (C > 1)
+        if self.CP > 1:
+            cp_group, self.grad_group = context_groups(plan.mesh, rank)
+            self.sequence = SequenceShard.of(model.seq_len, self.CP, self.cp_rank, cp_group,  # type: ignore[attr-defined]
+                                             device, TORCH_DTYPES[dtype])
         self.chunks = self._build_chunks(model)
         # ZeRO-2/3: FSDP2 reduces in the backward itself (runtime.sharded); allreduce actions do nothing
         self.sharded = shard_chunks([ch.module for ch in self.chunks.values()], sc, device.type)
         # what the optimizer, the reductions and the memory meter step: each DTensor's local shard
         self.shards = {c: LocalShards(list(ch.module.parameters())) for c, ch in self.chunks.items()}
         params = [q for shards in self.shards.values() for q in shards.local]
-        self.dp_group = None if self.D == 1 else (self.mesh["dp"].get_group() if self.mesh is not None
-                                                  else data_parallel_groups(self.K, self.D)[self.pipeline_rank])
+        self.dp_group = (self.grad_group if self.sequence is not None else None if self.D == 1 else
+                         self.mesh["dp"].get_group() if self.mesh is not None
+                         else data_parallel_groups(self.K, self.D)[self.pipeline_rank])
         self.zero: ZeroShardUpdate | None = None
         self.update: Update | ZeroShardUpdate
         if self.D > 1 and sc.training.zero == 1:
             self.update = self.zero = ZeroShardUpdate(params, sc, self.replica, self.D, self.dp_group)
         else:
             self.update = Update(params, sc)
-        # This replica's share of the global batch (each loss still divides by the global batch
-        # size, so the replicas' summed gradients are those of the global batch's mean loss).
-        share = sc.pipeline.batch_size // self.D
         self.sizes = plan.micro_batch_sizes
-        x, y = make_batch(model, sc.pipeline.batch_size, seed=job.seed, dtype=dtype)
-        # a copy of the share: a view would keep the whole global batch alive on every replica
-        # (a data-parallel loader gives each replica only its own samples)
-        x, y = (t[self.replica * share:(self.replica + 1) * share].clone() if self.D > 1 else t for t in (x, y))
-        self.inputs = [t.to(device) for t in torch.tensor_split(x, self.M)] if 0 in self.chunks else []
-        self.targets = [t.to(device) for t in torch.tensor_split(y, self.M)] if self.C - 1 in self.chunks else []
+        self.inputs, self.targets = self._batch(model)
         self.float_dtype = TORCH_DTYPES[dtype]
         # the program's point-to-point receives (not the waits for all-reduces), in order
         self.recv_at = [i for i, a in enumerate(self.actions) if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
         self.shapes = boundary_shapes(model, dtype, job.seed, job.dropout) if self.recv_at else []
-        if self.sequence_parallel:  # a stage sends and receives its device's share of the sequence
-            self.shapes = sequence_shards(self.shapes, self.T)
+        if self.sequence_parallel or self.sequence is not None:  # a stage sends and receives its device's tokens
+            self.shapes = sequence_shards(self.shapes, self.T if self.sequence_parallel else self.CP)
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
-        self.comm = _Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
+        self.comm = Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
         self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, self.D, self.sharded,
                                           self.comm, self.dp_group, clock)
         self._buffers: dict[int, torch.Tensor] = {}
-        # (With T > 1 a pass's collectives wait for the rank's other devices: a device lock shared
+        # (With T or C > 1 a pass's collectives wait for the rank's other devices: a device lock shared
         # with another rank could hold one of them back while it holds the lock, so none is taken.)
-        self.lock = (device_lock(rank, plan.device_map) if device.type == "cpu" and job.device_lock and self.T == 1
+        self.lock = (device_lock(rank, plan.device_map) if device.type == "cpu" and job.device_lock and self.width == 1
                      else None)
         # One handler per kind: each runs its action and says what it ran (kind, chunk, micro-batch).
         self.handlers: dict[Kind, Callable[[int, Action], tuple[Kind, int, int]]] = {
@@ -271,11 +170,28 @@ class RankRunner:
         self._state = _StepState()
         self._record = StepRecord()
 
+    def _batch(self, model: ModelSpec) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(inputs, targets) per micro-batch, where this rank's chunks need them: this replica's
+        share of the global batch (each loss still divides by the global batch size, so the
+        replicas' summed gradients are those of the global batch's mean loss) and, with context
+        parallelism, this device's tokens of each sequence."""
+        sc, share = self.scenario, self.scenario.pipeline.batch_size // self.D
+        x, y = make_batch(model, sc.pipeline.batch_size, seed=self.job.seed, dtype=sc.training.dtype)
+        # a copy of the share: a view would keep the whole global batch alive on every replica
+        # (a data-parallel loader gives each replica only its own samples)
+        x, y = (t[self.replica * share:(self.replica + 1) * share].clone() if self.D > 1 else t for t in (x, y))
+        if self.sequence is not None:
+            x, y = (shard_batch(t, self.sequence) for t in (x, y))
+        inputs = [t.to(self.device) for t in torch.tensor_split(x, self.M)] if 0 in self.chunks else []
+        targets = [t.to(self.device) for t in torch.tensor_split(y, self.M)] if self.C - 1 in self.chunks else []
+        return inputs, targets
+
     def _build_chunks(self, model: ModelSpec) -> dict[int, Chunk]:
         """This rank's chunks, each layer built whole from its seed, then split over the rank's T
         devices (runtime.tensor_parallel), its last chunk's loss the vocabulary-parallel one."""
         plan, job, sc = self.job.plan, self.job, self.scenario
         loss = loss_sum if self.mesh is None else vocab_parallel_loss(self.mesh["tp"])
+        loss = loss if self.sequence is None else context_loss(loss, self.CP)
         chunks: dict[int, Chunk] = {}
         for index in plan.ranks[self.pipeline_rank].chunks:
             first, last = plan.chunks[index].first_layer, plan.chunks[index].last_layer
@@ -285,6 +201,8 @@ class RankRunner:
             apply_recompute(module, sc.pipeline.remat)
             if self.mesh is not None:
                 split_chunk(module, self.mesh["tp"], self.sequence_parallel)
+            if self.sequence is not None:
+                split_sequence(module, self.sequence)
             chunks[index] = Chunk(index, self.C, first, module, self.device, loss, sc.pipeline.batch_size,
                                   parent_meter=self.meter, weight_pass=job.weight_pass)
         return chunks
@@ -462,9 +380,9 @@ class RankRunner:
         self.meter.reset()
         # Dropout draws from a per-(job seed, step, rank) stream: runs are reproducible. Per program
         # rank: a rank's T devices draw the same masks for the activations they all hold; with
-        # sequence parallelism they hold none in common (each its shard or its heads), so each
-        # device draws its own, as Megatron-LM's RNG tracker does.
-        stream = self.rank if self.sequence_parallel else self.program_rank
+        # sequence or context parallelism they hold none in common (each its shard or its heads),
+        # so each device draws its own, as Megatron-LM's RNG tracker does.
+        stream = self.rank if self.sequence_parallel or self.sequence is not None else self.program_rank
         torch.manual_seed(1_000_003 * self.job.seed + 1009 * step + stream)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -575,12 +493,14 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
     """Run a job's warm-up and measured steps on this rank; rank 0 returns everyone's records."""
     runner = RankRunner(job, rank, device, clock)
     records = [runner.step(s) for s in range(job.warmup + job.steps)]
+    if runner.sequence is not None:  # each device's loss is its tokens' share: the group's sum is the step's
+        sum_losses(records, runner.sequence.group, device)
     params = runner.params() if job.return_params else None
     # after the timed steps, so that steady state (gradients, optimizer states, buffers) is measured
     memory = runner.step(job.warmup + job.steps, memory=True) if job.memory_step else None
-    # A rank's timeline and memory are its t = 0 device's (its T devices run the same program, and
-    # `params` gathered every parameter whole on each): the others send rank 0 nothing to pickle.
-    mine = None if runner.tp_rank else {
+    # A rank's timeline and memory are its c = t = 0 device's (its T x C devices run the same program,
+    # and `params` gathered every parameter whole on each): the others send rank 0 nothing to pickle.
+    mine = None if rank % runner.width else {
         "records": records[job.warmup:],
         "memory": memory,
         "params": params,
@@ -594,6 +514,6 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
     if rank != 0:
         return {}
-    return {"tag": job.tag, "ranks": gathered[::runner.T], "kinds": list(ACTION_KINDS)}
+    return {"tag": job.tag, "ranks": gathered[::runner.width], "kinds": list(ACTION_KINDS)}
 
 

@@ -51,7 +51,7 @@ class Job:
     # accuracy study's convnet, K=2, M=16: 62-115 ms steps with two ahead, 55-70 ms with all).
     # The price: a buffer per receive, held all step (M boundary tensors per boundary and direction).
     recv_window: int | None = None
-    # Activations and gradients in process groups of their own (see _Comm); None: on CUDA.
+    # Activations and gradients in process groups of their own (see runtime.comm.Comm); None: on CUDA.
     split_directions: bool | None = None
     weight_pass: WeightPass = "reuse"  # how a backward_weight pass works (runtime.split_backward)
     fault: dict[str, Any] | None = None  # {"rank", "kind": raise|kill|crash, "step", "action"} (tests)

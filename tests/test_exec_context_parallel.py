@@ -1,0 +1,150 @@
+"""Context parallelism in the executor: C x K processes on gloo, gradients and loss equal to plain training."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpipe_exec.context_parallel import load_balanced_positions  # noqa: E402
+from gpipe_exec.execute import check_model, check_runnable  # noqa: E402
+from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
+from gpipe_exec.measure.steps import measured_result, step_timelines  # noqa: E402
+from gpipe_exec.reference import reference_step  # noqa: E402
+from gpipe_exec.runtime.job import job_for  # noqa: E402
+from gpipe_exec.zoo import build_model, loss_sum, make_batch  # noqa: E402
+from gpipe_sim.api import simulate_plan  # noqa: E402
+from gpipe_sim.errors import ScenarioError  # noqa: E402
+from gpipe_sim.plan.compile import compile_plan  # noqa: E402
+from gpipe_sim.schedule import Kind  # noqa: E402
+from gpipe_sim.schedule.global_program import process_program  # noqa: E402
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario  # noqa: E402
+
+# 8 tokens cut into 2C = 4 chunks of 2; grouped-query attention (4 heads, 2 key/value heads)
+MODEL = dict(preset="transformer", layers=4, d_model=16, d_ff=32, heads=4, kv_heads=2, seq_len=8, vocab=23,
+             vocab_multiple=8, attention="flash")
+OPTIONS = LaunchOptions(comm_timeout_s=60, run_timeout_s=900)
+
+
+class Case(NamedTuple):
+    C: int
+    K: int
+    M: int
+    schedule: str
+    remat: str = "none"
+    D: int = 1
+    position: str = "learned"
+    optimizer: str = "sgd"
+
+    @property
+    def world(self) -> int:
+        return self.C * self.K * self.D
+
+
+def scenario(case: Case) -> Scenario:
+    return parse_scenario({
+        "model": {**MODEL, "position": case.position}, "hardware": {"preset": "cpu"},
+        "pipeline": {"stages": case.K, "micro_batches": case.M, "batch_size": 4, "schedule": case.schedule,
+                     "remat": case.remat, "data_parallel": case.D, "context_parallel": case.C},
+        "training": {"optimizer": case.optimizer}})
+
+
+def test_device_c_holds_chunks_c_and_2c_minus_1_minus_c() -> None:
+    assert load_balanced_positions(8, 2, 0).tolist() == [0, 1, 6, 7]
+    assert load_balanced_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
+    held = torch.cat([load_balanced_positions(24, 3, c) for c in range(3)])
+    assert sorted(held.tolist()) == list(range(24))  # every token once
+
+
+def test_processes_are_numbered_as_the_simulator_numbers_devices() -> None:
+    """Program rank g runs its context rank c on process 2g + c (C = 2; gpipe_sim.mesh.Mesh), each
+    sending to the same context rank of its peer."""
+    plan = compile_plan(scenario(Case(C=2, K=2, M=2, schedule="1f1b")))
+    assert plan.mesh.process_devices() == (0, 1, 2, 3)
+    for process in range(4):
+        g, c, _ = plan.mesh.coordinates(process)
+        peers = {a.peer for a in process_program(plan.global_program, process, 2).actions
+                 if a.kind in (Kind.SEND, Kind.RECV) and a.peer >= 0}
+        assert peers == {(1 - g) * 2 + c}
+    # one replica still reduces its gradients: over the C devices holding the same layers
+    assert any(a.kind == Kind.ALLREDUCE for a in plan.global_program.rank(0).actions)
+
+
+def test_what_the_executor_does_not_run_is_refused_in_one_line() -> None:
+    base = scenario(Case(C=2, K=1, M=2, schedule="1f1b"))
+    for updates, field in [({"pipeline.tensor_parallel": 2}, "pipeline.tensor_parallel"),
+                           ({"training.zero": 1, "pipeline.data_parallel": 2}, "training.zero"),
+                           ({"training.overlap_grad_reduce": True}, "training.overlap_grad_reduce")]:
+        with pytest.raises(ScenarioError, match=rf"^{field}: gpipe-exec runs context_parallel 2 with "):
+            check_model(base.with_updates(updates))
+
+
+def run_cases(world: int, cases: list[Case], steps: int = 1) -> list[tuple[Case, dict[str, Any], float]]:
+    """One launch of `world` processes running every case: each case's parameters and gradients
+    (from each rank's c = 0 process) and its first step's loss."""
+    plans, jobs = [], []
+    for case in cases:
+        assert case.world == world, case
+        plans.append(check_runnable(scenario(case)))
+        jobs.append(job_for(plans[-1], steps=steps, warmup=0, dropout=0.0, return_params=True, tag=str(case)))
+    results = []
+    for case, plan, out in zip(cases, plans, launch(jobs, list(range(world)), OPTIONS)):
+        assert len(step_timelines(plan, out)) == steps, case
+        params: dict[str, Any] = {}
+        for rank in out["ranks"]:
+            params.update(rank["params"])
+        results.append((case, params, measured_result(plan, out).loss))
+    return results
+
+
+def plain_loss(sc: Scenario) -> float:
+    """The first step's loss of plain single-process training (before any update)."""
+    model = build_model(sc.model, seed=0, dropout=0.0)
+    x, y = make_batch(sc.model, sc.pipeline.batch_size, seed=0)
+    with torch.no_grad():
+        return float(loss_sum(model(x), y, sc.pipeline.batch_size))
+
+
+def assert_equal_to_reference(results: list[tuple[Case, dict[str, Any], float]], steps: int = 1) -> None:
+    for case, got, loss in results:
+        plain = scenario(case._replace(C=1, K=1, schedule="gpipe", remat="none", D=1))
+        ref = reference_step(plain, steps=steps)
+        assert got.keys() == ref.keys(), case
+        for name, (param, grad) in ref.items():
+            torch.testing.assert_close(got[name][1], grad, rtol=1e-5, atol=1e-5, msg=f"grad {name}: {case}")
+            torch.testing.assert_close(got[name][0], param, rtol=1e-5, atol=1e-5, msg=f"param {name}: {case}")
+        if steps == 1:
+            assert loss == pytest.approx(plain_loss(plain), rel=1e-5), case
+
+
+def test_c2_k1_and_k2_equal_plain_training() -> None:
+    """C = 2 with two pipeline stages (1f1b, learned positions) and with one stage and two
+    replicas (gpipe, rotary positions), in one launch of 4 processes."""
+    assert_equal_to_reference(run_cases(4, [Case(2, 2, 2, "1f1b"), Case(2, 1, 2, "gpipe", D=2, position="rope")]))
+
+
+@pytest.mark.slow
+def test_c2_under_recomputation_equals_plain_training() -> None:
+    """Whole-chunk (`always`) and per-block (`full`, `selective`) re-computation: the backward's
+    forward gathers the keys and values again."""
+    cases = [Case(2, 2, 4, "gpipe", "always", position="rope"), Case(2, 2, 2, "1f1b", "selective"),
+             Case(2, 1, 2, "1f1b", "full", D=2, position="rope")]
+    assert_equal_to_reference(run_cases(4, cases))
+
+
+@pytest.mark.slow
+def test_each_devices_memory_agrees_with_the_simulator() -> None:
+    """C = 2, K = 2 (1f1b, momentum): each device's saved-tensor accounting is the simulator's
+    (s/C tokens a device, its own K and V kept for the backward, the mask static) and its measured
+    peak (real tensor bytes) within the 10% validate's check holds for split ranks."""
+    case = Case(2, 2, 2, "1f1b", optimizer="momentum")
+    plan = compile_plan(scenario(case).with_updates({"hardware.host.step_buffers": True}))
+    out, = launch([job_for(plan, steps=1, warmup=1)], list(range(4)), OPTIONS)
+    predicted, measured = simulate_plan(plan).stages, measured_result(plan, out).result.stages
+    whole = simulate_plan(compile_plan(scenario(case._replace(C=1)))).stages
+    for p, m, w in zip(predicted, measured, whole):
+        assert p.peak_activation_bytes == pytest.approx(w.peak_activation_bytes / 2, rel=0.02)  # s/C tokens
+        assert m.peak_activation_bytes == pytest.approx(p.peak_activation_bytes, rel=0.01), p.index
+        assert m.peak_memory_bytes == pytest.approx(p.peak_memory_bytes, rel=0.10), p.index
