@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypeVar
 
 IndexT = TypeVar("IndexT")  # one index (int), or a numpy array of them
@@ -23,8 +24,9 @@ IndexT = TypeVar("IndexT")  # one index (int), or a numpy array of them
 class Mesh:
     """Every parallel size of a step and where each of its processes runs: made once from a
     scenario (`Mesh.of`, `Scenario.mesh`), checked there (`mesh_problem`). `rank_devices[g]` is
-    the first device of program rank g = d*K + r, from `hardware.placement`, else
-    `hardware.stage_to_device` (one replica), else Megatron-LM's order (`megatron_rank_devices`)."""
+    the first device of program rank g = d*K + r: `given_devices` (`hardware.placement`'s rows, or
+    `hardware.stage_to_device` for one replica) where given, else Megatron-LM's order
+    (`megatron_rank_devices`, made when first asked for: the sizes alone cost nothing)."""
 
     data_parallel: int = 1  # D: replicas of the pipeline
     stages: int = 1  # K: pipeline ranks
@@ -32,13 +34,13 @@ class Mesh:
     tensor_parallel: int = 1  # T: devices a layer's weights are split over
     context_parallel: int = 1  # C: devices a sample's sequence is split over
     expert_parallel: int = 1  # E: replicas a layer's routed experts are split over (carved from D)
-    rank_devices: tuple[int, ...] = ()  # per program rank d*K + r; () -> Megatron-LM's order
+    given_devices: tuple[int, ...] = ()  # per program rank d*K + r, as written; () -> Megatron-LM's order
     devices_per_node: int | None = None  # None: one node
 
-    def __post_init__(self) -> None:
-        if not self.rank_devices:
-            object.__setattr__(self, "rank_devices", megatron_rank_devices(
-                self.stages, self.data_parallel, self.devices_per_rank))
+    @cached_property
+    def rank_devices(self) -> tuple[int, ...]:
+        """The first device of each program rank d*K + r (its T x C devices follow it)."""
+        return self.given_devices or megatron_rank_devices(self.stages, self.data_parallel, self.devices_per_rank)
 
     @classmethod
     def of(cls, scenario: Any) -> "Mesh":
