@@ -96,8 +96,9 @@ class Mesh:
 
     # ---- indices ----------------------------------------------------------------------------
 
-    def program_rank(self, replica: int, rank: int) -> int:
-        """g = d*K + r: the program rank of pipeline rank `rank` in replica `replica`."""
+    def program_rank(self, replica: int, rank: IndexT) -> IndexT:
+        """g = d*K + r: the program rank of pipeline rank `rank` (or of each of an array of them)
+        in replica `replica`."""
         return replica * self.stages + rank
 
     def replica(self, program_rank: IndexT) -> IndexT:

@@ -68,7 +68,7 @@ def global_program(schedule: Schedule, replicas: int, held: int | None = None,
     holds, S (default all D; 1: replica 0 alone, whose all-reduces stand for D replicas');
     `overlap`: each all-reduce starts with its chunk's last backward pass (`with_collectives`).
     `reduced`: whether the gradients are reduced at all (default D > 1; context parallelism reduces
-    them over D x C devices, so one replica does too: gpipe_sim.mesh.gradient_group)."""
+    them over D x C devices, so one replica does too: gpipe_sim.mesh.Mesh.gradient_group)."""
     D, M, C = replicas, schedule.micro_batches, schedule.num_chunks
     reduced = D > 1 if reduced is None else reduced
     S = D if held is None else held
@@ -76,8 +76,7 @@ def global_program(schedule: Schedule, replicas: int, held: int | None = None,
         raise ValueError(f"held: {S} replicas of {D}")
     cols = with_collectives(schedule.columns, overlap) if reduced else schedule.columns
     cols = cols if S == 1 else replicate(cols, S)
-    K = schedule.ranks
-    replica = cols.rank.astype(np.int64) // K
+    replica = Mesh(S, schedule.ranks).replica(cols.rank.astype(np.int64))
     P = per_replica_messages(C, M)
     keys = cols.message_keys(M) if reduced else schedule.message_keys
     message = np.where(keys >= 0, keys + replica * P, -1)
@@ -113,14 +112,15 @@ def with_collectives(columns: ProgramColumns, overlap: bool = False) -> ProgramC
 
 
 def replicate(columns: ProgramColumns, replicas: int) -> ProgramColumns:
-    """Global ranks d*K + r for every replica d: the same programs, peers shifted by d*K."""
-    K = len(columns.offsets) - 1
+    """Program ranks d*K + r (`Mesh.program_rank`) for every replica d: the same programs, each
+    peer that replica's rank."""
+    mesh = Mesh(replicas, len(columns.offsets) - 1)
     parts = []
     for d in range(replicas):
-        for r in range(K):
+        for r in range(mesh.stages):
             lo, hi = int(columns.offsets[r]), int(columns.offsets[r + 1])
             part = {name: getattr(columns, name)[lo:hi] for name in _COLUMNS}
-            part["peer"] = np.where(part["peer"] >= 0, part["peer"] + d * K, part["peer"])
+            part["peer"] = np.where(part["peer"] >= 0, mesh.program_rank(d, part["peer"]), part["peer"])
             parts.append(part)
     return _stack(parts)
 
