@@ -127,9 +127,9 @@ class Mesh:
         """The device of every process, in process order (what the executor launches on)."""
         return tuple(self.device(*self.coordinates(q)) for q in range(self.num_processes))
 
-    def node(self, device: int) -> int:
-        """The node holding `device` (0 where the hardware has no nodes)."""
-        return 0 if self.devices_per_node is None else device // self.devices_per_node
+    def node(self, device: IndexT) -> IndexT:
+        """The node holding `device` (or each of an array of devices): `node_of`."""
+        return node_of(device, self.devices_per_node)
 
     def context_members(self, first_device: int) -> list[int]:
         """The C devices of the context-parallel group of the tensor rank at `first_device`."""
@@ -151,6 +151,17 @@ def megatron_rank_devices(ranks: int, replicas: int, width: int = 1) -> tuple[in
     """The first device of each program rank d*K + r in Megatron-LM's order: replicas inside,
     pipeline ranks outside, each rank `width` (T x C) devices wide: width x (r*D + d)."""
     return tuple(width * (r * replicas + d) for d in range(replicas) for r in range(ranks))
+
+
+def node_of(device: IndexT, devices_per_node: int | None) -> IndexT:
+    """The node holding `device` (or each of an array of devices): devices 0..N-1 fill nodes of
+    `devices_per_node` in order; 0 where the hardware has no nodes (None)."""
+    return device * 0 if devices_per_node is None else device // devices_per_node
+
+
+def tensor_members(first_device: int, tp: int) -> list[int]:
+    """The T devices of the tensor-parallel group from `first_device` (its group's first): T consecutive ones."""
+    return list(range(first_device, first_device + tp))
 
 
 def tensor_parallel_rank(process: int, tp: int) -> tuple[int, int]:
@@ -232,5 +243,5 @@ def rank_layout_problem(hardware: Any, width: int, field: str, count: str, what:
 
 
 __all__ = ["Mesh", "TENSOR_TILING_FIX", "context_members", "device_lists_problem", "layout_problem",
-           "megatron_rank_devices", "mesh_problem", "rank_layout_problem",
+           "megatron_rank_devices", "mesh_problem", "node_of", "rank_layout_problem", "tensor_members",
            "tensor_parallel_rank", "tiles_nodes"]

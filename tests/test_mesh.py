@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpipe_sim.errors import ScenarioError
-from gpipe_sim.mesh import Mesh, mesh_problem, tiles_nodes
+from gpipe_sim.mesh import Mesh, mesh_problem, node_of, tensor_members, tiles_nodes
 from gpipe_sim.scenario.scenario import parse_scenario
 
 # D = 2 replicas, K = 2 pipeline ranks, C = 2, T = 2, nodes of 4 devices, Megatron-LM's order:
@@ -91,3 +91,9 @@ def test_mesh_problem_is_the_scenario_s_check() -> None:
     assert mesh_problem(pipeline, hardware).startswith("hardware.stage_to_device: device 1 is not a multiple of 2")
     assert mesh_problem(pipeline, SimpleNamespace(devices_per_node=8, placement=None, stage_to_device=None)) is None
     assert [w for w in range(1, 17) if tiles_nodes(8, w)] == [1, 2, 4, 8, 16]
+
+
+def test_nodes_and_tensor_groups_of_single_devices_and_arrays() -> None:
+    assert tensor_members(8, 4) == [8, 9, 10, 11]
+    assert node_of(np.array(tensor_members(6, 4)), 4).tolist() == [1, 1, 2, 2]  # a group across two nodes
+    assert node_of(np.arange(3), None).tolist() == [0, 0, 0] and node_of(7, None) == 0  # one node

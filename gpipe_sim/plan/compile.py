@@ -556,7 +556,7 @@ def _flatten(plan: Plan) -> Program:
     a, b = dmap[src], dmap[dst]
     apart = a != b
     remote, s, d, a, b = sends[apart], src[apart], dst[apart], a[apart], b[apart]
-    between = a // per_node != b // per_node
+    between = plan.mesh.node(a) != plan.mesh.node(b)
     # hardware.links[r] joins ranks r and r+1 (both directions); any other pair uses hardware.link
     pair_links = [hardware.link_between(r) for r in range(max(K - 1, 1))] + [hardware.link, network]
     bandwidth = np.array([ln.bandwidth for ln in pair_links])

@@ -10,7 +10,7 @@ from gpipe_sim.model.context_parallel import local_model, ring_bytes_per_sample
 from gpipe_sim.costs.gpu_model import StreamWork, flash_seconds
 from gpipe_sim.hardware.hardware import Hardware
 from gpipe_sim.model.kernels import Flash
-from gpipe_sim.mesh import context_members
+from gpipe_sim.mesh import context_members, node_of
 from gpipe_sim.model.model import TransformerModel
 from gpipe_sim.model.recompute import checkpointed_layers
 from gpipe_sim.scenario.scenario import Scenario
@@ -25,7 +25,7 @@ def cp_link(hardware: Hardware, tp: int, cp: int, device: int) -> tuple[float, f
     members = context_members(device, tp, cp)
     per_node = hardware.devices_per_node
     link = hardware.link
-    if per_node is None or len({d // per_node for d in members}) == 1:
+    if len({node_of(d, per_node) for d in members}) == 1:
         bandwidth, latency = link.bandwidth, link.latency_s
     else:
         net = hardware.network or link

@@ -12,6 +12,7 @@ from gpipe_sim.costs.gpu_model import StreamWork
 from gpipe_sim.hardware.hardware import Hardware
 from gpipe_sim.model.model import LayerSpec, TransformerModel
 from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.mesh import node_of
 
 # the schedules that run one micro-batch's forward beside another's backward and hide each one's
 # all-to-alls behind the other's compute (DeepSeek-V3's DualPipe, section 3.2.1; DualPipeV its V form)
@@ -27,7 +28,7 @@ def all_to_all_seconds(hardware: Hardware, members: Sequence[int], nbytes: float
     if E <= 1:
         return 0.0
     per_node = hardware.devices_per_node
-    nodes = {d // per_node for d in members} if per_node else {0}
+    nodes = {node_of(d, per_node) for d in members}
     same = E // len(nodes)  # devices of the group in a node (Megatron's order spreads them evenly)
     link, net = hardware.link, hardware.network or hardware.link
     inside = (same - 1) * nbytes / E / link.bandwidth

@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from gpipe_sim.hardware.hardware import Hardware
+from gpipe_sim.mesh import node_of
 
 
 def transfer_link_keys(hardware: Hardware, a: np.ndarray, b: np.ndarray, n_dev: int, per_node: int) -> np.ndarray:
     """The link of each point-to-point send from device a[i] to device b[i] (a[i] != b[i]): the
     pair's link inside a node, else the sender's network port."""
-    between = a // per_node != b // per_node
+    between = node_of(a, per_node) != node_of(b, per_node)
     return np.where(between, n_dev * n_dev + hardware.network_ports(a, per_node), a * n_dev + b)
 
 
@@ -24,7 +25,7 @@ def ring_link_keys(hardware: Hardware, ring: list[int], n_dev: int, per_node: in
     (`Hardware.ring_ports`). A key may repeat."""
     keys = []
     for a, b in zip(ring, ring[1:] + ring[:1]):
-        if a != b and a // per_node == b // per_node:
+        if a != b and node_of(a, per_node) == node_of(b, per_node):
             keys.append(a * n_dev + b)
         elif a != b:
             keys.extend(n_dev * n_dev + port for port in hardware.ring_ports(a, per_node))

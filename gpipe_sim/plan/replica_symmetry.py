@@ -20,6 +20,7 @@ import numpy as np
 from gpipe_sim.plan.links import ring_link_keys, transfer_link_keys
 from gpipe_sim.schedule import Kind, Schedule
 from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.mesh import node_of
 
 
 class ReplicaSymmetry(NamedTuple):
@@ -60,7 +61,7 @@ def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
     per_node = hardware.devices_per_node or n_dev
     a, b = dmap[:, pairs[:, 0]], dmap[:, pairs[:, 1]]  # [replica, pair]
     keys = np.where(a != b, transfer_link_keys(hardware, a, b, n_dev, per_node), -1)
-    between = a // per_node != b // per_node
+    between = node_of(a, per_node) != node_of(b, per_node)
     links = np.array([_labels(row) for row in keys]) if len(pairs) else keys
     if (links != links[0]).any() or (between != between[0]).any():
         return ReplicaSymmetry(False, "the replicas' sends share links differently", frozenset())

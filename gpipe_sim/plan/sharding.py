@@ -41,6 +41,7 @@ from gpipe_sim.model.model import LayerSpec
 from gpipe_sim.scenario.scenario import Scenario, Training
 from gpipe_sim.costs.collectives import collective_seconds
 from gpipe_sim.model.tensor_parallel import ALL_REDUCE
+from gpipe_sim.mesh import node_of
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def replica_ring(scenario: Scenario, devices: Sequence[int], per_node: int, ring
     """The ring of these devices: the accelerators' link within one node, else the network, whose
     ports `rings` rings leave each node by at once (`Hardware.network_ring_bandwidth`)."""
     hardware = scenario.hardware
-    within = len({device // per_node for device in devices}) == 1
+    within = len({node_of(device, per_node) for device in devices}) == 1
     ln = hardware.link if within else (hardware.network or hardware.link)
     bandwidth = ln.bandwidth if within else hardware.network_ring_bandwidth(min(rings, per_node))
     return Ring(len(devices), bandwidth, ln.latency_s)
@@ -84,7 +85,7 @@ def shard_degree(scenario: Scenario) -> int:
     mesh = scenario.mesh
     dmap = mesh.rank_devices
     per_node = hardware.devices_per_node or max(dmap) + 1
-    counts = {sum(dmap[mesh.program_rank(d, r)] // per_node == dmap[r] // per_node for d in range(D))
+    counts = {sum(node_of(dmap[mesh.program_rank(d, r)], per_node) == node_of(dmap[r], per_node) for d in range(D))
               for r in range(K)}
     S = counts.pop()
     if counts or D % S:

@@ -15,6 +15,7 @@ from gpipe_sim.model.recompute import recompute_collectives
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.costs.collectives import collective_seconds
 from gpipe_sim.model.tensor_parallel import Collectives, transformer_collectives
+from gpipe_sim.mesh import node_of, tensor_members
 
 
 def tp_ring(hardware: Hardware, tp: int, device: int) -> tuple[float, float]:
@@ -26,8 +27,8 @@ def tp_ring(hardware: Hardware, tp: int, device: int) -> tuple[float, float]:
     2(n-1) cross the network at its latency and the rest `link`'s, given here as their mean."""
     per_node = hardware.devices_per_node
     link = hardware.link
-    members = np.arange(device, device + tp)
-    nodes = members // per_node if per_node else np.zeros(tp, dtype=np.int64)
+    members = np.asarray(tensor_members(device, tp), dtype=np.int64)
+    nodes = node_of(members, per_node)
     n = len(np.unique(nodes))
     if n == 1:
         return link.bandwidth, link.latency_s
