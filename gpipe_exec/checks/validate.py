@@ -133,6 +133,10 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
         raise ScenarioError(f"pipeline.remat: validate predicts from a profiled layer table, which gpipe-sim "
                             f"cannot run {scenario.pipeline.remat} on; compare `gpipe-exec run` with "
                             "`gpipe-sim simulate` of the preset instead (as tests/test_exec_recompute.py does)")
+    if scenario.pipeline.expert_parallel > 1:  # the table's layers are whole: no routed experts to spread
+        raise ScenarioError(f"pipeline.expert_parallel: validate predicts from a profiled layer table, whose "
+                            f"layers hold no routed experts to spread over {scenario.pipeline.expert_parallel} "
+                            "devices; compare `gpipe-exec run` with `gpipe-sim simulate` of the preset instead")
     if table is None:  # before profiling: the model builds and (on CPU) its ranks fit in free memory
         check_runnable(scenario, options.device)
     device_map = scenario.mesh.process_devices()  # one process per device (T per rank)
