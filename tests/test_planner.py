@@ -21,7 +21,7 @@ from gpipe_sim.planner.report import family_heads, schedules_text
 from gpipe_sim.schema.units import format_seconds
 from gpipe_sim.planner.search import (
     DATA_PARALLEL_SCHEDULE, Candidate, CostTable, PlanEntry, PlanOptions, candidate_space, enumerate_candidates,
-    family, held_memory_bound, memory_lower_bound, pareto_front, program_step_bound, reserved_base,
+    family, held_memory_bound, memory_lower_bound, pareto_front, program_step_bound, relaxed_step_bound, reserved_base,
     search_configurations, step_lower_bound,
 )
 
@@ -130,6 +130,14 @@ def test_candidates_are_the_enumerated_overrides():
                                   "network": {"bandwidth": "16 Gb/s", "latency_s": 1.0e-5, "per": "node", "nics": 1}}},
      PlanOptions(devices=4, max_chunks=2, micro_batches=(1, 2, 4), top=5, remat=("none",),
                  schedules=("1f1b", "zb_h1"), tensor_parallel=(1, 2, 4))),
+    # one NIC a node, shared by both pipeline ranks' all-reduce rings: the SimPy engine times the
+    # plans, the relaxed step (`relaxed_step_bound`) prunes them
+    ({**UNIFORM, "model": {"preset": "uniform", "layers": 8, "params_per_layer": 20_000_000},
+      "hardware": {"preset": "v100", "accelerator": {"memory_bytes": "1.2 GB"}, "devices_per_node": 2,
+                   "network": {"bandwidth": "2 GB/s", "latency_s": 1.0e-5, "per": "node", "nics": 1}},
+      "pipeline": {**UNIFORM["pipeline"], "batch_size": 8}},
+     PlanOptions(devices=4, max_chunks=2, top=3, remat=("none",), partitions=("uniform",),
+                 schedules=("1f1b", "interleaved_1f1b", "zb_h1", "zbv"), zero=(0, 1))),
     ({**TRANSFORMER, "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "45 MB"},
                                   "devices_per_node": 4}},
      PlanOptions(devices=4, fewer_devices=True, max_chunks=2, micro_batches=(2, 4), top=5, remat=("none",),
@@ -185,6 +193,7 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
         counts = compiled.layer_counts
         cand = Candidate.from_overrides(o)
         assert program_step_bound(costs, cand, compiled) <= result.step_time_s, o
+        assert relaxed_step_bound(compiled.simulated()) <= result.step_time_s, o
         for given in (None, counts):
             assert memory_lower_bound(costs, cand, given) <= peak, (o, given)
             assert held_memory_bound(costs, cand, given) <= peak, (o, given)

@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpipe_sim.engines.fast import contention_free
+from gpipe_sim.engines.relaxed import relaxed_step
 from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.compile import Plan
 from gpipe_sim.plan.partition import held_activations, micro_batch_sizes, resolve_partition
@@ -517,6 +519,15 @@ def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
                 update = float(dur[kind == _UPDATE].sum())
                 bound = max(bound, start + float(done[j]) + fixed[r] + per_param[r] * c.params + update)
     return bound * _SLACK
+
+
+def relaxed_step_bound(plan_: Plan) -> float:
+    """Below the simulated step of a plan the SimPy engine times (links or devices shared): its
+    step with the contention relaxed (`gpipe_sim.engines.relaxed`); 0 for a contention-free plan,
+    whose simulation is as cheap as this bound."""
+    if contention_free(plan_):
+        return 0.0
+    return relaxed_step(plan_) * _SLACK
 
 
 def quick_counts(costs: CostTable, cand: Candidate, largest: int) -> list[int] | None:

@@ -12,11 +12,11 @@ from typing import Any, Callable, Sequence
 
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
     CostTable, Work, candidate_work, chunk_placement, coarse_bounds, held_memory_bound, held_samples,
-    memory_lower_bound, min_max_partition, program_step_bound, quick_counts, step_lower_bound,
+    memory_lower_bound, min_max_partition, program_step_bound, quick_counts, relaxed_step_bound, step_lower_bound,
 )
 from gpipe_sim.planner.entries import (
     LIMITERS, MEMORY_LIMITED, NEGLIGIBLE_LOSS, PlanEntry, _copy_entry, _entry, collapse_alike, limiter_of,
@@ -31,7 +31,7 @@ __all__ = [
     "AXES", "DATA_PARALLEL", "DATA_PARALLEL_SCHEDULE", "DEFAULT_PARTITIONS", "DEFAULT_RESERVE", "LIMITERS", "MEMORY_LIMITED", "NEGLIGIBLE_LOSS", "Candidate", "CostTable",
     "PlanEntry", "PlanOptions", "PlanSearch", "candidate_space", "check_options", "collapse_alike", "device_layouts", "device_pairs",
     "enumerate_candidates", "held_memory_bound", "held_samples", "limiter_of", "memory_lower_bound",
-    "min_max_partition", "pareto_front", "plan", "preference", "program_step_bound", "reserved_base",
+    "min_max_partition", "pareto_front", "plan", "preference", "program_step_bound", "relaxed_step_bound", "reserved_base",
     "step_lower_bound", "tensor_parallel_values", "TIE",
 ]
 
@@ -213,6 +213,7 @@ class _Ranking:
         self._signatures: set[tuple[Any, ...]] = set()
         self.fastest = math.inf
         self.fixed: float | None = None  # while ties are resolved: the tie's limit
+        self.compiled: set[int] = set()  # candidates pruned by a bound from their compiled program
 
     def threshold(self) -> float:
         """The `top`-th best fitting step time found (inf until `top` signatures fit); while
@@ -267,20 +268,31 @@ def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, can
         if ranking.reuse(key, index, cand):
             return "reused"
         for what, bound, limit in (("memory", memory_lower_bound(costs, cand, counts), cap),
-                                   ("bound", step_lower_bound(costs, cand, counts), ranking.threshold()),
-                                   ("bound", program_step_bound(costs, cand, plan_), ranking.threshold())):
+                                   ("bound", step_lower_bound(costs, cand, counts), ranking.threshold())):
             if bound > limit:
                 ranking.pruned[index] = (what, bound, limit)
                 return what
-    else:
-        bound = program_step_bound(costs, cand, plan_)
-        if bound > ranking.threshold():
-            ranking.pruned[index] = ("bound", bound, ranking.threshold())
-            return "bound"
+    if _step_bound_prunes(costs, ranking, index, cand, plan_):
+        return "bound"
     entry = _entry(index, cand, simulate_plan(plan_), cap)
     ranking.seen[key] = entry
     ranking.record(entry)
     return "simulated"
+
+
+def _step_bound_prunes(costs: CostTable, ranking: _Ranking, index: int, cand: Candidate, plan_: Plan) -> bool:
+    """Whether the compiled plan's step bounds exceed the threshold (then noted in `ranking.pruned`):
+    `program_step_bound`, then, for a plan the SimPy engine would time (links or devices shared),
+    the fast evaluator's step of it with the contention relaxed (`relaxed_step`)."""
+    limit = ranking.threshold()
+    bound = program_step_bound(costs, cand, plan_)
+    if bound <= limit:
+        bound = max(bound, relaxed_step_bound(plan_))
+    if bound > limit:
+        ranking.pruned[index] = ("bound", bound, limit)
+        ranking.compiled.add(index)
+        return True
+    return False
 
 
 def search_configurations(base: Scenario, options: PlanOptions, *,
@@ -370,7 +382,7 @@ def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
     for key in sorted(groups):
         if len(tied) >= options.top:
             for i in groups[key]:
-                ranking.pruned[i] = ("preferred", math.nan, limit)
+                ranking.pruned[i] = ("preferred", ranking.pruned[i][1], limit)  # its bound kept
             continue
         for i in sorted(groups[key]):
             _reconsider(base, costs, ranking, candidates, i, limit, refine, outcomes)
@@ -380,20 +392,28 @@ def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
 
 
 def _reconsider(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate], i: int,
-                limit: float, refine: _Refiner, outcomes: Counter[str]) -> None:
+                limit: float, refine: _Refiner, outcomes: Counter[str]) -> str:
     """Take candidate i, pruned by the coarse bound, out of the pruned; prune it again by its
     refined memory or step bound where that exceeds the capacity or `limit`, else decide it
-    (`_decide`: simulate, or reuse a simulated twin). Counts the outcome."""
-    del ranking.pruned[i]
+    (`_decide`: simulate, or reuse a simulated twin). Counts the outcome and returns `_decide`'s
+    ("" where the refined bounds prune it). One marked "preferred" (within the tie) and pruned
+    again by a step bound within that tie stays so marked."""
+    was, _, tie = ranking.pruned.pop(i)
     outcomes["bound"] -= 1
     mem, step, counts = refine(candidates[i])
-    if mem > costs.capacity or step > limit:
+    decided = ""
+    if not (mem > costs.capacity or step > limit):
+        decided = _decide(base, costs, ranking, i, candidates[i], counts)
+        outcomes[decided] += 1
+    else:
         what = "memory" if mem > costs.capacity else "bound"
         ranking.pruned[i] = (what, mem if what == "memory" else step,
                              costs.capacity if what == "memory" else limit)
         outcomes[what] += 1
-        return
-    outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
+    now, bound, _ = ranking.pruned.get(i, ("", math.nan, math.nan))
+    if was == "preferred" and now == "bound" and bound <= tie:
+        ranking.pruned[i] = (was, bound, tie)
+    return decided
 
 
 def _ordered(ranked: list[PlanEntry], distinct: list[PlanEntry], tie: float, batch: int
@@ -424,7 +444,10 @@ def family(cand: Candidate) -> str:
     return DATA_PARALLEL if cand.data_parallel_only else cand.schedule
 
 
-MAX_FAMILY_DECISIONS = 32  # per family, after the main search (a bound on the extra work)
+MAX_FAMILY_DECISIONS = 48  # per family, after the main search (a bound on the extra work)
+# what a decision pruned by a step bound counts of one (it compiles the plan and bounds its program,
+# the relaxed evaluation included: about a quarter of the cost of simulating and accounting memory)
+PROGRAM_BOUND_SHARE = 0.25
 
 
 def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate],
@@ -434,7 +457,11 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
     only the top N; a family whose configurations all rank below them has candidates pruned by a
     bound above the N-th step, which may still beat the family's best found: those are decided
     in the order of their bounds, against that family's best (`ranking.fixed`), until the next
-    bound is above it (at most MAX_FAMILY_DECISIONS a family: where reached, it goes in `unproven`).
+    bound is above it (at most MAX_FAMILY_DECISIONS a family, those its refined bounds prune not
+    counted and those its program's bounds prune counted PROGRAM_BOUND_SHARE: where reached, it
+    goes in `unproven`). Each family first decides its candidate of least bound among those
+    bounded from their compiled programs (`ranking.compiled`: close bounds, so a close best early,
+    which prunes the rest sooner).
     `progress(total, total)` is called before each decision (where a caller may stop the search)."""
     best: dict[str, PlanEntry] = {}
 
@@ -447,22 +474,36 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
     keep(ranking.entries)
     pending: dict[str, list[tuple[float, int]]] = {}
     for i, (what, bound, _) in ranking.pruned.items():
-        if what == "bound":
+        if what in ("bound", "preferred"):
             pending.setdefault(family(candidates[i]), []).append((bound, i))
+
+    def decide(i: int, limit: float) -> float:
+        """Reconsider candidate i against `limit`; the share of a decision it cost (module constants)."""
+        if progress:
+            progress(len(candidates), len(candidates))
+        ranking.fixed = limit
+        done = len(ranking.entries)
+        outcome = _reconsider(base, costs, ranking, candidates, i, limit, refine, outcomes)
+        keep(ranking.entries[done:])
+        return 0.0 if not outcome else PROGRAM_BOUND_SHARE if outcome == "bound" else 1.0
+
     for name, items in pending.items():
-        for n, (bound, i) in enumerate(sorted(items)):
+        items.sort()
+        spent = 0.0
+        # first the least bound taken from a compiled program (a close one: a close best soon)
+        seed = next(((b, i) for b, i in items if i in ranking.compiled), None)
+        if seed is not None and seed[0] <= (best[name].step_time_s if name in best else math.inf):
+            spent += decide(seed[1], best[name].step_time_s if name in best else math.inf)
+        for bound, i in items:
             limit = best[name].step_time_s if name in best else math.inf
             if bound > limit:
                 break
-            if n == MAX_FAMILY_DECISIONS:
+            if i not in ranking.pruned:  # the seed
+                continue
+            if spent >= MAX_FAMILY_DECISIONS:
                 unproven.add(name)
                 break
-            if progress:
-                progress(len(candidates), len(candidates))
-            ranking.fixed = limit
-            done = len(ranking.entries)
-            _reconsider(base, costs, ranking, candidates, i, limit, refine, outcomes)
-            keep(ranking.entries[done:])
+            spent += decide(i, limit)
     ranking.fixed = None
     return sorted(best.values(), key=lambda e: (e.step_time_s, e.index))
 
