@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from gpipe_sim.schema.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
-    from gpipe_sim.planner.search import PlanEntry, PlanSearch
+    from gpipe_sim.planner.search import Candidate, PlanEntry, PlanSearch
 
 # the axes explained, as the reports name them
 AXIS_NAMES = {"remat": "recompute (remat)", "zero": "ZeRO stage"}
@@ -39,12 +39,19 @@ def axis_text(search: PlanSearch, axis: str) -> str:
     if pick is None:
         return ""
     mine = pick.candidate
-    others = list(dict.fromkeys(c for c in search.candidates
-                                if c != mine and mine.differs_only_in(axis, c)))
+    indices: dict[Candidate, list[int]] = {}  # each other configuration's indices in the space
+    for i, c in enumerate(search.candidates):
+        if c != mine and mine.differs_only_in(axis, c):
+            indices.setdefault(c, []).append(i)
+    others = list(indices)
     if not others:
         return ""
     entries = {e.candidate: e for e in (*search.simulated_entries, *search.ranked)}
-    pruned = {search.candidates[i]: (code, figure) for i, (code, figure, _) in search.pruned.items()}
+    pruned = {}  # the pruned reason of its last index pruned
+    for c, where in indices.items():
+        for i in where:
+            if i in search.pruned:
+                pruned[c] = search.pruned[i][:2]
     parts = [f"{AXIS_NAMES[axis]}: picked {getattr(mine, axis)} (step {format_seconds(pick.step_time_s)}, "
              f"peak {format_bytes(pick.peak_memory_bytes)})"]
     for c in others:

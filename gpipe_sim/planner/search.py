@@ -281,13 +281,12 @@ def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, can
 
 
 def _step_bound_prunes(costs: CostTable, ranking: _Ranking, index: int, cand: Candidate, plan_: Plan) -> bool:
-    """Whether the compiled plan's step bounds exceed the threshold (then noted in `ranking.pruned`):
-    `program_step_bound`, then, for a plan the SimPy engine would time (links or devices shared),
-    the fast evaluator's step of it with the contention relaxed (`relaxed_step`)."""
+    """Whether the compiled plan's step bound exceeds the threshold (then noted in `ranking.pruned`):
+    for a plan the SimPy engine would time (links or devices shared), the fast evaluator's step of
+    it with the contention relaxed (`relaxed_step_bound`), else `program_step_bound` (cheaper than
+    the fast evaluator's timing and the memory accounting it may spare)."""
     limit = ranking.threshold()
-    bound = program_step_bound(costs, cand, plan_)
-    if bound <= limit:
-        bound = max(bound, relaxed_step_bound(plan_))
+    bound = relaxed_step_bound(plan_) or program_step_bound(costs, cand, plan_)
     if bound > limit:
         ranking.pruned[index] = ("bound", bound, limit)
         ranking.compiled.add(index)

@@ -38,14 +38,26 @@ def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
     return f"step {format_seconds(e.step_time_s)}{versus}, peak {format_bytes(e.peak_memory_bytes)}{comm}"
 
 
-def _kept_out(search: PlanSearch, T: int, pick: PlanEntry | None, axis: str = "T") -> str:
-    """Why no configuration with this value of `axis` (T or C) fits or was simulated: the least
-    memory one needs, or the step-time bound that every simulated-free one is at least."""
-    memory, bound, preferred = [], [], 0
+def _pruned_by_value(search: PlanSearch, axis: str) -> dict[int, tuple[list[float], list[float], int]]:
+    """Per value of `axis`, its pruned configurations' (memory figures, step-time bounds, how many
+    were "preferred"), in one pass over the pruned."""
+    out: dict[int, tuple[list[float], list[float], int]] = {}
+    candidates = search.candidates
     for i, (code, figure, _) in search.pruned.items():
-        if search.candidates[i].shown(axis) == T:
-            preferred += code == "preferred"
-            (memory if code == "memory" else bound if code == "bound" else []).append(figure)
+        value = candidates[i].shown(axis)
+        memory, bound, preferred = out.get(value) or ([], [], 0)
+        (memory if code == "memory" else bound if code == "bound" else []).append(figure)
+        out[value] = (memory, bound, preferred + (code == "preferred"))
+    return out
+
+
+def _kept_out(search: PlanSearch, T: int, pick: PlanEntry | None, axis: str,
+              pruned: dict[int, tuple[list[float], list[float], int]]) -> str:
+    """Why no configuration with this value of `axis` (T or C) fits or was simulated: the least
+    memory one needs, or the step-time bound that every simulated-free one is at least
+    (`pruned`: `_pruned_by_value`)."""
+    memory, bound, preferred = pruned.get(T, ([], [], 0))
+    memory = list(memory)
     memory += [e.peak_memory_bytes for e in search.simulated_entries if e.get(axis) == T and not e.fits]
     bound = [b for b in bound if math.isfinite(b)]
     cap = format_bytes(search.limit_bytes)
@@ -92,12 +104,14 @@ def _axis_choice(search: PlanSearch, describe: Callable[[PlanEntry], str], axis:
         best.setdefault(e.get(axis), e)
     parts = [f"{name}: picked {axis}={pick.get(axis)} ({_figures(pick, None)})" if pick is not None
              else f"{name}: nothing fits with any {axis}"]
+    pruned: dict[int, tuple[list[float], list[float], int]] | None = None
     for value in values:
         if pick is not None and value == pick.get(axis):
             continue
         e = best.get(value)
         if e is None:
-            parts.append(f"{axis}={value}: {_kept_out(search, value, pick, axis)}")
+            pruned = _pruned_by_value(search, axis) if pruned is None else pruned
+            parts.append(f"{axis}={value}: {_kept_out(search, value, pick, axis, pruned)}")
             continue
         tied = (f" (within the tie: the smaller {axis} is preferred)"
                 if pick is not None and e.tied and value > pick.get(axis) else "")
