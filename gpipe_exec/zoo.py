@@ -141,7 +141,7 @@ class Block(nn.Module):
         head_dim) keys and values to the context."""
         grouped = self.kv_heads != self.heads
         if self.context is not None:
-            return attend(self.context, q, k, v, grouped)
+            return attend(self.context, q, k, v)
         if self.flash:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         if grouped:

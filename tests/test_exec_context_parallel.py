@@ -8,7 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpipe_exec.context_parallel import load_balanced_positions  # noqa: E402
+from gpipe_exec.context_parallel import context_mask, load_balanced_positions  # noqa: E402
+from gpipe_exec.ring_attention import BlockView  # noqa: E402
 from gpipe_exec.execute import check_model, check_runnable  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.measure.steps import measured_result, step_timelines  # noqa: E402
@@ -56,6 +57,24 @@ def test_device_c_holds_chunks_c_and_2c_minus_1_minus_c() -> None:
     assert load_balanced_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
     held = torch.cat([load_balanced_positions(24, 3, c) for c in range(3)])
     assert sorted(held.tolist()) == list(range(24))  # every token once
+
+
+def test_each_ring_step_is_a_dense_block_but_the_devices_own() -> None:
+    """With the load balance, device c of C = 4 sees an earlier device's block whole with all its
+    queries but only its first chunk of keys, a later device's whole with its second chunk of
+    queries only, and its own under a causal mask (Transformer Engine's three cases)."""
+    for c in range(4):
+        mask = context_mask(16, 4, c, torch.float32)
+        for s, block in enumerate(mask.chunk(4, dim=1)):
+            view = BlockView.of(block)
+            if s < c:
+                assert (view.rows, view.cols, view.bias) == (slice(0, 4), slice(0, 2), None)
+            elif s > c:
+                assert (view.rows, view.cols, view.bias) == (slice(2, 4), slice(0, 4), None)
+            else:
+                assert (view.rows, view.cols) == (slice(0, 4), slice(0, 4)) and view.bias is not None
+                assert (view.bias == 0).tolist() == [[True, False, False, False], [True, True, False, False],
+                                                     [True, True, True, False], [True, True, True, True]]
 
 
 def test_processes_are_numbered_as_the_simulator_numbers_devices() -> None:

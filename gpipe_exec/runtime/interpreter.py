@@ -494,7 +494,7 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
     runner = RankRunner(job, rank, device, clock)
     records = [runner.step(s) for s in range(job.warmup + job.steps)]
     if runner.sequence is not None:  # each device's loss is its tokens' share: the group's sum is the step's
-        sum_losses(records, runner.sequence.group, device)
+        sum_losses(records, runner.sequence.ring.group, device)
     params = runner.params() if job.return_params else None
     # after the timed steps, so that steady state (gradients, optimizer states, buffers) is measured
     memory = runner.step(job.warmup + job.steps, memory=True) if job.memory_step else None
