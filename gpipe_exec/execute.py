@@ -57,14 +57,15 @@ def check_model(scenario: Scenario) -> None:
 def check_context_parallel(scenario: Scenario) -> None:
     """ScenarioError (one line naming the field) unless the executor runs the scenario's context
     parallelism (gpipe_exec.context_parallel): any C with tensor_parallel 1, no mixture of
-    experts, training.zero 0 and overlap_grad_reduce false (the simulator predicts the rest)."""
+    experts, training.zero 0 or 1 (ZeRO-1 sharding over the D x C gradient group, as Megatron-LM's
+    distributed optimizer) and overlap_grad_reduce false (the simulator predicts the rest)."""
     p, training = scenario.pipeline, scenario.training
     C = p.context_parallel
     if C == 1:
         return
     refused = [("pipeline.tensor_parallel", p.tensor_parallel > 1, "tensor_parallel 1"),
                ("model.experts", bool(getattr(scenario.model, "experts", 0)), "a dense model"),
-               ("training.zero", training.zero > 0, "training.zero 0"),
+               ("training.zero", training.zero > 1, "training.zero 0 or 1"),
                ("training.overlap_grad_reduce", training.overlap_grad_reduce, "overlap_grad_reduce false")]
     for field, problem, needed in refused:
         if problem:

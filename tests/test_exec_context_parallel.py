@@ -38,6 +38,7 @@ class Case(NamedTuple):
     D: int = 1
     position: str = "learned"
     optimizer: str = "sgd"
+    zero: int = 0
 
     @property
     def world(self) -> int:
@@ -49,7 +50,7 @@ def scenario(case: Case) -> Scenario:
         "model": {**MODEL, "position": case.position}, "hardware": {"preset": "cpu"},
         "pipeline": {"stages": case.K, "micro_batches": case.M, "batch_size": 4, "schedule": case.schedule,
                      "remat": case.remat, "data_parallel": case.D, "context_parallel": case.C},
-        "training": {"optimizer": case.optimizer}})
+        "training": {"optimizer": case.optimizer, "zero": case.zero}})
 
 
 def test_device_c_holds_chunks_c_and_2c_minus_1_minus_c() -> None:
@@ -94,7 +95,7 @@ def test_processes_are_numbered_as_the_simulator_numbers_devices() -> None:
 def test_what_the_executor_does_not_run_is_refused_in_one_line() -> None:
     base = scenario(Case(C=2, K=1, M=2, schedule="1f1b"))
     for updates, field in [({"pipeline.tensor_parallel": 2}, "pipeline.tensor_parallel"),
-                           ({"training.zero": 1, "pipeline.data_parallel": 2}, "training.zero"),
+                           ({"training.zero": 2}, "training.zero"),
                            ({"training.overlap_grad_reduce": True}, "training.overlap_grad_reduce")]:
         with pytest.raises(ScenarioError, match=rf"^{field}: gpipe-exec runs context_parallel 2 with "):
             check_model(base.with_updates(updates))
@@ -128,7 +129,7 @@ def plain_loss(sc: Scenario) -> float:
 
 def assert_equal_to_reference(results: list[tuple[Case, dict[str, Any], float]], steps: int = 1) -> None:
     for case, got, loss in results:
-        plain = scenario(case._replace(C=1, K=1, schedule="gpipe", remat="none", D=1))
+        plain = scenario(case._replace(C=1, K=1, schedule="gpipe", remat="none", D=1, zero=0))
         ref = reference_step(plain, steps=steps)
         assert got.keys() == ref.keys(), case
         for name, (param, grad) in ref.items():
@@ -151,6 +152,15 @@ def test_c2_under_recomputation_equals_plain_training() -> None:
     cases = [Case(2, 2, 4, "gpipe", "always", position="rope"), Case(2, 2, 2, "1f1b", "selective"),
              Case(2, 1, 2, "1f1b", "full", D=2, position="rope")]
     assert_equal_to_reference(run_cases(4, cases))
+
+
+@pytest.mark.slow
+def test_c2_with_zero1_sharding_over_the_gradient_group_equals_plain_training() -> None:
+    """ZeRO-1 with momentum over two steps: the optimizer states split over the C devices of one
+    replica and over the D x C of two."""
+    cases = [Case(2, 2, 2, "1f1b", optimizer="momentum", zero=1),
+             Case(2, 1, 2, "gpipe", D=2, optimizer="momentum", zero=1, position="rope")]
+    assert_equal_to_reference(run_cases(4, cases, steps=2), steps=2)
 
 
 @pytest.mark.slow

@@ -134,8 +134,9 @@ class RankRunner:
                          else data_parallel_groups(self.K, self.D)[self.pipeline_rank])
         self.zero: ZeroShardUpdate | None = None
         self.update: Update | ZeroShardUpdate
-        if self.D > 1 and sc.training.zero == 1:
-            self.update = self.zero = ZeroShardUpdate(params, sc, self.replica, self.D, self.dp_group)
+        if self.D * self.CP > 1 and sc.training.zero == 1:  # sharded over the D x C gradient group
+            self.update = self.zero = ZeroShardUpdate(params, sc, self.replica * self.CP + self.cp_rank,
+                                                      self.D * self.CP, self.dp_group)
         else:
             self.update = Update(params, sc)
         self.sizes = plan.micro_batch_sizes
