@@ -56,14 +56,15 @@ def check_model(scenario: Scenario) -> None:
 
 def check_context_parallel(scenario: Scenario) -> None:
     """ScenarioError (one line naming the field) unless the executor runs the scenario's context
-    parallelism (gpipe_exec.context_parallel): any C with tensor_parallel 1, no mixture of
-    experts, training.zero 0 or 1 (ZeRO-1 sharding over the D x C gradient group, as Megatron-LM's
+    parallelism (gpipe_exec.context_parallel): any C, with tensor parallelism without sequence
+    parallelism, no mixture of experts, training.zero 0 or 1 (ZeRO-1 sharding over the D x C gradient group, as Megatron-LM's
     distributed optimizer) and overlap_grad_reduce false (the simulator predicts the rest)."""
     p, training = scenario.pipeline, scenario.training
     C = p.context_parallel
     if C == 1:
         return
-    refused = [("pipeline.tensor_parallel", p.tensor_parallel > 1, "tensor_parallel 1"),
+    refused = [("pipeline.sequence_parallel", p.tensor_parallel > 1 and p.sequence_parallel,
+                "sequence_parallel false"),
                ("model.experts", bool(getattr(scenario.model, "experts", 0)), "a dense model"),
                ("training.zero", training.zero > 1, "training.zero 0 or 1"),
                ("training.overlap_grad_reduce", training.overlap_grad_reduce, "overlap_grad_reduce false")]

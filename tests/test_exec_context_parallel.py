@@ -39,17 +39,19 @@ class Case(NamedTuple):
     position: str = "learned"
     optimizer: str = "sgd"
     zero: int = 0
+    T: int = 1
 
     @property
     def world(self) -> int:
-        return self.C * self.K * self.D
+        return self.C * self.K * self.D * self.T
 
 
 def scenario(case: Case) -> Scenario:
     return parse_scenario({
         "model": {**MODEL, "position": case.position}, "hardware": {"preset": "cpu"},
         "pipeline": {"stages": case.K, "micro_batches": case.M, "batch_size": 4, "schedule": case.schedule,
-                     "remat": case.remat, "data_parallel": case.D, "context_parallel": case.C},
+                     "remat": case.remat, "data_parallel": case.D, "context_parallel": case.C,
+                     "tensor_parallel": case.T},
         "training": {"optimizer": case.optimizer, "zero": case.zero}})
 
 
@@ -94,7 +96,8 @@ def test_processes_are_numbered_as_the_simulator_numbers_devices() -> None:
 
 def test_what_the_executor_does_not_run_is_refused_in_one_line() -> None:
     base = scenario(Case(C=2, K=1, M=2, schedule="1f1b"))
-    for updates, field in [({"pipeline.tensor_parallel": 2}, "pipeline.tensor_parallel"),
+    for updates, field in [({"pipeline.tensor_parallel": 2, "pipeline.sequence_parallel": True},
+                            "pipeline.sequence_parallel"),
                            ({"training.zero": 2}, "training.zero"),
                            ({"training.overlap_grad_reduce": True}, "training.overlap_grad_reduce")]:
         with pytest.raises(ScenarioError, match=rf"^{field}: gpipe-exec runs context_parallel 2 with "):
@@ -121,7 +124,7 @@ def run_cases(world: int, cases: list[Case], steps: int = 1) -> list[tuple[Case,
 
 def plain_loss(sc: Scenario) -> float:
     """The first step's loss of plain single-process training (before any update)."""
-    model = build_model(sc.model, seed=0, dropout=0.0)
+    model = build_model(sc.model, seed=0, dropout=0.0, tensor_parallel=sc.pipeline.tensor_parallel)  # as padded
     x, y = make_batch(sc.model, sc.pipeline.batch_size, seed=0)
     with torch.no_grad():
         return float(loss_sum(model(x), y, sc.pipeline.batch_size))
@@ -143,6 +146,14 @@ def test_c2_k1_and_k2_equal_plain_training() -> None:
     """C = 2 with two pipeline stages (1f1b, learned positions) and with one stage and two
     replicas (gpipe, rotary positions), in one launch of 4 processes."""
     assert_equal_to_reference(run_cases(4, [Case(2, 2, 2, "1f1b"), Case(2, 1, 2, "gpipe", D=2, position="rope")]))
+
+
+@pytest.mark.slow
+def test_c2_with_tensor_parallelism_equals_plain_training() -> None:
+    """C = 2 x T = 2: each device's ring carries its T-th of the key/value heads; the gradients
+    summed over the C devices of each tensor rank."""
+    assert_equal_to_reference(run_cases(4, [Case(2, 1, 2, "1f1b", T=2), Case(2, 1, 2, "gpipe", "full", T=2,
+                                                                           position="rope")]))
 
 
 @pytest.mark.slow

@@ -115,7 +115,7 @@ class RankRunner:
         mine = process_program(plan.global_program, rank, self.width)
         self.actions, self.tags = mine.actions, mine.message
         dtype = sc.training.dtype
-        self.mesh = device_mesh(device.type, self.D, self.K, self.T) if self.T > 1 else None
+        self.mesh = device_mesh(device.type, self.D, self.K, self.T, self.CP) if self.T > 1 else None
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
         self.experts, self.expert_dp_group = expert_groups(self.K, self.D, sc.pipeline.expert_parallel, self.program_rank)
         self.sequence: SequenceShard | None = None  # this device's share of each sequence (C > 1)

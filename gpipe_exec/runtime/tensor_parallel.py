@@ -19,17 +19,18 @@ from gpipe_sim.errors import ScenarioError
 
 MESH_DIMS = ("dp", "pp", "tp")
 
-_MESH: tuple[Any, tuple[int, int, int], DeviceMesh] | None = None  # (default group, shape, mesh)
+_MESH: tuple[Any, tuple[int, ...], DeviceMesh] | None = None  # (default group, shape, mesh)
 
 
-def device_mesh(device_type: str, D: int, K: int, T: int) -> DeviceMesh:
-    """The processes as a (dp, pp, tp) mesh (process d*K*T + k*T + t, as
-    `gpipe_sim.schedule.global_program.tensor_parallel_process` numbers them), made once per
-    default group and shape (collective: every process makes it, in the same order)."""
+def device_mesh(device_type: str, D: int, K: int, T: int, C: int = 1) -> DeviceMesh:
+    """The processes as a (dp, pp, tp) mesh, or with context parallelism C > 1 a (dp, pp, cp, tp)
+    one (process ((d*K + k)*C + c)*T + t, as `gpipe_sim.mesh.Mesh.process` numbers them), made
+    once per default group and shape (collective: every process makes it, in the same order)."""
     global _MESH
     default = dist.distributed_c10d._get_default_group()
-    if _MESH is None or _MESH[0] is not default or _MESH[1] != (D, K, T):
-        _MESH = (default, (D, K, T), init_device_mesh(device_type, (D, K, T), mesh_dim_names=MESH_DIMS))
+    shape, names = ((D, K, T), MESH_DIMS) if C == 1 else ((D, K, C, T), ("dp", "pp", "cp", "tp"))
+    if _MESH is None or _MESH[0] is not default or _MESH[1] != shape:
+        _MESH = (default, shape, init_device_mesh(device_type, shape, mesh_dim_names=names))
     return _MESH[2]
 
 
