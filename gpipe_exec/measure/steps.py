@@ -135,7 +135,8 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
     for g in range(G):
         mine = timeline.rank == g
         curves.append(levels_from_totals(timeline.start_s[mine], timeline.end_s[mine], recs[g].held))
-    static = [sum(param_bytes[c] + state_bytes[c] for c in plan.ranks[g % K].chunks) for g in range(G)]
+    static = [sum(param_bytes[c] + state_bytes[c] for c in plan.ranks[plan.mesh.pipeline_rank(g)].chunks)
+              for g in range(G)]
     accounting = [static[k] + recs[k].peak_activation_bytes for k in range(K)]
     memory = measured_memory(plan, output)
     if memory is not None:

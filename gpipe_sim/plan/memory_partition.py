@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpipe_sim.errors import ScenarioError
+from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.balance import balance_by_count, balance_by_weight, check_stages
 from gpipe_sim.plan.held import MemoryTable
 from gpipe_sim.schema.units import format_bytes
@@ -64,7 +65,8 @@ class _Layout:
         self.device_map = np.asarray(memory.device_map, dtype=np.int64)
         _, self.device = np.unique(self.device_map, return_inverse=True)
         self.num_devices = int(self.device.max()) + 1 if len(self.device) else 0
-        self.rank_of = np.arange(len(self.device_map)) % max(ranks, 1)  # per global rank
+        K = max(ranks, 1)
+        self.rank_of = Mesh(len(self.device_map) // K, K).pipeline_rank(np.arange(len(self.device_map)))  # per g
         per_device = np.bincount(self.device, weights=np.array([len(m) for m in h.rank_chunks])[self.rank_of],
                                  minlength=self.num_devices)
         # per rank: the most chunks any device holding a copy of it holds (1: it is alone)
