@@ -200,6 +200,27 @@ class CostTable:
             out[j] = least / ln.bandwidth + ln.latency_s + host
         return out
 
+    def host_transfers(self, cand: Candidate, samples: int, placement: Sequence[int]) -> np.ndarray:
+        """Per rank: seconds at least of host time its transfers take on its own timeline after
+        its first input arrives and before its last backward pass ends. Each of the M micro-batches
+        crosses every boundary between chunks on two ranks forward (the lower chunk's rank sends
+        it, the other receives) and backward (the other way), and compile puts `hardware.host`'s
+        send and receive seconds (at the least bytes a boundary carries: micro-batches of
+        `samples`) on the ranks' timelines; M - 1 micro-batches are counted (the one left out
+        covers the first receive, which `hops` counts, and the gradient sent after the last backward)."""
+        host = self.base.hardware.host
+        K, M = cand.stages, cand.micro_batches
+        out = np.zeros(K)
+        if len(placement) < 2:
+            return out
+        least = min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1]) * samples
+        per_crossing = (M - 1) * float(host.send_seconds(least) + host.recv_seconds(least))
+        for a, b in zip(placement[:-1], placement[1:]):
+            if a != b:
+                out[a] += per_crossing
+                out[b] += per_crossing
+        return out
+
     def fsdp_collectives(self, cand: Candidate) -> float:
         """Seconds at least of ZeRO-3's collectives over a step without pipelining: each forward
         gathers every layer and each backward gathers them again and reduce-scatters their
@@ -431,7 +452,8 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
       update remain on the rank, and one micro-batch still goes backward through every chunk
       before c*: step >= forward(< c*) + busy - trail + backward(< c*).
     Every chain also crosses the chunk boundaries before c* (each way): + the transfer time of
-    each (`CostTable.hops`). Without counts, the per-rank terms (at least those of c* alone) are
+    each (`CostTable.hops`); and a rank's busy time holds the host time of its transfers
+    (`CostTable.host_transfers`). Without counts, the per-rank terms (at least those of c* alone) are
     minimised over the partitions exactly (`min_max_partition`)."""
     costs = costs.of(cand)
     w = work or candidate_work(costs, cand)
@@ -445,10 +467,11 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
     per_param, fixed = costs.allreduce(cand)
     p_cum = _cum(costs.params)
     h_cum = _cum(costs.hops(cand, w.smallest, placement))  # transfers before chunk c: h_cum[c]
+    host = costs.host_transfers(cand, w.smallest, placement)  # per rank
     bound = max(bound, float(w.forward.sum() + w.backward.sum() + 2 * h_cum[-1]), costs.fsdp_collectives(cand))
     if counts is not None:
         edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
-        busy = np.bincount(placement, weights=w_cum[edges[1:]] - w_cum[edges[:-1]], minlength=K)
+        busy = np.bincount(placement, weights=w_cum[edges[1:]] - w_cum[edges[:-1]], minlength=K) + host
         reduce = np.full(K, np.inf)
         ranks = np.asarray(placement)
         np.minimum.at(reduce, ranks, fixed[ranks] + per_param[ranks] * (p_cum[edges[1:]] - p_cum[edges[:-1]]))
@@ -465,11 +488,11 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
             priced = np.zeros(len(placement), dtype=bool)
             priced[lowest] = True
             base_cost = _segment_cost(w_cum, f_cum)
-            cost = [base_cost + h_cum[c] for c in range(len(placement))]
+            cost = [base_cost + h_cum[c] + host[placement[c]] for c in range(len(placement))]
             if v == 1:  # chunk r is rank r's only one
                 trailing = base_cost + b_cum[:, None] - _segment_cost(t_cum)
                 params = _segment_cost(p_cum)
-                cost = [np.maximum(cost[r] + fixed[r] + per_param[r] * params, trailing + 2 * h_cum[r])
+                cost = [np.maximum(cost[r] + fixed[r] + per_param[r] * params, trailing + 2 * h_cum[r] + host[r])
                         for r in range(K)]
             best = costs.cache[key] = min_max_partition(cost, priced.tolist())
         bound = max(bound, best)
