@@ -58,7 +58,7 @@ def check_context_parallel(scenario: Scenario) -> None:
     """ScenarioError (one line naming the field) unless the executor runs the scenario's context
     parallelism (gpipe_exec.context_parallel): any C, with tensor parallelism without sequence
     parallelism, no mixture of experts, training.zero 0 or 1 (ZeRO-1 sharding over the D x C gradient group, as Megatron-LM's
-    distributed optimizer) and overlap_grad_reduce false (the simulator predicts the rest)."""
+    distributed optimizer; the simulator predicts the rest)."""
     p, training = scenario.pipeline, scenario.training
     C = p.context_parallel
     if C == 1:
@@ -66,8 +66,7 @@ def check_context_parallel(scenario: Scenario) -> None:
     refused = [("pipeline.sequence_parallel", p.tensor_parallel > 1 and p.sequence_parallel,
                 "sequence_parallel false"),
                ("model.experts", bool(getattr(scenario.model, "experts", 0)), "a dense model"),
-               ("training.zero", training.zero > 1, "training.zero 0 or 1"),
-               ("training.overlap_grad_reduce", training.overlap_grad_reduce, "overlap_grad_reduce false")]
+               ("training.zero", training.zero > 1, "training.zero 0 or 1")]
     for field, problem, needed in refused:
         if problem:
             raise ScenarioError(f"{field}: gpipe-exec runs context_parallel {C} with {needed}; "

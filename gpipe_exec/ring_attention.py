@@ -79,11 +79,12 @@ def _fold(t: torch.Tensor, groups: int) -> torch.Tensor:
     return t.view(b, h // groups, groups, s, d).sum(2)
 
 
-def _forward_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, fp32 log-sum-exp) of `q` attending to one block; every query sees a key. On CPU
-    torch's fused flash kernel (grouped heads natively); elsewhere the same computed unfused in fp32."""
-    if q.device.type == "cpu":
+def forward_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+                  fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, fp32 log-sum-exp) of `q` attending to one block; every query sees a key. `fused`
+    (default: on CPU) torch's fused CPU flash kernel (grouped heads natively); else the same
+    computed unfused in fp32."""
+    if q.device.type == "cpu" if fused is None else fused:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
     groups = q.shape[1] // k.shape[1]
     scores = q.float() @ _repeat(k, groups).float().transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -92,11 +93,11 @@ def _forward_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     return (torch.exp(scores - lse[..., None]) @ _repeat(v, groups).float()).to(q.dtype), lse
 
 
-def _backward_block(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    lse: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+def backward_block(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, bias: torch.Tensor | None, fused: bool | None = None) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) of one block given the whole attention's `out` and `lse` (flash attention's
-    backward: P = exp(S - lse), dS = P (dP - rowsum(dO O))), as `_forward_block` computes it."""
-    if q.device.type == "cpu":
+    backward: P = exp(S - lse), dS = P (dP - rowsum(dO O))), fused or not as `forward_block`."""
+    if q.device.type == "cpu" if fused is None else fused:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad, q, k, v, out, lse, 0.0, False, attn_mask=bias)
     groups, scale = q.shape[1] // k.shape[1], 1.0 / math.sqrt(q.shape[-1])
@@ -122,7 +123,7 @@ class _RingAttention(torch.autograd.Function):
         for i in range(ring.size):
             pending = ring.exchange(kv) if i + 1 < ring.size else None
             view = views[(ring.rank - i) % ring.size]
-            part, part_lse = _forward_block(q[:, :, view.rows], kv[0][:, :, view.cols], kv[1][:, :, view.cols],
+            part, part_lse = forward_block(q[:, :, view.rows], kv[0][:, :, view.cols], kv[1][:, :, view.cols],
                                             view.bias)
             # merged by log-sum-exp: each part weighed by its share of the softmax's denominator
             before = lse[:, :, view.rows]
@@ -149,7 +150,7 @@ class _RingAttention(torch.autograd.Function):
             pending = ring.exchange(kv) if i + 1 < ring.size else None
             view = ctx.views[(ring.rank - i) % ring.size]
             r, c = view.rows, view.cols
-            dqi, dki, dvi = _backward_block(grad[:, :, r], q[:, :, r], kv[0][:, :, c], kv[1][:, :, c],
+            dqi, dki, dvi = backward_block(grad[:, :, r], q[:, :, r], kv[0][:, :, c], kv[1][:, :, c],
                                             out[:, :, r], lse[:, :, r], view.bias)
             dq[:, :, r] += dqi
             dkv[0][:, :, c] += dki
@@ -173,4 +174,4 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, views: lis
     return _RingAttention.apply(q, k, v, views, ring)
 
 
-__all__ = ["BlockView", "Ring", "ring_attention"]
+__all__ = ["BlockView", "Ring", "backward_block", "forward_block", "ring_attention"]

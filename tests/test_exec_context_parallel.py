@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpipe_exec.context_parallel import context_mask, load_balanced_positions  # noqa: E402
-from gpipe_exec.ring_attention import BlockView  # noqa: E402
+from gpipe_exec.ring_attention import BlockView, backward_block, forward_block  # noqa: E402
 from gpipe_exec.execute import check_model, check_runnable  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.measure.steps import measured_result, step_timelines  # noqa: E402
@@ -40,6 +40,7 @@ class Case(NamedTuple):
     optimizer: str = "sgd"
     zero: int = 0
     T: int = 1
+    overlap: bool = False  # training.overlap_grad_reduce
 
     @property
     def world(self) -> int:
@@ -52,7 +53,7 @@ def scenario(case: Case) -> Scenario:
         "pipeline": {"stages": case.K, "micro_batches": case.M, "batch_size": 4, "schedule": case.schedule,
                      "remat": case.remat, "data_parallel": case.D, "context_parallel": case.C,
                      "tensor_parallel": case.T},
-        "training": {"optimizer": case.optimizer, "zero": case.zero}})
+        "training": {"optimizer": case.optimizer, "zero": case.zero, "overlap_grad_reduce": case.overlap}})
 
 
 def test_device_c_holds_chunks_c_and_2c_minus_1_minus_c() -> None:
@@ -80,6 +81,26 @@ def test_each_ring_step_is_a_dense_block_but_the_devices_own() -> None:
                                                      [True, True, True, False], [True, True, True, True]]
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_ring_block_is_attention_with_its_log_sum_exp(fused: bool) -> None:
+    """One block, fused (torch's CPU flash kernel) and unfused (what other devices run): its output
+    and gradients those of autograd through softmax attention (grouped heads, a causal bias), its
+    log-sum-exp the scores'."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 6, 8, generator=g, dtype=torch.float64).float() for h in (4, 2, 2))
+    bias = torch.zeros(6, 6).masked_fill_(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    out, lse = forward_block(q, k, v, bias, fused=fused)
+    qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+    scores = qa @ ka.repeat_interleave(2, 1).transpose(-2, -1) / 8**0.5 + bias
+    expected = scores.softmax(-1) @ va.repeat_interleave(2, 1)
+    grad = torch.randn(expected.shape, generator=g)
+    expected.backward(grad)
+    torch.testing.assert_close(out, expected.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse, scores.logsumexp(-1).detach(), rtol=1e-5, atol=1e-6)
+    for got, want in zip(backward_block(grad, q, k, v, out, lse, bias, fused=fused), (qa, ka, va)):
+        torch.testing.assert_close(got, want.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_processes_are_numbered_as_the_simulator_numbers_devices() -> None:
     """Program rank g runs its context rank c on process 2g + c (C = 2; gpipe_sim.mesh.Mesh), each
     sending to the same context rank of its peer."""
@@ -98,8 +119,7 @@ def test_what_the_executor_does_not_run_is_refused_in_one_line() -> None:
     base = scenario(Case(C=2, K=1, M=2, schedule="1f1b"))
     for updates, field in [({"pipeline.tensor_parallel": 2, "pipeline.sequence_parallel": True},
                             "pipeline.sequence_parallel"),
-                           ({"training.zero": 2}, "training.zero"),
-                           ({"training.overlap_grad_reduce": True}, "training.overlap_grad_reduce")]:
+                           ({"training.zero": 2}, "training.zero")]:
         with pytest.raises(ScenarioError, match=rf"^{field}: gpipe-exec runs context_parallel 2 with "):
             check_model(base.with_updates(updates))
 
@@ -132,7 +152,7 @@ def plain_loss(sc: Scenario) -> float:
 
 def assert_equal_to_reference(results: list[tuple[Case, dict[str, Any], float]], steps: int = 1) -> None:
     for case, got, loss in results:
-        plain = scenario(case._replace(C=1, K=1, schedule="gpipe", remat="none", D=1, zero=0))
+        plain = scenario(case._replace(C=1, K=1, schedule="gpipe", remat="none", D=1, zero=0, overlap=False))
         ref = reference_step(plain, steps=steps)
         assert got.keys() == ref.keys(), case
         for name, (param, grad) in ref.items():
@@ -166,11 +186,14 @@ def test_c2_under_recomputation_equals_plain_training() -> None:
 
 
 @pytest.mark.slow
-def test_c2_with_zero1_sharding_over_the_gradient_group_equals_plain_training() -> None:
-    """ZeRO-1 with momentum over two steps: the optimizer states split over the C devices of one
-    replica and over the D x C of two."""
+def test_c2_with_zero1_and_overlapped_reduction_equals_plain_training() -> None:
+    """Over two momentum steps: ZeRO-1's optimizer states split over the C devices of one replica
+    and over the D x C of two; the gradients reduced in buckets during the last backward pass
+    (overlap_grad_reduce) over the D x C devices."""
     cases = [Case(2, 2, 2, "1f1b", optimizer="momentum", zero=1),
-             Case(2, 1, 2, "gpipe", D=2, optimizer="momentum", zero=1, position="rope")]
+             Case(2, 1, 2, "gpipe", D=2, optimizer="momentum", zero=1, position="rope"),
+             Case(2, 2, 2, "1f1b", optimizer="momentum", overlap=True),
+             Case(2, 1, 2, "1f1b", D=2, optimizer="momentum", overlap=True)]
     assert_equal_to_reference(run_cases(4, cases, steps=2), steps=2)
 
 

@@ -100,8 +100,8 @@ class GradBuckets:
 def chunk_buckets(modules: dict[int, nn.Sequential], scenario: Scenario, replicas: int, sharded: bool,
                   comm: Collectives, group: Any, clock: Callable[[], float]) -> dict[int, GradBuckets]:
     """Each chunk's buckets (its module's children are its layers) where `training.overlap_grad_reduce`
-    asks for them with more than one replica and without FSDP2 (which reduces in the backward itself);
-    else none."""
+    asks for them with more than one device holding the same weights (`replicas`: D x C) and without
+    FSDP2 (which reduces in the backward itself); else none."""
     if not scenario.training.overlap_grad_reduce or replicas == 1 or sharded:
         return {}
     size = bucket_bytes(scenario)

@@ -149,7 +149,7 @@ class RankRunner:
             self.shapes = sequence_shards(self.shapes, self.T if self.sequence_parallel else self.CP)
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
-        self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, self.D, self.sharded,
+        self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, self.D * self.CP, self.sharded,
                                           self.comm, self.dp_group, clock)
         self._buffers: dict[int, torch.Tensor] = {}
         # (With T or C > 1 a pass's collectives wait for the rank's other devices: a device lock shared
