@@ -124,6 +124,14 @@ def test_what_the_executor_does_not_run_is_refused_in_one_line() -> None:
             check_model(base.with_updates(updates))
 
 
+def test_validate_refuses_context_parallelism_in_one_line() -> None:
+    """validate predicts from a profiled layer table, which the simulator cannot split by sequence."""
+    from gpipe_exec.checks.validate import validate
+
+    with pytest.raises(ScenarioError, match=r"^pipeline.context_parallel: validate predicts from a profiled"):
+        validate(scenario(Case(C=2, K=1, M=2, schedule="1f1b")))
+
+
 def run_cases(world: int, cases: list[Case], steps: int = 1) -> list[tuple[Case, dict[str, Any], float]]:
     """One launch of `world` processes running every case: each case's parameters and gradients
     (from each rank's c = 0 process) and its first step's loss."""

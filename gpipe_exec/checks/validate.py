@@ -137,6 +137,10 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
         raise ScenarioError(f"pipeline.expert_parallel: validate predicts from a profiled layer table, whose "
                             f"layers hold no routed experts to spread over {scenario.pipeline.expert_parallel} "
                             "devices; compare `gpipe-exec run` with `gpipe-sim simulate` of the preset instead")
+    if scenario.pipeline.context_parallel > 1:  # gpipe-sim splits only a transformer's sequence, not a table's
+        raise ScenarioError(f"pipeline.context_parallel: validate predicts from a profiled layer table, whose "
+                            f"sequence gpipe-sim cannot split over {scenario.pipeline.context_parallel} devices; "
+                            "compare `gpipe-exec run` with `gpipe-sim simulate` of the preset instead")
     if table is None:  # before profiling: the model builds and (on CPU) its ranks fit in free memory
         check_runnable(scenario, options.device)
     device_map = scenario.mesh.process_devices()  # one process per device (T per rank)
