@@ -45,9 +45,11 @@ def check_model(scenario: Scenario) -> None:
         raise ScenarioError("model.tied_embeddings: the executor ties the token table and the output projection "
                             "within one chunk on one device per rank (pipeline.stages 1, chunks 1, "
                             "tensor_parallel 1); untie them or simulate only")
-    if T > 1 and scenario.pipeline.sequence_parallel and seq_len % T:
-        raise ScenarioError(f"model.seq_len: {seq_len:,} does not split over pipeline.tensor_parallel {T} "
-                            f"with sequence parallelism (give a multiple of {T})")
+    parts = T * p.context_parallel  # a device's share of the sequence under sequence (and context) parallelism
+    if T > 1 and scenario.pipeline.sequence_parallel and seq_len % parts:
+        over = f"pipeline.tensor_parallel {T}" + (f" x context_parallel {p.context_parallel}" if parts > T else "")
+        raise ScenarioError(f"model.seq_len: {seq_len:,} does not split over {over} "
+                            f"with sequence parallelism (give a multiple of {parts})")
     try:
         boundary_shapes(scenario.model, scenario.training.dtype, 0, 0.0)
     except (RuntimeError, ValueError) as exc:
@@ -63,9 +65,7 @@ def check_context_parallel(scenario: Scenario) -> None:
     C = p.context_parallel
     if C == 1:
         return
-    refused = [("pipeline.sequence_parallel", p.tensor_parallel > 1 and p.sequence_parallel,
-                "sequence_parallel false"),
-               ("model.experts", bool(getattr(scenario.model, "experts", 0)), "a dense model"),
+    refused = [("model.experts", bool(getattr(scenario.model, "experts", 0)), "a dense model"),
                ("training.zero", training.zero > 1, "training.zero 0 or 1")]
     for field, problem, needed in refused:
         if problem:

@@ -41,6 +41,7 @@ class Case(NamedTuple):
     zero: int = 0
     T: int = 1
     overlap: bool = False  # training.overlap_grad_reduce
+    sp: bool = False  # pipeline.sequence_parallel
 
     @property
     def world(self) -> int:
@@ -52,7 +53,7 @@ def scenario(case: Case) -> Scenario:
         "model": {**MODEL, "position": case.position}, "hardware": {"preset": "cpu"},
         "pipeline": {"stages": case.K, "micro_batches": case.M, "batch_size": 4, "schedule": case.schedule,
                      "remat": case.remat, "data_parallel": case.D, "context_parallel": case.C,
-                     "tensor_parallel": case.T},
+                     "tensor_parallel": case.T, "sequence_parallel": case.sp},
         "training": {"optimizer": case.optimizer, "zero": case.zero, "overlap_grad_reduce": case.overlap}})
 
 
@@ -117,9 +118,7 @@ def test_processes_are_numbered_as_the_simulator_numbers_devices() -> None:
 
 def test_what_the_executor_does_not_run_is_refused_in_one_line() -> None:
     base = scenario(Case(C=2, K=1, M=2, schedule="1f1b"))
-    for updates, field in [({"pipeline.tensor_parallel": 2, "pipeline.sequence_parallel": True},
-                            "pipeline.sequence_parallel"),
-                           ({"training.zero": 2}, "training.zero")]:
+    for updates, field in [({"training.zero": 2}, "training.zero")]:
         with pytest.raises(ScenarioError, match=rf"^{field}: gpipe-exec runs context_parallel 2 with "):
             check_model(base.with_updates(updates))
 
@@ -179,9 +178,12 @@ def test_c2_k1_and_k2_equal_plain_training() -> None:
 @pytest.mark.slow
 def test_c2_with_tensor_parallelism_equals_plain_training() -> None:
     """C = 2 x T = 2: each device's ring carries its T-th of the key/value heads; the gradients
-    summed over the C devices of each tensor rank."""
+    summed over the C devices of each tensor rank; with sequence parallelism each device's s/C
+    tokens split again T ways between the layers."""
     assert_equal_to_reference(run_cases(4, [Case(2, 1, 2, "1f1b", T=2), Case(2, 1, 2, "gpipe", "full", T=2,
-                                                                           position="rope")]))
+                                                                           position="rope"),
+                                            Case(2, 1, 2, "1f1b", T=2, sp=True),
+                                            Case(2, 1, 2, "gpipe", "always", T=2, sp=True, position="rope")]))
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 
 from gpipe_exec.context_parallel import SequenceShard
 from gpipe_exec.zoo import Block, Embedding
@@ -52,12 +53,15 @@ def context_groups(mesh: Mesh, process: int) -> tuple[Any, Any]:
 
 
 def split_sequence(module: nn.Module, shard: SequenceShard) -> None:
-    """Every layer of `module` set to run on `shard`'s tokens: the embedding's learned positions
-    those tokens' rows, each block's rotary tables likewise and its attention the group's (the
+    """Every layer of `module` (split over T first, where it is) set to run on `shard`'s tokens:
+    the embedding's learned positions those tokens' rows, each block's rotary tables likewise and its attention the group's (the
     shard's mask a buffer of each block: static memory, as the causal mask is)."""
     for layer in module.modules():
         if isinstance(layer, Embedding):
-            layer.position_ids = shard.positions
+            ids = shard.positions
+            if isinstance(layer.positions, DTensor):  # sequence parallelism's replicated table: index it alike
+                ids = DTensor.from_local(ids, layer.positions.device_mesh, [Replicate()], run_check=False)
+            layer.position_ids = ids
         elif isinstance(layer, Block):
             layer.context = shard
             layer.register_buffer("context_mask", shard.mask, persistent=False)

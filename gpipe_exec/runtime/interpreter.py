@@ -146,7 +146,7 @@ class RankRunner:
         self.recv_at = [i for i, a in enumerate(self.actions) if a.kind == Kind.RECV and a.tensor != Tensor.REDUCED]
         self.shapes = boundary_shapes(model, dtype, job.seed, job.dropout) if self.recv_at else []
         if self.sequence_parallel or self.sequence is not None:  # a stage sends and receives its device's tokens
-            self.shapes = sequence_shards(self.shapes, self.T if self.sequence_parallel else self.CP)
+            self.shapes = sequence_shards(self.shapes, (self.T if self.sequence_parallel else 1) * self.CP)
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
         self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, self.D * self.CP, self.sharded,
