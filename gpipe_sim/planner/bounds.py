@@ -73,6 +73,8 @@ class CostTable:
         self.cache: dict[Any, float] = {}  # partition-free bounds by the axes they depend on
         self._tables: dict[tuple[int, str, int, int], CostTable] = {(self.tp, layer_remat, self.cp, self.ep): self}
         self._collectives = self._tp_collectives()
+        self._allreduce: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._hops: dict[tuple[Any, ...], np.ndarray] = {}
 
     def of(self, cand: Candidate) -> "CostTable":
         """The table of the candidate's T, per-layer remat mode and C (this one, or one built once per
@@ -147,7 +149,19 @@ class CostTable:
         of a chunk's gradients, `ring_allreduce_seconds` over the link `compile_plan` gives that
         ring: `link` when the replicas of the rank share a node, else `network`; the faster of the
         two where the candidate keeps an explicit placement of the base; none (0) under
-        `overlap_grad_reduce` or ZeRO-3, whose reduction the backward may hide but for its last bucket."""
+        `overlap_grad_reduce` or ZeRO-3, whose reduction the backward may hide but for its last bucket.
+        Computed once per (D, K, T, C, E, ZeRO, placement kept): read-only arrays."""
+        key = (cand.data_parallel, cand.stages, cand.tensor_parallel, cand.context_parallel, cand.expert_parallel,
+               cand.zero, cand.clears("hardware.placement"))
+        got = self._allreduce.get(key)
+        if got is None:
+            got = self._allreduce[key] = self._ring_seconds(cand)
+            for array in got:
+                array.flags.writeable = False
+        return got
+
+    def _ring_seconds(self, cand: Candidate) -> tuple[np.ndarray, np.ndarray]:
+        """`allreduce`, computed."""
         D, K, T, C = cand.data_parallel, cand.stages, cand.tensor_parallel, cand.context_parallel
         # overlapped (ZeRO-3 always): hidden up to its last bucket
         if D * C <= 1 or self.base.training.overlap_grad_reduce or cand.zero == 3:
@@ -177,7 +191,19 @@ class CostTable:
         the link `compile_plan` gives replica 0's ranks (Megatron-LM's order), plus the host's time to
         send and to receive it (`hardware.host`: send_s, recv_s and a copy at each end, on the
         ranks' own timelines, as compile prices them); 0 on one device, and 0 everywhere where the
-        candidate keeps an explicit device map of the base."""
+        candidate keeps an explicit device map of the base. Computed once per (D, K, v, T, C, E,
+        samples, placement, device map kept): a read-only array."""
+        key = (cand.data_parallel, cand.stages, cand.chunks, cand.tensor_parallel, cand.context_parallel,
+               cand.expert_parallel, samples, tuple(placement), cand.clears("hardware.placement"),
+               cand.clears("hardware.stage_to_device"))
+        got = self._hops.get(key)
+        if got is None:
+            got = self._hops[key] = self._hop_seconds(cand, samples, placement)
+            got.flags.writeable = False
+        return got
+
+    def _hop_seconds(self, cand: Candidate, samples: int, placement: Sequence[int]) -> np.ndarray:
+        """`hops`, computed."""
         hw = self.base.hardware
         C = len(placement)
         if C < 2 or (hw.placement is not None and not cand.clears("hardware.placement")) or \
@@ -201,13 +227,10 @@ class CostTable:
         return out
 
     def host_transfers(self, cand: Candidate, samples: int, placement: Sequence[int]) -> np.ndarray:
-        """Per rank: seconds at least of host time its transfers take on its own timeline after
-        its first input arrives and before its last backward pass ends. Each of the M micro-batches
-        crosses every boundary between chunks on two ranks forward (the lower chunk's rank sends
-        it, the other receives) and backward (the other way), and compile puts `hardware.host`'s
-        send and receive seconds (at the least bytes a boundary carries: micro-batches of
-        `samples`) on the ranks' timelines; M - 1 micro-batches are counted (the one left out
-        covers the first receive, which `hops` counts, and the gradient sent after the last backward)."""
+        """Per rank: host seconds at least of its transfers between its first input and its last
+        backward pass. Each micro-batch crosses every boundary between two ranks' chunks both ways,
+        a send and a receive on each rank (`hardware.host`, at the least bytes of `samples`), on the
+        ranks' timelines; M - 1 are counted (`hops` has the first receive, the last gradient follows)."""
         host = self.base.hardware.host
         K, M = cand.stages, cand.micro_batches
         out = np.zeros(K)
