@@ -26,6 +26,7 @@ from gpipe_sim.scenario.scenario import Scenario, parse_scenario  # noqa: E402
 # 8 tokens cut into 2C = 4 chunks of 2; grouped-query attention (4 heads, 2 key/value heads)
 MODEL = dict(preset="transformer", layers=4, d_model=16, d_ff=32, heads=4, kv_heads=2, seq_len=8, vocab=23,
              vocab_multiple=8, attention="flash")
+MOE = dict(experts=4, top_k=2, expert_d_ff=24, shared_experts=1, moe_every=2, first_dense_layers=1)
 OPTIONS = LaunchOptions(comm_timeout_s=60, run_timeout_s=900)
 
 
@@ -42,6 +43,8 @@ class Case(NamedTuple):
     T: int = 1
     overlap: bool = False  # training.overlap_grad_reduce
     sp: bool = False  # pipeline.sequence_parallel
+    E: int = 1  # pipeline.expert_parallel (of a mixture of experts where moe)
+    moe: bool = False
 
     @property
     def world(self) -> int:
@@ -50,10 +53,10 @@ class Case(NamedTuple):
 
 def scenario(case: Case) -> Scenario:
     return parse_scenario({
-        "model": {**MODEL, "position": case.position}, "hardware": {"preset": "cpu"},
+        "model": {**MODEL, "position": case.position, **(MOE if case.moe else {})}, "hardware": {"preset": "cpu"},
         "pipeline": {"stages": case.K, "micro_batches": case.M, "batch_size": 4, "schedule": case.schedule,
                      "remat": case.remat, "data_parallel": case.D, "context_parallel": case.C,
-                     "tensor_parallel": case.T, "sequence_parallel": case.sp},
+                     "tensor_parallel": case.T, "sequence_parallel": case.sp, "expert_parallel": case.E},
         "training": {"optimizer": case.optimizer, "zero": case.zero, "overlap_grad_reduce": case.overlap}})
 
 
@@ -159,7 +162,7 @@ def plain_loss(sc: Scenario) -> float:
 
 def assert_equal_to_reference(results: list[tuple[Case, dict[str, Any], float]], steps: int = 1) -> None:
     for case, got, loss in results:
-        plain = scenario(case._replace(C=1, K=1, schedule="gpipe", remat="none", D=1, zero=0, overlap=False))
+        plain = scenario(case._replace(C=1, K=1, schedule="gpipe", remat="none", D=1, zero=0, overlap=False, E=1))
         ref = reference_step(plain, steps=steps)
         assert got.keys() == ref.keys(), case
         for name, (param, grad) in ref.items():
@@ -184,6 +187,15 @@ def test_c2_with_tensor_parallelism_equals_plain_training() -> None:
                                                                            position="rope"),
                                             Case(2, 1, 2, "1f1b", T=2, sp=True),
                                             Case(2, 1, 2, "gpipe", "always", T=2, sp=True, position="rope")]))
+
+
+@pytest.mark.slow
+def test_c2_with_experts_equals_plain_training() -> None:
+    """A mixture of experts at C = 2 and D = 2: each device routes its own tokens; with E = 2 the
+    experts are spread over the replicas at the same context rank and their gradients summed over
+    the C devices holding the same experts, with E = 1 over all D x C."""
+    assert_equal_to_reference(run_cases(4, [Case(2, 1, 2, "1f1b", D=2, E=2, moe=True),
+                                            Case(2, 1, 2, "gpipe", D=2, moe=True, position="rope")]))
 
 
 @pytest.mark.slow

@@ -1,9 +1,11 @@
 """Expert parallelism's process groups: E replicas of a pipeline rank share their experts, as
 Megatron-LM carves the expert-model-parallel group from the data-parallel one (tp-cp-ep-dp-pp).
 
-Replica d of pipeline rank r is global rank d*K + r (T = 1). Its expert group is the E consecutive
-replicas (d // E) * E ... + E - 1; its experts' gradients are summed over the D / E replicas
-holding the same experts (those with the same d mod E), the rest over all D."""
+Processes are numbered by `gpipe_sim.mesh.Mesh` (T = 1): replica d of pipeline rank r at context
+rank c is process (d*K + r)*C + c. Its expert group is the E consecutive replicas (d // E) * E ...
++ E - 1 at the same c (`Mesh.expert_members`); its experts' gradients are summed over the D x C / E
+processes holding the same experts (the replicas with the same d mod E, every c:
+`Mesh.expert_gradient_group`), the rest over all D x C."""
 
 from __future__ import annotations
 
@@ -13,37 +15,43 @@ import torch
 import torch.distributed as dist
 
 from gpipe_exec.moe import ExpertGroup
+from gpipe_sim.mesh import Mesh
 
 EXPERT_PARAMETER = ".moe.local_experts."  # in the name of every routed expert's parameter
-_GROUPS: tuple[Any, int, int, int, dict[tuple[str, int, int], Any]] | None = None
+_GROUPS: tuple[Any, tuple[int, int, int, int], dict[tuple[Any, ...], Any]] | None = None
 
 
-def _all_groups(K: int, D: int, E: int) -> dict[tuple[str, int, int], Any]:
-    """Every pipeline rank's expert groups ("ep", r, d // E) and expert data-parallel groups
-    ("edp", r, d % E), made once per (default group, K, D, E); collective: every process makes all,
-    in the same order."""
+def _all_groups(mesh: Mesh) -> dict[tuple[Any, ...], Any]:
+    """Every expert group ("ep", r, d // E, c) and expert data-parallel group ("edp", r, d % E),
+    made once per (default group, K, D, C, E); collective: every process makes all, in the same order."""
     global _GROUPS
     default = dist.distributed_c10d._get_default_group()
-    if _GROUPS is None or _GROUPS[0] is not default or _GROUPS[1:4] != (K, D, E):
-        groups: dict[tuple[str, int, int], Any] = {}
+    K, D, C, E = mesh.stages, mesh.data_parallel, mesh.context_parallel, mesh.expert_parallel
+    if _GROUPS is None or _GROUPS[0] is not default or _GROUPS[1] != (K, D, C, E):
+        groups: dict[tuple[Any, ...], Any] = {}
+        process = lambda d, r, c: mesh.process(mesh.program_rank(d, r), c)  # noqa: E731
         for r in range(K):
             for j in range(D // E):
-                groups["ep", r, j] = dist.new_group([(j * E + e) * K + r for e in range(E)])
+                for c in range(C):
+                    groups["ep", r, j, c] = dist.new_group([process(j * E + e, r, c) for e in range(E)])
             for e in range(E):
-                groups["edp", r, e] = dist.new_group([(j * E + e) * K + r for j in range(D // E)])
-        _GROUPS = (default, K, D, E, groups)
-    return _GROUPS[4]
+                groups["edp", r, e] = dist.new_group(sorted(process(j * E + e, r, c)
+                                                            for j in range(D // E) for c in range(C)))
+        _GROUPS = (default, (K, D, C, E), groups)
+    return _GROUPS[2]
 
 
-def expert_groups(K: int, D: int, E: int, program_rank: int) -> tuple[ExpertGroup | None, Any]:
-    """(the expert group of program rank d*K + r, the group its experts' gradients are summed over:
-    None where D / E is 1); (None, None) for E = 1, where the data-parallel group reduces every gradient."""
-    if E == 1:
+def expert_groups(mesh: Mesh, process: int) -> tuple[ExpertGroup | None, Any]:
+    """(the expert group of `process`, the group its experts' gradients are summed over: None where
+    D x C / E is 1); (None, None) for E = 1, where the gradient group reduces every gradient."""
+    if mesh.expert_parallel == 1:
         return None, None
-    replica, pipeline_rank = divmod(program_rank, K)
-    groups = _all_groups(K, D, E)
-    ep = ExpertGroup(E, replica % E, groups["ep", pipeline_rank, replica // E])
-    return ep, (groups["edp", pipeline_rank, replica % E] if D > E else None)
+    E = mesh.expert_parallel
+    g, c, _ = mesh.coordinates(process)
+    replica, pipeline_rank = divmod(g, mesh.stages)
+    groups = _all_groups(mesh)
+    ep = ExpertGroup(E, replica % E, groups["ep", pipeline_rank, replica // E, c])
+    return ep, (groups["edp", pipeline_rank, replica % E] if mesh.expert_gradient_group > 1 else None)
 
 
 def expert_mask(module: torch.nn.Module) -> list[bool]:

@@ -117,7 +117,7 @@ class RankRunner:
         dtype = sc.training.dtype
         self.mesh = device_mesh(device.type, self.D, self.K, self.T, self.CP) if self.T > 1 else None
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
-        self.experts, self.expert_dp_group = expert_groups(self.K, self.D, sc.pipeline.expert_parallel, self.program_rank)
+        self.experts, self.expert_dp_group = expert_groups(plan.mesh, rank)
         self.sequence: SequenceShard | None = None  # this device's share of each sequence (C > 1)
         if self.CP > 1:
             cp_group, self.grad_group = context_groups(plan.mesh, rank)
