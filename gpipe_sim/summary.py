@@ -102,17 +102,17 @@ def tensor_parallel_text(scenario: Scenario, result: Result) -> str:
     passes (a layer table profiled at T: inside its measured passes, not priced apart; a measured
     step: inside the passes the executor timed, not timed apart)."""
     p = scenario.pipeline
-    mesh = "T x C x K x D" if p.context_parallel > 1 else "T x K x D"
+    shape = "T x C x K x D" if p.context_parallel > 1 else "T x K x D"
     if isinstance(scenario.model, TableModel) or result.source != "simulated":
         where = ("the layer table's measured passes (profiled at T={})".format(p.tensor_parallel)
                  if result.source == "simulated" else "the measured passes (not timed apart)")
         return (f"T={p.tensor_parallel}{' with sequence parallelism' if p.sequence_parallel else ''} "
-                f"({result.num_devices} devices = {mesh}); the collectives are inside {where}")
+                f"({result.num_devices} devices = {shape}); the collectives are inside {where}")
     busiest = max(result.stages, key=lambda s: s.busy_s)
     share = busiest.tp_comm_s / busiest.busy_s if busiest.busy_s > 0 else 0.0
     kind = "reduce-scatter + all-gather" if p.sequence_parallel else "all-reduce"
     return (f"T={p.tensor_parallel}{' with sequence parallelism' if p.sequence_parallel else ''} "
-            f"({result.num_devices} devices = {mesh}); {kind} in the passes adds "
+            f"({result.num_devices} devices = {shape}); {kind} in the passes adds "
             f"{format_seconds(busiest.tp_comm_s)} to rank {busiest.index}'s {format_seconds(busiest.busy_s)} "
             f"busy ({share:.0%}; per rank: --json stages[].tp_comm_s)")
 
