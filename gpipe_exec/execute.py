@@ -24,7 +24,7 @@ def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
-    chunk on one device per rank; context parallelism as `check_context_parallel` allows; experts
+    chunk on one device per rank; experts
     with T = 1, no ZeRO and (at E > 1) no overlap_grad_reduce; ZeRO-2 and 3 without pipelining."""
     check_buildable(scenario.model)
     p = scenario.pipeline
@@ -36,8 +36,8 @@ def check_model(scenario: Scenario) -> None:
     if scenario.training.dtype == "fp8":
         raise ScenarioError("training.dtype: gpipe-exec has no FP8 GEMMs (Transformer Engine and torchao's float8 "
                             "need an H100 or H200); gpipe-sim predicts fp8, run bf16")
-    check_context_parallel(scenario)
-    if scenario.training.zero >= 2 and p.data_parallel > 1 and (p.stages * p.chunks > 1 or p.tensor_parallel > 1):
+    if scenario.training.zero >= 2 and p.data_parallel * p.context_parallel > 1 and (p.stages * p.chunks > 1
+                                                                                  or p.tensor_parallel > 1):
         raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{scenario.training.zero} (FSDP2 fully_shard) "
                             "with one pipeline stage, one chunk and tensor_parallel 1; gpipe-sim predicts the rest")
     T, seq_len = scenario.pipeline.tensor_parallel, getattr(scenario.model, "seq_len", 0)
@@ -54,17 +54,6 @@ def check_model(scenario: Scenario) -> None:
         boundary_shapes(scenario.model, scenario.training.dtype, 0, 0.0)
     except (RuntimeError, ValueError) as exc:
         raise ScenarioError(f"model: the {scenario.model.preset} model cannot be built ({first_line(exc)})") from None
-
-
-def check_context_parallel(scenario: Scenario) -> None:
-    """ScenarioError (one line naming the field) unless the executor runs the scenario's context
-    parallelism (gpipe_exec.context_parallel): any C, with tensor and sequence parallelism, experts
-    and ZeRO-1 (sharded over the D x C gradient group, as Megatron-LM's distributed optimizer);
-    not ZeRO-2 or 3 (the simulator predicts them)."""
-    C = scenario.pipeline.context_parallel
-    if C > 1 and scenario.training.zero > 1:
-        raise ScenarioError(f"training.zero: gpipe-exec runs context_parallel {C} with training.zero 0 or 1; "
-                            "gpipe-sim predicts the rest")
 
 
 def check_runnable(scenario: Scenario, device: str | None = None) -> Plan:

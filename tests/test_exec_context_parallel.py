@@ -119,11 +119,11 @@ def test_processes_are_numbered_as_the_simulator_numbers_devices() -> None:
     assert any(a.kind == Kind.ALLREDUCE for a in plan.global_program.rank(0).actions)
 
 
-def test_what_the_executor_does_not_run_is_refused_in_one_line() -> None:
-    base = scenario(Case(C=2, K=1, M=2, schedule="1f1b"))
-    for updates, field in [({"training.zero": 2}, "training.zero")]:
-        with pytest.raises(ScenarioError, match=rf"^{field}: gpipe-exec runs context_parallel 2 with "):
-            check_model(base.with_updates(updates))
+def test_zero2_runs_with_one_stage_and_is_refused_with_two_in_one_line() -> None:
+    base = scenario(Case(C=2, K=1, M=2, schedule="1f1b")).with_updates({"training.zero": 2})
+    check_model(base)  # FSDP2 over the C devices of one replica
+    with pytest.raises(ScenarioError, match=r"^training.zero: gpipe-exec runs ZeRO-2 \(FSDP2 fully_shard\) with one "):
+        check_model(base.with_updates({"pipeline.stages": 2}))
 
 
 def test_validate_refuses_context_parallelism_in_one_line() -> None:
@@ -208,14 +208,15 @@ def test_c2_under_recomputation_equals_plain_training() -> None:
 
 
 @pytest.mark.slow
-def test_c2_with_zero1_and_overlapped_reduction_equals_plain_training() -> None:
+def test_c2_with_zero_and_overlapped_reduction_equals_plain_training() -> None:
     """Over two momentum steps: ZeRO-1's optimizer states split over the C devices of one replica
     and over the D x C of two; the gradients reduced in buckets during the last backward pass
-    (overlap_grad_reduce) over the D x C devices."""
+    (overlap_grad_reduce) over the D x C devices; ZeRO-2 (FSDP2) over the D x C devices."""
     cases = [Case(2, 2, 2, "1f1b", optimizer="momentum", zero=1),
              Case(2, 1, 2, "gpipe", D=2, optimizer="momentum", zero=1, position="rope"),
              Case(2, 2, 2, "1f1b", optimizer="momentum", overlap=True),
-             Case(2, 1, 2, "1f1b", D=2, optimizer="momentum", overlap=True)]
+             Case(2, 1, 2, "1f1b", D=2, optimizer="momentum", overlap=True),
+             Case(2, 1, 2, "1f1b", D=2, optimizer="momentum", zero=2)]
     assert_equal_to_reference(run_cases(4, cases, steps=2), steps=2)
 
 

@@ -1,4 +1,4 @@
-"""ZeRO-2 and ZeRO-3/HSDP in gpipe-exec: a chunk's layers wrapped with PyTorch FSDP2 `fully_shard` over the D replicas."""
+"""ZeRO-2 and ZeRO-3/HSDP in gpipe-exec: a chunk's layers wrapped with PyTorch FSDP2 `fully_shard` over the D x C devices holding them."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from gpipe_sim.plan.sharding import shard_degree
 from gpipe_sim.scenario.scenario import Scenario
 
 
-def shard_mesh(device_type: str, D: int, S: int) -> DeviceMesh:
-    """The D replicas as FSDP2's mesh: one dimension of D (FSDP), or (D / S, S) replicate x shard
-    (HSDP: shards within groups of S consecutive replicas, replicated across the groups)."""
+def shard_mesh(device_type: str, D: int, S: int, C: int = 1) -> DeviceMesh:
+    """The D replicas' C context-parallel devices each (process d*C + c: one stage, T = 1) as
+    FSDP2's mesh: one dimension of D x C (FSDP), or (D / S, S x C) replicate x shard (HSDP: shards
+    within groups of S consecutive replicas, replicated across the groups), as
+    `gpipe_sim.plan.compile.shard_members` counts them."""
     if S == D:
-        return init_device_mesh(device_type, (D,), mesh_dim_names=("shard",))
-    return init_device_mesh(device_type, (D // S, S), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(device_type, (D * C,), mesh_dim_names=("shard",))
+    return init_device_mesh(device_type, (D // S, S * C), mesh_dim_names=("replicate", "shard"))
 
 
 def shard_chunk(module: nn.Sequential, mesh: DeviceMesh, zero: int) -> None:
@@ -35,12 +37,12 @@ def shard_chunk(module: nn.Sequential, mesh: DeviceMesh, zero: int) -> None:
 
 
 def shard_chunks(modules: list[nn.Sequential], scenario: Scenario, device_type: str) -> bool:
-    """Shard these chunks (`shard_chunk`) where the scenario asks for ZeRO-2 or 3 over D > 1
-    replicas (the shard group: `gpipe_sim.plan.sharding.shard_degree`); whether it did."""
-    D, zero = scenario.pipeline.data_parallel, scenario.training.zero
-    if D == 1 or zero < 2:
+    """Shard these chunks (`shard_chunk`) where the scenario asks for ZeRO-2 or 3 over D x C > 1
+    devices (the shard group: `gpipe_sim.plan.sharding.shard_degree` replicas x C); whether it did."""
+    D, C, zero = scenario.pipeline.data_parallel, scenario.pipeline.context_parallel, scenario.training.zero
+    if D * C == 1 or zero < 2:
         return False
-    mesh = shard_mesh(device_type, D, shard_degree(scenario))
+    mesh = shard_mesh(device_type, D, shard_degree(scenario), C)
     for module in modules:
         shard_chunk(module, mesh, zero)
     return True
