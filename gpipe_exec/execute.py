@@ -91,7 +91,8 @@ def check_gpu_processes(plan: Plan, gpus: int) -> None:
     check_gpu_layout(processes, gpus)
     if width > 1 and len(set(processes)) < len(processes):
         raise ScenarioError(f"hardware.stage_to_device: with {field} {what} every rank needs {width} GPUs of "
-                            f"its own (gpipe-exec runs several stages on one GPU only without {field.replace('_', ' ')}ism)")
+                            "its own (gpipe-exec runs several stages on one GPU only without "
+                            f"{field.replace('_', ' ')}ism)")
 
 
 def host_available_bytes() -> float | None:

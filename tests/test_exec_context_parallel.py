@@ -45,6 +45,7 @@ class Case(NamedTuple):
     sp: bool = False  # pipeline.sequence_parallel
     E: int = 1  # pipeline.expert_parallel (of a mixture of experts where moe)
     moe: bool = False
+    v: int = 1  # pipeline.chunks
 
     @property
     def world(self) -> int:
@@ -54,9 +55,9 @@ class Case(NamedTuple):
 def scenario(case: Case) -> Scenario:
     return parse_scenario({
         "model": {**MODEL, "position": case.position, **(MOE if case.moe else {})}, "hardware": {"preset": "cpu"},
-        "pipeline": {"stages": case.K, "micro_batches": case.M, "batch_size": 4, "schedule": case.schedule,
-                     "remat": case.remat, "data_parallel": case.D, "context_parallel": case.C,
-                     "tensor_parallel": case.T, "sequence_parallel": case.sp, "expert_parallel": case.E},
+        "pipeline": {"stages": case.K, "chunks": case.v, "micro_batches": case.M, "batch_size": 4,
+                     "schedule": case.schedule, "remat": case.remat, "data_parallel": case.D,
+                     "context_parallel": case.C, "tensor_parallel": case.T, "sequence_parallel": case.sp, "expert_parallel": case.E},
         "training": {"optimizer": case.optimizer, "zero": case.zero, "overlap_grad_reduce": case.overlap}})
 
 
@@ -162,7 +163,8 @@ def plain_loss(sc: Scenario) -> float:
 
 def assert_equal_to_reference(results: list[tuple[Case, dict[str, Any], float]], steps: int = 1) -> None:
     for case, got, loss in results:
-        plain = scenario(case._replace(C=1, K=1, schedule="gpipe", remat="none", D=1, zero=0, overlap=False, E=1))
+        plain = scenario(case._replace(C=1, K=1, v=1, schedule="gpipe", remat="none", D=1, zero=0, overlap=False,
+                                       E=1))
         ref = reference_step(plain, steps=steps)
         assert got.keys() == ref.keys(), case
         for name, (param, grad) in ref.items():
@@ -196,6 +198,15 @@ def test_c2_with_experts_equals_plain_training() -> None:
     the C devices holding the same experts, with E = 1 over all D x C."""
     assert_equal_to_reference(run_cases(4, [Case(2, 1, 2, "1f1b", D=2, E=2, moe=True),
                                             Case(2, 1, 2, "gpipe", D=2, moe=True, position="rope")]))
+
+
+@pytest.mark.slow
+def test_c2_with_split_backward_and_interleaved_schedules_equals_plain_training() -> None:
+    """Zero-bubble schedules (the input's gradient first, the weights' later: the ring runs in the
+    first) and interleaved chunks."""
+    cases = [Case(2, 2, 4, "zb_h1"), Case(2, 2, 4, "zbv", v=2, position="rope"),
+             Case(2, 2, 4, "interleaved_1f1b", "always", v=2)]
+    assert_equal_to_reference(run_cases(4, cases))
 
 
 @pytest.mark.slow

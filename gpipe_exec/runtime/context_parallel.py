@@ -54,8 +54,9 @@ def context_groups(mesh: Mesh, process: int) -> tuple[Any, Any]:
 
 def split_sequence(module: nn.Module, shard: SequenceShard) -> None:
     """Every layer of `module` (split over T first, where it is) set to run on `shard`'s tokens:
-    the embedding's learned positions those tokens' rows, each block's rotary tables likewise and its attention the group's (the
-    shard's mask a buffer of each block: static memory, as the causal mask is)."""
+    the embedding's learned positions those tokens' rows, each block's rotary tables likewise and
+    its attention the group's (the shard's mask a buffer of each block: static memory, as the
+    causal mask is)."""
     for layer in module.modules():
         if isinstance(layer, Embedding):
             ids = shard.positions

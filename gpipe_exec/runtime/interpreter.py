@@ -121,8 +121,8 @@ class RankRunner:
         self.sequence: SequenceShard | None = None  # this device's share of each sequence (C > 1)
         if self.CP > 1:
             cp_group, self.grad_group = context_groups(plan.mesh, rank)
-            self.sequence = SequenceShard.of(model.seq_len, self.CP, self.cp_rank, cp_group,  # type: ignore[attr-defined]
-                                             device, TORCH_DTYPES[dtype])
+            seq_len: int = model.seq_len  # type: ignore[attr-defined]
+            self.sequence = SequenceShard.of(seq_len, self.CP, self.cp_rank, cp_group, device, TORCH_DTYPES[dtype])
         self.chunks = self._build_chunks(model)
         # ZeRO-2/3: FSDP2 reduces in the backward itself (runtime.sharded); allreduce actions do nothing
         self.sharded = shard_chunks([ch.module for ch in self.chunks.values()], sc, device.type)
@@ -149,8 +149,8 @@ class RankRunner:
             self.shapes = sequence_shards(self.shapes, (self.T if self.sequence_parallel else 1) * self.CP)
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
-        self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, self.D * self.CP, self.sharded,
-                                          self.comm, self.dp_group, clock)
+        self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, self.D * self.CP,
+                                          self.sharded, self.comm, self.dp_group, clock)
         self._buffers: dict[int, torch.Tensor] = {}
         # (With T or C > 1 a pass's collectives wait for the rank's other devices: a device lock shared
         # with another rank could hold one of them back while it holds the lock, so none is taken.)
