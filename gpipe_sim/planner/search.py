@@ -6,6 +6,7 @@ import heapq
 import math
 import operator
 import time
+from itertools import repeat
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -143,32 +144,31 @@ def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
 _Queued = tuple[float, int, "list[int] | None", bool]
 
 
-# a candidate's (T, D, M, remat, ZeRO) and (K, v): what its coarse bounds depend on
-_WORK_KEY = operator.itemgetter(8, 9, 10, 0, 3, 5, 7)  # T, C, E, D, M, remat, zero
-_SHAPE_KEY = operator.itemgetter(1, 2)
+# a candidate's (T, C, E, D, M, remat, ZeRO) and (K, v): what its coarse bounds depend on (the
+# first seven what its `Work` does)
+_BOUND_KEY = operator.itemgetter(8, 9, 10, 0, 3, 5, 7, 1, 2)
 
 
 def _coarse_queue(costs: CostTable, candidates: Sequence[Candidate], pruned: dict[int, tuple[str, float, float]]
                   ) -> list[_Queued]:
     """Every candidate whose partition-free memory bound fits (the others noted in `pruned`),
-    with its coarse step-time bound (`coarse_bounds`: they depend on T, C, D, M, remat, ZeRO, K and
-    v only, computed once per such group), as a heap."""
+    with its coarse step-time bound (`coarse_bounds`: they depend on T, C, E, D, M, remat, ZeRO, K
+    and v only, computed once per such group, its `Work` once per group of the first seven), as a heap."""
     groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, key in enumerate(map(_WORK_KEY, candidates)):
+    for i, key in enumerate(map(_BOUND_KEY, candidates)):
         groups.setdefault(key, []).append(i)
     queue: list[_Queued] = []
     cap = costs.capacity
-    for members in groups.values():
-        w = candidate_work(costs, candidates[members[0]])
-        shapes: dict[tuple[int, int], list[int]] = {}
-        for i in members:
-            shapes.setdefault(_SHAPE_KEY(candidates[i]), []).append(i)
-        for indices in shapes.values():
-            mem, step = coarse_bounds(costs, candidates[indices[0]], w)
-            if mem > cap:
-                pruned.update((i, ("memory", mem, cap)) for i in indices)
-            else:
-                queue.extend((step, i, None, False) for i in indices)
+    works: dict[tuple[Any, ...], Work] = {}
+    for key, indices in groups.items():
+        w = works.get(key[:7])
+        if w is None:
+            w = works[key[:7]] = candidate_work(costs, candidates[indices[0]])
+        mem, step = coarse_bounds(costs, candidates[indices[0]], w)
+        if mem > cap:
+            pruned.update(dict.fromkeys(indices, ("memory", mem, cap)))
+        else:
+            queue.extend(zip(repeat(step), indices, repeat(None), repeat(False)))
     heapq.heapify(queue)
     return queue
 
