@@ -50,14 +50,18 @@ def _shape(s: Scenario) -> dict:
 
 def _picks(model: str, devices: int, schedules: tuple[str, ...], zero: tuple[int, ...],
            remat: tuple[str, ...]) -> list[Scenario]:
-    """The configurations the planner simulated for the question (its ranking's candidates), at most 16."""
+    """The configurations the planner simulated for the question (its ranking's candidates), at most
+    16, and as many of its space (what the bounds leave to simulate varies with them)."""
     base = _base(model).with_updates({"training.tokens": 16 * 128 * 1000})  # whole steps and samples
     options = PlanOptions(devices=devices, schedules=schedules, zero=zero, remat=remat,
                           partitions=("uniform", "time"), max_chunks=2, stages=(1, 2, 4), tensor_parallel=(1, 2),
                           even_micro_batches=True, sequence_parallel=True, top=8)
     search = search_configurations(base, options)
     simulated = search.simulated_entries
-    return [search.base.with_updates(e.overrides) for e in simulated[::max(1, len(simulated) // 16)]]
+    space = search.candidates
+    overrides = ([e.overrides for e in simulated[::max(1, len(simulated) // 16)]]
+                 + [c.overrides() for c in space[::max(1, len(space) // 16)]])
+    return [search.base.with_updates(o) for o in overrides]
 
 
 def _megatron_runs(s: Scenario) -> bool:
