@@ -153,7 +153,8 @@ def _coarse_queue(costs: CostTable, candidates: Sequence[Candidate], pruned: dic
                   ) -> list[_Queued]:
     """Every candidate whose partition-free memory bound fits (the others noted in `pruned`),
     with its coarse step-time bound (`coarse_bounds`: they depend on T, C, E, D, M, remat, ZeRO, K
-    and v only, computed once per such group, its `Work` once per group of the first seven), as a heap."""
+    and v only, computed once per such group, its `Work` once per T, C, E, D, M, remat and whether
+    ZeRO shards), as a heap."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, key in enumerate(map(_BOUND_KEY, candidates)):
         groups.setdefault(key, []).append(i)
@@ -161,9 +162,10 @@ def _coarse_queue(costs: CostTable, candidates: Sequence[Candidate], pruned: dic
     cap = costs.capacity
     works: dict[tuple[Any, ...], Work] = {}
     for key, indices in groups.items():
-        w = works.get(key[:7])
+        wkey = (*key[:6], key[6] > 0)  # ZeRO only shards the update (`candidate_work`): 1, 2, 3 alike
+        w = works.get(wkey)
         if w is None:
-            w = works[key[:7]] = candidate_work(costs, candidates[indices[0]])
+            w = works[wkey] = candidate_work(costs, candidates[indices[0]])
         mem, step = coarse_bounds(costs, candidates[indices[0]], w)
         if mem > cap:
             pruned.update(dict.fromkeys(indices, ("memory", mem, cap)))
