@@ -36,6 +36,7 @@ _SLACK = 1.0 - 1e-9  # bounds are sums in another order than the simulator's: ke
 _BACKWARD, _BACKWARD_INPUT = int(Kind.BACKWARD), int(Kind.BACKWARD_INPUT)
 _BACKWARD_WEIGHT, _UPDATE = int(Kind.BACKWARD_WEIGHT), int(Kind.UPDATE)
 _COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
+_TRANSFER_CODES = np.array([int(Kind.SEND), int(Kind.RECV)])
 
 
 class CostTable:
@@ -149,16 +150,15 @@ class CostTable:
         of a chunk's gradients, `ring_allreduce_seconds` over the link `compile_plan` gives that
         ring: `link` when the replicas of the rank share a node, else `network`; the faster of the
         two where the candidate keeps an explicit placement of the base; none (0) under
-        `overlap_grad_reduce` or ZeRO-3, whose reduction the backward may hide but for its last bucket.
-        Computed once per (D, K, T, C, E, ZeRO, placement kept): read-only arrays."""
+        `overlap_grad_reduce` or ZeRO-3, whose reduction the backward may hide but for its last
+        bucket. Cached per search: read-only arrays."""
         key = (cand.data_parallel, cand.stages, cand.tensor_parallel, cand.context_parallel, cand.expert_parallel,
                cand.zero, cand.clears("hardware.placement"))
-        got = self._allreduce.get(key)
-        if got is None:
-            got = self._allreduce[key] = self._ring_seconds(cand)
-            for array in got:
+        if key not in self._allreduce:
+            self._allreduce[key] = self._ring_seconds(cand)
+            for array in self._allreduce[key]:
                 array.flags.writeable = False
-        return got
+        return self._allreduce[key]
 
     def _ring_seconds(self, cand: Candidate) -> tuple[np.ndarray, np.ndarray]:
         """`allreduce`, computed."""
@@ -191,16 +191,14 @@ class CostTable:
         the link `compile_plan` gives replica 0's ranks (Megatron-LM's order), plus the host's time to
         send and to receive it (`hardware.host`: send_s, recv_s and a copy at each end, on the
         ranks' own timelines, as compile prices them); 0 on one device, and 0 everywhere where the
-        candidate keeps an explicit device map of the base. Computed once per (D, K, v, T, C, E,
-        samples, placement, device map kept): a read-only array."""
+        candidate keeps an explicit device map of the base. Cached per search: a read-only array."""
         key = (cand.data_parallel, cand.stages, cand.chunks, cand.tensor_parallel, cand.context_parallel,
                cand.expert_parallel, samples, tuple(placement), cand.clears("hardware.placement"),
                cand.clears("hardware.stage_to_device"))
-        got = self._hops.get(key)
-        if got is None:
-            got = self._hops[key] = self._hop_seconds(cand, samples, placement)
-            got.flags.writeable = False
-        return got
+        if key not in self._hops:
+            self._hops[key] = self._hop_seconds(cand, samples, placement)
+            self._hops[key].flags.writeable = False
+        return self._hops[key]
 
     def _hop_seconds(self, cand: Candidate, samples: int, placement: Sequence[int]) -> np.ndarray:
         """`hops`, computed."""
@@ -227,10 +225,9 @@ class CostTable:
         return out
 
     def host_transfers(self, cand: Candidate, samples: int, placement: Sequence[int]) -> np.ndarray:
-        """Per rank: host seconds at least of its transfers between its first input and its last
-        backward pass. Each micro-batch crosses every boundary between two ranks' chunks both ways,
-        a send and a receive on each rank (`hardware.host`, at the least bytes of `samples`), on the
-        ranks' timelines; M - 1 are counted (`hops` has the first receive, the last gradient follows)."""
+        """Per rank: host seconds at least of its transfers between its first input and last backward:
+        each micro-batch crosses each boundary of two ranks' chunks both ways, a send and a receive on
+        each (`hardware.host`, least bytes of `samples`); M - 1 counted (`hops` has the first, one follows)."""
         host = self.base.hardware.host
         K, M = cand.stages, cand.micro_batches
         out = np.zeros(K)
@@ -525,14 +522,15 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
 def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
     """`step_lower_bound` from the compiled programs, for any placement: rank r starts no earlier
     than one micro-batch's forward chain (and transfers) through the chunks before its lowest c*,
-    runs its compute passes one at a time in program order, and after c*'s last input-gradient
+    runs its compute passes (and, after the first, its transfers' host time) one at a time in
+    program order, and after c*'s last input-gradient
     (or full backward) pass one micro-batch still goes backward through those chunks while the
     rank runs what follows in its program. With D > 1, the all-reduce of the chunk of the rank's
     last backward pass starts after it, and the update waits for it."""
     costs = costs.of(cand)
     prog = plan_.program
     K, C = len(plan_.ranks), len(plan_.chunks)
-    compute = np.isin(prog.kind, _COMPUTE_CODES)
+    compute, transfer = np.isin(prog.kind, _COMPUTE_CODES), np.isin(prog.kind, _TRANSFER_CODES)
     fwd = np.stack([c.forward_s for c in plan_.chunks])  # [chunk, micro-batch]
     back = np.minimum(np.stack([c.backward_s for c in plan_.chunks]),
                       np.stack([c.backward_input_s for c in plan_.chunks]))
@@ -546,10 +544,12 @@ def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
     for r in range(K):
         lo, hi = int(prog.offsets[r]), int(prog.offsets[r + 1])
         kind, chunk = prog.kind[lo:hi], prog.chunk[lo:hi]
-        dur = np.where(compute[lo:hi], prog.duration[lo:hi], 0.0)
-        done = np.cumsum(dur)
-        if not len(done):
+        passes = compute[lo:hi]
+        if not passes.any():
             continue
+        counted = passes | (transfer[lo:hi] & (np.arange(hi - lo) > int(np.argmax(passes))))  # + host time after
+        dur = np.where(counted, prog.duration[lo:hi], 0.0)
+        done = np.cumsum(dur)
         low = min(plan_.ranks[r].chunks)
         start = f_pref[low] + h_cum[low]
         bound = max(bound, start + float(done[-1]))
