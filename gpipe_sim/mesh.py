@@ -123,6 +123,19 @@ class Mesh:
         g, c = divmod(rest, self.context_parallel)
         return g, c, t
 
+    @property
+    def process_grid(self) -> tuple[tuple[str, int], ...]:
+        """The processes as a named grid, outermost first, in `process` order: (dp, D), (pp, K),
+        then (cp, C) where C > 1, then (tp, T) -- a torch DeviceMesh's shape and dimension names."""
+        dims = (("dp", self.data_parallel), ("pp", self.stages), ("cp", self.context_parallel),
+                ("tp", self.tensor_parallel))
+        return tuple((name, size) for name, size in dims if name != "cp" or size > 1)
+
+    def replica_processes(self, rank: int, context_rank: int = 0, tensor_rank: int = 0) -> list[int]:
+        """The processes of pipeline rank `rank`'s (context, tensor) position in each of the D
+        replicas: its data-parallel group."""
+        return [self.process(self.program_rank(d, rank), context_rank, tensor_rank) for d in range(self.data_parallel)]
+
     def process_devices(self) -> tuple[int, ...]:
         """The device of every process, in process order (what the executor launches on)."""
         return tuple(self.device(*self.coordinates(q)) for q in range(self.num_processes))

@@ -56,6 +56,17 @@ def test_groups_are_the_table_s_devices() -> None:
     assert mesh.gradient_members(1) == [8, 10, 12, 14]  # rank 1 of both replicas, both context ranks
     assert Mesh(data_parallel=4, tensor_parallel=2, expert_parallel=2).expert_members(2) == [2, 4]
     assert not mesh.whole_layers and Mesh().whole_layers
+    # the executor's process groups, in the table's process numbers
+    processes = {(d, r, c, t): q for d, r, c, t, q, _, _ in TABLE}
+    for r in range(2):
+        for c in range(2):
+            for t in range(2):
+                assert mesh.replica_processes(r, c, t) == [processes[0, r, c, t], processes[1, r, c, t]]
+    # a torch DeviceMesh's shape: process q = ((d*K + r)*C + c)*T + t, row-major over (dp, pp, cp, tp)
+    assert mesh.process_grid == (("dp", 2), ("pp", 2), ("cp", 2), ("tp", 2))
+    shape = [size for _, size in mesh.process_grid]
+    assert all(int(np.ravel_multi_index((d, r, c, t), shape)) == q for (d, r, c, t), q in processes.items())
+    assert Mesh(data_parallel=2, stages=3, tensor_parallel=2).process_grid == (("dp", 2), ("pp", 3), ("tp", 2))
 
 
 def test_given_devices_are_taken_as_written() -> None:

@@ -74,7 +74,7 @@ def _profile_case(sc: Scenario, options: ProfileOptions, rank: int, alone: bool)
         return profile_together(sc, options, rank)
     if p.tensor_parallel == 1:
         return profile_model(sc, options) if rank == 0 else None
-    mesh = device_mesh(profile_device(options.device).type, p.data_parallel, p.stages, p.tensor_parallel)  # collective
+    mesh = device_mesh(profile_device(options.device).type, sc.mesh)  # collective
     table = profile_model(sc, options, mesh=mesh["tp"]) if rank < p.tensor_parallel else None
     return table if rank == 0 else None
 

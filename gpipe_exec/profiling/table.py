@@ -236,7 +236,7 @@ def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> d
 
     p = scenario.pipeline
     if p.tensor_parallel > 1:
-        mesh = device_mesh(profile_device(options.device).type, p.data_parallel, p.stages, p.tensor_parallel)
+        mesh = device_mesh(profile_device(options.device).type, scenario.mesh)
         return profile_model(scenario, options, mesh=mesh["tp"], together=dist.group.WORLD)
     lock = device_lock(rank, scenario.mesh.rank_devices)
     return profile_model(scenario, options, hold=nullcontext if lock is None else lock.hold)

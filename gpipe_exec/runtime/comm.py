@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from gpipe_exec.errors import ExecutionError, PeerError
 from gpipe_sim.errors import first_line
+from gpipe_sim.mesh import Mesh
 from gpipe_sim.schedule import Action, Kind, Tensor
 
 _DIRECTION_GROUPS: tuple[Any, dict[Tensor, Any]] | None = None  # (default group, its two groups)
@@ -29,15 +30,16 @@ def direction_groups() -> dict[Tensor, Any]:
 _DP_GROUPS: tuple[Any, int, int, list[Any]] | None = None  # (default group, K, D, group per pipeline rank)
 
 
-def data_parallel_groups(K: int, D: int) -> list[Any]:
-    """Per pipeline rank r, the process group of its D replicas (global ranks d*K + r), made once
-    per (default group, K, D); collective: every rank creates all K, in the same order."""
+def data_parallel_groups(mesh: Mesh) -> list[Any]:
+    """Per pipeline rank r, the process group of its D replicas (`Mesh.replica_processes`), made
+    once per (default group, K, D); collective: every rank creates all K, in the same order."""
     global _DP_GROUPS
     default = dist.distributed_c10d._get_default_group()
+    K, D = mesh.stages, mesh.data_parallel
     if _DP_GROUPS is None or _DP_GROUPS[0] is not default or _DP_GROUPS[1:3] != (K, D):
-        if dist.get_world_size() != K * D:
+        if dist.get_world_size() != mesh.num_processes:
             raise ExecutionError(f"{dist.get_world_size()} processes for {D} replicas of {K} ranks")
-        _DP_GROUPS = (default, K, D, [dist.new_group([d * K + r for d in range(D)]) for r in range(K)])
+        _DP_GROUPS = (default, K, D, [dist.new_group(mesh.replica_processes(r)) for r in range(K)])
     return _DP_GROUPS[3]
 
 

@@ -49,7 +49,7 @@ def context_groups(mesh: Mesh, process: int) -> tuple[Any, Any]:
     processes holding the same layers, `Mesh.gradient_group`)."""
     g, _, t = mesh.coordinates(process)
     groups = _all_groups(mesh)
-    return groups["cp", g, t], groups["grad", g % mesh.stages, t]
+    return groups["cp", g, t], groups["grad", mesh.pipeline_rank(g), t]
 
 
 def split_sequence(module: nn.Module, shard: SequenceShard) -> None:

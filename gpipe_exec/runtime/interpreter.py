@@ -109,13 +109,13 @@ class RankRunner:
         # order); its transfers go to the same (c, t) of the peer rank.
         self.width = plan.mesh.devices_per_rank
         self.program_rank, self.cp_rank, self.tp_rank = plan.mesh.coordinates(rank)
-        self.replica, self.pipeline_rank = divmod(self.program_rank, self.K)
+        self.replica, self.pipeline_rank = plan.mesh.replica(self.program_rank), plan.mesh.pipeline_rank(self.program_rank)
         if self.replica >= self.D:
             raise ExecutionError(f"global rank {rank} is outside {self.D} replicas of {self.K} ranks x {self.width}")
         mine = process_program(plan.global_program, rank, self.width)
         self.actions, self.tags = mine.actions, mine.message
         dtype = sc.training.dtype
-        self.mesh = device_mesh(device.type, self.D, self.K, self.T, self.CP) if self.T > 1 else None
+        self.mesh = device_mesh(device.type, plan.mesh) if self.T > 1 else None
         self.meter = SavedBytesMeter()  # the rank's activation bytes, over all its chunks
         self.experts, self.expert_dp_group = expert_groups(plan.mesh, rank)
         self.sequence: SequenceShard | None = None  # this device's share of each sequence (C > 1)
@@ -131,7 +131,7 @@ class RankRunner:
         params = [q for shards in self.shards.values() for q in shards.local]
         self.dp_group = (self.grad_group if self.sequence is not None else None if self.D == 1 else
                          self.mesh["dp"].get_group() if self.mesh is not None
-                         else data_parallel_groups(self.K, self.D)[self.pipeline_rank])
+                         else data_parallel_groups(plan.mesh)[self.pipeline_rank])
         self.zero: ZeroShardUpdate | None = None
         self.update: Update | ZeroShardUpdate
         if self.D * self.CP > 1 and sc.training.zero == 1:  # sharded over the D x C gradient group
@@ -515,6 +515,8 @@ def run_job(job: Job, rank: int, device: torch.device, clock: AlignedClock) -> d
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
     if rank != 0:
         return {}
-    return {"tag": job.tag, "ranks": gathered[::runner.width], "kinds": list(ACTION_KINDS)}
+    mesh = job.plan.mesh  # each program rank's (c, t) = (0, 0) process
+    return {"tag": job.tag, "ranks": [gathered[mesh.process(g)] for g in range(mesh.num_ranks)],
+            "kinds": list(ACTION_KINDS)}
 
 

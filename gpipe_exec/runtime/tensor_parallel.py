@@ -16,19 +16,21 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
 from gpipe_exec.measure.saved_hooks import nested_saved_tensors_hooks
 from gpipe_exec.zoo import Block, Embedding, Head
 from gpipe_sim.errors import ScenarioError
+from gpipe_sim.mesh import Mesh
 
-MESH_DIMS = ("dp", "pp", "tp")
 
 _MESH: tuple[Any, tuple[int, ...], DeviceMesh] | None = None  # (default group, shape, mesh)
 
 
-def device_mesh(device_type: str, D: int, K: int, T: int, C: int = 1) -> DeviceMesh:
-    """The processes as a (dp, pp, tp) mesh, or with context parallelism C > 1 a (dp, pp, cp, tp)
-    one (process ((d*K + k)*C + c)*T + t, as `gpipe_sim.mesh.Mesh.process` numbers them), made
-    once per default group and shape (collective: every process makes it, in the same order)."""
+def device_mesh(device_type: str, mesh: Mesh) -> DeviceMesh:
+    """The processes as a torch DeviceMesh of `mesh.process_grid`: (dp, pp, tp), or with context
+    parallelism (dp, pp, cp, tp) (process ((d*K + k)*C + c)*T + t, as `Mesh.process` numbers
+    them), made once per default group and shape (collective: every process makes it, in the
+    same order)."""
     global _MESH
     default = dist.distributed_c10d._get_default_group()
-    shape, names = ((D, K, T), MESH_DIMS) if C == 1 else ((D, K, C, T), ("dp", "pp", "cp", "tp"))
+    names = tuple(name for name, _ in mesh.process_grid)
+    shape = tuple(size for _, size in mesh.process_grid)
     if _MESH is None or _MESH[0] is not default or _MESH[1] != shape:
         _MESH = (default, shape, init_device_mesh(device_type, shape, mesh_dim_names=names))
     return _MESH[2]
