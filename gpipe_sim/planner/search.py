@@ -32,7 +32,7 @@ __all__ = [
     "AXES", "DATA_PARALLEL", "DATA_PARALLEL_SCHEDULE", "DEFAULT_PARTITIONS", "DEFAULT_RESERVE", "LIMITERS", "MEMORY_LIMITED", "NEGLIGIBLE_LOSS", "Candidate", "CostTable",
     "PlanEntry", "PlanOptions", "PlanSearch", "candidate_space", "check_options", "collapse_alike", "device_layouts", "device_pairs",
     "enumerate_candidates", "held_memory_bound", "held_samples", "limiter_of", "memory_lower_bound",
-    "min_max_partition", "pareto_front", "plan", "preference", "program_step_bound", "relaxed_step_bound", "reserved_base",
+    "min_max_partition", "pareto_front", "preference", "program_step_bound", "relaxed_step_bound", "reserved_base",
     "step_lower_bound", "tensor_parallel_values", "TIE",
 ]
 
