@@ -143,6 +143,8 @@ QUOTED: dict[str, float | None] = {
     # the executor's context-parallel memory against the simulator (docs/guide/context-and-experts.md)
     **{f"{x} B": float(x.replace(",", "")) for x in ("15,744", "28,800", "71,552", "72,832", "87,264", "89,984")},
     "400 kB": 400e3,
+    # a mixture of experts validated on CPU (docs/measurements/accuracy.md, 2026-11-27)
+    **{f"{x} MiB": x * 2.0**20 for x in (7.16, 7.17, 3.42)},
     # spellings the hardware guide shows being refused
     "200 gb/s": None, "200 gbps": None, "200 GBPS": None, "80 Gb": None,
 }
