@@ -152,10 +152,12 @@ def _rank_errors(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def _crash_site(out_dir: Path, rank: int) -> str:
-    """The innermost Python frame faulthandler wrote for a rank that crashed natively, or ''."""
+    """The innermost Python frame of the crashing thread, as faulthandler wrote it for a rank that
+    crashed natively (its dump lists every thread; the crashing one is headed "Current thread"), or ''."""
     path = out_dir / f"fault{rank}.txt"
     lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-    frames = [line.strip() for line in lines if line.strip().startswith("File ")]
+    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
+    frames = [line.strip() for line in lines[start:] if line.strip().startswith("File ")]
     return f" at {frames[0]}" if frames else ""
 
 
