@@ -18,6 +18,7 @@ from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
     CostTable, Work, candidate_work, chunk_placement, coarse_bounds, held_memory_bound, held_samples,
     memory_lower_bound, min_max_partition, program_step_bound, quick_counts, relaxed_step_bound, step_lower_bound,
+    work_key,
 )
 from gpipe_sim.planner.entries import (
     LIMITERS, MEMORY_LIMITED, NEGLIGIBLE_LOSS, PlanEntry, _copy_entry, _entry, collapse_alike, limiter_of,
@@ -144,8 +145,7 @@ def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
 _Queued = tuple[float, int, "list[int] | None", bool]
 
 
-# a candidate's (T, C, E, D, M, remat, ZeRO) and (K, v): what its coarse bounds depend on (the
-# first seven what its `Work` does)
+# a candidate's (T, C, E, D, M, remat, ZeRO) and (K, v): what its coarse bounds depend on
 _BOUND_KEY = operator.itemgetter(8, 9, 10, 0, 3, 5, 7, 1, 2)
 
 
@@ -162,7 +162,7 @@ def _coarse_queue(costs: CostTable, candidates: Sequence[Candidate], pruned: dic
     cap = costs.capacity
     works: dict[tuple[Any, ...], Work] = {}
     for key, indices in groups.items():
-        wkey = (*key[:6], key[6] > 0)  # ZeRO only shards the update (`candidate_work`): 1, 2, 3 alike
+        wkey = work_key(candidates[indices[0]])
         w = works.get(wkey)
         if w is None:
             w = works[wkey] = candidate_work(costs, candidates[indices[0]])
@@ -187,13 +187,12 @@ class _Refiner:
     def __call__(self, cand: Candidate) -> tuple[float, float, list[int] | None]:
         """(memory bound, step-time bound, counts or None)."""
         costs = self.costs
-        wkey = (cand.tensor_parallel, cand.context_parallel, cand.expert_parallel, cand.data_parallel,
-                cand.micro_batches, cand.remat, cand.zero)
+        wkey = work_key(cand)
         w = self.works.get(wkey)
         if w is None:
             w = self.works[wkey] = candidate_work(costs, cand)
         counts = quick_counts(costs, cand, w.largest)
-        bkey = (wkey, cand.stages, cand.chunks, chunk_placement(cand), None if counts is None else tuple(counts))
+        bkey = (wkey, cand.zero, cand.stages, cand.chunks, chunk_placement(cand), None if counts is None else tuple(counts))
         got = self.cache.get(bkey)
         if got is None:
             got = self.cache[bkey] = (memory_lower_bound(costs, cand, counts),
