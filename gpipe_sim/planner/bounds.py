@@ -290,16 +290,10 @@ class Work:
         return float(self.forward.sum() + self.backward.sum())
 
 
-def work_key(cand: Candidate) -> tuple[Any, ...]:
-    """What `candidate_work` depends on: T, C, E, D, M, remat and whether ZeRO shards (ZeRO 1, 2
-    and 3 shard the update alike; not K, v, the schedule or the partition)."""
-    return (cand.tensor_parallel, cand.context_parallel, cand.expert_parallel, cand.data_parallel,
-            cand.micro_batches, cand.remat, cand.zero > 0)
-
-
 def candidate_work(costs: CostTable, cand: Candidate) -> Work:
-    """The candidate's `Work`: one serves every candidate of the same `work_key`. Micro-batches of
-    the same size and re-computation are summed once, times their number."""
+    """The candidate's `Work`, one for every candidate of its `search.work_key` (T, C, E, D, M, remat,
+    whether ZeRO shards). Micro-batches of the same size and re-computation are summed once, times
+    their number."""
     costs = costs.of(cand)
     D, M = cand.data_parallel, cand.micro_batches
     remat, zero = cand.remat, cand.zero

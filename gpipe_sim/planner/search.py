@@ -18,7 +18,6 @@ from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
     CostTable, Work, candidate_work, chunk_placement, coarse_bounds, held_memory_bound, held_samples,
     memory_lower_bound, min_max_partition, program_step_bound, quick_counts, relaxed_step_bound, step_lower_bound,
-    work_key,
 )
 from gpipe_sim.planner.entries import (
     LIMITERS, MEMORY_LIMITED, NEGLIGIBLE_LOSS, PlanEntry, _copy_entry, _entry, collapse_alike, limiter_of,
@@ -147,6 +146,13 @@ _Queued = tuple[float, int, "list[int] | None", bool]
 
 # a candidate's (T, C, E, D, M, remat, ZeRO) and (K, v): what its coarse bounds depend on
 _BOUND_KEY = operator.itemgetter(8, 9, 10, 0, 3, 5, 7, 1, 2)
+
+
+def work_key(cand: Candidate) -> tuple[Any, ...]:
+    """What `candidate_work` depends on: T, C, E, D, M, remat and whether ZeRO shards (ZeRO 1, 2
+    and 3 shard the update alike)."""
+    return (cand.tensor_parallel, cand.context_parallel, cand.expert_parallel, cand.data_parallel,
+            cand.micro_batches, cand.remat, cand.zero > 0)
 
 
 def _coarse_queue(costs: CostTable, candidates: Sequence[Candidate], pruned: dict[int, tuple[str, float, float]]
