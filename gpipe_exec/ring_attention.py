@@ -8,7 +8,8 @@ the next block is being sent on, and merges the steps' partial results by their 
 online softmax of flash attention). Only this device's queries, keys, values, output and
 log-sum-exp are kept for backward, which runs the ring again: each step recomputes its block's
 probabilities from the kept log-sum-exp, accumulates the queries' gradient here, and adds the
-block's dK, dV to the partial sums that travel with it; after C steps every block's dK, dV has
+block's dK, dV to the partial sums that travel with it (sent on while the next block computes,
+as Transformer Engine overlaps them); after C steps every block's dK, dV has
 come back to its owner.
 """
 
@@ -146,6 +147,7 @@ class _RingAttention(torch.autograd.Function):
         kv = torch.stack((k, v)).contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+        travelling: list[Any] = []  # the previous step's dK, dV exchange, under way during this step's block
         for i in range(ring.size):
             pending = ring.exchange(kv) if i + 1 < ring.size else None
             view = ctx.views[(ring.rank - i) % ring.size]
@@ -153,14 +155,16 @@ class _RingAttention(torch.autograd.Function):
             dqi, dki, dvi = backward_block(grad[:, :, r], q[:, :, r], kv[0][:, :, c], kv[1][:, :, c],
                                             out[:, :, r], lse[:, :, r], view.bias)
             dq[:, :, r] += dqi
+            ring.wait(travelling)  # this block's partial dK, dV have arrived (zeros at step 0)
             dkv[0][:, :, c] += dki
             dkv[1][:, :, c] += dvi
-            # the block's dK, dV go on with it; after C hops they are back with its owner
-            dkv, works = ring.exchange(dkv, tag=1)
-            ring.wait(works)
+            # the block's dK, dV go on with it while the next block computes; after C hops they
+            # are back with its owner
+            dkv, travelling = ring.exchange(dkv, tag=1)
             if pending is not None:
                 kv = pending[0]
                 ring.wait(pending[1])
+        ring.wait(travelling)
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
 
 

@@ -106,6 +106,37 @@ def test_a_ring_block_is_attention_with_its_log_sum_exp(fused: bool) -> None:
         torch.testing.assert_close(got, want.grad, rtol=1e-5, atol=1e-5)
 
 
+def _ring_against_whole_attention(rank: int, device: Any, clock: Any, payload: Any) -> None:
+    """One member of a C-device ring: its output and q, k, v gradients those of causal attention
+    over the whole sequence (torch's scaled_dot_product_attention, grouped heads) at its tokens."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from gpipe_exec.context_parallel import SequenceShard, attend
+
+    size, s = dist.get_world_size(), 16
+    g = torch.Generator().manual_seed(0)  # the same whole tensors on every member
+    q, k, v = (torch.randn(2, h, s, 8, generator=g).requires_grad_() for h in (4, 2, 2))
+    grad = torch.randn(2, 4, s, 8, generator=g)
+    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(grad)
+    shard = SequenceShard.of(s, size, rank, dist.group.WORLD, torch.device("cpu"), torch.float32)
+    mine = shard.positions
+    ql, kl, vl = (t.detach()[:, :, mine].clone().requires_grad_() for t in (q, k, v))
+    out = attend(shard, ql, kl, vl)
+    out.backward(grad[:, :, mine])
+    with torch.no_grad():
+        whole = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, whole[:, :, mine], rtol=1e-5, atol=1e-5)
+    for got, want in ((ql, q), (kl, k), (vl, v)):
+        torch.testing.assert_close(got.grad, want.grad[:, :, mine], rtol=1e-5, atol=1e-5)
+
+
+def test_a_ring_of_four_is_causal_attention_over_the_whole_sequence() -> None:
+    """C = 4 (the launches below run C = 2): every key/value block and its dK, dV go all the way
+    round (the gradients travel while the next block computes) and come back to their owner."""
+    launch(None, [0, 1, 2, 3], OPTIONS, task=_ring_against_whole_attention)
+
+
 def test_processes_are_numbered_as_the_simulator_numbers_devices() -> None:
     """Program rank g runs its context rank c on process 2g + c (C = 2; gpipe_sim.mesh.Mesh), each
     sending to the same context rank of its peer."""
