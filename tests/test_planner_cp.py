@@ -96,3 +96,14 @@ def test_expert_bounds_stay_below_the_simulator_and_the_pick_says_why():
     pick = search.pick
     assert simulate(base.with_updates(pick.candidate.overrides())).step_time_s == pytest.approx(pick.step_time_s)
     assert "expert parallelism: picked E=" in plan_text(search)
+
+
+@pytest.mark.parametrize("field, flag", [("context_parallel", "--context-parallel"),
+                                         ("expert_parallel", "--expert-parallel")])
+@pytest.mark.parametrize("values", [(), (0,), (2, -1), (True,)])
+def test_bad_cp_or_ep_values_name_their_flag(field, flag, values):
+    from gpipe_sim.errors import ScenarioError
+    from gpipe_sim.planner.space import check_options
+
+    with pytest.raises(ScenarioError, match=f"^{flag}: expected whole numbers >= 1"):
+        check_options(PlanOptions(devices=4, **{field: values}))

@@ -181,9 +181,11 @@ def check_options(options: PlanOptions) -> None:
     if options.tensor_parallel is not None and (not options.tensor_parallel or any(
             isinstance(t, bool) or not isinstance(t, int) or t < 1 or t & (t - 1) for t in options.tensor_parallel)):
         raise ScenarioError(f"--tensor-parallel: expected powers of two (1, 2, 4, 8, ...), got {options.tensor_parallel}")
-    if options.context_parallel is not None and (not options.context_parallel or any(
-            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in options.context_parallel)):
-        raise ScenarioError(f"--context-parallel: expected whole numbers >= 1, got {options.context_parallel}")
+    for flag, values in (("--context-parallel", options.context_parallel),
+                         ("--expert-parallel", options.expert_parallel)):
+        if values is not None and (not values or any(
+                isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in values)):
+            raise ScenarioError(f"{flag}: expected whole numbers >= 1, got {values}")
     if options.stages is not None and (not options.stages or any(k < 1 for k in options.stages)):
         raise ScenarioError(f"--stages: expected whole numbers >= 1, got {options.stages}")
     for flag, value, high in (("--tie", options.tie, 1.0), ("--reserve", options.reserve, 0.99),
