@@ -146,7 +146,9 @@ class _RingAttention(torch.autograd.Function):
         ring: Ring = ctx.ring
         kv = torch.stack((k, v)).contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+        # in the keys' dtype, as Transformer Engine's dKV buffers: what travels is what the
+        # simulator's ring sends (gpipe_sim.model.context_parallel.ring_bytes_per_sample)
+        dkv = torch.zeros_like(kv)
         travelling: list[Any] = []  # the previous step's dK, dV exchange, under way during this step's block
         for i in range(ring.size):
             pending = ring.exchange(kv) if i + 1 < ring.size else None
@@ -165,7 +167,7 @@ class _RingAttention(torch.autograd.Function):
                 kv = pending[0]
                 ring.wait(pending[1])
         ring.wait(travelling)
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, views: list[BlockView],
