@@ -10,7 +10,7 @@ import numpy as np
 from gpipe_exec.errors import ExecutionError
 from gpipe_exec.measure.records import record_columns
 from gpipe_sim.api import summarize_plan
-from gpipe_sim.plan.compile import Plan, local_state_bytes_per_param
+from gpipe_sim.plan.compile import Plan, local_bytes_per_param
 from gpipe_sim.plan.memory_timeline import device_peaks, levels_from_totals
 from gpipe_sim.results.result import Result, Timeline
 from gpipe_sim.schedule import ACTION_KINDS, Kind
@@ -124,7 +124,7 @@ def measured_result(plan: Plan, output: dict[str, Any]) -> Measurement:
     order = np.argsort(times)
     median = int(order[(len(times) - 1) // 2])
     recs = [ranks[g]["records"][median] for g in range(G)]
-    state_per_param = local_state_bytes_per_param(plan.scenario)  # ZeRO-1 shards, as the plan counts
+    _, state_per_param = local_bytes_per_param(plan.scenario)  # ZeRO-1 shards, as the plan counts
     owned = {c: info for rank in ranks for c, info in rank["chunks"].items()}
     chunks = range(len(plan.chunks))
     param_bytes = [float(owned[c]["param_bytes"]) for c in chunks]

@@ -276,7 +276,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     time_weights = [f * (1 + remat_factor) + b for f, b in times]
     bpp = training.bytes_per_param
     (weight_per_param, state_per_param), (expert_weight, expert_state) = (
-        (local_weight_bytes_per_param(scenario), local_state_bytes_per_param(scenario)), expert_bytes_per_param(scenario))
+        local_bytes_per_param(scenario), expert_bytes_per_param(scenario))
     schedule = scenario_schedule(scenario)
     model_input = input_bytes_per_sample(local_model(scenario.model, p.context_parallel), dtype_bytes)
     memory = None
@@ -361,12 +361,13 @@ def _rank_plans(scenario: Scenario, schedule: Schedule, layers: Sequence[LayerSp
     return tuple(ranks)
 
 
-def local_state_bytes_per_param(scenario: Scenario) -> float:
-    """Bytes a rank holds all step per parameter beside the weight itself: the gradient, the
-    optimizer states and fp32 master weights, as `training.zero` shards them (gpipe_sim.plan.sharding)
-    over the D x C devices that hold the same weights (`shard_members`)."""
-    p = scenario.pipeline
-    return bytes_per_param(scenario.training, scenario.mesh.gradient_group, shard_members(scenario), p.stages)[1]
+def local_bytes_per_param(scenario: Scenario) -> tuple[float, float]:
+    """(weight, other) bytes a rank holds all step per parameter: the weight (the training dtype's,
+    or under ZeRO-3 without pipelining its shard), and beside it the gradient, the optimizer states
+    and fp32 master weights, as `training.zero` shards them (gpipe_sim.plan.sharding) over the D x C
+    devices that hold the same weights (`shard_members`)."""
+    return bytes_per_param(scenario.training, scenario.mesh.gradient_group, shard_members(scenario),
+                           scenario.pipeline.stages)
 
 
 def shard_members(scenario: Scenario) -> int:
@@ -383,13 +384,6 @@ def expert_bytes_per_param(scenario: Scenario) -> tuple[float, float]:
     mesh = scenario.mesh
     return bytes_per_param(scenario.training, mesh.expert_gradient_group,
                            max(1, shard_members(scenario) // mesh.expert_parallel), mesh.stages)
-
-
-def local_weight_bytes_per_param(scenario: Scenario) -> float:
-    """Bytes of the weight a rank holds all step per parameter: the training dtype's, or under
-    ZeRO-3 without pipelining its shard (gpipe_sim.plan.sharding)."""
-    p = scenario.pipeline
-    return bytes_per_param(scenario.training, scenario.mesh.gradient_group, shard_members(scenario), p.stages)[0]
 
 
 def _update_share(scenario: Scenario) -> int:
@@ -443,8 +437,7 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
     layer's transient is at least its input pass's bytes (which count its kept gradients again: an
     upper bound), and the optimizer step's temporaries per layer (update_scratch_per_layer)."""
     dtype_bytes = scenario.training.dtype_bytes
-    weight_per_param = local_weight_bytes_per_param(scenario)
-    state_per_param = local_state_bytes_per_param(scenario)
+    weight_per_param, state_per_param = local_bytes_per_param(scenario)
     largest = max(sizes)
     split = schedule.count(Kind.BACKWARD_INPUT) > 0
     update = update_scratch_per_layer(scenario, layers)
