@@ -134,9 +134,10 @@ class RankRunner:
                          else data_parallel_groups(plan.mesh)[self.pipeline_rank])
         self.zero: ZeroShardUpdate | None = None
         self.update: Update | ZeroShardUpdate
-        if self.D * self.CP > 1 and sc.training.zero == 1:  # sharded over the D x C gradient group
+        reducers = plan.mesh.gradient_group  # D x C: the processes each gradient is summed over
+        if reducers > 1 and sc.training.zero == 1:  # sharded over the gradient group
             self.update = self.zero = ZeroShardUpdate(params, sc, self.replica * self.CP + self.cp_rank,
-                                                      self.D * self.CP, self.dp_group)
+                                                      reducers, self.dp_group)
         else:
             self.update = Update(params, sc)
         self.sizes = plan.micro_batch_sizes
@@ -149,7 +150,7 @@ class RankRunner:
             self.shapes = sequence_shards(self.shapes, (self.T if self.sequence_parallel else 1) * self.CP)
         split = job.split_directions if job.split_directions is not None else device.type == "cuda"
         self.comm = Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
-        self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, self.D * self.CP,
+        self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, reducers,
                                           self.sharded, self.comm, self.dp_group, clock)
         self._buffers: dict[int, torch.Tensor] = {}
         # (With T or C > 1 a pass's collectives wait for the rank's other devices: a device lock shared
