@@ -38,8 +38,8 @@ def _all_groups(mesh: Mesh) -> dict[tuple[str, int, int], Any]:
                 groups["cp", g, t] = dist.new_group([mesh.process(g, c, t) for c in range(C)])
         for r in range(K):
             for t in range(T):
-                members = [mesh.process(mesh.program_rank(d, r), c, t) for d in range(D) for c in range(C)]
-                groups["grad", r, t] = dist.new_group(sorted(members))
+                members = sorted(q for c in range(C) for q in mesh.replica_processes(r, c, t))
+                groups["grad", r, t] = dist.new_group(members)
         _GROUPS = (default, (D, K, T, C), groups)
     return _GROUPS[2]
 
