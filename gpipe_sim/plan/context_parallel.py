@@ -57,7 +57,8 @@ def ring_layer_work(scenario: Scenario, tp: int, cp: int, remat: str, device: in
     tensor rank at `device` (`cp_link`); zero for the embedding and head. A step's compute is one
     s/C block's causal attention (the kernel tables' flash kernel, else its FLOPs at the
     roofline's rate: 4 (s/C)^2 q forward, twice that backward, as the layer table counts them);
-    it sends K and V forward, K, V, dK and dV backward. Under `full` or `selective` remat the
+    it sends K and V forward, K, V, dK and dV backward, and the last step's dK and dV after the
+    last block (exposed). Under `full` or `selective` remat the
     backward runs the forward's ring again first. None at C = 1."""
     training, model = scenario.training, scenario.model
     if cp == 1 or not isinstance(model, TransformerModel):
@@ -78,9 +79,14 @@ def ring_layer_work(scenario: Scenario, tp: int, cp: int, remat: str, device: in
             fwd_step = 4.0 * b.s * b.s * b.q * samples / (accel.peak_flops_for(training.dtype) * accel.efficiency)
             bwd_step = 2.0 * fwd_step
         forward = exposed_ring_seconds(cp, fwd_step, sent * samples / bandwidth + latency)
-        backward = exposed_ring_seconds(cp, bwd_step, 2.0 * sent * samples / bandwidth + latency)
+        # Each step's dK, dV travel on while the next block computes; the last step's return to
+        # their owner after the last block, with nothing to hide behind (Transformer Engine's P2P
+        # backward sends them C times, as gpipe_exec.ring_attention does).
+        backward = (exposed_ring_seconds(cp, bwd_step, 2.0 * sent * samples / bandwidth + latency)
+                    + sent * samples / bandwidth + latency)
         return StreamWork(exposed_forward_s=forward, exposed_backward_s=backward + (forward if redo else 0.0),
-                          forward_launches=2 * (cp - 1), backward_launches=2 * (cp - 1) * (2 if redo else 1))
+                          forward_launches=2 * (cp - 1),
+                          backward_launches=2 * (cp - 1) + 1 + (2 * (cp - 1) if redo else 0))
 
     blocks = set(checkpointed_layers(model))
     per_size = [work(s) for s in sizes]
