@@ -16,14 +16,12 @@ from gpipe_sim.planner.report import (
     config_text, counts_text, family_first, family_heads, family_text, memory_text, nothing_fits_text, pareto_figure,
     table_columns, table_rows, tp_text,
 )
+from gpipe_sim.planner.command import MAX_DEVICES  # the CLI's limit: one for both
 from gpipe_sim.planner.search import DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, PlanOptions, search_configurations
 from gpipe_app.ui_plan_search import searched_or_stop
 from gpipe_app.ui_form import PREFIX, scenario_form
 from gpipe_app.ui_run import (MAX_GANTT_BARS, framework_downloads, label_error, show_elapsed, show_metrics,
                               simulate_cached)
-
-MAX_DEVICES = 4096
-
 
 def _plan_options(options: dict[str, Any]) -> PlanOptions:
     return PlanOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})

@@ -155,7 +155,7 @@ def count_short(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def duration_text(seconds: float) -> str:
+def long_duration_text(seconds: float) -> str:
     """A long duration in the unit people plan in: days from two days up, else hours, minutes or seconds."""
     if seconds >= 2 * DAY_S:
         return f"{seconds / DAY_S:,.1f} days"
@@ -178,9 +178,9 @@ def run_cost_rows(rc: RunCost | None) -> list[tuple[str, str]]:
     on = f"on {rc.devices:,} device{'s' if rc.devices != 1 else ''}"
     if rc.tokens is not None and rc.steps is not None and rc.failure_free_time_s is not None:
         text = (f"{count_short(rc.tokens)} tokens = {rc.steps:,} steps of {rc.tokens_per_step:,.0f} tokens: "
-                f"{duration_text(rc.failure_free_time_s)} failure-free")
+                f"{long_duration_text(rc.failure_free_time_s)} failure-free")
         if rc.goodput is not None:
-            text += ("; " + duration_text(rc.time_s) + " with failures and checkpoints" if rc.time_s is not None
+            text += ("; " + long_duration_text(rc.time_s) + " with failures and checkpoints" if rc.time_s is not None
                      else "; never finishes with failures and checkpoints (goodput 0)")
         if rc.device_hours is not None:
             text += f", {rc.device_hours:,.0f} device-hours {on}"
@@ -199,11 +199,11 @@ def run_cost_rows(rc: RunCost | None) -> list[tuple[str, str]]:
 
 def goodput_text(g: GoodputFigures, devices: int) -> str:
     """The goodput, the failure rate at this scale and the checkpoint interval against the optimum."""
-    text = f"{g.goodput:.1%} of the time trains: a failure every {duration_text(g.system_mtbf_s)} on {devices:,} devices"
+    text = f"{g.goodput:.1%} of the time trains: a failure every {long_duration_text(g.system_mtbf_s)} on {devices:,} devices"
     if g.checkpoint_interval_s is None:
         return text + "; saves or restarts as long as the time between failures: no checkpoint interval makes progress"
     best = g.optimal_interval_s
     hint = ("" if best is None else
             " (the optimum)" if math.isclose(best, g.checkpoint_interval_s) else
-            f" (the optimum: {duration_text(best)}, Young/Daly)")
-    return text + f", a checkpoint every {duration_text(g.checkpoint_interval_s)}{hint}"
+            f" (the optimum: {long_duration_text(best)}, Young/Daly)")
+    return text + f", a checkpoint every {long_duration_text(g.checkpoint_interval_s)}{hint}"
