@@ -134,3 +134,23 @@ def test_executor_peak_matches_the_prediction_with_data_parallelism() -> None:
         for p, m in zip(predicted.stages, measured.stages):
             assert p.peak_memory_bytes == pytest.approx(m.peak_memory_bytes, rel=0.05)
             assert p.memory_breakdown[term] > 0.1 * p.peak_memory_bytes  # the peak is where D adds
+
+
+def test_one_replica_with_context_parallelism_holds_the_bucket() -> None:
+    """D = 1, C = 2: the C devices still all-reduce their gradients, through the same flat copy
+    (counted under step_buffers as for D > 1); C = 1 reduces nothing and holds none."""
+    def plan_at(cp: int):
+        return compile_plan(parse_scenario({
+            "model": {"preset": "transformer", "layers": 2, "d_model": 16, "d_ff": 32, "heads": 4, "seq_len": 8,
+                      "vocab": 23, "attention": "flash"},
+            "hardware": {"preset": "cpu", "host": {"step_buffers": True}},
+            "pipeline": {"stages": 1, "context_parallel": cp, "micro_batches": 2, "batch_size": 2,
+                         "schedule": "1f1b", "remat": "full"},
+            "training": {"optimizer": "momentum"}}))
+
+    plan = plan_at(2)
+    dp = data_parallel_bytes(plan)
+    grads = plan.chunks[0].param_bytes
+    assert grads > 0 and dp.bucket_alloc.sum() == grads and dp.bucket_free.sum() == grads
+    assert simulate(plan.scenario).stages[0].memory_breakdown.get("allreduce_buckets") == grads  # at the peak
+    assert not data_parallel_bytes(plan_at(1)).bucket_alloc.any()

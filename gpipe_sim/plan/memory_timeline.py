@@ -23,10 +23,12 @@ every sent tensor from its send to the step's end (`sent_bytes`) and every re-co
 to its backward's end (`recomputed_output_deltas`).
 With neither, the memory in all is the static bytes plus the held activations exactly.
 
-Data parallelism (D > 1) under `hardware.host.step_buffers` adds what a runtime like gpipe-exec
-holds for it (`data_parallel_bytes`): chunk c's all-reduce bucket, one flat copy of its gradients
-(`ChunkPlan.param_bytes`), from its `allreduce` action's start to the end of the `recv` of the
-reduced tensor that copies it back. With `training.zero: 1`, ZeRO-1 works on the rank's parameters
+A gradient reduction (its group D x C > 1: data or context parallelism) under
+`hardware.host.step_buffers` adds what a runtime like gpipe-exec holds for it (`data_parallel_bytes`):
+chunk c's all-reduce bucket, one flat copy of its gradients (`ChunkPlan.param_bytes`), from its
+`allreduce` action's start to the end of the `recv` of the reduced tensor that copies it back (as
+torch DDP's default buckets, `gradient_as_bucket_view=False`, are a second copy of the gradients;
+Megatron-LM's contiguous grad buffer is the gradients themselves, so without step_buffers none). With `training.zero: 1`, ZeRO-1 works on the rank's parameters
 flattened and padded to D shards of s = ceil(params / D) elements: the replica's master shard
 (its own slice, at most s elements) is static where the state bytes count no master copy (fp32
 training; for bf16/fp16 the sharded master weights are in the state bytes already); the update
@@ -263,7 +265,8 @@ def kept_for_weight_deltas(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class DataParallelBytes:
     """What a runtime with `hardware.host.step_buffers` holds for data parallelism (module
-    docstring), per action in program order unless said; zeros with D = 1 or without step_buffers."""
+    docstring), per action in program order unless said; zeros where no gradient is reduced
+    (D x C = 1) or without step_buffers."""
 
     bucket_alloc: np.ndarray  # an allreduce: its chunk's flat gradient copy, from its start
     bucket_free: np.ndarray  # the recv of a REDUCED tensor: its chunk's bucket, at its end
@@ -277,7 +280,8 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     prog = plan.program
     n, G, D = len(prog.kind), plan.num_ranks, plan.replicas
     out = DataParallelBytes(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(G))
-    if D == 1 or not plan.scenario.hardware.host.step_buffers or plan.scenario.training.zero >= 2:
+    reduced = plan.mesh.gradient_group > 1  # D x C: context parallelism reduces even one replica's gradients
+    if not reduced or not plan.scenario.hardware.host.step_buffers or plan.scenario.training.zero >= 2:
         return out  # ZeRO-2/3 (FSDP2): no flat bucket; the gathered units are the passes' transients
     grads = np.array([c.param_bytes for c in plan.chunks])
     at = prog.kind == Kind.ALLREDUCE
