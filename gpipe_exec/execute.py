@@ -12,10 +12,11 @@ from gpipe_exec.runtime.job import job_for
 from gpipe_exec.zoo import check_buildable
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError, ScenarioError, first_line
-from gpipe_sim.plan.compile import Plan, compile_plan
+from gpipe_sim.plan.compile import Plan, compile_plan, scenario_schedule
 from gpipe_sim.results.result import Result
 from gpipe_sim.model.model import ModelSpec
 from gpipe_sim.scenario.scenario import Scenario
+from gpipe_sim.schedule import Kind
 
 RANK_OVERHEAD_BYTES = 0.5 * 2**30  # a rank's interpreter, torch and gloo, before the model
 
@@ -25,7 +26,7 @@ def check_model(scenario: Scenario) -> None:
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
     chunk on one device per rank; experts
-    with T = 1, no ZeRO and (at E > 1) no overlap_grad_reduce; ZeRO-2 and 3 without pipelining."""
+    with T = 1, no ZeRO and (at E > 1) no overlap_grad_reduce; ZeRO-2 and 3 as `check_sharding`."""
     check_buildable(scenario.model)
     p = scenario.pipeline
     if getattr(scenario.model, "experts", 0) and (p.tensor_parallel > 1 or scenario.training.zero or
@@ -36,10 +37,7 @@ def check_model(scenario: Scenario) -> None:
     if scenario.training.dtype == "fp8":
         raise ScenarioError("training.dtype: gpipe-exec has no FP8 GEMMs (Transformer Engine and torchao's float8 "
                             "need an H100 or H200); gpipe-sim predicts fp8, run bf16")
-    if scenario.training.zero >= 2 and p.data_parallel * p.context_parallel > 1 and (p.stages * p.chunks > 1
-                                                                                  or p.tensor_parallel > 1):
-        raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{scenario.training.zero} (FSDP2 fully_shard) "
-                            "with one pipeline stage, one chunk and tensor_parallel 1; gpipe-sim predicts the rest")
+    check_sharding(scenario)
     T, seq_len = scenario.pipeline.tensor_parallel, getattr(scenario.model, "seq_len", 0)
     if getattr(scenario.model, "tied_embeddings", False) and (p.stages * p.chunks > 1 or T > 1):
         raise ScenarioError("model.tied_embeddings: the executor ties the token table and the output projection "
@@ -54,6 +52,22 @@ def check_model(scenario: Scenario) -> None:
         boundary_shapes(scenario.model, scenario.training.dtype, 0, 0.0)
     except (RuntimeError, ValueError) as exc:
         raise ScenarioError(f"model: the {scenario.model.preset} model cannot be built ({first_line(exc)})") from None
+
+
+def check_sharding(scenario: Scenario) -> None:
+    """ScenarioError (one line) unless gpipe-exec runs the scenario's ZeRO-2 or 3 (FSDP2
+    `fully_shard`, runtime.sharded): tensor_parallel 1 and, with pipelining (K > 1), context_parallel
+    1 and a schedule whose backward passes are whole (FSDP2 reduces in its autograd hooks, which a
+    split input/weight backward does not fire)."""
+    p, zero = scenario.pipeline, scenario.training.zero
+    if zero < 2 or p.data_parallel * p.context_parallel == 1:
+        return
+    pipelined = p.stages > 1
+    split = pipelined and scenario_schedule(scenario).count(Kind.BACKWARD_INPUT) > 0
+    if p.tensor_parallel > 1 or pipelined and (p.context_parallel > 1 or split):
+        raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{zero} (FSDP2 fully_shard) with tensor_parallel 1 "
+                            "and, with pipelining, context_parallel 1 and a schedule without split backward passes "
+                            f"(not {p.schedule_name}); gpipe-sim predicts the rest")
 
 
 def check_runnable(scenario: Scenario, device: str | None = None) -> Plan:

@@ -53,7 +53,7 @@ class Case(NamedTuple):
 
     def __str__(self) -> str:
         split = f" split {self.split} ({self.weight_pass})" if self.split else ""
-        dp = f" D={self.D}{' zero1' if self.zero else ''}" if self.D > 1 else ""
+        dp = f" D={self.D}{f' zero{self.zero}' if self.zero else ''}" if self.D > 1 else ""
         return (f"{self.model} K={self.K} v={self.v} M={self.M} {self.schedule}{split} remat={self.remat} "
                 f"{self.optimizer}{dp} {self.dtype}")
 

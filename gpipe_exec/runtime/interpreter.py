@@ -14,7 +14,8 @@ program for replica d on its share of the global batch, each chunk's gradients a
 its D replicas (`allreduce` starts it after the chunk's last backward pass, or with
 overlap_grad_reduce arms runtime.grad_buckets before it; the REDUCED `recv` waits). ZeRO-1: each
 replica updates its 1/D shard of the rank's parameters, then the replicas all-gather the shards.
-ZeRO-2/3 (one stage): FSDP2 reduce-scatters in the backward (runtime.sharded); the update steps shards.
+ZeRO-2/3: FSDP2 reduce-scatters in the backward (runtime.sharded; under pipelining steered before
+each backward pass by its PipelinedSharding); the update steps shards.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_p
                                                 split_chunk, vocab_parallel_loss)
 from gpipe_exec.runtime.update import Update, ZeroShardUpdate
 from gpipe_exec.runtime.recompute import apply_recompute
-from gpipe_exec.runtime.sharded import shard_chunks, whole
+from gpipe_exec.runtime.sharded import PipelinedSharding, shard_chunks, whole
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
 from gpipe_sim.schedule.global_program import process_program
@@ -126,6 +127,7 @@ class RankRunner:
         self.chunks = self._build_chunks(model)
         # ZeRO-2/3: FSDP2 reduces in the backward itself (runtime.sharded); allreduce actions do nothing
         self.sharded = shard_chunks([ch.module for ch in self.chunks.values()], sc, device.type)
+        self.fsdp = PipelinedSharding.of({c: ch.module for c, ch in self.chunks.items()}, sc, self.actions)
         # what the optimizer, the reductions and the memory meter step: each DTensor's local shard
         self.shards = {c: LocalShards(list(ch.module.parameters())) for c, ch in self.chunks.items()}
         params = [q for shards in self.shards.values() for q in shards.local]
@@ -272,6 +274,8 @@ class RankRunner:
 
     def _backward(self, i: int, a: Action) -> tuple[Kind, int, int]:
         ch, m = self.chunks[a.chunk], a.micro_batch
+        if self.fsdp is not None:
+            self.fsdp.before_backward(i, ch.index)
         self._hand_backward(ch.index, m, ch.backward(m, self._output_grad(ch, m)))
         return Kind.BACKWARD, ch.index, m
 

@@ -1,34 +1,53 @@
-"""ZeRO-2 and ZeRO-3/HSDP in gpipe-exec: a chunk's layers wrapped with PyTorch FSDP2 `fully_shard` over the D x C devices holding them."""
+"""ZeRO-2 and ZeRO-3/HSDP in gpipe-exec: a chunk's layers wrapped with PyTorch FSDP2 `fully_shard` over the D x C devices holding them.
+
+Without pipelining (K = 1) FSDP2 runs as it does on its own: ZeRO-3 reshards after every forward
+and backward, ZeRO-2 after every backward, and both reduce-scatter every micro-batch's gradients.
+With pipelining (K > 1) the chunks are sharded as torchtitan composes FSDP2 with
+torch.distributed.pipelining (`PipelinedSharding`): the gathered parameters are kept from the
+step's first forward to the chunk's last backward of the step (torchtitan's `apply_fsdp`:
+`reshard_after_forward` False under pipelining; the pipeline stage's backward
+`set_reshard_after_backward(False)` until its last); ZeRO-3's gradients accumulate unsharded and
+are reduce-scattered in the chunk's last backward, each layer's as its backward ends
+(`set_requires_gradient_sync` on that backward only, as FSDP2's gradient accumulation and the
+pipeline stage's deferred reduction do); ZeRO-2's are reduce-scattered every micro-batch into the
+replica's shard (DeepSpeed stage 2: only the shard of the gradient is kept).
+"""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from gpipe_sim.plan.sharding import shard_degree
+from gpipe_sim.schedule import Action, Kind
 from gpipe_sim.scenario.scenario import Scenario
 
 
-def shard_mesh(device_type: str, D: int, S: int, C: int = 1) -> DeviceMesh:
-    """The D replicas' C context-parallel devices each (process d*C + c: one stage, T = 1) as
-    FSDP2's mesh: one dimension of D x C (FSDP), or (D / S, S x C) replicate x shard (HSDP: shards
-    within groups of S consecutive replicas, replicated across the groups), as
-    `gpipe_sim.plan.compile.shard_members` counts them."""
-    if S == D:
-        return init_device_mesh(device_type, (D * C,), mesh_dim_names=("shard",))
-    return init_device_mesh(device_type, (D // S, S * C), mesh_dim_names=("replicate", "shard"))
+def shard_mesh(device_type: str, D: int, S: int, C: int = 1, K: int = 1) -> DeviceMesh:
+    """The D replicas of this process's pipeline rank as FSDP2's mesh: one dimension of D x C
+    (FSDP), or (D / S, S x C) replicate x shard (HSDP: shards within groups of S consecutive
+    replicas, replicated across the groups), as `gpipe_sim.plan.compile.shard_members` counts them.
+    Every process of the world makes it (a collective): at K = 1 process d*C + c, at K > 1 (C = 1,
+    T = 1) process d*K + r is replica d of pipeline rank r, so the (.., K) grid's leading
+    dimensions, sliced, are rank r's replicas."""
+    names, shape = (("shard",), (D * C,)) if S == D else (("replicate", "shard"), (D // S, S * C))
+    if K == 1:
+        return init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return init_device_mesh(device_type, (*shape, K), mesh_dim_names=(*names, "pp"))[names]
 
 
-def shard_chunk(module: nn.Sequential, mesh: DeviceMesh, zero: int) -> None:
+def shard_chunk(module: nn.Sequential, mesh: DeviceMesh, zero: int, pipelined: bool = False) -> None:
     """Wrap each layer holding parameters, then the chunk, with `fully_shard` (torchtitan's units:
-    one a block, the rest with the root). ZeRO-3 reshards after forward (each layer gathered again
-    for its backward); ZeRO-2 keeps the gathered parameters from forward to backward. Gradients are
-    reduce-scattered summed, not averaged: each replica's loss divides by the global batch already,
-    as the executor's all-reduce sums."""
-    reshard = zero == 3
+    one a block, the rest with the root). ZeRO-3 without pipelining reshards after forward (each
+    layer gathered again for its backward); ZeRO-2, and ZeRO-3 under pipelining, keep the gathered
+    parameters from forward to backward. Gradients are reduce-scattered summed, not averaged: each
+    replica's loss divides by the global batch already, as the executor's all-reduce sums."""
+    reshard = zero == 3 and not pipelined
     units = [layer for layer in module if any(True for _ in layer.parameters())] + [module]
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
@@ -36,15 +55,45 @@ def shard_chunk(module: nn.Sequential, mesh: DeviceMesh, zero: int) -> None:
         unit.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no pre-multiplied sum)
 
 
-def shard_chunks(modules: list[nn.Sequential], scenario: Scenario, device_type: str) -> bool:
+class PipelinedSharding:
+    """What a pipelined rank tells FSDP2 before each backward pass of its sharded chunks (module
+    docstring): on a chunk's last backward of the step, reduce the accumulated gradients and
+    reshard afterwards; on the others, keep the gathered parameters and (ZeRO-3) the unsharded
+    gradients. `modules`: the rank's chunks by index, sharded; `actions`: its program."""
+
+    def __init__(self, modules: dict[int, nn.Module], zero: int, actions: Sequence[Action]) -> None:
+        self.modules, self.zero = modules, zero
+        self.last = {a.chunk: i for i, a in enumerate(actions) if a.kind == Kind.BACKWARD}
+
+    @classmethod
+    def of(cls, modules: dict[int, nn.Module], scenario: Scenario, actions: Sequence[Action]
+           ) -> PipelinedSharding | None:
+        """The control where these chunks are sharded (`shard_chunks`) under pipelining, else None."""
+        if scenario.pipeline.stages == 1 or not all(isinstance(m, FSDPModule) for m in modules.values()):
+            return None
+        return cls(modules, scenario.training.zero, actions)
+
+    def before_backward(self, index: int, chunk: int) -> None:
+        """Set chunk `chunk`'s FSDP2 state for the backward pass at action `index` of the program."""
+        module = self.modules[chunk]
+        assert isinstance(module, FSDPModule)
+        last = self.last[chunk] == index
+        module.set_is_last_backward(last)
+        module.set_reshard_after_backward(last)
+        module.set_requires_gradient_sync(last or self.zero == 2)
+
+
+def shard_chunks(modules: Sequence[nn.Sequential], scenario: Scenario, device_type: str) -> bool:
     """Shard these chunks (`shard_chunk`) where the scenario asks for ZeRO-2 or 3 over D x C > 1
-    devices (the shard group: `gpipe_sim.plan.sharding.shard_degree` replicas x C); whether it did."""
-    D, C, zero = scenario.pipeline.data_parallel, scenario.pipeline.context_parallel, scenario.training.zero
+    devices (the shard group: `gpipe_sim.plan.sharding.shard_degree` replicas x C); whether it did.
+    Under pipelining (K > 1) `PipelinedSharding` then steers their backward passes."""
+    p, zero = scenario.pipeline, scenario.training.zero
+    D, C, K = p.data_parallel, p.context_parallel, p.stages
     if D * C == 1 or zero < 2:
         return False
-    mesh = shard_mesh(device_type, D, shard_degree(scenario), C)
+    mesh = shard_mesh(device_type, D, shard_degree(scenario), C, K)
     for module in modules:
-        shard_chunk(module, mesh, zero)
+        shard_chunk(module, mesh, zero, pipelined=K > 1)
     return True
 
 
@@ -58,4 +107,4 @@ def whole(named: dict[str, nn.Parameter]) -> dict[str, tuple[torch.Tensor, torch
     return out
 
 
-__all__ = ["shard_chunk", "shard_chunks", "shard_mesh", "whole"]
+__all__ = ["PipelinedSharding", "shard_chunk", "shard_chunks", "shard_mesh", "whole"]
