@@ -40,7 +40,8 @@ def axis_text(search: PlanSearch, axis: str) -> str:
         return ""
     mine = pick.candidate
     indices: dict[Candidate, list[int]] = {}  # each other configuration's indices in the space
-    for i, c in enumerate(search.candidates):
+    block = search.candidates.block_of(pick.index)  # remat and ZeRO vary within a block only
+    for i, c in enumerate(block.candidates(), block.start):
         if c != mine and mine.differs_only_in(axis, c):
             indices.setdefault(c, []).append(i)
     others = list(indices)

@@ -248,10 +248,14 @@ class CostTable:
         rank runs its passes one after another, so M x 3/2 ring all-reduces of the parameters
         (`allreduce`'s ring, one latency for the many). 0 elsewhere and under hybrid sharding
         (whose shard ring is smaller)."""
+        return cand.micro_batches * 1.5 * self.fsdp_ring(cand)
+
+    def fsdp_ring(self, cand: Candidate) -> float:
+        """The ring all-reduce of the parameters that `fsdp_collectives` counts M x 3/2 times (0 where it counts none)."""
         if cand.zero != 3 or cand.stages != 1 or cand.data_parallel <= 1 or self.base.training.shard_within_node:
             return 0.0
         per_param, fixed = self.allreduce(cand._replace(zero=0))
-        return cand.micro_batches * 1.5 * float(fixed[0] + per_param[0] * self.params_sum)
+        return float(fixed[0] + per_param[0] * self.params_sum)
 
     def static_per_param(self, D: int, zero: int) -> float:
         """Bytes per parameter a rank holds at least: weight, gradient, optimizer states as the ZeRO
@@ -315,21 +319,6 @@ def candidate_work(costs: CostTable, cand: Candidate) -> Work:
         trail = trail + n * weight
     small = costs.times(min(sizes))
     return Work(work, trail, small[:, 0].copy(), np.minimum(small[:, 1], small[:, 2]), max(sizes), min(sizes))
-
-
-def coarse_bounds(costs: CostTable, cand: Candidate, work: Work) -> tuple[float, float]:
-    """(memory, step time) below `memory_lower_bound` and `step_lower_bound` for any partition
-    and schedule: they depend on D, M, remat, ZeRO, K and v only. The memory one is the first
-    term of `memory_lower_bound` without counts (the mean of a rank's static bytes and the
-    activations of one micro-batch per chunk); the step one the first terms of
-    `step_lower_bound`: the mean busy time of a rank and one micro-batch's forward and backward
-    chain."""
-    costs = costs.of(cand)
-    D, K, v = cand.data_parallel, cand.stages, cand.chunks
-    static = costs.params_sum * costs.static_per_param(D * cand.context_parallel, cand.zero)
-    memory = (static + costs.act_sum * work.largest / v) / K
-    step = max(work.total / K, work.chain, costs.fsdp_collectives(cand))
-    return memory * _SLACK, step * _SLACK
 
 
 def chunk_placement(cand: Candidate) -> tuple[int, ...]:

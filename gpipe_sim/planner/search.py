@@ -4,28 +4,34 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
 import time
 from itertools import repeat
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+
+import numpy as np
+from typing import Any, Callable, MutableMapping, Sequence
 
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
-    CostTable, Work, candidate_work, chunk_placement, coarse_bounds, held_memory_bound, held_samples,
-    memory_lower_bound, min_max_partition, program_step_bound, quick_counts, relaxed_step_bound, step_lower_bound,
+    CostTable, chunk_placement, held_memory_bound, held_samples, memory_lower_bound, min_max_partition,
+    program_step_bound, quick_counts, relaxed_step_bound, step_lower_bound,
 )
+from gpipe_sim.planner.coarse import coarse_arrays
+from gpipe_sim.planner.pruned import Pruned
+from gpipe_sim.planner.space_index import CandidateSpace
+from gpipe_sim.planner.work_rows import WorkCache
 from gpipe_sim.planner.entries import (
     LIMITERS, MEMORY_LIMITED, NEGLIGIBLE_LOSS, PlanEntry, _copy_entry, _entry, collapse_alike, limiter_of,
     pareto_front,
 )
 from gpipe_sim.planner.space import (
     AXES, DATA_PARALLEL, DATA_PARALLEL_SCHEDULE, DEFAULT_PARTITIONS, DEFAULT_RESERVE, TIE, Candidate, PlanOptions,
-    candidate_space, check_options, device_layouts, device_pairs, enumerate_candidates, tensor_parallel_values,
+    candidate_space, check_options, device_layouts, device_pairs, enumerate_candidates, space_blocks,
+    tensor_parallel_values,
 )
 
 __all__ = [
@@ -71,8 +77,8 @@ class PlanSearch:
     # parallel" at K=1), found exactly (`_family_bests`), fastest family first
     family_best: list[PlanEntry] = field(default_factory=list)
     family_unproven: set[str] = field(default_factory=set)  # families whose best is the best found only
-    candidates: list[Candidate] = field(default_factory=list)
-    pruned: dict[int, tuple[str, float, float]] = field(default_factory=dict)
+    candidates: Sequence[Candidate] = field(default_factory=list)
+    pruned: MutableMapping[int, tuple[str, float, float]] = field(default_factory=dict)
     rejected: list[tuple[Any, ...]] = field(default_factory=list)
 
     @property
@@ -140,12 +146,8 @@ def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
     return (*structure(e.candidate, batch), e.peak_memory_bytes, e.step_time_s, e.index)
 
 
-# a queued candidate: (step-time lower bound, index, layer counts where known, refined)
-_Queued = tuple[float, int, "list[int] | None", bool]
-
-
-# a candidate's (T, C, E, D, M, remat, ZeRO) and (K, v): what its coarse bounds depend on
-_BOUND_KEY = operator.itemgetter(8, 9, 10, 0, 3, 5, 7, 1, 2)
+# a refined candidate: (step-time lower bound, index, layer counts where known)
+_Refined = tuple[float, int, "list[int] | None"]
 
 
 def work_key(cand: Candidate) -> tuple[Any, ...]:
@@ -155,48 +157,34 @@ def work_key(cand: Candidate) -> tuple[Any, ...]:
             cand.micro_batches, cand.remat, cand.zero > 0)
 
 
-def _coarse_queue(costs: CostTable, candidates: Sequence[Candidate], pruned: dict[int, tuple[str, float, float]]
-                  ) -> list[_Queued]:
+def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache, pruned: Pruned
+                  ) -> tuple[list[float], list[int]]:
     """Every candidate whose partition-free memory bound fits (the others noted in `pruned`),
-    with its coarse step-time bound (`coarse_bounds`: they depend on T, C, E, D, M, remat, ZeRO, K
-    and v only, computed once per such group, its `Work` once per T, C, E, D, M, remat and whether
-    ZeRO shards), as a heap."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, key in enumerate(map(_BOUND_KEY, candidates)):
-        groups.setdefault(key, []).append(i)
-    queue: list[_Queued] = []
+    with its coarse step-time bound (`coarse_arrays`), as (bounds, indices) in the order of
+    (bound, index)."""
+    memory, step = coarse_arrays(costs, candidates, works)
     cap = costs.capacity
-    works: dict[tuple[Any, ...], Work] = {}
-    for key, indices in groups.items():
-        wkey = work_key(candidates[indices[0]])
-        w = works.get(wkey)
-        if w is None:
-            w = works[wkey] = candidate_work(costs, candidates[indices[0]])
-        mem, step = coarse_bounds(costs, candidates[indices[0]], w)
-        if mem > cap:
-            pruned.update(dict.fromkeys(indices, ("memory", mem, cap)))
-        else:
-            queue.extend(zip(repeat(step), indices, repeat(None), repeat(False)))
-    heapq.heapify(queue)
-    return queue
+    over = np.flatnonzero(memory > cap)
+    pruned.set_many(over, "memory", memory[over], cap)
+    kept = np.flatnonzero(~(memory > cap))
+    order = kept[np.argsort(step[kept], kind="stable")]  # ties in index order
+    return step[order].tolist(), order.tolist()
 
 
 class _Refiner:
     """The finer bounds of a candidate (with the layer counts of its partition where known
     without compiling), computed once per distinct set of what they depend on."""
 
-    def __init__(self, costs: CostTable) -> None:
+    def __init__(self, costs: CostTable, works: WorkCache) -> None:
         self.costs = costs
-        self.works: dict[Any, Work] = {}
+        self.works = works
         self.cache: dict[Any, tuple[float, float]] = {}
 
     def __call__(self, cand: Candidate) -> tuple[float, float, list[int] | None]:
         """(memory bound, step-time bound, counts or None)."""
         costs = self.costs
         wkey = work_key(cand)
-        w = self.works.get(wkey)
-        if w is None:
-            w = self.works[wkey] = candidate_work(costs, cand)
+        w = self.works.work(cand)
         counts = quick_counts(costs, cand, w.largest)
         bkey = (wkey, cand.zero, cand.stages, cand.chunks, chunk_placement(cand), None if counts is None else tuple(counts))
         got = self.cache.get(bkey)
@@ -211,11 +199,11 @@ class _Ranking:
     times of the `top` best fitting signatures (whose worst is the threshold a bound must beat)
     and the fastest."""
 
-    def __init__(self, top: int) -> None:
+    def __init__(self, top: int, space: int) -> None:
         self.top = top
         self.entries: list[PlanEntry] = []
         self.seen: dict[Any, PlanEntry] = {}
-        self.pruned: dict[int, tuple[str, float, float]] = {}  # index -> (reason, figure, threshold)
+        self.pruned = Pruned(space)  # index -> (reason, figure, threshold)
         self._best_steps: list[float] = []  # max-heap (negated) of the top fitting step times, one per signature
         self._signatures: set[tuple[Any, ...]] = set()
         self.fastest = math.inf
@@ -319,13 +307,14 @@ def search_configurations(base: Scenario, options: PlanOptions, *,
     t0 = time.perf_counter()
     base = reserved_base(base, options)
     rejected: list[tuple[Any, ...]] = []
-    candidates = candidate_space(base, options, rejected)
+    candidates = CandidateSpace(space_blocks(base, options, rejected))
     costs = CostTable(base)
     costs.capacity *= 1.0 - options.headroom
-    ranking = _Ranking(options.top)
-    queue = _coarse_queue(costs, candidates, ranking.pruned)
+    ranking = _Ranking(options.top, len(candidates))
+    works = WorkCache(costs)
+    queue = _coarse_queue(costs, candidates, works, ranking.pruned)
     outcomes: Counter[str] = Counter(memory=len(ranking.pruned))
-    refine = _Refiner(costs)
+    refine = _Refiner(costs, works)
     _run_queue(base, costs, ranking, candidates, queue, refine, outcomes, progress)
     if options.tie > 0 and math.isfinite(ranking.fastest):
         _resolve_ties(base, costs, ranking, candidates, refine, outcomes, options)
@@ -337,39 +326,47 @@ def search_configurations(base: Scenario, options: PlanOptions, *,
     return search
 
 
-def _run_queue(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate],
-               queue: list[_Queued], refine: _Refiner, outcomes: Counter[str],
+def _run_queue(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: CandidateSpace,
+               queue: tuple[list[float], list[int]], refine: _Refiner, outcomes: Counter[str],
                progress: Callable[[int, int], None] | None) -> None:
-    """Decide the queued candidates in the order of their bounds (a coarse one refined when it
-    comes up first) until the least bound is above the threshold; the rest pruned by it."""
+    """Decide the queued candidates in the order of their bounds, (bound, index): the coarse
+    queue's in its order, each refined when it comes up first and put back in a heap of the
+    refined, until the least bound is above the threshold; the rest pruned by it."""
     total = len(candidates)
+    bounds, indices = queue
+    refined: list[_Refined] = []
+    p, n = 0, len(bounds)
     if progress:
-        progress(total - len(queue), total)
-    while queue:
-        bound, i, counts, refined = heapq.heappop(queue)
+        progress(total - n, total)
+    while p < n or refined:
+        coarse = p < n and (not refined or (bounds[p], indices[p]) < refined[0][:2])
+        bound = bounds[p] if coarse else refined[0][0]
         if bound > ranking.threshold():
-            queue.append((bound, i, counts, refined))
             break
-        if not refined:
+        if coarse:
+            i = indices[p]
+            p += 1
             mem, step, counts = refine(candidates[i])
             if mem > costs.capacity:
                 ranking.pruned[i] = ("memory", mem, costs.capacity)
                 outcomes["memory"] += 1
             else:
-                heapq.heappush(queue, (step, i, counts, True))
+                heapq.heappush(refined, (step, i, counts))
             continue
+        _, i, counts = heapq.heappop(refined)
         outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
         if progress and sum(outcomes.values()) % 64 == 0:
-            progress(total - len(queue), total)
+            progress(total - (n - p) - len(refined), total)
     limit = ranking.threshold()
-    for bound, i, _, _ in queue:
+    ranking.pruned.set_many(indices[p:], "bound", bounds[p:], limit)
+    for bound, i, _ in refined:
         ranking.pruned[i] = ("bound", bound, limit)
-    outcomes["bound"] += len(queue)
+    outcomes["bound"] += n - p + len(refined)
     if progress:
         progress(total, total)
 
 
-def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate],
+def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: Sequence[Candidate],
                   refine: _Refiner, outcomes: Counter[str], options: PlanOptions) -> None:
     """Simulate what the tie needs: the candidates pruned by a bound within the tie of the
     fastest, by `structure` (the preferred first), until `top` distinct tied configurations of
@@ -378,9 +375,10 @@ def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
     batch = base.pipeline.batch_size
     limit = ranking.fixed = ranking.fastest * (1.0 + options.tie)
     groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, (what, bound, _) in ranking.pruned.items():
-        if what == "bound" and bound <= limit:
-            groups.setdefault(structure(candidates[i], batch), []).append(i)
+    pruned = ranking.pruned
+    bounded = pruned.where("bound")
+    for i in bounded[pruned.figure[bounded] <= limit].tolist():
+        groups.setdefault(structure(candidates[i], batch), []).append(i)
     for e in ranking.entries:
         if e.fits and e.step_time_s <= limit:
             groups.setdefault(structure(e.candidate, batch), [])
@@ -397,7 +395,7 @@ def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
     ranking.fixed = None
 
 
-def _reconsider(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate], i: int,
+def _reconsider(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: Sequence[Candidate], i: int,
                 limit: float, refine: _Refiner, outcomes: Counter[str]) -> str:
     """Take candidate i, pruned by the coarse bound, out of the pruned; prune it again by its
     refined memory or step bound where that exceeds the capacity or `limit`, else decide it
@@ -456,7 +454,7 @@ MAX_FAMILY_DECISIONS = 48  # per family, after the main search (a bound on the e
 PROGRAM_BOUND_SHARE = 0.25
 
 
-def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: list[Candidate],
+def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: Sequence[Candidate],
                   refine: _Refiner, outcomes: Counter[str], unproven: set[str],
                   progress: Callable[[int, int], None] | None = None) -> list[PlanEntry]:
     """Each family's fastest fitting configuration, fastest family first. The main search proves
@@ -478,10 +476,7 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
                 best[f] = e
 
     keep(ranking.entries)
-    pending: dict[str, list[tuple[float, int]]] = {}
-    for i, (what, bound, _) in ranking.pruned.items():
-        if what in ("bound", "preferred"):
-            pending.setdefault(family(candidates[i]), []).append((bound, i))
+    pending = _pending_by_family(ranking.pruned, candidates)
 
     def decide(i: int, limit: float) -> float:
         """Reconsider candidate i against `limit`; the share of a decision it cost (module constants)."""
@@ -493,14 +488,13 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
         keep(ranking.entries[done:])
         return 0.0 if not outcome else PROGRAM_BOUND_SHARE if outcome == "bound" else 1.0
 
-    for name, items in pending.items():
-        items.sort()
+    for name, (bounds, indices) in pending.items():
         spent = 0.0
         # first the least bound taken from a compiled program (a close one: a close best soon)
-        seed = next(((b, i) for b, i in items if i in ranking.compiled), None)
-        if seed is not None and seed[0] <= (best[name].step_time_s if name in best else math.inf):
-            spent += decide(seed[1], best[name].step_time_s if name in best else math.inf)
-        for bound, i in items:
+        seeds = np.flatnonzero(np.isin(indices, np.fromiter(ranking.compiled, dtype=np.int64)))
+        if len(seeds) and bounds[seeds[0]] <= (best[name].step_time_s if name in best else math.inf):
+            spent += decide(int(indices[seeds[0]]), best[name].step_time_s if name in best else math.inf)
+        for bound, i in zip(bounds.tolist(), indices.tolist()):
             limit = best[name].step_time_s if name in best else math.inf
             if bound > limit:
                 break
@@ -514,7 +508,21 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
     return sorted(best.values(), key=lambda e: (e.step_time_s, e.index))
 
 
-def _finish(base: Scenario, options: PlanOptions, candidates: list[Candidate], costs: CostTable,
+def _pending_by_family(pruned: Pruned, candidates: CandidateSpace) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per schedule family (`family`), its candidates pruned by a step-time bound or as
+    "preferred": (bounds, indices) in the order of (bound, index); the families in the order
+    they occur in the space."""
+    codes, names = candidates.family_codes()
+    held = pruned.where("bound", "preferred")
+    held_codes, bounds = codes[held], pruned.figure[held]
+    order = np.lexsort((held, bounds, held_codes))  # by family, then (bound, index)
+    held, held_codes, bounds = held[order], held_codes[order], bounds[order]
+    cuts = np.searchsorted(held_codes, np.arange(len(names) + 1))
+    return {name: (bounds[cuts[f]:cuts[f + 1]], held[cuts[f]:cuts[f + 1]])
+            for f, name in enumerate(names) if cuts[f + 1] > cuts[f]}
+
+
+def _finish(base: Scenario, options: PlanOptions, candidates: Sequence[Candidate], costs: CostTable,
             entries: list[PlanEntry], outcomes: Counter[str], t0: float) -> PlanSearch:
     """The `PlanSearch` of the recorded entries: ranked, collapsed and ordered, Results dropped
     outside the top of each, the smallest peak searched for when nothing fits; `seconds` since `t0`."""
@@ -540,7 +548,7 @@ def _finish(base: Scenario, options: PlanOptions, candidates: list[Candidate], c
     return search
 
 
-def _smallest_peak(base: Scenario, candidates: list[Candidate], entries: list[PlanEntry],
+def _smallest_peak(base: Scenario, candidates: Sequence[Candidate], entries: list[PlanEntry],
                    costs: CostTable, notes: list[str], limit: int = 500) -> PlanEntry | None:
     """When nothing fits: the configuration with the smallest peak, by branch and bound on the
     memory lower bound (candidates simulated in its order until it exceeds the least peak found;

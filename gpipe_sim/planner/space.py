@@ -6,7 +6,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Iterator, Mapping, NamedTuple
 
 from gpipe_sim.errors import GpipeError, ScenarioError
 from gpipe_sim.schedule import SCHEDULES, Kind, build_schedule
@@ -294,13 +294,60 @@ def _cleared_hardware(base: Scenario, D: int, K: int, T: int = 1, C: int = 1) ->
 _candidate = functools.partial(tuple.__new__, Candidate)  # a Candidate of its fields' tuple, made in C
 
 
+class Block(NamedTuple):
+    """The configurations of one (T, C, D, K, schedule, v, E): every M x remat x partition x ZeRO,
+    in that order (ZeRO innermost), the `start`-th of the space first. What `candidate_space`
+    lists one by one, held as the product it is."""
+
+    start: int
+    data_parallel: int
+    stages: int
+    chunks: int
+    schedule: str
+    tensor_parallel: int
+    context_parallel: int
+    expert_parallel: int
+    micro_batches: tuple[int, ...]
+    remats: tuple[str, ...]
+    partitions: tuple[str, ...]
+    zeros: tuple[int, ...]
+    cleared: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """How many configurations: M x remat x partition x ZeRO values."""
+        return len(self.micro_batches) * len(self.remats) * len(self.partitions) * len(self.zeros)
+
+    def candidates(self) -> Iterator[Candidate]:
+        """Its configurations in the space's order."""
+        return map(_candidate, itertools.product(  # the fields in Candidate's order
+            (self.data_parallel,), (self.stages,), (self.chunks,), self.micro_batches, (self.schedule,),
+            self.remats, self.partitions, self.zeros, (self.tensor_parallel,), (self.context_parallel,),
+            (self.expert_parallel,), (self.cleared,)))
+
+    def candidate(self, offset: int) -> Candidate:
+        """Its `offset`-th configuration (0 <= offset < size)."""
+        rest, z = divmod(offset, len(self.zeros))
+        rest, p = divmod(rest, len(self.partitions))
+        m, r = divmod(rest, len(self.remats))
+        return _candidate((self.data_parallel, self.stages, self.chunks, self.micro_batches[m], self.schedule,
+                           self.remats[r], self.partitions[p], self.zeros[z], self.tensor_parallel,
+                           self.context_parallel, self.expert_parallel, self.cleared))
+
+
 def candidate_space(base: Scenario, options: PlanOptions,
                     rejected: list[tuple[Any, ...]] | None = None) -> list[Candidate]:
     """Every configuration in the space that the schema and the schedule families accept, in a
     stable order: T, C, D*K, K, schedule (registry order), v, M, remat, partition, zero (T from
-    `tensor_parallel_values`, C from `context_parallel_values`). Hardware fields of the base that
-    do not fit a (T, C, D, K) (an
-    explicit placement, per-pair links) are cleared.
+    `tensor_parallel_values`, C from `context_parallel_values`): `space_blocks`' configurations,
+    one by one."""
+    return [c for block in space_blocks(base, options, rejected) for c in block.candidates()]
+
+
+def space_blocks(base: Scenario, options: PlanOptions,
+                 rejected: list[tuple[Any, ...]] | None = None) -> list[Block]:
+    """The space of `candidate_space` as its blocks (`Block`), in its order. Hardware fields of the
+    base that do not fit a (T, C, D, K) (an explicit placement, per-pair links) are cleared.
 
     K=1 is data parallelism (gradient accumulation): one configuration per (M, remat, zero), run
     as `DATA_PARALLEL_SCHEDULE` with v=1 and the first partition method (one chunk: every method
@@ -323,7 +370,8 @@ def candidate_space(base: Scenario, options: PlanOptions,
     names = options.schedules if options.schedules is not None else tuple(SCHEDULES)
     remats = options.remat if options.remat is not None else REMAT_MODES
     partitions = options.partitions if options.partitions is not None else DEFAULT_PARTITIONS
-    out: list[Candidate] = []
+    out: list[Block] = []
+    start = 0
     for T, C, D, K in device_layouts(base, options):
         share = batch // D
         zeros = options.zero if options.zero is not None else (
@@ -342,8 +390,11 @@ def candidate_space(base: Scenario, options: PlanOptions,
             for E in expert_parallel_values(base, options, D):
                 kept = _schema_accepts(base, (D, K, v, T, C, E), name, accepted, cleared, rejected)
                 modes = _remats_for(base, remats, name, K, v, kept)
-                out.extend(map(_candidate, itertools.product(  # the fields in Candidate's order
-                    (D,), (K,), (v,), kept, (name,), modes, parts, zeros, (T,), (C,), (E,), (cleared,))))
+                block = Block(start, D, K, v, name, T, C, E, tuple(kept), tuple(modes), tuple(parts),
+                              tuple(zeros), cleared)
+                if block.size:
+                    out.append(block)
+                    start += block.size
     return out
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
 from gpipe_sim.schema.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
@@ -14,17 +16,17 @@ if TYPE_CHECKING:
 
 def searched_tp(search: PlanSearch) -> list[int]:
     """The T values of the configurations the search enumerated (or refused)."""
-    return sorted({c.tensor_parallel for c in search.candidates} | {r[6] for r in search.rejected if len(r) > 6})
+    return sorted(search.candidates.values("T") | {r[6] for r in search.rejected if len(r) > 6})
 
 
 def searched_cp(search: PlanSearch) -> list[int]:
     """The C values of the configurations the search enumerated."""
-    return sorted({c.context_parallel for c in search.candidates})
+    return sorted(search.candidates.values("C"))
 
 
 def searched_ep(search: PlanSearch) -> list[int]:
     """The E values of the configurations the search enumerated."""
-    return sorted({c.expert_parallel for c in search.candidates})
+    return sorted(search.candidates.values("E"))
 
 
 def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
@@ -41,13 +43,16 @@ def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
 def _pruned_by_value(search: PlanSearch, axis: str) -> dict[int, tuple[list[float], list[float], int]]:
     """Per value of `axis`, its pruned configurations' (memory figures, step-time bounds, how many
     were "preferred"), in one pass over the pruned."""
+    pruned = search.pruned
+    values = search.candidates.column(axis)
     out: dict[int, tuple[list[float], list[float], int]] = {}
-    candidates = search.candidates
-    for i, (code, figure, _) in search.pruned.items():
-        value = candidates[i].shown(axis)
-        memory, bound, preferred = out.get(value) or ([], [], 0)
-        (memory if code == "memory" else bound if code == "bound" else []).append(figure)
-        out[value] = (memory, bound, preferred + (code == "preferred"))
+    held = np.flatnonzero(pruned.code >= 0)
+    for value in np.unique(values[held]).tolist():
+        mine = held[values[held] == value]
+        figures = pruned.figure[mine]
+        names = np.array(pruned.names, dtype=object)[pruned.code[mine]]
+        out[value] = (figures[names == "memory"].tolist(), figures[names == "bound"].tolist(),
+                      int((names == "preferred").sum()))
     return out
 
 

@@ -1,0 +1,114 @@
+"""The planner's space held as arrays: its blocks list `candidate_space` exactly, `WorkRows` equals
+`candidate_work` element for element, the coarse arrays stay below the partition-free bounds, and
+the pruned store behaves as the dict it replaces."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from gpipe_sim.planner.bounds import CostTable, candidate_work, memory_lower_bound, step_lower_bound
+from gpipe_sim.planner.coarse import coarse_arrays
+from gpipe_sim.planner.pruned import Pruned
+from gpipe_sim.planner.search import PlanOptions, candidate_space, family, reserved_base
+from gpipe_sim.planner.space import space_blocks
+from gpipe_sim.planner.space_index import CandidateSpace
+from gpipe_sim.planner.work_rows import WorkCache
+from gpipe_sim.scenario.scenario import parse_scenario
+
+# a transformer on 2 nodes of 2 with a batch that most M split unevenly, and ZeRO-3 at K=1 (its
+# collectives are a coarse bound's third term)
+SCENARIO = {
+    "model": {"preset": "transformer", "layers": 4, "d_model": 256, "d_ff": 1024, "heads": 4, "seq_len": 128,
+              "vocab": 1000},
+    "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "60 MB"}, "devices_per_node": 2,
+                 "network": {"bandwidth": "2 GB/s", "latency_s": 1.0e-5}},
+    "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 14, "schedule": "gpipe"},
+    "training": {"dtype": "bf16"},
+}
+OPTIONS = PlanOptions(devices=4, fewer_devices=True, max_chunks=2, reserve=0.0,
+                      schedules=("gpipe", "1f1b", "interleaved_1f1b", "zbv"), tensor_parallel=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def space():
+    base = reserved_base(parse_scenario(SCENARIO), OPTIONS)
+    return base, candidate_space(base, OPTIONS), CandidateSpace(space_blocks(base, OPTIONS))
+
+
+def test_blocks_list_the_space_in_its_order(space):
+    """Indexing, slicing, iterating and the columns of the blocks give `candidate_space`'s list."""
+    _, listed, held = space
+    assert len(held) == len(listed) and list(held) == listed
+    assert [held[i] for i in range(len(listed))] == listed
+    assert held[3:40:7] == listed[3:40:7] and held[-1] == listed[-1]
+    for axis, field in (("T", "tensor_parallel"), ("D", "data_parallel"), ("K", "stages")):
+        assert held.column(axis).tolist() == [getattr(c, field) for c in listed]
+        assert held.values(axis) == {getattr(c, field) for c in listed}
+    codes, names = held.family_codes()
+    assert [names[k] for k in codes] == [family(c) for c in listed]
+    for i in (0, len(listed) // 2, len(listed) - 1):
+        block = held.block_of(i)
+        assert block.start <= i < block.start + block.size and listed[i] in list(block.candidates())
+    with pytest.raises(IndexError):
+        held[len(listed)]
+
+
+def test_work_rows_equal_candidate_work(space):
+    """Every M's Work from the rows is `candidate_work`'s, bit for bit (uneven M, except_last, ZeRO)."""
+    base, listed, _ = space
+    costs, works = CostTable(base), None
+    works = WorkCache(costs)
+    for cand in listed:
+        want, got = candidate_work(costs, cand), works.work(cand)
+        for name in ("work", "trail", "forward", "backward"):
+            assert np.array_equal(getattr(want, name), getattr(got, name)), (cand, name)
+        assert (want.largest, want.smallest) == (got.largest, got.smallest)
+        rows = works.of(cand)
+        assert rows.total[cand.micro_batches - 1] == want.total and rows.chain[cand.micro_batches - 1] == want.chain
+
+
+def test_coarse_arrays_are_below_the_partition_free_bounds(space):
+    """The coarse bounds of every configuration are at most its memory and step-time bounds over
+    every partition (which the simulator's figures are at least: tests/test_planner.py)."""
+    base, listed, held = space
+    costs = CostTable(base)
+    memory, step = coarse_arrays(costs, held, WorkCache(costs))
+    assert np.all(np.isfinite(memory)) and np.all(np.isfinite(step)) and np.all(step > 0)
+    assert any(c.zero == 3 and c.stages == 1 for c in listed)
+    for i, cand in enumerate(listed):
+        assert memory[i] <= memory_lower_bound(costs, cand), cand
+        assert step[i] <= step_lower_bound(costs, cand), cand
+    # the memory bound is (static + activations of the largest micro-batch per chunk) / K, exactly
+    cand = next(c for c in listed if c.stages == 2 and c.chunks == 2 and c.zero == 1 and c.micro_batches == 3)
+    table = costs.of(cand)
+    static = table.params_sum * table.static_per_param(cand.data_parallel, 1)
+    largest = -(-(14 // cand.data_parallel) // 3)
+    assert memory[listed.index(cand)] == pytest.approx((static + table.act_sum * largest / 2) / 2, rel=1e-8)
+
+
+def test_pruned_store_is_a_dict():
+    """Random notes, removals and bulk notes: the store reads as a dict of the same operations
+    does (iterated in index order), and `where` finds each reason's indices."""
+    rng = random.Random(3)
+    store, plain = Pruned(200), {}
+    for _ in range(400):
+        i = rng.randrange(200)
+        op = rng.random()
+        if op < 0.5:
+            value = (rng.choice(["memory", "bound", "preferred", "infeasible: no"]), rng.random(), rng.random())
+            store[i] = plain[i] = value
+        elif op < 0.7 and i in plain:
+            assert store.pop(i) == plain.pop(i)
+        elif op < 0.8:
+            many = rng.sample(range(200), 20)
+            figures = [rng.random() for _ in many]
+            store.set_many(many, "bound", figures, 0.5)
+            plain.update({j: ("bound", f, 0.5) for j, f in zip(many, figures)})
+        assert (i in store) == (i in plain)
+    assert len(store) == len(plain) and dict(store) == dict(sorted(plain.items()))
+    assert list(store) == sorted(plain)
+    assert store.where("bound").tolist() == sorted(j for j, v in plain.items() if v[0] == "bound")
+    assert store.get(-1) is None and 10**6 not in store
