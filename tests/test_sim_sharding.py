@@ -39,7 +39,8 @@ def _static(zero: int, K: int) -> float:
 
 
 @pytest.mark.parametrize("zero, K, per_param", [
-    (0, 1, ADAM_FP32), (1, 1, 4 + 4 + 8 / 2), (2, 1, 4 + (4 + 8) / 2),
+    (0, 1, ADAM_FP32), (1, 1, 4 + 4 + 8 / 2),
+    (2, 1, 4 + (4 + 4 + 8) / 2),  # the fp32 weight shard the replica steps, its gradient and states
     (3, 1, (4 + 4 + 8) / 2),  # FSDP2: the fp32 sharded parameter, its gradient and states
     (3, 2, 4 + 4 + (4 + 8) / 2),  # under pipelining the gathered stage and its gradients stay all step
 ])
@@ -50,6 +51,14 @@ def test_static_bytes_per_parameter(zero: int, K: int, per_param: float) -> None
 def test_bf16_zero3_keeps_no_bf16_weight_beside_the_fp32_master_shard() -> None:
     stage = simulate(_scenario(3, dtype="bf16")).stages[0]
     assert stage.param_bytes == 0.0
+    assert stage.state_bytes == pytest.approx(LAYERS * PARAMS * (2 + 4 + 8) / 2, rel=1e-12)
+
+
+def test_bf16_zero2_steps_its_fp32_master_shard() -> None:
+    """In mixed precision ZeRO-2's stepped shard is the fp32 master copy: the bf16 weight whole, then
+    the gradient, master and moments sharded."""
+    stage = simulate(_scenario(2, dtype="bf16")).stages[0]
+    assert stage.param_bytes == pytest.approx(LAYERS * PARAMS * 2, rel=1e-12)
     assert stage.state_bytes == pytest.approx(LAYERS * PARAMS * (2 + 4 + 8) / 2, rel=1e-12)
 
 
@@ -138,16 +147,19 @@ def test_refused_with_one_line(training: dict, field: str) -> None:
 
 @pytest.mark.parametrize("zero", [2, 3])
 def test_executor_refuses_what_it_does_not_run(zero: int) -> None:
-    """gpipe-exec runs ZeRO 2 and 3 (FSDP2) with one stage only: pipelined, one line naming the field."""
+    """gpipe-exec runs ZeRO 2 and 3 (FSDP2) pipelined with whole backward passes (1F1B here); a
+    schedule splitting them (zero-bubble) is refused with one line naming the field."""
     from gpipe_exec.execute import check_model
 
     scenario = parse_scenario({"model": {"preset": "transformer", "layers": 2, "d_model": 64, "d_ff": 128,
                                          "heads": 2, "seq_len": 16, "vocab": 100},
                                "hardware": {"preset": "v100"},
-                               "pipeline": {"stages": 2, "data_parallel": 2, "micro_batches": 1, "batch_size": 2},
+                               "pipeline": {"stages": 2, "data_parallel": 2, "micro_batches": 2, "batch_size": 4,
+                                            "schedule": "1f1b"},
                                "training": {"zero": zero}})
+    check_model(scenario)
     with pytest.raises(ScenarioError) as info:
-        check_model(scenario)
+        check_model(scenario.with_updates({"pipeline.schedule": "zb_h1"}))
     assert str(info.value).startswith("training.zero:") and "\n" not in str(info.value)
 
 

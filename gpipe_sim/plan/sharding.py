@@ -8,7 +8,11 @@ without pipelining, whose gathered units the passes hold:
 
     zero 0:  w + g + s                          (PyTorch DDP, Megatron-LM without its distributed optimizer)
     zero 1:  w + g + s / D                      (Megatron-LM --use-distributed-optimizer, DeepSpeed stage 1)
-    zero 2:  w + (g + s) / D                    (DeepSpeed stage 2: gradients reduce-scattered into their shard)
+    zero 2:  w + (w' + g + s) / D               (DeepSpeed stage 2: gradients reduce-scattered into their shard;
+                                                 the replica's weight shard stepped apart from the whole weight,
+                                                 DeepSpeed's `single_partition_of_fp32_groups` clone and FSDP2's
+                                                 sharded parameter: w' = w in fp32 training, else 0, the fp32
+                                                 master being that shard)
     zero 3, K = 1:  (w' + g + s) / S            (FSDP2 `fully_shard`: w' = w in fp32 training, else 0, the
                                                  fp32 master being the sharded parameter)
     zero 3, K > 1:  w + g + (w' + s) / S        (torchtitan under pipelining: `reshard_after_forward` False
@@ -120,9 +124,9 @@ def bytes_per_param(training: Training, D: int, S: int, K: int, zero: int | None
         return w, g + s
     if zero == 1:
         return w, g + s / D
-    if zero == 2:
-        return w, (g + s) / D
     own = g if training.dtype == "fp32" else 0.0  # the sharded parameter beside the master copy
+    if zero == 2:
+        return w, (own + g + s) / D
     if K == 1:
         return own / S, (g + s) / S
     return w, g + (own + s) / S
