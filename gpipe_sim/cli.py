@@ -6,20 +6,19 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from gpipe_sim.engines.choice import DEFAULT_ENGINE, ENGINES
 from gpipe_sim.errors import GpipeError, ScenarioError, one_line
 from gpipe_sim.frameworks.command import add_emit_option
+from gpipe_sim.process import run_program
 from gpipe_sim.scenario.overrides import add_set_option
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from gpipe_sim.scenario.command_scenario import load_command_scenario, write_derived_notes, write_schedule_notes
     from gpipe_sim.plan.compile import compile_plan
-    from gpipe_sim.summary import summary_text
     from gpipe_sim.api import simulate_plan
-    from gpipe_sim.results.trace import write_chrome_trace
     from gpipe_sim.schema.limits import result_problem
 
     scenario = load_command_scenario(args.scenario, args.set)
@@ -38,6 +37,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if problem:
         raise ScenarioError(problem)
     if args.trace:
+        from gpipe_sim.results.trace import write_chrome_trace
+
         try:
             write_chrome_trace(result.timeline, args.trace, name="gpipe-sim prediction")
         except (OSError, ValueError) as exc:
@@ -46,6 +47,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(result.to_json(timeline=not args.no_timeline) + "\n")
     else:
+        from gpipe_sim.summary import summary_text  # rich: loaded only for the text summary
+
         sys.stdout.write(summary_text(scenario, result) + "\n")
         if args.trace:
             sys.stdout.write(f"trace written to {args.trace} (open in ui.perfetto.dev)\n")
@@ -185,10 +188,17 @@ def run_command(prog: str, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: one clear line and exit status 2 on bad input, never a traceback."""
+    """Run a command line (`argv`, default this process's arguments) and return its exit status:
+    one clear line and exit status 2 on bad input, never a traceback."""
     _load_extra_commands()
     return run_command("gpipe-sim", build_parser().parse_args(argv))
 
 
+def console_main() -> NoReturn:
+    """The `gpipe-sim` program (its console script, `python -m gpipe_sim.cli`): `main` in a process
+    set up and ended by `gpipe_sim.process.run_program`."""
+    run_program(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

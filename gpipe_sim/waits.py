@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gpipe_sim.errors import GpipeError
+from gpipe_sim.process import launch_environment
 
 HERE = Path(__file__).resolve().parents[1]  # this checkout
 
@@ -99,7 +100,8 @@ def timed_child(command: list[str], tree: Path, cwd: str, stdin: str | None = No
     """(wall seconds, CPU seconds, the finished process) of `command` run with `tree` first on
     PYTHONPATH, in `cwd` (not a checkout: `python -m` and `-c` put the working directory before
     PYTHONPATH), reading `stdin`."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
+    launched = launch_environment()
+    env = dict(launched, PYTHONPATH=os.pathsep.join([str(tree), launched.get("PYTHONPATH", "")]))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, input=stdin)

@@ -1,14 +1,18 @@
-"""Start-up cost where users wait: `gpipe-sim --help` loads none of the heavy libraries, and the
-package's public names load on first use."""
+"""Start-up cost where users wait: `gpipe-sim --help` loads none of the heavy libraries, a simulate
+loads only what its output needs, the package's public names load on first use, and the process
+starts with one BLAS thread and ends without collecting what it frees."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import gpipe_sim
 
-HEAVY = ("numpy", "pydantic", "simpy", "rich", "plotly", "pandas")
+HEAVY = ("numpy", "pydantic", "yaml", "simpy", "rich", "plotly", "pandas")
+DEFAULT = Path(gpipe_sim.__file__).parent / "scenarios" / "default.yaml"
 
 
 def _modules_after(code: str) -> set[str]:
@@ -22,6 +26,49 @@ def test_help_loads_no_heavy_library():
                             "_load_extra_commands()\nbuild_parser().format_help()")
     assert not loaded & set(HEAVY), loaded & set(HEAVY)
     assert "gpipe_sim.plan.compile" not in loaded
+
+
+def test_a_simulate_loads_rich_only_for_its_text_summary():
+    run = f"from gpipe_sim.cli import main\nmain(['simulate', {str(DEFAULT)!r}, '--json', '--no-timeline'])"
+    loaded = _modules_after(run)
+    assert "numpy" in loaded and "pydantic" in loaded  # the run itself happened
+    assert not loaded & {"rich", "simpy", "plotly", "pandas", "torch"}, loaded & {"rich", "simpy", "plotly", "pandas"}
+    assert "rich" in _modules_after(run.replace(", '--json', '--no-timeline'", ""))
+
+
+def test_reading_a_scenario_loads_no_output_or_engine_library():
+    loaded = _modules_after("from gpipe_sim.scenario.command_scenario import load_command_scenario\n"
+                            f"load_command_scenario({str(DEFAULT)!r})")
+    assert "pydantic" in loaded
+    assert not loaded & {"rich", "simpy", "plotly", "pandas", "gpipe_sim.plan.compile"}
+
+
+def _program(body: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    code = ("import os, sys\nfrom gpipe_sim.process import launch_environment, run_program\n"
+            f"def main():\n{body}\nrun_program(main)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
+def test_the_program_runs_with_one_blas_thread_unless_the_user_set_it():
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    body = ("    print(os.environ['OPENBLAS_NUM_THREADS'], launch_environment().get('OPENBLAS_NUM_THREADS'))\n"
+            "    return 3")
+    done = _program(body, env)
+    assert (done.returncode, done.stdout.split()) == (3, ["1", "None"])  # added, and not passed on to a timed child
+    done = _program(body, {**env, "OPENBLAS_NUM_THREADS": "4"})
+    assert (done.returncode, done.stdout.split()) == (3, ["4", "4"])  # the user's own setting is kept
+
+
+def test_the_program_exits_with_its_status_and_frozen_objects():
+    body = ("    import atexit, gc\n"
+            "    atexit.register(lambda: print(gc.get_freeze_count() > 1000, flush=True))\n"
+            "    sys.exit('usage: bad') if len(sys.argv) > 1 else print('ran')\n"
+            "    return 0")
+    done = _program(body, dict(os.environ))
+    assert (done.returncode, done.stdout.split()) == (0, ["ran", "True"])
+    code = done.args[-1].replace("run_program(main)", "sys.argv.append('x'); run_program(main)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stderr.strip(), done.stdout.split()) == (1, "usage: bad", ["True"])
 
 
 def test_help_prints_every_command():

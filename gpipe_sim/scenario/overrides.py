@@ -19,12 +19,8 @@ import argparse
 import re
 from typing import Any, Callable, Sequence
 
-import yaml
-
 from gpipe_sim.errors import ScenarioError, one_line
 from gpipe_sim.schema import limits
-from gpipe_sim.schema.files import YAML_LOADER
-from gpipe_sim.schema.field_errors import closest_key
 
 SECTIONS = ("model", "hardware", "pipeline", "training")  # the scenario's sections (`Scenario`'s fields), in order
 MAX_ITEM_CHARS = 4096
@@ -54,6 +50,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ScenarioError(f"{where}: expected KEY=VALUE, e.g. pipeline.stages=8")
     if not _KEY.match(key) or key.split(".", 1)[0] not in SECTIONS:
+        from gpipe_sim.schema.field_errors import closest_key
+
         head, dot, rest = key.partition(".")
         close = closest_key(head, SECTIONS) if dot and _KEY.match(key) else None
         hint = (f"did you mean {close}.{rest}?" if close
@@ -65,6 +63,10 @@ def parse_override(item: str) -> tuple[str, Any]:
 def _value(text: str, where: str) -> Any:
     if _EXPONENT.match(text):
         return float(text)
+    import yaml  # loaded when an item is read, not when the option is added: `--help` reads no YAML
+
+    from gpipe_sim.schema.files import YAML_LOADER
+
     try:
         value = yaml.load(text, Loader=YAML_LOADER)
     except yaml.YAMLError as exc:
