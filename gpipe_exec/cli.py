@@ -80,11 +80,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     options = ProfileOptions(micro_batches=_sizes(args.micro_batches), warmup=args.warmup,
                              threads=args.threads, meta=meta, split_backward=args.split_backward and not meta,
                              device=args.device, **given)
-    if scenario.pipeline.tensor_parallel > 1:  # the layers split over each rank's T processes, all at once
+    p = scenario.pipeline
+    if p.tensor_parallel * p.context_parallel * p.expert_parallel > 1:  # split over T, C or E processes, all at once
         from gpipe_exec.launch.spawn import LaunchOptions
         from gpipe_exec.profile import profile_on_devices
 
-        check_meta(meta, scenario.pipeline.tensor_parallel)
+        check_meta(meta, p.tensor_parallel, p.context_parallel, p.expert_parallel)
         table = profile_on_devices(scenario, options, LaunchOptions(threads=args.threads, device=args.device))
     else:
         with Progress(transient=True) as bar:

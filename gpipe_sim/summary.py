@@ -51,9 +51,11 @@ def summary_text(scenario: Scenario, result: Result) -> str:
     if p.tensor_parallel > 1:
         head.add_row("tensor parallel", tensor_parallel_text(scenario, result))
     if p.context_parallel > 1:
-        head.add_row("context parallel", f"C={p.context_parallel}: {getattr(model, 'seq_len', 0) // p.context_parallel:,} "
-                                         "tokens a device, keys and values passed around a ring beside the attention; "
-                                         f"gradients reduced over D x C = {mesh.gradient_group} devices")
+        share = (f"{model.seq_len // p.context_parallel:,} tokens a device" if hasattr(model, "seq_len")
+                 else "a layer table of one device's share")  # profiled at C: the ring inside its times
+        head.add_row("context parallel", f"C={p.context_parallel}: {share}, keys and values passed around a ring "
+                                         f"beside the attention; gradients reduced over D x C = {mesh.gradient_group} "
+                                         "devices")
     head.add_row("step time", format_seconds(result.step_time_s))
     head.add_row("throughput", f"{result.throughput_samples_per_s:,.2f} samples/s")
     for name, text in quoted_figures_rows(result) + run_cost_rows(result.run):

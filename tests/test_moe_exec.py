@@ -174,17 +174,3 @@ def test_executor_memory_is_the_simulators_within_3_percent() -> None:
     assert len(measured.device_peak_memory_bytes) == 2
     for peak in measured.device_peak_memory_bytes.values():
         assert peak == pytest.approx(predicted.peak_memory_bytes, rel=0.03)
-
-
-def test_validate_refuses_expert_parallelism_in_one_line() -> None:
-    """validate predicts from a profiled layer table, whose layers hold no routed experts to spread."""
-    from gpipe_exec.checks.validate import validate
-    from gpipe_sim.errors import ScenarioError
-
-    sc = parse_scenario({"model": {"preset": "transformer", "layers": 2, "d_model": 16, "d_ff": 32, "heads": 2,
-                                   "seq_len": 8, "vocab": 64, "experts": 4, "top_k": 2},
-                         "hardware": {"preset": "cpu"},
-                         "pipeline": {"stages": 1, "micro_batches": 2, "batch_size": 4, "data_parallel": 2,
-                                      "expert_parallel": 2}})
-    with pytest.raises(ScenarioError, match=r"^pipeline.expert_parallel: validate predicts from a profiled layer"):
-        validate(sc)

@@ -66,11 +66,13 @@ def _profile_case(sc: Scenario, options: ProfileOptions, rank: int, alone: bool)
     """Rank 0's layer table of the case (None on the other ranks), every rank calling this at once:
     profiled by every process at once and averaged (`profile_together`; with tensor parallelism
     each pipeline rank's T processes profile the layers split over them), or
-    with `alone` by rank 0 (with its T - 1 tensor-parallel peers) while the others wait."""
+    with `alone` by rank 0 (with its T - 1 tensor-parallel peers) while the others wait. With
+    context or expert parallelism every process profiles at once (its group's exchanges need all
+    of its members), `alone` or not."""
     from gpipe_exec.runtime.tensor_parallel import device_mesh
 
     p = sc.pipeline
-    if not alone:
+    if not alone or p.context_parallel * p.expert_parallel > 1:
         return profile_together(sc, options, rank)
     if p.tensor_parallel == 1:
         return profile_model(sc, options) if rank == 0 else None

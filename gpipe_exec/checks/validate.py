@@ -121,10 +121,12 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
              progress: Callable[[str], None] | None = None) -> Validation:
     """Calibrate, then profile, simulate and execute `scenario` (`rounds` times, in one launch);
     everything on this machine. With a `table`, that profile is used and the run is done once (a
-    table profiled at the scenario's tensor_parallel T: the simulator refuses another in one
-    line; per-layer remat modes, which a table cannot take, are refused in one line). With T > 1
-    the profile is of the layers split over each rank's T processes, taken by all processes at
-    once (`profile_on_rank`), as the run runs them."""
+    table profiled at the scenario's tensor_parallel T, context_parallel C and expert_parallel E:
+    the simulator refuses others in one line; per-layer remat modes, which a table cannot take,
+    are refused in one line). With T > 1 the profile is of the layers split over each rank's T
+    processes, with C > 1 (at T = 1) of each device's share of the sequence with the ring's
+    exchanges, with E > 1 of each device's share of the experts with the dispatch and combine,
+    taken by all processes at once (`profile_on_rank`), as the run runs them."""
     say = progress or (lambda _msg: None)
     if rounds < 1:
         raise GpipeError(f"rounds must be at least 1, got {rounds}")
@@ -133,14 +135,10 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
         raise ScenarioError(f"pipeline.remat: validate predicts from a profiled layer table, which gpipe-sim "
                             f"cannot run {scenario.pipeline.remat} on; compare `gpipe-exec run` with "
                             "`gpipe-sim simulate` of the preset instead (as tests/test_exec_recompute.py does)")
-    if scenario.pipeline.expert_parallel > 1:  # the table's layers are whole: no routed experts to spread
-        raise ScenarioError(f"pipeline.expert_parallel: validate predicts from a profiled layer table, whose "
-                            f"layers hold no routed experts to spread over {scenario.pipeline.expert_parallel} "
-                            "devices; compare `gpipe-exec run` with `gpipe-sim simulate` of the preset instead")
-    if scenario.pipeline.context_parallel > 1:  # gpipe-sim splits only a transformer's sequence, not a table's
-        raise ScenarioError(f"pipeline.context_parallel: validate predicts from a profiled layer table, whose "
-                            f"sequence gpipe-sim cannot split over {scenario.pipeline.context_parallel} devices; "
-                            "compare `gpipe-exec run` with `gpipe-sim simulate` of the preset instead")
+    C = scenario.pipeline.context_parallel
+    if T > 1 and C > 1:  # the profile splits layers over T or over C processes, not both
+        raise ScenarioError(f"pipeline.context_parallel: validate profiles context parallelism ({C}) at "
+                            f"tensor_parallel 1 only, not {T}; compare `gpipe-exec run` with `gpipe-sim simulate`")
     if table is None:  # before profiling: the model builds and (on CPU) its ranks fit in free memory
         check_runnable(scenario, options.device)
     device_map = scenario.mesh.process_devices()  # one process per device (T per rank)

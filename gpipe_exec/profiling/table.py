@@ -10,12 +10,15 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 import yaml
 
+from gpipe_exec.context_parallel import SequenceShard
 from gpipe_exec.measure.allocator import cache_host_memory
+from gpipe_exec.moe import ExpertGroup
 from gpipe_exec.measure.meters import tensor_bytes
 from gpipe_exec.profiling.layer_memory import measure_layer
 from gpipe_exec.profiling.options import ProfileOptions
-from gpipe_exec.profiling.layers import LayerBuilder, check_meta, local_parameters
+from gpipe_exec.profiling.layers import LayerBuilder, check_meta, expert_parameters, local_parameters
 from gpipe_exec.profiling.timing import Stamps, time_layers, time_update
+from gpipe_exec.runtime.context_parallel import shard_batch
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.zoo import check_buildable, make_batch
 from gpipe_sim.api import model_figures
@@ -66,8 +69,10 @@ def _measure_layers(builder: LayerBuilder, options: ProfileOptions, x: torch.Ten
     """(each layer's row of memory figures (`measure_layer`), named; the layers `builder` built, on
     the profile's device, to time: none with `options.meta`; the whole layers' parameters). Each
     layer takes its predecessor's output; memory is measured at the largest of `sizes` and at the
-    smallest (or half the largest). Split layers' rows hold no FLOPs: FlopCounterMode counts a
-    split GEMM at its whole (DTensor) shape but the attention at the device's heads."""
+    smallest (or half the largest). At E > 1 a row of a layer holding routed experts says how many
+    of its parameters are theirs (`expert_params`, their gradients reduced over D x C / E). Split layers' rows hold no FLOPs: FlopCounterMode
+    counts a split GEMM at its whole (DTensor) shape but the attention at the device's heads, and
+    neither a ring's steps nor the experts' rows as the whole model's."""
     from gpipe_exec.zoo import layer_names
 
     names = layer_names(builder.scenario.model)
@@ -86,9 +91,10 @@ def _measure_layers(builder: LayerBuilder, options: ProfileOptions, x: torch.Ten
         row, h, after_saved_output = measure_layer(layer, h, y, first=i == 0, last=i == n - 1, small=small,
                                                    big=big, meta=options.meta, after_saved_output=after_saved_output,
                                                    loss=loss)
-        if builder.tensor_parallel > 1:
+        if builder.split:
             del row["forward_flops_per_sample"], row["backward_flops_per_sample"]
-        rows.append({"name": names[i], **row})
+        experts = expert_parameters(layer) if builder.expert_parallel > 1 else 0  # reduced over D x C / E
+        rows.append({"name": names[i], **row, **({"expert_params": experts} if experts else {})})
         if not options.meta:
             layers.append(layer)
     return rows, layers, parameters
@@ -113,7 +119,8 @@ def _add_times(row: dict[str, Any], timings: list[dict[str, float]], layer: torc
 def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions(), *, seed: int = 0,
                   dropout: float | None = None, progress: Progress | None = None,
                   hold: Callable[[], ContextManager[None]] = nullcontext, mesh: Any = None,
-                  together: Any = None) -> dict[str, Any]:
+                  together: Any = None, sequence: SequenceShard | None = None,
+                  experts: ExpertGroup | None = None) -> dict[str, Any]:
     """The model's per-layer table ({"layers": [...], "input_bytes_per_sample": ...}).
 
     With `mesh` (the tensor-parallel DeviceMesh of a rank's T processes, which must all call this
@@ -121,7 +128,13 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     is this process's (one device's share: local parameters, bytes and times with the DTensor
     dispatch and the collectives inside; no FLOPs), and the table says `tensor_parallel: T`, the
     only T the simulator runs it at, and the whole model's `parameters`; the processes of `together` (a process group; None: the mesh's)
-    time their repeats in step.
+    time their repeats in step. With `sequence` (this process's place in its context-parallel group)
+    or `experts` (its expert group), likewise: each layer runs this device's s/C tokens and each
+    block's attention the group's ring, or holds its experts / E routed experts and dispatches by
+    all-to-all (`LayerBuilder`), every figure this process's with the exchanges inside its times,
+    and the table says `context_parallel: C` or `expert_parallel: E` (the only C and E the
+    simulator runs it at) and the whole model's figures; every member of the groups must call this
+    at once, `together` (e.g. the world) holding them all.
 
     Bytes and FLOPs are measured layer by layer (with `meta`, on the meta device, allocating
     nothing). Times are measured with the layers chained as a stage runs them: each repeat times
@@ -131,8 +144,8 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
     `hold()` is held around each timed pass (see `profile_on_rank`).
     """
     check_buildable(scenario.model)
-    builder = LayerBuilder(scenario, seed, dropout, mesh, together)
-    check_meta(options.meta, builder.tensor_parallel)
+    builder = LayerBuilder(scenario, seed, dropout, mesh, together, sequence, experts)
+    check_meta(options.meta, builder.tensor_parallel, builder.context_parallel, builder.expert_parallel)
     torch.set_num_threads(max(1, options.threads))
     if options.cache_host_memory and not options.meta:
         cache_host_memory()
@@ -144,15 +157,20 @@ def profile_model(scenario: Scenario, options: ProfileOptions = ProfileOptions()
 
         configure_cuda_math()
     x, y = make_batch(scenario.model, big, seed=seed, dtype=scenario.training.dtype)
+    if sequence is not None:  # this device's tokens of every sequence, as the run's loader gives them
+        x, y = (shard_batch(t, sequence) for t in (x, y))
     x, y = x.to(device), y.to(device)
     rows, layers, parameters = _measure_layers(builder, options, x, y, sizes, progress)
     table: dict[str, Any] = {"input_bytes_per_sample": tensor_bytes(x) / big, "layers": rows}
-    if builder.tensor_parallel > 1:
-        table.update(tensor_parallel=builder.tensor_parallel, parameters=parameters, **_whole_figures(scenario))
+    if builder.split:
+        table.update({name: value for name, value in (("tensor_parallel", builder.tensor_parallel),
+                                                      ("context_parallel", builder.context_parallel),
+                                                      ("expert_parallel", builder.expert_parallel)) if value > 1})
+        table.update(parameters=parameters, **_whole_figures(scenario))
     if options.meta:
         return table
     n = len(rows)
-    stamps = Stamps.for_profile(device, options, collectives=builder.tensor_parallel > 1)
+    stamps = Stamps.for_profile(device, options, collectives=builder.split)
     accumulate = scenario.pipeline.micro_batches > 1 if options.accumulate is None else options.accumulate
 
     def on_size(j: int, b: int) -> None:
@@ -201,11 +219,11 @@ def write_table(table: dict[str, Any], path: str | Path) -> None:
 
 def _whole_figures(scenario: Scenario) -> dict[str, float]:
     """The whole (unsplit) model's forward + backward FLOPs and tokens per sample, as the simulator
-    counts them for the scenario's model: what a table of one device's share (T > 1) records for
+    counts them for the scenario's model: what a table of one device's share (T, C or E > 1) records for
     the step's figures (FlopCounterMode counts a DTensor GEMM at its whole size, so the rows hold no
     FLOPs)."""
-    figures = model_figures(scenario.with_updates({"pipeline.tensor_parallel": 1,
-                                                   "pipeline.sequence_parallel": False}))
+    figures = model_figures(scenario.with_updates({"pipeline.tensor_parallel": 1, "pipeline.sequence_parallel": False,
+                                                   "pipeline.context_parallel": 1, "pipeline.expert_parallel": 1}))
     batch = scenario.pipeline.batch_size
     out: dict[str, float] = {}
     if figures.model_flops_per_step is not None:
@@ -228,7 +246,10 @@ def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> d
     as stages do. With tensor parallelism (T > 1; `rank` is then a process, one of a pipeline
     rank's T) the T processes of each pipeline rank profile the model split over them together,
     on the job's (dp, pp, tp) mesh, all pipeline ranks timing each repeat at once, and take no
-    device lock, as the executor's ranks take none."""
+    device lock, as the executor's ranks take none. Likewise with context or expert parallelism
+    (T = 1; C or E > 1): each process profiles its share of the sequence, the ring among its
+    context-parallel group, or its share of the experts, dispatching among its expert group
+    (the executor's groups: runtime.context_parallel.context_groups, runtime.experts.expert_groups)."""
     import torch.distributed as dist
 
     from gpipe_exec.runtime.device_lock import device_lock
@@ -238,8 +259,30 @@ def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> d
     if p.tensor_parallel > 1:
         mesh = device_mesh(profile_device(options.device).type, scenario.mesh)
         return profile_model(scenario, options, mesh=mesh["tp"], together=dist.group.WORLD)
+    if p.context_parallel * p.expert_parallel > 1:
+        sequence, experts = split_groups(scenario, rank, profile_device(options.device))
+        return profile_model(scenario, options, together=dist.group.WORLD, sequence=sequence, experts=experts)
     lock = device_lock(rank, scenario.mesh.rank_devices)
     return profile_model(scenario, options, hold=nullcontext if lock is None else lock.hold)
+
+
+def split_groups(scenario: Scenario, process: int, device: torch.device
+                 ) -> tuple[SequenceShard | None, ExpertGroup | None]:
+    """(`process`'s share of each sequence with its context-parallel ring, None at C = 1; its expert
+    group, None at E = 1), as the executor's rank makes them. Collective: every process calls it."""
+    from gpipe_exec.runtime.context_parallel import context_groups
+    from gpipe_exec.runtime.experts import expert_groups
+    from gpipe_exec.zoo import TORCH_DTYPES
+
+    mesh = scenario.mesh
+    experts, _ = expert_groups(mesh, process)
+    if mesh.context_parallel == 1:
+        return None, experts
+    group, _ = context_groups(mesh, process)
+    _, c, _ = mesh.coordinates(process)
+    seq_len: int = scenario.model.seq_len  # type: ignore[attr-defined]
+    return (SequenceShard.of(seq_len, mesh.context_parallel, c, group, device,
+                             TORCH_DTYPES[scenario.training.dtype]), experts)
 
 
 def profile_together(scenario: Scenario, options: ProfileOptions, rank: int) -> dict[str, Any] | None:

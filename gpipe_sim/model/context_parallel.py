@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from gpipe_sim.model.block_shape import BlockShape
 from gpipe_sim.model.kernels import Flash, LayerKernels
-from gpipe_sim.model.model import LayerSpec, ModelSpec, TransformerModel
+from gpipe_sim.model.model import LayerSpec, ModelSpec, TableModel, TransformerModel
 
 
 def context_parallel_problem(model: ModelSpec, cp: int) -> str | None:
@@ -25,7 +25,14 @@ def context_parallel_problem(model: ModelSpec, cp: int) -> str | None:
     they can (always at C = 1). Context parallelism needs the transformer preset with flash
     attention (Megatron-LM runs it through Transformer Engine's fused attention only) and a
     sequence that cuts into 2C equal chunks (whether T x C devices per rank tile the nodes is the
-    mesh's to say: gpipe_sim.mesh.layout_problem)."""
+    mesh's to say: gpipe_sim.mesh.layout_problem). A measured layer table runs at the C it was
+    profiled at only (its rows are one device's share, the ring inside their times:
+    `TableModel.context_parallel`), C = 1 included."""
+    if isinstance(model, TableModel):
+        if model.context_parallel == cp:
+            return None
+        return (f"model.context_parallel: the layer table was profiled at context_parallel {model.context_parallel} "
+                f"(its rows are one device's share) but pipeline.context_parallel is {cp}; profile it at {cp}")
     if cp == 1:
         return None
     if not isinstance(model, TransformerModel):

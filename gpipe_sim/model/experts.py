@@ -23,12 +23,19 @@ from typing import Any
 
 from gpipe_sim.model import kernels as K
 from gpipe_sim.model.block_shape import BlockShape
-from gpipe_sim.model.model import LayerSpec, ModelSpec, TransformerModel
+from gpipe_sim.model.model import LayerSpec, ModelSpec, TableModel, TransformerModel
 
 
 def expert_parallel_problem(model: ModelSpec, ep: int, tp: int, data_parallel: int) -> str | None:
     """One line naming the field where the model's experts cannot be split over `ep` devices or
-    `tp` tensor-parallel ones; None where they can (always for a dense model at E = 1)."""
+    `tp` tensor-parallel ones; None where they can (always for a dense model at E = 1). A measured
+    layer table runs at the E it was profiled at only (its MoE rows hold one device's experts,
+    the all-to-alls inside their times: `TableModel.expert_parallel`)."""
+    if isinstance(model, TableModel):
+        if model.expert_parallel != ep:
+            return (f"model.expert_parallel: the layer table was profiled at expert_parallel {model.expert_parallel} "
+                    f"(its rows are one device's share) but pipeline.expert_parallel is {ep}; profile it at {ep}")
+        return _carved_problem(ep, data_parallel)
     if not isinstance(model, TransformerModel) or not model.experts:
         if ep > 1:
             return (f"pipeline.expert_parallel: {ep} needs a mixture of experts (model.experts > 0 on the "
@@ -36,12 +43,20 @@ def expert_parallel_problem(model: ModelSpec, ep: int, tp: int, data_parallel: i
         return None
     if model.experts % ep:
         return f"model.experts: {model.experts:,} experts do not split over pipeline.expert_parallel {ep}"
-    if data_parallel % ep:
-        return (f"pipeline.expert_parallel: {ep} devices an expert group, carved from the data-parallel group "
-                f"as Megatron-LM carves it, must divide pipeline.data_parallel {data_parallel}")
+    problem = _carved_problem(ep, data_parallel)
+    if problem:
+        return problem
     if model.moe_ffn % tp:
         return (f"model.expert_d_ff: {model.moe_ffn:,} does not split over pipeline.tensor_parallel {tp} "
                 f"(give a multiple of {tp})")
+    return None
+
+
+def _carved_problem(ep: int, data_parallel: int) -> str | None:
+    """One line where `ep` expert-parallel devices cannot be carved from `data_parallel` replicas."""
+    if data_parallel % ep:
+        return (f"pipeline.expert_parallel: {ep} devices an expert group, carved from the data-parallel group "
+                f"as Megatron-LM carves it, must divide pipeline.data_parallel {data_parallel}")
     return None
 
 

@@ -11,7 +11,7 @@ from gpipe_sim.errors import ScenarioError
 from gpipe_sim.model.architectures import ARCHITECTURES, expand_architecture
 from gpipe_sim.model.hf_config import expand_hf_config
 from gpipe_sim.schema.fields import (Amount, BatchSize, CapacityFactor, Dimension, DropoutRate, Duration, ExpertCount,
-                                   Kernels, LayerCount, LayerCountOrNone, Params, TensorParallel, _Strict)
+                                   ContextParallel, Kernels, LayerCount, LayerCountOrNone, Params, TensorParallel, _Strict)
 from gpipe_sim.schema.limits import MAX_DIMENSION, MAX_LAYERS
 from gpipe_sim.schema.files import read_data_file
 
@@ -277,9 +277,15 @@ class TableModel(_Strict):
     # each row is one device's share of a layer split over T devices, its times with the split's
     # collectives inside. A scenario runs it at that T only (spec.tensor_parallel_problem).
     tensor_parallel: TensorParallel = 1
+    # Likewise the context-parallel C (each row one device's s/C tokens, the ring's exchanges
+    # inside its times: gpipe_sim.model.context_parallel.context_parallel_problem) and the expert-
+    # parallel E (each MoE row one device's experts / E routed experts, `expert_params` of them,
+    # the dispatch and combine all-to-alls inside its times: expert_parallel_problem) it was profiled at.
+    context_parallel: ContextParallel = 1
+    expert_parallel: ContextParallel = 1
     # The whole model's parameters, forward + backward FLOPs per sample and tokens per sample
-    # where the rows are one device's share (profiled at T > 1), as the step's figures report
-    # them; None: the rows' sums (FLOPs), no tokens.
+    # where the rows are one device's share (profiled at T, C or E > 1), as the step's figures
+    # report them; None: the rows' sums (FLOPs), no tokens.
     parameters: Params | None = None
     flops_per_sample: Amount | None = None
     tokens_per_sample: Amount | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpipe_sim.model.context_parallel import local_model, ring_attention_layers
 from gpipe_sim.costs.fp8 import FP8, fp8_layers
 from gpipe_sim.model.layers import build_layers, selective_bytes_per_token
-from gpipe_sim.model.model import LayerSpec, TransformerModel
+from gpipe_sim.model.model import LayerSpec, TableModel, TransformerModel
 from gpipe_sim.model.model_flops import tied_parameters
 from gpipe_sim.model.recompute import per_layer, recompute_layers
 from gpipe_sim.scenario.scenario import Scenario
@@ -61,7 +61,7 @@ def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_p
         dropout_mask = mask if model.dropout > 0 else 0
         layers = recompute_layers(layers, model, remat, tensor_parallel, selective_bytes_per_token(
             model, dtype_bytes, dropout_mask, tensor_parallel, p.sequence_parallel))
-    if context_parallel == 1:
+    if context_parallel == 1 or isinstance(model, TableModel):  # a table's rows are its C's share already
         return layers
     whole = build_layers(scenario.model, dtype_bytes, mask, tensor_parallel, p.sequence_parallel, expert_parallel)
     return ring_attention_layers(layers, whole, scenario.model, context_parallel, tensor_parallel, dtype_bytes,

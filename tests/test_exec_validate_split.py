@@ -1,0 +1,91 @@
+"""validate at C = 2 and E = 2: a profile of each device's share (the ring's and the all-to-alls'
+exchanges inside its times), the simulator running that table at its C and E only, memory measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpipe_sim.errors import ScenarioError
+from gpipe_sim.model.layers import build_layers
+from gpipe_sim.plan.compile import compile_plan
+from gpipe_sim.scenario.scenario import Scenario, parse_scenario
+
+# validate's tolerance for the memory of ranks split over several processes (as for T > 1:
+# tests/test_exec_tensor_parallel.py), and for the saved-tensor accounting
+MEMORY_TOLERANCE = 0.10
+ACCOUNTING_TOLERANCE = 0.02  # routing is data-dependent: the profile's batch is not the run's
+
+MODEL = dict(preset="transformer", layers=4, d_model=16, d_ff=32, heads=4, kv_heads=2, seq_len=8, vocab=23,
+             vocab_multiple=8, attention="flash")
+MOE = dict(experts=4, top_k=2, expert_d_ff=24, shared_experts=1, moe_every=2, first_dense_layers=1)
+
+
+def scenario(C: int = 1, E: int = 1, D: int = 1, K: int = 1, moe: bool = False) -> Scenario:
+    return parse_scenario({
+        "model": {**MODEL, **(MOE if moe else {})}, "hardware": {"preset": "cpu"},
+        "pipeline": {"stages": K, "micro_batches": 2, "batch_size": 4 * D, "schedule": "1f1b",
+                     "data_parallel": D, "context_parallel": C, "expert_parallel": E},
+        "training": {"optimizer": "momentum"}})
+
+
+def table(**profiled: int) -> dict:
+    row = {"params": 10, "activation_bytes_per_sample": 8.0, "output_bytes_per_sample": 8.0,
+           "forward_s_per_sample": 1e-3, "backward_s_per_sample": 2e-3}
+    return {"preset": "table", "input_bytes_per_sample": 8.0, **profiled,
+            "layers": [{"name": "a", **row}, {"name": "b", **row, "params": 30, "expert_params": 20}]}
+
+
+def table_scenario(C: int, E: int, model: dict) -> Scenario:
+    return parse_scenario({"model": model, "hardware": {"preset": "cpu"},
+                           "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": 2, "data_parallel": 2,
+                                        "context_parallel": C, "expert_parallel": E}})
+
+
+def test_a_table_runs_at_the_c_and_e_it_was_profiled_at_only() -> None:
+    """Its rows are one device's share (the ring and the all-to-alls inside their times): run at
+    its C and E as they are, refused at another in one line naming the field."""
+    plan = compile_plan(table_scenario(2, 2, table(context_parallel=2, expert_parallel=2)))
+    assert [layer.activation_bytes_per_sample for layer in plan.layers] == [8.0, 8.0]  # no ring added
+    assert plan.mesh.gradient_group == 4 and plan.mesh.expert_gradient_group == 2
+    with pytest.raises(ValueError, match=r"model.context_parallel: the layer table was profiled at context_parallel 2 "):
+        table_scenario(1, 1, table(context_parallel=2))
+    with pytest.raises(ValueError, match=r"model.context_parallel: the layer table was profiled at context_parallel 1 "):
+        table_scenario(2, 1, table())
+    with pytest.raises(ValueError, match=r"model.expert_parallel: the layer table was profiled at expert_parallel 1 "):
+        table_scenario(1, 2, table())
+
+
+def test_validate_refuses_c_beside_t_in_one_line() -> None:
+    from gpipe_exec.checks.validate import validate
+
+    sc = scenario(C=2).with_updates({"pipeline.tensor_parallel": 2})
+    with pytest.raises(ScenarioError, match=r"^pipeline.context_parallel: validate profiles context parallelism \(2\)"):
+        validate(sc)
+
+
+@pytest.mark.slow
+def test_validate_runs_c2_and_e2_and_predicts_their_memory() -> None:
+    """C = 2 with two stages (4 processes) and E = 2 over two replicas (2 processes): profiled on
+    every device at once, predicted from that table, run; each rank's saved-tensor accounting and
+    measured peak within validate's tolerances. The tables record what the simulator's preset
+    counts: the whole model's parameters, s/C tokens of input, each MoE row's local experts."""
+    from gpipe_exec.checks.validate import validate
+    from gpipe_exec.launch.spawn import LaunchOptions
+    from gpipe_exec.profile import ProfileOptions
+
+    options = LaunchOptions(comm_timeout_s=60, run_timeout_s=900)
+    profile = ProfileOptions(warmup=0, repeats=1, min_time_s=0.0)
+    for sc in (scenario(C=2, K=2), scenario(E=2, D=2, moe=True)):
+        v = validate(sc, steps=1, warmup=1, options=options, calibrate=False, profile=profile)
+        p = sc.pipeline
+        assert v.table is not None and v.measured.result.step_time_s > 0 and v.predicted.step_time_s > 0
+        assert v.table.get("context_parallel", 1) == p.context_parallel
+        assert v.table.get("expert_parallel", 1) == p.expert_parallel
+        assert v.table["parameters"] == sum(layer.params for layer in build_layers(sc.model))  # every expert
+        assert v.table["input_bytes_per_sample"] == 8 * MODEL["seq_len"] / p.context_parallel  # int64 ids
+        expected = [layer.expert_params for layer in build_layers(sc.model, expert_parallel=p.expert_parallel)]
+        assert [row.get("expert_params", 0) for row in v.table["layers"]] == expected
+        errors = v.relative_error
+        for stage in range(p.stages):
+            assert errors[f"stage{stage}.accounting.peak_activation_bytes"] < ACCOUNTING_TOLERANCE, (sc, errors)
+            assert errors[f"stage{stage}.peak_memory_bytes"] < MEMORY_TOLERANCE, (sc, errors)
