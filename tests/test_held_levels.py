@@ -32,3 +32,20 @@ def test_undominated_levels_are_the_definitions(seed):
         assert (got is None) == (want is None)
         if want is not None:
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_undominated_levels_with_columns_always_zero(seed):
+    """Columns zero in every row (a schedule that re-computes nothing leaves two of each chunk's
+    three at 0) decide nothing: the same rows as the definition, down to one column or none."""
+    rng = np.random.default_rng(100 + seed)
+    for trial in range(60):
+        n, width = int(rng.integers(0, 80)), int(rng.integers(1, 7))
+        rows = np.vstack([np.zeros((1, width)), np.cumsum(rng.integers(-3, 4, size=(n, width)), axis=0)]).astype(float)
+        live = int(rng.integers(0, width + 1)) if trial % 3 else 1
+        rows[:, rng.permutation(width)[live:]] = 0.0
+        cap = (None, 2, 40)[trial % 3]
+        got, want = _undominated(rows, cap), _by_definition(rows, cap)
+        assert (got is None) == (want is None)
+        if want is not None:
+            np.testing.assert_array_equal(got, want)

@@ -102,14 +102,18 @@ def _undominated(rows: np.ndarray, cap: int | None) -> np.ndarray | None:
         rows = rows[np.lexsort(rows.T[::-1])]
         rows = rows[np.concatenate(([True], (rows[1:] != rows[:-1]).any(axis=1)))]
     rows = rows[np.argsort(-rows.sum(axis=1), kind="stable")]
-    n, width = rows.shape
-    dominated = np.zeros(n, dtype=bool)
-    step = max(1, _BLOCK // max(1, n * width))
-    for lo in range(0, n, step):
-        part = rows[lo:lo + step]
-        covers = (rows[None, :, :] >= part[:, None, :]).all(axis=2)  # [part row, other row]
-        dominated[lo:lo + step] = covers.sum(axis=1) > 1  # beyond the row itself
-    kept = rows[~dominated]
+    compared = rows[:, rows.any(axis=0)]  # a column zero in every row decides nothing
+    n, width = compared.shape
+    if width <= 1:  # distinct rows of one count: the largest dominates the others
+        kept = rows[:1] if width == 0 else rows[compared[:, 0] == compared[:, 0].max()]
+    else:
+        dominated = np.zeros(n, dtype=bool)
+        step = max(1, _BLOCK // max(1, n * width))
+        for lo in range(0, n, step):
+            part = compared[lo:lo + step]
+            covers = (compared[None, :, :] >= part[:, None, :]).all(axis=2)  # [part row, other row]
+            dominated[lo:lo + step] = covers.sum(axis=1) > 1  # beyond the row itself
+        kept = rows[~dominated]
     if cap is not None and len(kept) > cap:
         return None
     return kept

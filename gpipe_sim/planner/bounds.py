@@ -13,11 +13,11 @@ from gpipe_sim.engines.fast import contention_free
 from gpipe_sim.engines.relaxed import relaxed_step
 from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.compile import Plan
-from gpipe_sim.plan.partition import held_activations, micro_batch_sizes, resolve_partition
+from gpipe_sim.plan.partition import micro_batch_sizes, resolve_partition
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.plan.sharding import bytes_per_param
 from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
-from gpipe_sim.schedule.lower import build_schedule, saves_activations
+from gpipe_sim.schedule.lower import saves_activations
 from gpipe_sim.schedule.registry import looped
 from gpipe_sim.costs.layer_time import layer_pass_times, update_seconds
 from gpipe_sim.costs.gpu_model import StreamWork
@@ -76,6 +76,8 @@ class CostTable:
         self._collectives = self._tp_collectives()
         self._allreduce: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
         self._hops: dict[tuple[Any, ...], np.ndarray] = {}
+        self._host: dict[tuple[Any, ...], np.ndarray] = {}
+        self.params_cum = _cum(self.params)
 
     def of(self, cand: Candidate) -> "CostTable":
         """The table of the candidate's T, per-layer remat mode and C (this one, or one built once per
@@ -210,7 +212,7 @@ class CostTable:
         mesh = _mesh(cand, hw.devices_per_node)  # Megatron-LM's order, as compile places the candidate
         network = hw.network or hw.link
         # a boundary follows any layer but the last
-        least = min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1]) * samples
+        least = self.least_output_bytes * samples
         host = hw.host.send_seconds(least) + hw.host.recv_seconds(least)
         out = np.zeros(C - 1)
         for j in range(C - 1):
@@ -228,18 +230,26 @@ class CostTable:
         """Per rank: host seconds at least of its transfers between its first input and last backward:
         each micro-batch crosses each boundary of two ranks' chunks both ways, a send and a receive on
         each (`hardware.host`, least bytes of `samples`); M - 1 counted (`hops` has the first, one follows)."""
-        host = self.base.hardware.host
         K, M = cand.stages, cand.micro_batches
-        out = np.zeros(K)
-        if len(placement) < 2:
-            return out
-        least = min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1]) * samples
-        per_crossing = (M - 1) * float(host.send_seconds(least) + host.recv_seconds(least))
-        for a, b in zip(placement[:-1], placement[1:]):
-            if a != b:
-                out[a] += per_crossing
-                out[b] += per_crossing
+        key = (K, M, samples, tuple(placement))
+        out = self._host.get(key)
+        if out is None:
+            out = self._host[key] = np.zeros(K)
+            if len(placement) >= 2:
+                host = self.base.hardware.host
+                least = self.least_output_bytes * samples
+                per_crossing = (M - 1) * float(host.send_seconds(least) + host.recv_seconds(least))
+                for a, b in zip(placement[:-1], placement[1:]):
+                    if a != b:
+                        out[a] += per_crossing
+                        out[b] += per_crossing
+            out.flags.writeable = False
         return out
+
+    @cached_property
+    def least_output_bytes(self) -> float:
+        """The least output bytes per sample of a layer a chunk can end with (any but the last)."""
+        return min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1])
 
     def fsdp_collectives(self, cand: Candidate) -> float:
         """Seconds at least of ZeRO-3's collectives over a step without pipelining: each forward
@@ -292,6 +302,11 @@ class Work:
     def chain(self) -> float:
         """One micro-batch's forward and backward through every layer."""
         return float(self.forward.sum() + self.backward.sum())
+
+    @cached_property
+    def cums(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Running sums (from 0) of `work`, `forward`, `backward` and `trail` over the layers."""
+        return _cum(self.work), _cum(self.forward), _cum(self.backward), _cum(self.trail)
 
 
 def candidate_work(costs: CostTable, cand: Candidate) -> Work:
@@ -352,58 +367,6 @@ def min_max_partition(cost: np.ndarray | Sequence[np.ndarray], priced: Sequence[
         step = np.where(valid, matrix, np.inf) if flag else free_cost
         best = np.maximum(best[:, None], step).min(axis=0)
     return float(best[L])
-
-
-def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
-    """Samples whose whole activations the candidate's schedule holds at once, counted by
-    `held_activations` in program order as the memory accountant counts bytes: per chunk, the
-    most it holds at some moment; per rank, every undominated moment as a (moments x its chunks)
-    matrix (None where too many to list). A sample counts when kept, or when held as an input and
-    re-computed at the same time (input + re-computed bytes >= the saved bytes)."""
-    return _held_samples(cand.schedule, cand.stages, cand.micro_batches,
-                         cand.chunks, cand.remat, batch // cand.data_parallel)
-
-
-def _effective(rows: np.ndarray) -> np.ndarray:
-    """(kept, input-only, re-computed) columns per chunk -> whole-activation samples per chunk."""
-    return rows[:, 0::3] + np.minimum(rows[:, 1::3], rows[:, 2::3])
-
-
-@lru_cache(maxsize=256)
-def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
-                  ) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
-    schedule = build_schedule(K, M, name, remat, v)  # type: ignore[arg-type]
-    held = held_activations(schedule, micro_batch_sizes(share, M))
-    per_chunk = np.array([float(_effective(rows).max(initial=0.0)) for rows in held.rows])
-    per_rank = tuple(None if rows is None else _effective(rows) for rows in held.rank_rows)
-    return per_chunk, per_rank
-
-
-def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None) -> float:
-    """`memory_lower_bound` with the activations counted for the samples the schedule holds at
-    once (`held_samples`) instead of one micro-batch: static(rank) + the most its chunks hold at
-    one moment (or, where the moments are too many to list, the most one chunk holds); exactly
-    minimised over the partitions (per chunk) when the counts are not given."""
-    costs = costs.of(cand)
-    D, K = cand.data_parallel, cand.stages
-    static = costs.params * costs.static_per_param(D * cand.context_parallel, cand.zero)
-    h, per_rank = held_samples(cand, costs.base.pipeline.batch_size)
-    placement = chunk_placement(cand)
-    s_cum, a_cum = _cum(static), _cum(costs.act)
-    if counts is not None:
-        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
-        chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
-        chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
-        rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
-        rank_act = np.zeros(K)
-        np.maximum.at(rank_act, np.asarray(placement), chunk_act * h)
-        for r, eff in enumerate(per_rank):
-            if eff is not None:
-                mine = [c for c, owner in enumerate(placement) if owner == r]
-                rank_act[r] = max(rank_act[r], float((eff @ chunk_act[mine]).max(initial=0.0)))
-        return float((rank_static + rank_act).max()) * _SLACK
-    seg_s, seg_a = _segment_cost(s_cum), _segment_cost(a_cum)
-    return min_max_partition([seg_s + hc * seg_a for hc in h], [True] * len(h)) * _SLACK
 
 
 def _segment_cost(cum: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
@@ -472,9 +435,9 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
     placement = chunk_placement(cand)
     lowest = np.full(K, len(placement))
     np.minimum.at(lowest, np.asarray(placement), np.arange(len(placement)))
-    w_cum, f_cum, b_cum, t_cum = _cum(w.work), _cum(w.forward), _cum(w.backward), _cum(w.trail)
+    w_cum, f_cum, b_cum, t_cum = w.cums
     per_param, fixed = costs.allreduce(cand)
-    p_cum = _cum(costs.params)
+    p_cum = costs.params_cum
     h_cum = _cum(costs.hops(cand, w.smallest, placement))  # transfers before chunk c: h_cum[c]
     host = costs.host_transfers(cand, w.smallest, placement)  # per rank
     bound = max(bound, float(w.forward.sum() + w.backward.sum() + 2 * h_cum[-1]), costs.fsdp_collectives(cand))

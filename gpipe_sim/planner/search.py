@@ -5,7 +5,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from itertools import repeat
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -17,9 +16,10 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
-    CostTable, chunk_placement, held_memory_bound, held_samples, memory_lower_bound, min_max_partition,
-    program_step_bound, quick_counts, relaxed_step_bound, step_lower_bound,
+    CostTable, chunk_placement, memory_lower_bound, min_max_partition, program_step_bound, quick_counts,
+    relaxed_step_bound, step_lower_bound,
 )
+from gpipe_sim.planner.held_bound import held_memory_bound, held_samples
 from gpipe_sim.planner.coarse import coarse_arrays
 from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.space_index import CandidateSpace
@@ -173,25 +173,42 @@ def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache
 
 class _Refiner:
     """The finer bounds of a candidate (with the layer counts of its partition where known
-    without compiling), computed once per distinct set of what they depend on."""
+    without compiling), each computed once per distinct set of what it depends on: the memory
+    bound first, the step-time bound only where the memory bound fits."""
 
     def __init__(self, costs: CostTable, works: WorkCache) -> None:
         self.costs = costs
         self.works = works
-        self.cache: dict[Any, tuple[float, float]] = {}
+        self.counts: dict[Any, list[int] | None] = {}
+        self.memory: dict[Any, float] = {}
+        self.cache: dict[Any, float] = {}
 
     def __call__(self, cand: Candidate) -> tuple[float, float, list[int] | None]:
-        """(memory bound, step-time bound, counts or None)."""
+        """(memory bound, step-time bound, counts or None); the step-time bound is nan where the
+        memory bound exceeds the capacity (the candidate is pruned by memory: not computed)."""
         costs = self.costs
-        wkey = work_key(cand)
-        w = self.works.work(cand)
-        counts = quick_counts(costs, cand, w.largest)
-        bkey = (wkey, cand.zero, cand.stages, cand.chunks, chunk_placement(cand), None if counts is None else tuple(counts))
-        got = self.cache.get(bkey)
-        if got is None:
-            got = self.cache[bkey] = (memory_lower_bound(costs, cand, counts),
-                                      step_lower_bound(costs, cand, counts, w))
-        return got[0], got[1], counts
+        rows = self.works.of(cand)
+        largest = int(rows.largest[cand.micro_batches - 1])
+        T, C, E, D, remat = cand.tensor_parallel, cand.context_parallel, cand.expert_parallel, \
+            cand.data_parallel, cand.remat
+        ckey = (T, C, E, remat, cand.partition, cand.stages * cand.chunks, largest)
+        if ckey in self.counts:
+            counts = self.counts[ckey]
+        else:
+            counts = self.counts[ckey] = quick_counts(costs, cand, largest)
+        placement = chunk_placement(cand)
+        shape = (cand.zero, cand.stages, cand.chunks, placement, None if counts is None else tuple(counts))
+        mkey = (T, C, E, remat, D, largest if counts is not None else cand.micro_batches, *shape)
+        memory = self.memory.get(mkey)
+        if memory is None:
+            memory = self.memory[mkey] = memory_lower_bound(costs, cand, counts)
+        if memory > costs.capacity:
+            return memory, math.nan, counts
+        bkey = (work_key(cand), *shape)
+        step = self.cache.get(bkey)
+        if step is None:
+            step = self.cache[bkey] = step_lower_bound(costs, cand, counts, rows.work(cand.micro_batches))
+        return memory, step, counts
 
 
 class _Ranking:

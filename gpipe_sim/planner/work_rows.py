@@ -52,6 +52,7 @@ class WorkRows:
         self.size, self.largest = size, size + (extra > 0)
         self.total = work.sum(axis=1)
         self._chain: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
+        self._works: dict[int, Work] = {}
         self.chain = np.array([self._pass(b)[2] for b in size.tolist()])
 
     def _pass(self, b: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -64,10 +65,13 @@ class WorkRows:
         return got
 
     def work(self, M: int) -> Work:
-        """The `Work` of M micro-batches (1 <= M <= batch / D)."""
-        forward, backward, _ = self._pass(int(self.size[M - 1]))
-        return Work(self.work_[M - 1], self.trail_[M - 1], forward, backward,
-                    int(self.largest[M - 1]), int(self.size[M - 1]))
+        """The `Work` of M micro-batches (1 <= M <= batch / D), made once."""
+        got = self._works.get(M)
+        if got is None:
+            forward, backward, _ = self._pass(int(self.size[M - 1]))
+            got = self._works[M] = Work(self.work_[M - 1], self.trail_[M - 1], forward, backward,
+                                        int(self.largest[M - 1]), int(self.size[M - 1]))
+        return got
 
 
 def rows_key(cand: Candidate) -> tuple[Any, ...]:

@@ -1,0 +1,65 @@
+"""The planner's memory bound with the activations the schedule holds at once (`held_activations`), below the simulated peak."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from gpipe_sim.plan.partition import held_activations, micro_batch_sizes
+from gpipe_sim.planner.bounds import _SLACK, CostTable, _cum, _segment_cost, chunk_placement, min_max_partition
+from gpipe_sim.planner.space import Candidate
+from gpipe_sim.schedule.lower import build_schedule
+
+
+def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
+    """Samples whose whole activations the candidate's schedule holds at once, counted by
+    `held_activations` in program order as the memory accountant counts bytes: per chunk, the
+    most it holds at some moment; per rank, every undominated moment as a (moments x its chunks)
+    matrix (None where too many to list). A sample counts when kept, or when held as an input and
+    re-computed at the same time (input + re-computed bytes >= the saved bytes)."""
+    return _held_samples(cand.schedule, cand.stages, cand.micro_batches,
+                         cand.chunks, cand.remat, batch // cand.data_parallel)
+
+
+def _effective(rows: np.ndarray) -> np.ndarray:
+    """(kept, input-only, re-computed) columns per chunk -> whole-activation samples per chunk."""
+    return rows[:, 0::3] + np.minimum(rows[:, 1::3], rows[:, 2::3])
+
+
+@lru_cache(maxsize=4096)
+def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
+                  ) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
+    schedule = build_schedule(K, M, name, remat, v)  # type: ignore[arg-type]
+    held = held_activations(schedule, micro_batch_sizes(share, M))
+    per_chunk = np.array([float(_effective(rows).max(initial=0.0)) for rows in held.rows])
+    per_rank = tuple(None if rows is None else _effective(rows) for rows in held.rank_rows)
+    return per_chunk, per_rank
+
+
+def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None) -> float:
+    """`memory_lower_bound` with the activations counted for the samples the schedule holds at
+    once (`held_samples`) instead of one micro-batch: static(rank) + the most its chunks hold at
+    one moment (or, where the moments are too many to list, the most one chunk holds); exactly
+    minimised over the partitions (per chunk) when the counts are not given."""
+    costs = costs.of(cand)
+    D, K = cand.data_parallel, cand.stages
+    static = costs.params * costs.static_per_param(D * cand.context_parallel, cand.zero)
+    h, per_rank = held_samples(cand, costs.base.pipeline.batch_size)
+    placement = chunk_placement(cand)
+    s_cum, a_cum = _cum(static), _cum(costs.act)
+    if counts is not None:
+        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+        chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
+        chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
+        rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
+        rank_act = np.zeros(K)
+        np.maximum.at(rank_act, np.asarray(placement), chunk_act * h)
+        for r, eff in enumerate(per_rank):
+            if eff is not None:
+                mine = [c for c, owner in enumerate(placement) if owner == r]
+                rank_act[r] = max(rank_act[r], float((eff @ chunk_act[mine]).max(initial=0.0)))
+        return float((rank_static + rank_act).max()) * _SLACK
+    seg_s, seg_a = _segment_cost(s_cum), _segment_cost(a_cum)
+    return min_max_partition([seg_s + hc * seg_a for hc in h], [True] * len(h)) * _SLACK
