@@ -13,6 +13,7 @@ from gpipe_sim.scenario.scenario import parse_scenario
 
 LAYERS, PARAMS = 8, 25_000_000  # 100 MB of fp32 weights a layer
 FORWARD_S, BACKWARD_S = 1e-3, 2e-3  # a layer's passes on one sample
+ACTIVATION = 4e6  # bytes a layer saves per sample
 BANDWIDTH, LATENCY = 50e9, 5e-6  # the v100 preset's link
 ADAM_FP32 = 4 + 4 + 8  # weight, gradient, two fp32 moments
 
@@ -20,6 +21,7 @@ ADAM_FP32 = 4 + 4 + 8  # weight, gradient, two fp32 moments
 def _scenario(zero: int, K: int = 1, D: int = 2, hsdp: bool = False, hardware: dict | None = None, **training):
     return parse_scenario({
         "model": {"preset": "uniform", "layers": LAYERS, "params_per_layer": PARAMS,
+                  "activation_bytes_per_sample": ACTIVATION,
                   "forward_s_per_sample": FORWARD_S, "backward_s_per_sample": BACKWARD_S},
         "hardware": hardware or {"preset": "v100"},
         "pipeline": {"stages": K, "data_parallel": D, "micro_batches": 2, "batch_size": 2 * D, "schedule": "1f1b",
@@ -42,7 +44,7 @@ def _static(zero: int, K: int) -> float:
     (0, 1, ADAM_FP32), (1, 1, 4 + 4 + 8 / 2),
     (2, 1, 4 + (4 + 4 + 8) / 2),  # the fp32 weight shard the replica steps, its gradient and states
     (3, 1, (4 + 4 + 8) / 2),  # FSDP2: the fp32 sharded parameter, its gradient and states
-    (3, 2, 4 + 4 + (4 + 8) / 2),  # under pipelining the gathered stage and its gradients stay all step
+    (3, 2, 4 + (4 + 8) / 2),  # under pipelining the gathered stage stays all step (its gradients: below)
 ])
 def test_static_bytes_per_parameter(zero: int, K: int, per_param: float) -> None:
     assert _static(zero, K) == pytest.approx(LAYERS // K * PARAMS * per_param, rel=1e-12)
@@ -108,6 +110,37 @@ def test_zero3_under_pipelining_reduces_layer_by_layer_and_gathers_in_the_first_
         computed = max(computed, gathered) + FORWARD_S
     expected = t - per_stage * BACKWARD_S + computed - per_stage * FORWARD_S
     assert simulate(_scenario(3, K=2)).stages[0].exposed_allreduce_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_zero3_under_pipelining_accumulates_gradients_from_the_first_backward() -> None:
+    """K = 2: a stage's unsharded gradients (4 B a parameter) are held from the end of its first
+    backward pass to the end of its last, then its reduced shard (half of them) to the step's end;
+    the first backward holds, while layer j runs, the gradients of the layers after j."""
+    import numpy as np
+
+    from gpipe_sim.plan.accumulated_gradients import first_backward_transients, gradient_deltas
+    from gpipe_sim.schedule import Kind
+
+    plan = compile_plan(_scenario(3, K=2))
+    prog, per_stage = plan.program, LAYERS // 2
+    at_start, at_end = gradient_deltas(plan)
+    transient = first_backward_transients(plan, np.zeros(len(prog.kind)))
+    for g in range(plan.num_ranks):
+        held, backwards = 0.0, 0
+        lo, hi = int(prog.offsets[g]), int(prog.offsets[g + 1])
+        count = int(np.sum(prog.kind[lo:hi] == Kind.BACKWARD))
+        for i in range(lo, hi):
+            held += at_start[i]
+            if prog.kind[i] == Kind.BACKWARD:
+                backwards += 1
+                # while its first layer runs: the later layers' gradients, less the activations
+                # (one sample's) they have freed; the uniform layers have no temporaries of their own
+                first = (per_stage - 1) * (PARAMS * 4 - ACTIVATION)
+                assert transient[i] == (pytest.approx(first) if backwards == 1 else 0.0)
+            held += at_end[i]
+            expected = 0.0 if backwards == 0 else PARAMS * 4 * per_stage / (2 if backwards == count else 1)
+            assert held == pytest.approx(expected), (g, i)
+    assert plan.ranks[0].state_bytes == pytest.approx(per_stage * PARAMS * (4 + 8) / 2)  # nothing of it static
 
 
 def test_zero2_reduces_as_zero1_does() -> None:

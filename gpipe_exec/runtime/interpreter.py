@@ -378,10 +378,12 @@ class RankRunner:
         the receive buffers are allocated during the first step. The step's timings carry the
         tracker's overhead: they are for this record's memory only."""
         # The gradients stay allocated from step to step, zeroed in place (as gpipe_sim counts them:
-        # static, like a framework's persistent gradient buffers); ZeRO-1's shard gradient is new each step.
-        self.update.optimizer.zero_grad(set_to_none=self.zero is not None)
+        # static, like a framework's persistent gradient buffers); ZeRO-1's shard gradient is new each
+        # step, as are pipelined ZeRO-3's (runtime.sharded: torchtitan's zero_grad sets them to None).
+        accumulated = self.fsdp is not None and self.fsdp.zero == 3
+        self.update.optimizer.zero_grad(set_to_none=self.zero is not None or accumulated)
         for ch in self.chunks.values():
-            ch.module.zero_grad(set_to_none=False)
+            ch.module.zero_grad(set_to_none=accumulated)
             ch.reset()
         self.meter.reset()
         # Dropout draws from a per-(job seed, step, rank) stream: runs are reproducible. Per program

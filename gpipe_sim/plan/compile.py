@@ -18,8 +18,8 @@ from gpipe_sim.plan.replicas import data_parallel_groups
 from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.chunk_times import chunk_times
 from gpipe_sim.model.context_parallel import local_model
-from gpipe_sim.plan.sharding import (bytes_per_param, fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes,
-                                     shard_degree)
+from gpipe_sim.plan.sharding import (accumulated_bytes_per_param, bytes_per_param, fsdp_chunk_seconds,
+                                     gathers_per_pass, in_flight_bytes, shard_degree)
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScenarioError, ScheduleError
@@ -438,6 +438,7 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
     upper bound), and the optimizer step's temporaries per layer (update_scratch_per_layer)."""
     dtype_bytes = scenario.training.dtype_bytes
     weight_per_param, state_per_param = local_bytes_per_param(scenario)
+    state_per_param += accumulated_bytes_per_param(scenario)  # held all step here: an upper bound
     largest = max(sizes)
     split = schedule.count(Kind.BACKWARD_INPUT) > 0
     update = update_scratch_per_layer(scenario, layers)
@@ -459,7 +460,7 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
 
 
 def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed: bool = True,
-                          per_sample: bool = True, recomputed: bool = False) -> np.ndarray:
+                          per_sample: bool = True, recomputed: bool = False, kept: float = 0.0) -> np.ndarray:
     """A chunk's transient bytes on micro-batches of `samples` each, beyond all its layers' saved
     bytes, counting the layers' fixed part (`fixed`: weight gradients, in a full backward and a
     weight pass) and their part per sample (`per_sample`: activations and their gradients, in a
@@ -468,11 +469,14 @@ def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed
     anything; its backward, after they have freed what they saved) the layers after j hold
     nothing: max over j of (transient_j - saved bytes of the layers after j), at least 0 (what a
     layer saves in common with its previous one counted once). `recomputed` (a full backward):
-    a layer's transient counts what it re-makes before its backward too (`recompute_peak_bytes`)."""
+    a layer's transient counts what it re-makes before its backward too (`recompute_peak_bytes`).
+    `kept`: bytes per parameter a layer's backward leaves allocated (the layers after j keep theirs
+    while j runs: pipelined ZeRO-3's first backward, gpipe_sim.plan.accumulated_gradients)."""
     samples = np.asarray(samples, dtype=float)
-    offsets, slopes, after = [], [], 0.0
+    offsets, slopes, after, kept_after = [], [], 0.0, 0.0
     for layer in reversed(layers):
-        own_fixed = layer.transient_bytes if fixed else 0.0
+        own_fixed = (layer.transient_bytes if fixed else 0.0) + kept_after
+        kept_after += kept * layer.params
         own_slope = (layer.transient_bytes_per_sample
                      + (recompute_peak_bytes(layer) if recomputed else 0.0)) if per_sample else 0.0
         if own_fixed or own_slope:

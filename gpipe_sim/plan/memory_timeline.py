@@ -11,9 +11,10 @@ Parameters, gradients and optimizer states are static.
 
 Memory in all (`peak_memory_bytes`, the device peaks) adds to those held activations:
 the rank's static bytes (parameters, plus gradients, optimizer states and master weights:
-`RankPlan.state_bytes`), what a split backward's input-gradient pass keeps for its weight-gradient
-pass (`ChunkPlan.kept_for_weight_bytes`, from I's end to W's end), and the transient bytes of the
-compute pass running at the time (allocated at the pass's start on top of the held level, freed at
+`RankPlan.state_bytes`; pipelined ZeRO-3's accumulated gradients from a chunk's first backward
+pass on: gpipe_sim.plan.accumulated_gradients), what a split backward's input-gradient pass keeps
+for its weight-gradient pass (`ChunkPlan.kept_for_weight_bytes`, from I's end to W's end), and the
+transient bytes of the compute pass running at the time (allocated at the pass's start on top of the held level, freed at
 its end: `ChunkPlan.transient_bytes` for a forward or re-computation, `input_pass_transient_bytes`
 for an input pass (the gradients it keeps for the weight pass build up while it runs),
 `backward_transient_bytes` for a full backward, `weight_pass_transient_bytes` for a weight pass;
@@ -48,6 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
+from gpipe_sim.plan.accumulated_gradients import first_backward_transients, gradient_deltas
 from gpipe_sim.plan.compile import Plan
 from gpipe_sim.schedule import Kind, Tensor
 
@@ -309,7 +311,7 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
 def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProfile:
     """Activation memory over time from the engine's action times; memory in all with transients."""
     alloc, free = activation_deltas(plan)
-    transient = transient_bytes(plan)
+    transient = first_backward_transients(plan, transient_bytes(plan))
     sent = sent_bytes(plan)
     in_buffers = shared_with_buffers(plan)
     for_weight = kept_for_weight_deltas(plan)
@@ -334,6 +336,7 @@ def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProf
         "allreduce_buckets": (dp.bucket_alloc, -dp.bucket_free, True),  # allreduce's start to the wait's end
         "zero_shard_gradient": (dp.shard_gradient, None, True),  # from the update's start to the step's end
         "zero_gather": (dp.gather, None, False),  # while the update runs
+        "accumulated_gradients": (*gradient_deltas(plan), True),  # pipelined ZeRO-3's, first to last backward
     }
     level_terms = {k: v for k, v in level_terms.items() if any(a is not None and a.any() for a in v[:2])}
     extras = {k: v for k, v in extras.items() if any(a is not None and a.any() for a in v[:2])}

@@ -15,10 +15,11 @@ without pipelining, whose gathered units the passes hold:
                                                  master being that shard)
     zero 3, K = 1:  (w' + g + s) / S            (FSDP2 `fully_shard`: w' = w in fp32 training, else 0, the
                                                  fp32 master being the sharded parameter)
-    zero 3, K > 1:  w + g + (w' + s) / S        (torchtitan under pipelining: `reshard_after_forward` False
-                                                 and torch.distributed.pipelining deferring the gradient
-                                                 reduce-scatter to the last backward, so a stage's gathered
-                                                 parameters and unsharded gradients are held all step)
+    zero 3, K > 1:  w + (w' + s) / S            (torchtitan under pipelining: `reshard_after_forward` False,
+                                                 so a stage's gathered parameters are held all step; the
+                                                 unsharded gradients torch.distributed.pipelining accumulates
+                                                 until the last backward are held from the first backward on,
+                                                 not all step: gpipe_sim.plan.accumulated_gradients)
 
 ZeRO-3 without pipelining gathers each layer (FSDP unit: one layer of the layer table, as torchtitan
 wraps each transformer block) before its forward and again before its backward, one unit ahead
@@ -129,7 +130,15 @@ def bytes_per_param(training: Training, D: int, S: int, K: int, zero: int | None
         return w, (own + g + s) / D
     if K == 1:
         return own / S, (g + s) / S
-    return w, g + (own + s) / S
+    return w, (own + s) / S
+
+
+def accumulated_bytes_per_param(scenario: Scenario) -> float:
+    """g, the bytes per parameter of the unsharded gradient a chunk accumulates from its first
+    backward pass to its last under pipelined ZeRO-3 (K > 1, D x C > 1: gpipe_sim.plan.accumulated_gradients); else 0."""
+    p = scenario.pipeline
+    pipelined = scenario.training.zero == 3 and p.stages > 1 and scenario.mesh.gradient_group > 1
+    return float(scenario.training.dtype_bytes) if pipelined else 0.0
 
 
 def gathers_per_pass(scenario: Scenario) -> bool:
@@ -189,5 +198,5 @@ def fsdp_chunk_seconds(scenario: Scenario, layers: Sequence[LayerSpec], shares: 
     return out
 
 
-__all__ = ["Ring", "bytes_per_param", "fsdp_chunk_seconds", "fsdp_pass_seconds", "gathers_per_pass",
+__all__ = ["Ring", "accumulated_bytes_per_param", "bytes_per_param", "fsdp_chunk_seconds", "fsdp_pass_seconds", "gathers_per_pass",
            "in_flight_bytes", "rank_rings", "replica_ring", "shard_degree"]
