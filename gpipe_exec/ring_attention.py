@@ -50,21 +50,13 @@ class Ring:
 class BlockView:
     """What this device's queries see of one member's key/value block: the query rows and key
     columns that take part (slices: the load balance makes them contiguous halves or the whole),
-    and the additive mask over them (None where every query of `rows` sees every key of `cols`)."""
+    and whether query i of `rows` sees key j of `cols` only for j <= i (`causal`: the device's own
+    block, as Transformer Engine runs its diagonal step) or every key of `cols`. No mask tensor is
+    held: the fused kernel takes `is_causal`."""
 
     rows: slice
     cols: slice
-    bias: torch.Tensor | None
-
-    @classmethod
-    def of(cls, bias: torch.Tensor) -> "BlockView":
-        """The view of a block from its additive mask (0 visible, -inf not; a view of a buffer)."""
-        visible = bias == 0
-        rows, cols = (torch.nonzero(visible.any(dim)).flatten().tolist() for dim in (1, 0))
-        if rows != list(range(rows[0], rows[-1] + 1)) or cols != list(range(cols[0], cols[-1] + 1)):
-            raise ValueError("a context-parallel block's visible queries and keys must be contiguous")
-        r, c = slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1)
-        return cls(r, c, None if bool(visible[r, c].all()) else bias[r, c])
+    causal: bool
 
 
 def _repeat(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -80,31 +72,38 @@ def _fold(t: torch.Tensor, groups: int) -> torch.Tensor:
     return t.view(b, h // groups, groups, s, d).sum(2)
 
 
-def forward_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+def _masked(scores: torch.Tensor, causal: bool) -> torch.Tensor:
+    """`scores` (..., queries, keys) with key j hidden from query i for j > i where `causal`; the
+    mask is made here, a transient of the unfused path."""
+    if not causal:
+        return scores
+    hidden = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+    return scores.masked_fill(hidden, float("-inf"))
+
+
+def forward_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, fp32 log-sum-exp) of `q` attending to one block; every query sees a key. `fused`
-    (default: on CPU) torch's fused CPU flash kernel (grouped heads natively); else the same
-    computed unfused in fp32."""
+    """(output, fp32 log-sum-exp) of `q` attending to one block, `causal` or whole (`BlockView`).
+    `fused` (default: on CPU) torch's fused CPU flash kernel (grouped heads natively); else the
+    same computed unfused in fp32."""
     if q.device.type == "cpu" if fused is None else fused:
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
     groups = q.shape[1] // k.shape[1]
-    scores = q.float() @ _repeat(k, groups).float().transpose(-2, -1) / math.sqrt(q.shape[-1])
-    scores = scores if bias is None else scores + bias
+    scores = _masked(q.float() @ _repeat(k, groups).float().transpose(-2, -1) / math.sqrt(q.shape[-1]), causal)
     lse = scores.logsumexp(-1)
     return (torch.exp(scores - lse[..., None]) @ _repeat(v, groups).float()).to(q.dtype), lse
 
 
 def backward_block(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                   lse: torch.Tensor, bias: torch.Tensor | None, fused: bool | None = None) -> tuple[torch.Tensor, ...]:
+                   lse: torch.Tensor, causal: bool, fused: bool | None = None) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) of one block given the whole attention's `out` and `lse` (flash attention's
     backward: P = exp(S - lse), dS = P (dP - rowsum(dO O))), fused or not as `forward_block`."""
     if q.device.type == "cpu" if fused is None else fused:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad, q, k, v, out, lse, 0.0, False, attn_mask=bias)
+            grad, q, k, v, out, lse, 0.0, causal)
     groups, scale = q.shape[1] // k.shape[1], 1.0 / math.sqrt(q.shape[-1])
     qf, kf, vf, dout = q.float(), _repeat(k, groups).float(), _repeat(v, groups).float(), grad.float()
-    scores = qf @ kf.transpose(-2, -1) * scale
-    p = torch.exp((scores if bias is None else scores + bias) - lse[..., None])
+    p = torch.exp(_masked(qf @ kf.transpose(-2, -1) * scale, causal) - lse[..., None])
     ds = p * (dout @ vf.transpose(-2, -1) - (dout * out.float()).sum(-1, keepdim=True))
     return ((ds @ kf * scale).to(q.dtype), _fold(ds.transpose(-2, -1) @ qf * scale, groups).to(k.dtype),
             _fold(p.transpose(-2, -1) @ dout, groups).to(v.dtype))
@@ -125,7 +124,7 @@ class _RingAttention(torch.autograd.Function):
             pending = ring.exchange(kv) if i + 1 < ring.size else None
             view = views[(ring.rank - i) % ring.size]
             part, part_lse = forward_block(q[:, :, view.rows], kv[0][:, :, view.cols], kv[1][:, :, view.cols],
-                                            view.bias)
+                                            view.causal)
             # merged by log-sum-exp: each part weighed by its share of the softmax's denominator
             before = lse[:, :, view.rows]
             merged = torch.logaddexp(before, part_lse)
@@ -155,7 +154,7 @@ class _RingAttention(torch.autograd.Function):
             view = ctx.views[(ring.rank - i) % ring.size]
             r, c = view.rows, view.cols
             dqi, dki, dvi = backward_block(grad[:, :, r], q[:, :, r], kv[0][:, :, c], kv[1][:, :, c],
-                                            out[:, :, r], lse[:, :, r], view.bias)
+                                            out[:, :, r], lse[:, :, r], view.causal)
             dq[:, :, r] += dqi
             ring.wait(travelling)  # this block's partial dK, dV have arrived (zeros at step 0)
             dkv[0][:, :, c] += dki

@@ -106,9 +106,10 @@ class Block(nn.Module):
             self.fc2 = nn.Linear(model.d_ff, d, bias=model.bias)
         self.drop = nn.Dropout(dropout)
         self.attn_drop = nn.Dropout(dropout)
-        # Buffers, so the saved-bytes meter (which skips parameters and buffers) does not count them.
-        self.register_buffer("causal", torch.ones(model.seq_len, model.seq_len, dtype=torch.bool).triu(1),
-                             persistent=False)
+        # Buffers, so the saved-bytes meter (which skips parameters and buffers) does not count them;
+        # flash attention (and the context-parallel ring) needs no mask, so holds none.
+        causal = None if self.flash else torch.ones(model.seq_len, model.seq_len, dtype=torch.bool).triu(1)
+        self.register_buffer("causal", causal, persistent=False)
         self.rotary = model.position == "rope"
         if self.rotary:
             cos, sin = rotary_tables(model.seq_len, hd)

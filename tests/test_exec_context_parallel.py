@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpipe_exec.context_parallel import context_mask, load_balanced_positions  # noqa: E402
-from gpipe_exec.ring_attention import BlockView, backward_block, forward_block  # noqa: E402
+from gpipe_exec.context_parallel import block_views, load_balanced_positions  # noqa: E402
+from gpipe_exec.ring_attention import backward_block, forward_block  # noqa: E402
 from gpipe_exec.execute import check_model, check_runnable  # noqa: E402
 from gpipe_exec.launch.spawn import LaunchOptions, launch  # noqa: E402
 from gpipe_exec.measure.steps import measured_result, step_timelines  # noqa: E402
@@ -68,33 +68,44 @@ def test_device_c_holds_chunks_c_and_2c_minus_1_minus_c() -> None:
     assert sorted(held.tolist()) == list(range(24))  # every token once
 
 
-def test_each_ring_step_is_a_dense_block_but_the_devices_own() -> None:
-    """With the load balance, device c of C = 4 sees an earlier device's block whole with all its
-    queries but only its first chunk of keys, a later device's whole with its second chunk of
-    queries only, and its own under a causal mask (Transformer Engine's three cases)."""
-    for c in range(4):
-        mask = context_mask(16, 4, c, torch.float32)
-        for s, block in enumerate(mask.chunk(4, dim=1)):
-            view = BlockView.of(block)
-            if s < c:
-                assert (view.rows, view.cols, view.bias) == (slice(0, 4), slice(0, 2), None)
-            elif s > c:
-                assert (view.rows, view.cols, view.bias) == (slice(2, 4), slice(0, 4), None)
-            else:
-                assert (view.rows, view.cols) == (slice(0, 4), slice(0, 4)) and view.bias is not None
-                assert (view.bias == 0).tolist() == [[True, False, False, False], [True, True, False, False],
-                                                     [True, True, True, False], [True, True, True, True]]
+def context_mask(seq_len: int, size: int, rank: int) -> torch.Tensor:
+    """Member `rank`'s visibility from the tokens' global positions (the reference): its tokens x
+    every member's, in member order; True where the query's position is not before the key's."""
+    positions = load_balanced_positions(seq_len, size, rank)
+    keys = torch.cat([load_balanced_positions(seq_len, size, r) for r in range(size)])
+    return keys[None, :] <= positions[:, None]
 
 
+@pytest.mark.parametrize("C", [2, 3, 4])
+def test_each_ring_step_is_a_dense_block_but_the_devices_own(C: int) -> None:
+    """With the load balance, device c sees an earlier device's block whole with all its queries
+    but only its first chunk of keys, a later device's whole with its second chunk of queries only,
+    and its own causally (Transformer Engine's three cases): what the views say is exactly what
+    the tokens' global positions allow."""
+    tokens = 4  # each device's, two chunks of 2
+    for c in range(C):
+        views = block_views(C, c, tokens)
+        for s, visible in enumerate(context_mask(tokens * C, C, c).chunk(C, dim=1)):
+            view = views[s]
+            said = torch.zeros(tokens, tokens, dtype=torch.bool)
+            said[view.rows, view.cols] = True
+            if view.causal:
+                said &= torch.ones(tokens, tokens, dtype=torch.bool).tril()
+            assert torch.equal(said, visible), (C, c, s)
+            assert view.causal == (s == c)
+
+
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("fused", [True, False])
-def test_a_ring_block_is_attention_with_its_log_sum_exp(fused: bool) -> None:
+def test_a_ring_block_is_attention_with_its_log_sum_exp(fused: bool, causal: bool) -> None:
     """One block, fused (torch's CPU flash kernel) and unfused (what other devices run): its output
-    and gradients those of autograd through softmax attention (grouped heads, a causal bias), its
-    log-sum-exp the scores'."""
+    and gradients those of autograd through softmax attention (grouped heads; the own block's
+    causal, with the mask as a -inf bias, or a block seen whole), its log-sum-exp the scores'."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, h, 6, 8, generator=g, dtype=torch.float64).float() for h in (4, 2, 2))
     bias = torch.zeros(6, 6).masked_fill_(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
-    out, lse = forward_block(q, k, v, bias, fused=fused)
+    out, lse = forward_block(q, k, v, causal, fused=fused)
+    bias = bias if causal else torch.zeros(6, 6)
     qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
     scores = qa @ ka.repeat_interleave(2, 1).transpose(-2, -1) / 8**0.5 + bias
     expected = scores.softmax(-1) @ va.repeat_interleave(2, 1)
@@ -102,7 +113,7 @@ def test_a_ring_block_is_attention_with_its_log_sum_exp(fused: bool) -> None:
     expected.backward(grad)
     torch.testing.assert_close(out, expected.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(lse, scores.logsumexp(-1).detach(), rtol=1e-5, atol=1e-6)
-    for got, want in zip(backward_block(grad, q, k, v, out, lse, bias, fused=fused), (qa, ka, va)):
+    for got, want in zip(backward_block(grad, q, k, v, out, lse, causal, fused=fused), (qa, ka, va)):
         torch.testing.assert_close(got, want.grad, rtol=1e-5, atol=1e-5)
 
 
@@ -119,7 +130,7 @@ def _ring_against_whole_attention(rank: int, device: Any, clock: Any, payload: A
     q, k, v = (torch.randn(2, h, s, 8, generator=g).requires_grad_() for h in (4, 2, 2))
     grad = torch.randn(2, 4, s, 8, generator=g)
     F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(grad)
-    shard = SequenceShard.of(s, size, rank, dist.group.WORLD, torch.device("cpu"), torch.float32)
+    shard = SequenceShard.of(s, size, rank, dist.group.WORLD, torch.device("cpu"))
     mine = shard.positions
     ql, kl, vl = (t.detach()[:, :, mine].clone().requires_grad_() for t in (q, k, v))
     out = attend(shard, ql, kl, vl)

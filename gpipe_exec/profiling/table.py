@@ -272,7 +272,6 @@ def split_groups(scenario: Scenario, process: int, device: torch.device
     group, None at E = 1), as the executor's rank makes them. Collective: every process calls it."""
     from gpipe_exec.runtime.context_parallel import context_groups
     from gpipe_exec.runtime.experts import expert_groups
-    from gpipe_exec.zoo import TORCH_DTYPES
 
     mesh = scenario.mesh
     experts, _ = expert_groups(mesh, process)
@@ -281,8 +280,7 @@ def split_groups(scenario: Scenario, process: int, device: torch.device
     group, _ = context_groups(mesh, process)
     _, c, _ = mesh.coordinates(process)
     seq_len: int = scenario.model.seq_len  # type: ignore[attr-defined]
-    return (SequenceShard.of(seq_len, mesh.context_parallel, c, group, device,
-                             TORCH_DTYPES[scenario.training.dtype]), experts)
+    return SequenceShard.of(seq_len, mesh.context_parallel, c, group, device), experts
 
 
 def profile_together(scenario: Scenario, options: ProfileOptions, rank: int) -> dict[str, Any] | None:

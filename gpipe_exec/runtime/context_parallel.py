@@ -55,8 +55,7 @@ def context_groups(mesh: Mesh, process: int) -> tuple[Any, Any]:
 def split_sequence(module: nn.Module, shard: SequenceShard) -> None:
     """Every layer of `module` (split over T first, where it is) set to run on `shard`'s tokens:
     the embedding's learned positions those tokens' rows, each block's rotary tables likewise and
-    its attention the group's (the shard's mask a buffer of each block: static memory, as the
-    causal mask is)."""
+    its attention the group's (no mask: the shard's views follow from the load balance)."""
     for layer in module.modules():
         if isinstance(layer, Embedding):
             ids = shard.positions
@@ -65,7 +64,6 @@ def split_sequence(module: nn.Module, shard: SequenceShard) -> None:
             layer.position_ids = ids
         elif isinstance(layer, Block):
             layer.context = shard
-            layer.register_buffer("context_mask", shard.mask, persistent=False)
             if layer.rotary:
                 layer.cos, layer.sin = layer.cos[shard.positions], layer.sin[shard.positions]
 

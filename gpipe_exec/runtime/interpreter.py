@@ -123,7 +123,7 @@ class RankRunner:
         if self.CP > 1:
             cp_group, self.grad_group = context_groups(plan.mesh, rank)
             seq_len: int = model.seq_len  # type: ignore[attr-defined]
-            self.sequence = SequenceShard.of(seq_len, self.CP, self.cp_rank, cp_group, device, TORCH_DTYPES[dtype])
+            self.sequence = SequenceShard.of(seq_len, self.CP, self.cp_rank, cp_group, device)
         self.chunks = self._build_chunks(model)
         # ZeRO-2/3: FSDP2 reduces in the backward itself (runtime.sharded); allreduce actions do nothing
         self.sharded = shard_chunks([ch.module for ch in self.chunks.values()], sc, device.type)
