@@ -112,3 +112,20 @@ def test_pruned_store_is_a_dict():
     assert list(store) == sorted(plain)
     assert store.where("bound").tolist() == sorted(j for j, v in plain.items() if v[0] == "bound")
     assert store.get(-1) is None and 10**6 not in store
+
+
+@pytest.mark.parametrize("tensor_parallel", [1, 2])
+def test_cost_table_prices_twin_layers_once_and_alike(tensor_parallel):
+    """A table prices each set of twin layers (equal but for the name) once a micro-batch size,
+    and every layer's row is what `layer_pass_times` gives that layer (the collectives inside)."""
+    from gpipe_sim.costs.layer_time import layer_pass_times
+
+    costs = CostTable(parse_scenario(SCENARIO), tensor_parallel)
+    assert len(set(costs._twin)) < costs.L  # the blocks are twins
+    for b in (1, 3, 7):
+        work = costs.stream_work(b) or [None] * costs.L
+        want = [layer_pass_times(layer, b, costs.accel, costs.dtype, costs.dtype_bytes, w)
+                for layer, w in zip(costs.layers, work)]
+        assert costs.times(b).tolist() == [list(row) for row in want]
+        assert costs.compute_times(b).tolist() == [
+            list(layer_pass_times(layer, b, costs.accel, costs.dtype, costs.dtype_bytes)) for layer in costs.layers]

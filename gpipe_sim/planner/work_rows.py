@@ -28,15 +28,7 @@ class WorkRows:
         update = costs.update / (D * cand.context_parallel if cand.zero else 1)
         Ms = np.arange(1, share + 1)
         size, extra = np.divmod(share, Ms)
-        # per M: n of each (size, kept), (size, re-computed), (size + 1, kept), (size + 1, re-computed)
-        counts = np.zeros((share, 4))
-        for M in range(1, share + 1):
-            s, e = divmod(share, M)
-            row = counts[M - 1]
-            for first, last, slot in ((0, e, 2), (e, M, 0)):
-                for m, n in ((first, last - first - 1), (last - 1, 1)):
-                    if n > 0 and last > first:
-                        row[slot + (0 if saves_activations(remat, m, M) else 1)] += n  # type: ignore[arg-type]
+        counts = _group_counts(remat, Ms, extra)
         work = np.broadcast_to(update, (share, costs.L))
         trail = work
         for slot, (shift, recompute) in enumerate(((0, 0.0), (0, 1.0), (1, 0.0), (1, 1.0))):
@@ -72,6 +64,20 @@ class WorkRows:
             got = self._works[M] = Work(self.work_[M - 1], self.trail_[M - 1], forward, backward,
                                         int(self.largest[M - 1]), int(self.size[M - 1]))
         return got
+
+
+def _group_counts(remat: str, Ms: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    """Per M (row M - 1): how many micro-batches are (size, kept), (size, re-computed), (size + 1,
+    kept), (size + 1, re-computed), as `candidate_work` groups them: the first `extra` have one
+    sample more, and only the step's last micro-batch may re-compute otherwise than the others
+    (`saves_activations` tells the last from the others, as it does for every remat mode)."""
+    others = 0 if saves_activations(remat, 0, 2) else 1  # type: ignore[arg-type]
+    last = 0 if saves_activations(remat, 1, 2) else 1  # type: ignore[arg-type]
+    counts = np.zeros((len(Ms), 4))
+    counts[:, 2 + others] += extra  # the first `extra`, one sample more (never the last: extra < M)
+    counts[:, others] += Ms - extra - 1  # the rest but the last
+    counts[:, last] += 1
+    return counts
 
 
 def rows_key(cand: Candidate) -> tuple[Any, ...]:
