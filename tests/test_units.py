@@ -141,7 +141,9 @@ QUOTED: dict[str, float | None] = {
     **{f"{x} B": float(x.replace(",", "")) for x in (
         "2,000", "63,808", "76,736", "282,848", "284,856", "321,080", "321,632")},
     # the executor's context-parallel memory against the simulator (docs/guide/context-and-experts.md)
-    **{f"{x} B": float(x.replace(",", "")) for x in ("15,744", "28,800", "71,552", "72,832", "87,264", "89,984")},
+    **{f"{x} B": float(x.replace(",", "")) for x in ("15,744", "28,800", "71,296", "72,832", "87,008", "89,984")},
+    # validate at C = 2 and E = 2 (docs/guide/validate-context-and-experts.md)
+    **{f"{x} MiB": x * 2.0**20 for x in (11.56, 11.81, 11.82, 20.75, 28.35, 28.67)},
     "400 kB": 400e3,
     # a mixture of experts validated on CPU (docs/measurements/accuracy.md, 2026-11-27)
     **{f"{x} MiB": x * 2.0**20 for x in (7.16, 7.17, 3.42)},
