@@ -34,6 +34,14 @@ hardware: {preset: a100-80gb, devices_per_node: 8, network: {bandwidth: 25 GB/s,
 pipeline: {stages: 1, micro_batches: 1, batch_size: 512}
 training: {dtype: bf16, optimizer: adam}
 """
+# A Llama-3-8B question on 64 H100s (8 DGX H100 nodes), global batch 512 of 8,192 tokens: 832,466
+# configurations at d2209e2.
+LLAMA_8B_64 = """\
+model: {preset: llama3-8b, seq_len: 8192}
+hardware: {preset: dgx-h100}
+pipeline: {stages: 1, micro_batches: 1, batch_size: 512}
+training: {dtype: bf16, optimizer: adam}
+"""
 
 
 @dataclass(frozen=True)
@@ -45,9 +53,10 @@ class Wait:
     argv: Callable[[Path, Path], list[str]]
 
 
-def _gpt_16(tmp: Path) -> str:
-    path = tmp / "gpt16.yaml"
-    path.write_text(GPT_16)
+def _written(tmp: Path, name: str, text: str) -> str:
+    """`text` as the scenario file `name` in `tmp`."""
+    path = tmp / name
+    path.write_text(text)
     return str(path)
 
 
@@ -78,7 +87,10 @@ STARTUP = (
          lambda tree, tmp: ["simulate", _published("llama3-405b", tmp)]),
 )
 PLANNER = (
-    Wait("plan: 1.3B GPT on 16 A100s, T searched", lambda tree, tmp: ["plan", _gpt_16(tmp), "--devices", "16", "--quiet"]),
+    Wait("plan: 1.3B GPT on 16 A100s, T searched",
+         lambda tree, tmp: ["plan", _written(tmp, "gpt16.yaml", GPT_16), "--devices", "16", "--quiet"]),
+    Wait("plan: Llama-3-8B on 64 H100s",
+         lambda tree, tmp: ["plan", _written(tmp, "llama8b.yaml", LLAMA_8B_64), "--devices", "64", "--quiet"]),
     Wait("plan: default scenario on 8 devices",
          lambda tree, tmp: ["plan", str(tree / "scenarios/default.yaml"), "--devices", "8", "--quiet"]),
     Wait("plan: the same, --stages 8 --tensor-parallel 1",

@@ -17,6 +17,7 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.scenario.scenario import parse_scenario
+from gpipe_sim.planner.held_bound import held_memory_ceiling
 from gpipe_sim.planner.report import family_heads, schedules_text
 from gpipe_sim.schema.units import format_seconds
 from gpipe_sim.planner.search import (
@@ -198,6 +199,8 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
             assert memory_lower_bound(costs, cand, given) <= peak, (o, given)
             assert held_memory_bound(costs, cand, given) <= peak, (o, given)
             assert step_lower_bound(costs, cand, given) <= result.step_time_s, (o, given)
+        # the ceiling that spares computing the held bound is above it
+        assert held_memory_ceiling(costs, cand, counts) >= held_memory_bound(costs, cand, counts), o
 
 
 def test_nothing_fits_names_the_smallest_peak():

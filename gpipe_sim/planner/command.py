@@ -229,8 +229,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_plan)
 
     p = subparsers.add_parser("plan-bench", help="time the planner on the 8- and 1,024-GPU questions")
-    p.add_argument("--against", metavar="DIR", help="instead: the 16-GPU question and an 8-GPU one, whole and "
-                   "narrowed, as whole processes, this checkout beside the one in DIR, as ratios")
+    p.add_argument("--against", metavar="DIR", help="instead: the 16-GPU question, a 64-GPU Llama-3-8B one and an "
+                   "8-GPU one, whole and narrowed, as whole processes, this checkout beside the one in DIR, as ratios")
     p.add_argument("--repeat", type=int, default=3, help="with --against: alternating runs (default 3)")
     p.set_defaults(func=_cmd_plan_bench)
 

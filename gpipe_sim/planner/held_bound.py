@@ -63,3 +63,23 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
         return float((rank_static + rank_act).max()) * _SLACK
     seg_s, seg_a = _segment_cost(s_cum), _segment_cost(a_cum)
     return min_max_partition([seg_s + hc * seg_a for hc in h], [True] * len(h)) * _SLACK
+
+
+_ABOVE = 1.0 + 1e-9  # the ceiling's margin over the bound's rounding
+
+
+def held_memory_ceiling(costs: CostTable, cand: Candidate, counts: Sequence[int]) -> float:
+    """At least `held_memory_bound(costs, cand, counts)`, without building the schedule: a chunk
+    holds at most every sample of the replica's batch at once (each micro-batch's samples are held
+    once, kept or as input, from its forward to its last backward), so each rank's bound is at most
+    its static bytes plus the batch's activations of each of its chunks. Where this is within the
+    capacity, the held bound is too (and need not be computed)."""
+    costs = costs.of(cand)
+    static = costs.params * costs.static_per_param(cand.data_parallel * cand.context_parallel, cand.zero)
+    edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+    s_cum, a_cum = _cum(static), _cum(costs.act)
+    placement = chunk_placement(cand)
+    share = costs.base.pipeline.batch_size // cand.data_parallel
+    rank_static = np.bincount(placement, weights=s_cum[edges[1:]] - s_cum[edges[:-1]], minlength=cand.stages)
+    rank_act = np.bincount(placement, weights=a_cum[edges[1:]] - a_cum[edges[:-1]], minlength=cand.stages)
+    return float((rank_static + share * rank_act).max()) * _ABOVE

@@ -19,7 +19,7 @@ from gpipe_sim.planner.bounds import (
     CostTable, chunk_placement, memory_lower_bound, min_max_partition, program_step_bound, quick_counts,
     relaxed_step_bound, step_lower_bound,
 )
-from gpipe_sim.planner.held_bound import held_memory_bound, held_samples
+from gpipe_sim.planner.held_bound import held_memory_bound, held_memory_ceiling, held_samples
 from gpipe_sim.planner.coarse import coarse_arrays
 from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.space_index import CandidateSpace
@@ -265,7 +265,9 @@ def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, can
     if ranking.reuse(key, index, cand):
         return "reused"
     try:
-        held = held_memory_bound(costs, cand, counts)
+        # the schedule's held activations bounded only where the batch's could exceed the capacity
+        held = 0.0 if counts is not None and held_memory_ceiling(costs, cand, counts) <= cap else \
+            held_memory_bound(costs, cand, counts)
         if held > cap:
             ranking.pruned[index] = ("memory", held, cap)
             return "memory"
