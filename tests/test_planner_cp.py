@@ -107,3 +107,35 @@ def test_bad_cp_or_ep_values_name_their_flag(field, flag, values):
 
     with pytest.raises(ScenarioError, match=f"^{flag}: expected whole numbers >= 1"):
         check_options(PlanOptions(devices=4, **{field: values}))
+
+
+def test_values_the_space_cannot_use_are_named_with_why():
+    """One note line per option naming what it leaves out and why; nothing where all are used."""
+    from gpipe_sim.planner.dropped import dropped_notes
+
+    assert dropped_notes(_base(), PlanOptions(devices=4, context_parallel=(1, 2, 4))) == []
+    assert dropped_notes(_base(), PlanOptions(devices=4, context_parallel=(1, 3, 5, 8), tensor_parallel=(1, 8))) == [
+        "--tensor-parallel: left out 8 (more than the 4 devices)",
+        "--context-parallel: left out 3 (model.seq_len: 32,768 tokens do not cut into 6 equal chunks (2 x "
+        "pipeline.context_parallel 3, two per device for the causal load balance)); 5, 8 (more than the 4 devices "
+        "over T)"]
+    assert dropped_notes(_base(attention="standard"), PlanOptions(devices=4, context_parallel=(2,)))[0].startswith(
+        "--context-parallel: left out 2 (model.attention: context parallelism runs flash attention")
+    assert dropped_notes(_base(), PlanOptions(devices=4, expert_parallel=(1, 2))) == [
+        "--expert-parallel: left out 2 (the model has no experts)"]
+    moe = parse_scenario(MOE)
+    assert dropped_notes(moe, PlanOptions(devices=2, expert_parallel=(2, 3, 4), tensor_parallel=(1,))) == [
+        "--expert-parallel: left out 3 (does not divide its 8 experts); "
+        "4 (divides no data-parallel size D of the layouts (E is carved from D))"]
+
+
+def test_plan_prints_the_notes_on_stderr(tmp_path, capsys):
+    import yaml
+
+    from gpipe_sim.cli import main
+
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(LONG))
+    assert main(["plan", str(path), "--devices", "4", "--context-parallel", "1,3", "--quiet", "--top", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "gpipe-sim: note: --context-parallel: left out 3 (model.seq_len: 32,768 tokens do not cut into 6" in err

@@ -136,6 +136,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         expert_parallel=_stages(args.expert_parallel, "--expert-parallel"),
     )
     check_options(options)
+    from gpipe_sim.frameworks.command import write_notes
+    from gpipe_sim.planner.dropped import dropped_notes
+
+    write_notes(dropped_notes(scenario, options))  # given values the space cannot use, on stderr
     if not device_layouts(scenario, options):
         raise ScenarioError(
             f"--devices: no T x C x D x K = {devices:,} suits this scenario (K at most its layers"
