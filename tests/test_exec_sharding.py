@@ -116,10 +116,9 @@ def _pipelined_memory_case(zero: int, schedule: str):
 
 @pytest.mark.slow
 def test_pipelined_peak_memory_against_the_prediction() -> None:
-    """K = 2 x D = 2 (gpipe and 1F1B): each stage's measured peak against gpipe-sim's. ZeRO-3: the
-    gathered stage held all step, its gradients from its first backward on (within 3%); ZeRO-2: the
-    shard of the gradients held, each micro-batch's reduce-scatter's copies in the backward (the
-    last stage of 1F1B 5% over the prediction)."""
+    """K = 2 x D = 2 (gpipe and 1F1B): each stage's measured peak within 3% of gpipe-sim's. ZeRO-3:
+    the gathered stage held all step, its gradients from its first backward on; ZeRO-2: the shard
+    of the gradients, each backward's reduce-scatter buffers freed at its end."""
     from gpipe_exec.measure.steps import measured_result
     from gpipe_sim.api import simulate
 
@@ -132,4 +131,4 @@ def test_pipelined_peak_memory_against_the_prediction() -> None:
         predicted = simulate(scenarios[key]).stages
         for stage, (got, want) in enumerate(zip(measured, predicted)):
             error = want.peak_memory_bytes / got.peak_memory_bytes - 1
-            assert abs(error) <= (0.055 if key == (2, "1f1b") else 0.03), (key, stage, error)
+            assert abs(error) <= 0.03, (key, stage, error)

@@ -143,6 +143,22 @@ def test_zero3_under_pipelining_accumulates_gradients_from_the_first_backward() 
     assert plan.ranks[0].state_bytes == pytest.approx(per_stage * PARAMS * (4 + 8) / 2)  # nothing of it static
 
 
+def test_zero2_backward_holds_the_previous_layers_reduce_scatter_copy() -> None:
+    """FSDP2 keeps a unit's gradient copy (its reduce-scatter's input) until the next unit's
+    reduce-scatter: while a layer's backward runs the copy of the layer after it is live. Two layers
+    that save nothing: the first's backward holds its own gradient and the second's copy."""
+    import numpy as np
+
+    from gpipe_sim.model.model import LayerSpec
+    from gpipe_sim.plan.compile import chunk_transient_bytes
+
+    layers = [LayerSpec(name=f"layer{i}", params=PARAMS, transient_bytes=4.0 * PARAMS,
+                        forward_s_per_sample=FORWARD_S, backward_s_per_sample=BACKWARD_S) for i in range(2)]
+    plain = chunk_transient_bytes(layers, np.array([1.0]))[0]
+    copied = chunk_transient_bytes(layers, np.array([1.0]), copied=4.0)[0]
+    assert (plain, copied) == (4.0 * PARAMS, 8.0 * PARAMS)
+
+
 def test_zero2_reduces_as_zero1_does() -> None:
     assert simulate(_scenario(2)).step_time_s == simulate(_scenario(1)).step_time_s
 

@@ -78,7 +78,7 @@ class PipelinedSharding:
         module = self.modules[chunk]
         assert isinstance(module, FSDPModule)
         last = self.last[chunk] == index
-        module.set_is_last_backward(last)
+        module.set_is_last_backward(last or self.zero == 2)  # its end waits for and frees the reductions
         module.set_reshard_after_backward(last)
         module.set_requires_gradient_sync(last or self.zero == 2)
 

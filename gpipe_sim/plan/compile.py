@@ -19,7 +19,7 @@ from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.chunk_times import chunk_times
 from gpipe_sim.model.context_parallel import local_model
 from gpipe_sim.plan.sharding import (accumulated_bytes_per_param, bytes_per_param, fsdp_chunk_seconds,
-                                     gathers_per_pass, in_flight_bytes, shard_degree)
+                                     gathers_per_pass, in_flight_bytes, reduce_scatter_copy_bytes, shard_degree)
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScenarioError, ScheduleError
@@ -279,9 +279,8 @@ def compile_plan(scenario: Scenario) -> Plan:
         local_bytes_per_param(scenario), expert_bytes_per_param(scenario))
     schedule = scenario_schedule(scenario)
     model_input = input_bytes_per_sample(local_model(scenario.model, p.context_parallel), dtype_bytes)
-    memory = None
-    if p.partition in ("memory", "fit"):  # what each rank holds under this schedule, and what a device has
-        memory = partition_memory_table(scenario, layers, schedule, sizes)
+    # what each rank holds under this schedule, and what a device has
+    memory = partition_memory_table(scenario, layers, schedule, sizes) if p.partition in ("memory", "fit") else None
     counts = resolve_partition(p.partition, schedule.num_chunks, time_weights, memory)
     distinct, size_index = np.unique(sizes, return_inverse=True)
     distinct = distinct.tolist()
@@ -324,7 +323,8 @@ def compile_plan(scenario: Scenario) -> Plan:
                 update_s=update_seconds(own, accel, dtype_bytes, bpp, scenario.optimizer_step)
                 / _update_share(scenario),
                 transient_bytes=chunk_transient_bytes(own, samples, fixed=False) + in_flight[0],
-                backward_transient_bytes=chunk_transient_bytes(own, samples, recomputed=True) + in_flight[1],
+                backward_transient_bytes=in_flight[1] + chunk_transient_bytes(
+                    own, samples, recomputed=True, copied=reduce_scatter_copy_bytes(scenario)),
                 # the model's first chunk has nothing to do in its input pass: its weight pass is a
                 # full backward
                 weight_pass_transient_bytes=chunk_transient_bytes(own, samples, per_sample=c == 0),
@@ -460,7 +460,8 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
 
 
 def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed: bool = True,
-                          per_sample: bool = True, recomputed: bool = False, kept: float = 0.0) -> np.ndarray:
+                          per_sample: bool = True, recomputed: bool = False, kept: float = 0.0,
+                          copied: float = 0.0) -> np.ndarray:
     """A chunk's transient bytes on micro-batches of `samples` each, beyond all its layers' saved
     bytes, counting the layers' fixed part (`fixed`: weight gradients, in a full backward and a
     weight pass) and their part per sample (`per_sample`: activations and their gradients, in a
@@ -471,12 +472,13 @@ def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed
     layer saves in common with its previous one counted once). `recomputed` (a full backward):
     a layer's transient counts what it re-makes before its backward too (`recompute_peak_bytes`).
     `kept`: bytes per parameter a layer's backward leaves allocated (the layers after j keep theirs
-    while j runs: pipelined ZeRO-3's first backward, gpipe_sim.plan.accumulated_gradients)."""
+    while j runs: pipelined ZeRO-3's first backward, gpipe_sim.plan.accumulated_gradients); `copied`:
+    those of the last layer after j with parameters that stay while j runs (`reduce_scatter_copy_bytes`)."""
     samples = np.asarray(samples, dtype=float)
-    offsets, slopes, after, kept_after = [], [], 0.0, 0.0
+    offsets, slopes, after, kept_after, copy = [], [], 0.0, 0.0, 0.0
     for layer in reversed(layers):
-        own_fixed = (layer.transient_bytes if fixed else 0.0) + kept_after
-        kept_after += kept * layer.params
+        own_fixed = (layer.transient_bytes if fixed else 0.0) + kept_after + copy
+        kept_after, copy = kept_after + kept * layer.params, copied * layer.params or copy
         own_slope = (layer.transient_bytes_per_sample
                      + (recompute_peak_bytes(layer) if recomputed else 0.0)) if per_sample else 0.0
         if own_fixed or own_slope:

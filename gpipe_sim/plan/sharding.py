@@ -133,6 +133,15 @@ def bytes_per_param(training: Training, D: int, S: int, K: int, zero: int | None
     return w, (own + s) / S
 
 
+def reduce_scatter_copy_bytes(scenario: Scenario) -> float:
+    """Bytes per parameter of the copy of a unit's gradient that FSDP2's reduce-scatter reads
+    (`foreach_reduce`'s input buffer), kept until the next unit's reduce-scatter
+    (`reduce_scatter_max_input_buffers` 1), so while that unit's backward runs: under ZeRO-2, whose
+    every backward reduce-scatters (ZeRO-3 without pipelining counts it in `in_flight_bytes`); else 0."""
+    reduces = scenario.training.zero == 2 and scenario.mesh.gradient_group > 1
+    return float(scenario.training.dtype_bytes) if reduces else 0.0
+
+
 def accumulated_bytes_per_param(scenario: Scenario) -> float:
     """g, the bytes per parameter of the unsharded gradient a chunk accumulates from its first
     backward pass to its last under pipelined ZeRO-3 (K > 1, D x C > 1: gpipe_sim.plan.accumulated_gradients); else 0."""
@@ -198,5 +207,6 @@ def fsdp_chunk_seconds(scenario: Scenario, layers: Sequence[LayerSpec], shares: 
     return out
 
 
-__all__ = ["Ring", "accumulated_bytes_per_param", "bytes_per_param", "fsdp_chunk_seconds", "fsdp_pass_seconds", "gathers_per_pass",
-           "in_flight_bytes", "rank_rings", "replica_ring", "shard_degree"]
+__all__ = ["Ring", "accumulated_bytes_per_param", "bytes_per_param", "fsdp_chunk_seconds", "fsdp_pass_seconds",
+           "gathers_per_pass", "in_flight_bytes", "rank_rings", "reduce_scatter_copy_bytes", "replica_ring",
+           "shard_degree"]
