@@ -82,6 +82,8 @@ class CostTable:
         self._hops: dict[tuple[Any, ...], np.ndarray] = {}
         self._host: dict[tuple[Any, ...], np.ndarray] = {}
         self.params_cum = _cum(self.params)
+        self.act_cum = _cum(self.act)
+        self._static: dict[tuple[Any, ...], np.ndarray] = {}
 
     def of(self, cand: Candidate) -> "CostTable":
         """The table of the candidate's T, per-layer remat mode and C (this one, or one built once per
@@ -281,6 +283,16 @@ class CostTable:
             return 0.0
         per_param, fixed = self.allreduce(cand._replace(zero=0))
         return float(fixed[0] + per_param[0] * self.params_sum)
+
+    def static_cum(self, D: int, zero: int) -> np.ndarray:
+        """Running sums (from 0) over the layers of the static bytes a rank holds per layer
+        (`params` x `static_per_param(D, zero)`), cached: a read-only array."""
+        key = ("static", D, zero)
+        got = self._static.get(key)
+        if got is None:
+            got = self._static[key] = _cum(self.params * self.static_per_param(D, zero))
+            got.flags.writeable = False
+        return got
 
     def static_per_param(self, D: int, zero: int) -> float:
         """Bytes per parameter a rank holds at least: weight, gradient, optimizer states as the ZeRO

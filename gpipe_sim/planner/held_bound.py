@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.plan.partition import held_activations, micro_batch_sizes
-from gpipe_sim.planner.bounds import _SLACK, CostTable, _cum, _segment_cost, chunk_placement, min_max_partition
+from gpipe_sim.planner.bounds import _SLACK, CostTable, _segment_cost, chunk_placement, min_max_partition
 from gpipe_sim.planner.space import Candidate
 from gpipe_sim.schedule.lower import build_schedule
 
@@ -38,6 +38,15 @@ def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
     return per_chunk, per_rank
 
 
+@lru_cache(maxsize=1024)
+def _owned(placement: tuple[int, ...]) -> tuple[list[int], ...]:
+    """Per rank, the chunks it runs (in order), for a chunk placement."""
+    out: tuple[list[int], ...] = tuple([] for _ in range(max(placement) + 1))
+    for c, owner in enumerate(placement):
+        out[owner].append(c)
+    return out
+
+
 def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None) -> float:
     """`memory_lower_bound` with the activations counted for the samples the schedule holds at
     once (`held_samples`) instead of one micro-batch: static(rank) + the most its chunks hold at
@@ -45,10 +54,9 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
     minimised over the partitions (per chunk) when the counts are not given."""
     costs = costs.of(cand)
     D, K = cand.data_parallel, cand.stages
-    static = costs.params * costs.static_per_param(D * cand.context_parallel, cand.zero)
     h, per_rank = held_samples(cand, costs.base.pipeline.batch_size)
     placement = chunk_placement(cand)
-    s_cum, a_cum = _cum(static), _cum(costs.act)
+    s_cum, a_cum = costs.static_cum(D * cand.context_parallel, cand.zero), costs.act_cum
     if counts is not None:
         edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
         chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
@@ -56,9 +64,8 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
         rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
         rank_act = np.zeros(K)
         np.maximum.at(rank_act, np.asarray(placement), chunk_act * h)
-        for r, eff in enumerate(per_rank):
+        for r, (eff, mine) in enumerate(zip(per_rank, _owned(placement))):
             if eff is not None:
-                mine = [c for c, owner in enumerate(placement) if owner == r]
                 rank_act[r] = max(rank_act[r], float((eff @ chunk_act[mine]).max(initial=0.0)))
         return float((rank_static + rank_act).max()) * _SLACK
     seg_s, seg_a = _segment_cost(s_cum), _segment_cost(a_cum)
@@ -75,9 +82,9 @@ def held_memory_ceiling(costs: CostTable, cand: Candidate, counts: Sequence[int]
     its static bytes plus the batch's activations of each of its chunks. Where this is within the
     capacity, the held bound is too (and need not be computed)."""
     costs = costs.of(cand)
-    static = costs.params * costs.static_per_param(cand.data_parallel * cand.context_parallel, cand.zero)
     edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
-    s_cum, a_cum = _cum(static), _cum(costs.act)
+    s_cum = costs.static_cum(cand.data_parallel * cand.context_parallel, cand.zero)
+    a_cum = costs.act_cum
     placement = chunk_placement(cand)
     share = costs.base.pipeline.batch_size // cand.data_parallel
     rank_static = np.bincount(placement, weights=s_cum[edges[1:]] - s_cum[edges[:-1]], minlength=cand.stages)
