@@ -29,6 +29,7 @@ from gpipe_sim.model.recompute import per_layer, recompute_collectives
 from gpipe_sim.model.model import TransformerModel
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.model.tensor_parallel import Collectives, transformer_collectives
+from gpipe_sim.planner.chunk_arrays import partition_edges, placement_arrays
 from gpipe_sim.planner.space import Candidate
 
 _SLACK = 1.0 - 1e-9  # bounds are sums in another order than the simulator's: keep them strictly below
@@ -81,6 +82,7 @@ class CostTable:
         self._allreduce: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
         self._hops: dict[tuple[Any, ...], np.ndarray] = {}
         self._host: dict[tuple[Any, ...], np.ndarray] = {}
+        self._hop_cums: dict[int, np.ndarray] = {}
         self.params_cum = _cum(self.params)
         self.act_cum = _cum(self.act)
         self._static: dict[tuple[Any, ...], np.ndarray] = {}
@@ -242,6 +244,15 @@ class CostTable:
                 ln = hw.link_between(min(a, b)) if abs(a - b) == 1 else hw.link
             out[j] = least / ln.bandwidth + ln.latency_s + host
         return out
+
+    def hop_cums(self, cand: Candidate, samples: int, placement: Sequence[int]) -> np.ndarray:
+        """Running sums (from 0) of `hops`: the transfers before chunk c, cached (read-only)."""
+        hops = self.hops(cand, samples, placement)
+        got = self._hop_cums.get(id(hops))  # `hops` keeps each array for the search
+        if got is None:
+            got = self._hop_cums[id(hops)] = _cum(hops)
+            got.flags.writeable = False
+        return got
 
     def host_transfers(self, cand: Candidate, samples: int, placement: Sequence[int]) -> np.ndarray:
         """Per rank: host seconds at least of its transfers between its first input and last backward:
@@ -457,22 +468,19 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
     costs = costs.of(cand)
     w = work or candidate_work(costs, cand)
     K, v = cand.stages, cand.chunks
-    T = float(w.work.sum())
-    bound = max(T / K, float(w.forward.sum() + w.backward.sum()))
+    bound = max(w.total / K, w.chain)
     placement = chunk_placement(cand)
-    lowest = np.full(K, len(placement))
-    np.minimum.at(lowest, np.asarray(placement), np.arange(len(placement)))
+    ranks, lowest = placement_arrays(placement, K)
     w_cum, f_cum, b_cum, t_cum = w.cums
     per_param, fixed = costs.allreduce(cand)
     p_cum = costs.params_cum
-    h_cum = _cum(costs.hops(cand, w.smallest, placement))  # transfers before chunk c: h_cum[c]
+    h_cum = costs.hop_cums(cand, w.smallest, placement)  # transfers before chunk c: h_cum[c]
     host = costs.host_transfers(cand, w.smallest, placement)  # per rank
-    bound = max(bound, float(w.forward.sum() + w.backward.sum() + 2 * h_cum[-1]), costs.fsdp_collectives(cand))
+    bound = max(bound, float(w.chain + 2 * h_cum[-1]), costs.fsdp_collectives(cand))
     if counts is not None:
-        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+        edges = partition_edges(tuple(counts))
         busy = np.bincount(placement, weights=w_cum[edges[1:]] - w_cum[edges[:-1]], minlength=K) + host
         reduce = np.full(K, np.inf)
-        ranks = np.asarray(placement)
         np.minimum.at(reduce, ranks, fixed[ranks] + per_param[ranks] * (p_cum[edges[1:]] - p_cum[edges[:-1]]))
         start = edges[lowest]
         bound = max(bound, float((f_cum[start] + h_cum[lowest] + busy + reduce).max()))
