@@ -26,14 +26,17 @@ def check_model(scenario: Scenario) -> None:
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
     chunk on one device per rank; experts
-    with T = 1, no ZeRO and (at E > 1) no overlap_grad_reduce; ZeRO-2 and 3 as `check_sharding`."""
+    with no ZeRO, (at E > 1) no overlap_grad_reduce and (at T > 1) sequence parallelism, as Megatron-LM
+    trains them; ZeRO-2 and 3 as `check_sharding`."""
     check_buildable(scenario.model)
     p = scenario.pipeline
-    if getattr(scenario.model, "experts", 0) and (p.tensor_parallel > 1 or scenario.training.zero or
+    if getattr(scenario.model, "experts", 0) and (scenario.training.zero or
                                                   p.expert_parallel > 1 and scenario.training.overlap_grad_reduce):
-        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with tensor_parallel 1, "
-                            "training.zero 0 and (expert_parallel > 1) overlap_grad_reduce false; gpipe-sim "
-                            "predicts the rest")
+        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with training.zero 0 and "
+                            "(expert_parallel > 1) overlap_grad_reduce false; gpipe-sim predicts the rest")
+    if getattr(scenario.model, "experts", 0) and p.tensor_parallel > 1 and not p.sequence_parallel:
+        raise ScenarioError(f"pipeline.sequence_parallel: gpipe-exec runs a mixture of experts at tensor_parallel "
+                            f"{p.tensor_parallel} with sequence parallelism only, as Megatron-LM trains it")
     if scenario.training.dtype == "fp8":
         raise ScenarioError("training.dtype: gpipe-exec has no FP8 GEMMs (Transformer Engine and torchao's float8 "
                             "need an H100 or H200); gpipe-sim predicts fp8, run bf16")

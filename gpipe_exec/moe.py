@@ -8,7 +8,10 @@ holding `experts / E` consecutive experts), run through the expert MLPs, sent ba
 all-to-all and summed into their tokens by their router weights; the shared experts (one MLP of
 shared x expert_d_ff) run on every token beside them. With `capacity_factor` an expert keeps at
 most ceil(tokens x top_k x capacity_factor / experts) rows of a device's tokens, the first in
-token order (Megatron's "position" drop policy); rows are not padded to the capacity.
+token order (Megatron's "position" drop policy); rows are not padded to the capacity. With tensor
+parallelism (T > 1, sequence parallel: runtime.tensor_parallel.split_moe) each device routes its
+1/T of the tokens and runs its T-th of every local expert's width on the rows of all T
+(gpipe_exec.expert_tensor), the shared experts split as the dense MLP is.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from gpipe_exec.expert_tensor import GatherRows, SumRows, TensorGroup, local_weight, member_counts
 from gpipe_sim.model.model import TransformerModel
 
 
@@ -67,6 +72,14 @@ class ExpertMlp(nn.Module):
         h = F.gelu(self.fc1(x)) if self.up is None else F.silu(self.fc1(x)) * self.up(x)
         return self.fc2(h)
 
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """fc2's output without its bias from this device's share of the width (split over T:
+        `local_weight`), to be summed over the T devices."""
+        w = local_weight
+        h = F.linear(x, w(self.fc1.weight), w(self.fc1.bias))
+        h = F.gelu(h) if self.up is None else F.silu(h) * F.linear(x, w(self.up.weight), w(self.up.bias))
+        return F.linear(h, w(self.fc2.weight))
+
 
 class MoeMlp(nn.Module):
     """The router, this device's `experts / ep_size` routed experts and the shared experts.
@@ -92,21 +105,25 @@ class MoeMlp(nn.Module):
                 torch.manual_seed(seed + e)
                 local.append(ExpertMlp(model, f))
         self.local_experts = nn.ModuleList(local)
+        self.tensor: TensorGroup | None = None  # the T devices splitting each expert (set by split_moe)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's MLP output for `x` (batch, tokens, d); split over T, `x` is the DTensor of
+        this device's 1/T of the tokens and the output this device's share, a plain tensor."""
         if x.is_meta:  # shapes only (runtime.interpreter.boundary_shapes): routing needs values
             return torch.empty_like(x)
-        tokens = x.reshape(-1, x.shape[-1])
-        scores, chosen = self.router(tokens).float().topk(self.top_k, dim=-1)
-        weights = scores.softmax(dim=-1).to(x.dtype)
+        local = x.to_local() if isinstance(x, DTensor) else x
+        tokens = local.reshape(-1, local.shape[-1])
+        scores, chosen = F.linear(tokens, local_weight(self.router.weight)).float().topk(self.top_k, dim=-1)
+        weights = scores.softmax(dim=-1).to(local.dtype)
         rows, token_of, weight = self._kept_rows(chosen, weights)
         order = torch.argsort(rows, stable=True)
         counts = torch.bincount(rows, minlength=self.experts)
         out = self._run_experts(tokens[token_of[order]], counts)
         combined = torch.zeros_like(tokens).index_add(0, token_of[order], out * weight[order, None])
-        if self.shared is not None:
-            combined = combined + self.shared(tokens)
-        return combined.reshape(x.shape)
+        if self.shared is not None:  # split over T, it takes the DTensor and gives this device's tokens
+            combined = combined + (self.shared(x).reshape(tokens.shape) if local is not x else self.shared(tokens))
+        return combined.reshape(local.shape)
 
     def _kept_rows(self, chosen: torch.Tensor, weights: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,24 +144,48 @@ class MoeMlp(nn.Module):
     def _run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The expert outputs of `rows` (sorted by expert, `counts` of each), in the same order:
         dispatched to the experts' devices, run, and returned."""
-        if self.group is None:
+        if self.group is None and self.tensor is None:
             return torch.cat([mlp(part) for mlp, part in zip(self.local_experts, rows.split(counts.tolist()))]
                              + [rows[:0]])
+        if self.group is None:
+            return self._local_experts(rows, counts.view(1, self.local))
         received_counts = torch.empty_like(counts)
         dist.all_to_all_single(received_counts, counts, group=self.group)  # [source][local expert]
         send = counts.view(self.ep_size, self.local).sum(1).tolist()
         by_source = received_counts.view(self.ep_size, self.local)
         recv = by_source.sum(1).tolist()
         received = _AllToAll.apply(rows, send, recv, self.group)
-        # received: per source, its rows for each local expert; run each expert on its rows of every source
-        pieces = received.split(by_source.reshape(-1).tolist())
-        outs = list(pieces)
+        return _AllToAll.apply(self._local_experts(received, by_source), recv, send, self.group)
+
+    def _local_experts(self, received: torch.Tensor, by_source: torch.Tensor) -> torch.Tensor:
+        """This device's experts run on `received` (per source, its rows for each local expert:
+        `by_source[source][expert]` of them), their outputs in the same order. Split over T, the
+        rows of all T devices are gathered, each expert's share of the width run on them, and the
+        partial outputs summed back over the T devices (gpipe_exec.expert_tensor), fc2's bias added
+        once, after the sum."""
+        sizes = by_source.reshape(-1)
+        gathered, members, per_member = received, 1, [received.shape[0]]
+        if self.tensor is not None:
+            every = member_counts(sizes, self.tensor)  # [member][source x local expert]
+            members, per_member = self.tensor.size, every.sum(1).tolist()
+            gathered, sizes = GatherRows.apply(received, per_member, self.tensor), every.reshape(-1)
+        pieces = gathered.split(sizes.tolist())
+        outs, sources = list(pieces), by_source.shape[0]
         for e, mlp in enumerate(self.local_experts):
-            idx = [s * self.local + e for s in range(self.ep_size)]
-            y = mlp(torch.cat([pieces[i] for i in idx]))
+            idx = [(m * sources + s) * self.local + e for m in range(members) for s in range(sources)]
+            x = torch.cat([pieces[i] for i in idx])
+            y = mlp(x) if self.tensor is None else mlp.partial(x)
             for i, part in zip(idx, y.split([pieces[i].shape[0] for i in idx])):
                 outs[i] = part
-        return _AllToAll.apply(torch.cat(outs + [rows[:0]]), recv, send, self.group)
+        out = torch.cat(outs + [gathered[:0]])
+        if self.tensor is None:
+            return out
+        out = SumRows.apply(out, per_member, self.tensor)
+        if self.local_experts[0].fc2.bias is None:
+            return out
+        bias = torch.stack([local_weight(mlp.fc2.bias) for mlp in self.local_experts])  # type: ignore[misc]
+        expert_of_row = torch.arange(self.local, device=out.device).repeat(sources)
+        return out + bias[expert_of_row.repeat_interleave(by_source.reshape(-1))]
 
 
 __all__ = ["ExpertGroup", "ExpertMlp", "MoeMlp"]

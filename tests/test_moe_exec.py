@@ -174,3 +174,29 @@ def test_executor_memory_is_the_simulators_within_3_percent() -> None:
     assert len(measured.device_peak_memory_bytes) == 2
     for peak in measured.device_peak_memory_bytes.values():
         assert peak == pytest.approx(predicted.peak_memory_bytes, rel=0.03)
+
+
+@pytest.mark.slow
+def test_experts_split_over_tensor_parallel_ranks_equal_plain_training() -> None:
+    """T = 2 under sequence parallelism (Megatron-LM's default expert tensor parallelism of T):
+    each device routes its half of the tokens and runs its half of every expert's width on the
+    rows of both, with E = 2 over two replicas, with E = 1, and over two stages; two steps, in one
+    launch of 4 processes (tests/test_exec_context_parallel.py's cases, gradients and parameters
+    against plain single-process training)."""
+    from test_exec_context_parallel import Case, assert_equal_to_reference, run_cases
+
+    cases = [Case(1, 1, 2, "1f1b", D=2, T=2, sp=True, E=2, moe=True),
+             Case(1, 1, 2, "gpipe", D=2, T=2, sp=True, moe=True, position="rope"),
+             Case(1, 2, 2, "1f1b", T=2, sp=True, moe=True)]
+    assert_equal_to_reference(run_cases(4, cases, steps=2), steps=2)
+
+
+def test_experts_at_t2_need_sequence_parallelism_in_one_line() -> None:
+    from gpipe_exec.execute import check_model
+    from gpipe_sim.errors import ScenarioError
+
+    sc = parse_scenario({"model": MOE_MODEL, "hardware": {"preset": "cpu"},
+                         "pipeline": {"stages": 1, "micro_batches": 2, "batch_size": 4, "tensor_parallel": 2}})
+    with pytest.raises(ScenarioError, match=r"^pipeline.sequence_parallel: gpipe-exec runs a mixture of experts at "):
+        check_model(sc)
+    check_model(sc.with_updates({"pipeline.sequence_parallel": True}))

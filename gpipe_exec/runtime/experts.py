@@ -1,11 +1,12 @@
 """Expert parallelism's process groups: E replicas of a pipeline rank share their experts, as
 Megatron-LM carves the expert-model-parallel group from the data-parallel one (tp-cp-ep-dp-pp).
 
-Processes are numbered by `gpipe_sim.mesh.Mesh` (T = 1): replica d of pipeline rank r at context
-rank c is process (d*K + r)*C + c. Its expert group is the E consecutive replicas (d // E) * E ...
-+ E - 1 at the same c (`Mesh.expert_members`); its experts' gradients are summed over the D x C / E
-processes holding the same experts (the replicas with the same d mod E, every c:
-`Mesh.expert_gradient_group`), the rest over all D x C."""
+Processes are numbered by `gpipe_sim.mesh.Mesh`: replica d of pipeline rank r at context rank c and
+tensor rank t is process ((d*K + r)*C + c)*T + t. Its expert group is the E consecutive replicas
+(d // E) * E ... + E - 1 at the same c and t (`Mesh.expert_members`; each tensor rank's experts are
+its T-th of every expert's width, Megatron-LM's expert tensor parallelism of T); its experts'
+gradients are summed over the D x C / E processes holding the same experts (the replicas with the
+same d mod E, every c, the same t: `Mesh.expert_gradient_group`), the rest over all D x C."""
 
 from __future__ import annotations
 
@@ -18,26 +19,27 @@ from gpipe_exec.moe import ExpertGroup
 from gpipe_sim.mesh import Mesh
 
 EXPERT_PARAMETER = ".moe.local_experts."  # in the name of every routed expert's parameter
-_GROUPS: tuple[Any, tuple[int, int, int, int], dict[tuple[Any, ...], Any]] | None = None
+_GROUPS: tuple[Any, tuple[int, ...], dict[tuple[Any, ...], Any]] | None = None
 
 
 def _all_groups(mesh: Mesh) -> dict[tuple[Any, ...], Any]:
-    """Every expert group ("ep", r, d // E, c) and expert data-parallel group ("edp", r, d % E),
-    made once per (default group, K, D, C, E); collective: every process makes all, in the same order."""
+    """Every expert group ("ep", r, d // E, c, t) and expert data-parallel group ("edp", r, d % E, t),
+    made once per (default group, K, D, C, T, E); collective: every process makes all, in the same order."""
     global _GROUPS
     default = dist.distributed_c10d._get_default_group()
-    K, D, C, E = mesh.stages, mesh.data_parallel, mesh.context_parallel, mesh.expert_parallel
-    if _GROUPS is None or _GROUPS[0] is not default or _GROUPS[1] != (K, D, C, E):
+    K, D, C, T, E = mesh.stages, mesh.data_parallel, mesh.context_parallel, mesh.tensor_parallel, mesh.expert_parallel
+    if _GROUPS is None or _GROUPS[0] is not default or _GROUPS[1] != (K, D, C, T, E):
         groups: dict[tuple[Any, ...], Any] = {}
-        process = lambda d, r, c: mesh.process(mesh.program_rank(d, r), c)  # noqa: E731
+        process = lambda d, r, c, t: mesh.process(mesh.program_rank(d, r), c, t)  # noqa: E731
         for r in range(K):
-            for j in range(D // E):
-                for c in range(C):
-                    groups["ep", r, j, c] = dist.new_group([process(j * E + e, r, c) for e in range(E)])
-            for e in range(E):
-                groups["edp", r, e] = dist.new_group(sorted(process(j * E + e, r, c)
-                                                            for j in range(D // E) for c in range(C)))
-        _GROUPS = (default, (K, D, C, E), groups)
+            for t in range(T):
+                for j in range(D // E):
+                    for c in range(C):
+                        groups["ep", r, j, c, t] = dist.new_group([process(j * E + e, r, c, t) for e in range(E)])
+                for e in range(E):
+                    groups["edp", r, e, t] = dist.new_group(sorted(process(j * E + e, r, c, t)
+                                                                   for j in range(D // E) for c in range(C)))
+        _GROUPS = (default, (K, D, C, T, E), groups)
     return _GROUPS[2]
 
 
@@ -47,11 +49,11 @@ def expert_groups(mesh: Mesh, process: int) -> tuple[ExpertGroup | None, Any]:
     if mesh.expert_parallel == 1:
         return None, None
     E = mesh.expert_parallel
-    g, c, _ = mesh.coordinates(process)
+    g, c, t = mesh.coordinates(process)
     replica, pipeline_rank = divmod(g, mesh.stages)
     groups = _all_groups(mesh)
-    ep = ExpertGroup(E, replica % E, groups["ep", pipeline_rank, replica // E, c])
-    return ep, (groups["edp", pipeline_rank, replica % E] if mesh.expert_gradient_group > 1 else None)
+    ep = ExpertGroup(E, replica % E, groups["ep", pipeline_rank, replica // E, c, t])
+    return ep, (groups["edp", pipeline_rank, replica % E, t] if mesh.expert_gradient_group > 1 else None)
 
 
 def expert_mask(module: torch.nn.Module) -> list[bool]:

@@ -13,7 +13,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
+from gpipe_exec.expert_tensor import TensorGroup
 from gpipe_exec.measure.saved_hooks import nested_saved_tensors_hooks
+from gpipe_exec.moe import MoeMlp
 from gpipe_exec.zoo import Block, Embedding, Head
 from gpipe_sim.errors import ScenarioError
 from gpipe_sim.mesh import Mesh
@@ -113,16 +115,59 @@ def _split_block(block: Block, mesh: DeviceMesh, T: int, sequence_parallel: bool
         if block.qkv.bias is not None:
             block.qkv.bias.copy_(block.qkv.bias[rows])
     plan = _block_plan(sequence_parallel)
-    if block.up is None:
-        del plan["up"]
+    mlp = block if block.moe is None else None  # a MoE block's experts split apart (split_moe)
+    for name in ("fc1", "up", "fc2"):
+        if mlp is None or getattr(mlp, name) is None:
+            del plan[name]
     parallelize_module(block, mesh, plan)
     if sequence_parallel:
         _keep_input_sharded(block.qkv, mesh)
-        _keep_input_sharded(block.fc1, mesh)
-        if block.up is not None:
-            _keep_input_sharded(block.up, mesh)
+    if mlp is not None:
+        _split_mlp_inputs(mlp, mesh, sequence_parallel)
+    else:
+        split_moe(block.moe, mesh, sequence_parallel)
     block.heads //= T
     block.kv_heads //= T
+
+
+def _split_mlp_inputs(mlp: nn.Module, mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Under sequence parallelism, an MLP's column-parallel GEMMs keep their inputs sharded (`_keep_input_sharded`)."""
+    if sequence_parallel:
+        for name in ("fc1", "up"):
+            if getattr(mlp, name) is not None:
+                _keep_input_sharded(getattr(mlp, name), mesh)
+
+
+def split_moe(moe: MoeMlp, mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """A MoE block's MLP split over the mesh's T devices as Megatron-LM splits it by default (expert
+    tensor parallelism of T, under sequence parallelism): each routed expert's fc1 and up by rows,
+    fc2 by columns (the shard of each built-whole expert: every T builds the same model), its fc2
+    bias and the router replicated (their gradients each device's partial sum, summed over T where
+    read), the rows of all T devices run through them (gpipe_exec.expert_tensor); the shared
+    experts as the dense MLP (`_block_plan`). ScenarioError without sequence parallelism, which
+    Megatron-LM refuses for MoE with tensor parallelism in training."""
+    if not sequence_parallel:
+        raise ScenarioError("pipeline.sequence_parallel: gpipe-exec runs a mixture of experts at tensor_parallel "
+                            f"{mesh.size()} with sequence parallelism only, as Megatron-LM trains it")
+    replicated = lambda t: nn.Parameter(distribute_tensor(t.detach(), mesh, [Replicate()], src_data_rank=None))  # noqa: E731
+    split = lambda t, dim: nn.Parameter(distribute_tensor(t.detach(), mesh, [Shard(dim)], src_data_rank=None))  # noqa: E731
+    moe.router.weight = replicated(moe.router.weight)
+    for expert in moe.local_experts:
+        for name in ("fc1", "up"):
+            linear = getattr(expert, name)
+            if linear is not None:
+                linear.weight = split(linear.weight, 0)
+                if linear.bias is not None:
+                    linear.bias = split(linear.bias, 0)
+        expert.fc2.weight = split(expert.fc2.weight, 1)
+        if expert.fc2.bias is not None:
+            expert.fc2.bias = replicated(expert.fc2.bias)
+    if moe.shared is not None:
+        plan = {name: style for name, style in _block_plan(True).items()
+                if name in ("fc1", "up", "fc2") and getattr(moe.shared, name) is not None}
+        parallelize_module(moe.shared, mesh, plan)
+        _split_mlp_inputs(moe.shared, mesh, True)
+    moe.tensor = TensorGroup(mesh.size(), mesh.get_local_rank(), mesh.get_group())
 
 
 def _split_embedding(layer: Embedding, mesh: DeviceMesh, sequence_parallel: bool) -> None:
