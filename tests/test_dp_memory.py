@@ -73,38 +73,42 @@ def test_bucket_on_top_of_static_buffers_and_sent_tensors() -> None:
 
 
 def test_zero1_master_shard_shard_gradient_and_gather() -> None:
+    """Megatron-LM's distributed optimizer, one bucket a chunk: padded to D parts, reduce-scattered
+    (the padded copy and the received part from the allreduce to the wait), the parts stepped, and
+    all-gathered bucket by bucket (a part and the whole)."""
     plan = compile_plan(_scenario(zero=1))
     dp = data_parallel_bytes(plan)
-    # shards of ceil(11 / 2) = 6 and ceil(7 / 2) = 4 elements; replica 1 holds the rest: 5 and 3
+    # parts of ceil(11 / 2) = 6 and ceil(7 / 2) = 4 elements; replica 1 holds the rest: 5 and 3
     assert dp.master_shard.tolist() == [6 * 4, 4 * 4, 5 * 4, 3 * 4]  # global ranks d*K + r
     for g, (mine, s) in enumerate([(6, 6), (4, 4), (5, 6), (3, 4)]):
         update = _at(plan, g, Kind.UPDATE)
         lo, hi = int(plan.program.offsets[g]), int(plan.program.offsets[g + 1])
         assert np.flatnonzero(dp.shard_gradient[lo:hi]).tolist() == [update[0] - lo]
-        assert dp.shard_gradient[update[0]] == mine * 4  # the slice's gradient, to the step's end
-        assert dp.gather[update[0]] == (2 * 2 + 1) * s * 4  # own shard, D received, their concatenation
+        assert dp.shard_gradient[update[0]] == mine * 4  # the parts' gradient, to the step's end
+        assert dp.gather[update[0]] == (2 + 1) * s * 4  # the part sent and the D parts received
+        assert dp.bucket_alloc[_at(plan, g, Kind.ALLREDUCE)[0]] == (2 * s + s) * 4  # padded copy and part
     result = simulate(_scenario(zero=1))
     s0 = result.stages[0]
     # weights 44, gradients 44, momentum of the shard 22, master shard 24; buffers 32, sent 16;
-    # at the update: the shard's gradient 24 and the gather's 120
+    # at the update: the shard's gradient 24 and the gather's 72 (above the bucket's 72 at the wait)
     assert s0.memory_breakdown["gradients_and_optimizer_states"] == 44 + 22
     assert s0.memory_breakdown["zero_master_shard"] == 24
-    assert s0.peak_memory_bytes == 44 + 66 + 24 + 32 + 16 + 24 + 120
-    assert s0.memory_breakdown["zero_gather"] == 120 and s0.memory_breakdown["zero_shard_gradient"] == 24
-    assert result.stages[1].peak_memory_bytes == 28 + 42 + 16 + 16 + 16 + 16 + 80
-    # replica 1's devices (placement: device 1 for its rank 0, 3 for its rank 1) hold smaller slices
-    assert result.device_peak_memory_bytes[1] == 44 + 66 + 20 + 32 + 16 + 20 + 120
-    assert result.device_peak_memory_bytes[3] == 28 + 42 + 12 + 16 + 16 + 12 + 80
+    assert s0.peak_memory_bytes == 44 + 66 + 24 + 32 + 16 + 24 + 72
+    assert s0.memory_breakdown["zero_gather"] == 72 and s0.memory_breakdown["zero_shard_gradient"] == 24
+    assert result.stages[1].peak_memory_bytes == 28 + 42 + 16 + 16 + 16 + 16 + 48
+    # replica 1's devices (placement: device 1 for its rank 0, 3 for its rank 1) hold smaller parts
+    assert result.device_peak_memory_bytes[1] == 44 + 66 + 20 + 32 + 16 + 20 + 72
+    assert result.device_peak_memory_bytes[3] == 28 + 42 + 12 + 16 + 16 + 12 + 48
 
 
 def test_zero1_in_mixed_precision_counts_no_second_master() -> None:
-    """bf16: the state bytes hold the sharded fp32 master already; the flat copies are bf16 (2 B)
-    but the master shard's gradient, fp32 (4 B)."""
+    """bf16: the state bytes hold the sharded fp32 master already; the copies are bf16 (2 B) but
+    the master shard's gradient, fp32 (4 B)."""
     plan = compile_plan(_scenario(zero=1, dtype="bf16"))
     dp = data_parallel_bytes(plan)
     assert not dp.master_shard.any()
     update = _at(plan, 0, Kind.UPDATE)[0]
-    assert dp.gather[update] == 5 * 6 * 2 and dp.shard_gradient[update] == 6 * 4
+    assert dp.gather[update] == 3 * 6 * 2 and dp.shard_gradient[update] == 6 * 4
     assert not data_parallel_bytes(compile_plan(_scenario(zero=1, D=1))).gather.any()
 
 

@@ -84,8 +84,20 @@ class Comm:
         return self._guarded(f"all-reduce of chunk {chunk} with its replicas",
                              lambda: dist.all_reduce(bucket, group=group, async_op=True))
 
+    def reduce_scatter(self, output: torch.Tensor, flat: torch.Tensor, group: Any, chunk: int) -> Any:
+        """Start the sum of `flat` over the data-parallel group, this process receiving its equal
+        part in `output` (asynchronous; ZeRO-1: runtime.zero_shards). Over gloo as a list of the
+        parts (its flat-tensor form copies the whole input first), else flat (NCCL's list form is
+        the one that copies)."""
+        def start() -> Any:
+            if dist.get_backend(group) == "gloo":
+                parts = list(flat.chunk(dist.get_world_size(group)))
+                return dist.reduce_scatter(output, parts, group=group, async_op=True)
+            return dist.reduce_scatter_tensor(output, flat, group=group, async_op=True)
+        return self._guarded(f"reduce-scatter of chunk {chunk} with its replicas", start)
+
     def wait_collective(self, work: Any, chunk: int) -> None:
-        self._guarded(f"all-reduce of chunk {chunk} with its replicas", work.wait)
+        self._guarded(f"reduction of chunk {chunk} with its replicas", work.wait)
 
     def isend(self, tensor: torch.Tensor, action: Action, tag: int) -> Any:
         group = self.groups.get(action.tensor)

@@ -7,8 +7,9 @@ layers), and once armed (right before the chunk's last backward pass, where the 
 stands) each parameter's post-accumulate-grad hook counts it in; the bucket whose last gradient has
 just been accumulated starts its asynchronous all-reduce over the data-parallel group while the pass
 goes on. `finish` starts any bucket not started (a parameter the pass gave no gradient), waits for
-them all and puts the sums back in `.grad`, before the update. Each bucket is all-reduced under
-ZeRO-1 too (gloo has no reduce-scatter of unequal shards): each replica then updates its shard.
+them all and puts the sums back in `.grad`, before the update. Under ZeRO-1 each bucket is
+reduce-scattered instead, each replica receiving its part of the bucket summed, as Megatron-LM's
+distributed optimizer does (runtime.zero_shards).
 """
 
 from __future__ import annotations
@@ -30,22 +31,42 @@ class Collectives(Protocol):
     def wait_collective(self, work: Any, chunk: int) -> None: ...
 
 
+class ShardedReduction(Protocol):
+    """ZeRO-1's reduce-scatter of a chunk's buckets (`runtime.zero_shards.ZeroShardUpdate`)."""
+
+    def start(self, chunk: int, b: int) -> None: ...
+
+    def finish(self, chunk: int, b: int) -> None: ...
+
+
+def bucket_groups(layers: Sequence[nn.Module], size: float) -> list[list[nn.Parameter]]:
+    """A chunk's gradient buckets (its `layers` in forward order), by the simulator's rule
+    (`gpipe_sim.plan.buckets.buckets`): each bucket's parameters, the buckets in the order the
+    backward makes their gradients (the last layer's first), whole layers of `size` bytes at least
+    but the last; none for a chunk without parameters."""
+    seen: set[int] = set()  # a parameter two layers share (tied) in the first to make its gradient
+    backward = [[p for p in layer.parameters() if id(p) not in seen and not seen.add(id(p))]  # type: ignore[func-returns-value]
+                for layer in reversed(layers)]
+    groups: list[list[nn.Parameter]] = []
+    first = 0
+    for last, _ in buckets([sum(p.numel() * p.element_size() for p in ps) for ps in backward], size):
+        params = [p for ps in backward[first:last + 1] for p in ps]
+        if params:
+            groups.append(params)
+        first = last + 1
+    return groups
+
+
 class GradBuckets:
     """Chunk `index`'s gradient buckets. `layers`: its layers in forward order; `size`: bytes a bucket
     holds (`gpipe_sim.plan.buckets.bucket_bytes`); `comm`: sums a bucket over `group` (asynchronous);
-    `clock()`: the time each bucket's start is recorded at."""
+    `clock()`: the time each bucket's start is recorded at; `zero`: under ZeRO-1, what reduce-scatters
+    them instead."""
 
     def __init__(self, index: int, layers: Sequence[nn.Module], size: float, comm: Collectives, group: Any,
-                 clock: Callable[[], float]) -> None:
-        backward = [list(dict.fromkeys(layer.parameters())) for layer in reversed(layers)]
-        self.groups: list[list[nn.Parameter]] = []
-        first = 0
-        for last, _ in buckets([sum(p.numel() * p.element_size() for p in ps) for ps in backward], size):
-            params = [p for ps in backward[first:last + 1] for p in ps]
-            if params:  # a chunk without parameters reduces nothing
-                self.groups.append(params)
-            first = last + 1
-        self.index, self.comm, self.group, self.clock = index, comm, group, clock
+                 clock: Callable[[], float], zero: ShardedReduction | None = None) -> None:
+        self.groups = bucket_groups(layers, size)
+        self.index, self.comm, self.group, self.clock, self.zero = index, comm, group, clock, zero
         self.armed = False
         self.pending: list[int] = []
         self.works: dict[int, tuple[Any, torch.Tensor]] = {}
@@ -68,9 +89,13 @@ class GradBuckets:
         self.pending = [sum(p.requires_grad for p in group) for group in self.groups]
 
     def _launch(self, b: int) -> None:
+        self.started_at.append(self.clock())
+        if self.zero is not None:
+            self.zero.start(self.index, b)
+            self.works[b] = (None, torch.zeros(0))
+            return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.groups[b]]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        self.started_at.append(self.clock())
         self.works[b] = (self.comm.allreduce(flat, self.group, self.index), flat)
 
     def finish(self) -> list[float]:
@@ -82,6 +107,9 @@ class GradBuckets:
         self.armed = False
         for b, group in enumerate(self.groups):
             work, flat = self.works.pop(b)
+            if self.zero is not None:
+                self.zero.finish(self.index, b)
+                continue
             self.comm.wait_collective(work, self.index)
             at = 0
             for p in group:
@@ -98,14 +126,21 @@ class GradBuckets:
 
 
 def chunk_buckets(modules: dict[int, nn.Sequential], scenario: Scenario, replicas: int, sharded: bool,
-                  comm: Collectives, group: Any, clock: Callable[[], float]) -> dict[int, GradBuckets]:
+                  comm: Collectives, group: Any, clock: Callable[[], float],
+                  zero: ShardedReduction | None = None) -> dict[int, GradBuckets]:
     """Each chunk's buckets (its module's children are its layers) where `training.overlap_grad_reduce`
     asks for them with more than one device holding the same weights (`replicas`: D x C) and without
     FSDP2 (which reduces in the backward itself); else none."""
     if not scenario.training.overlap_grad_reduce or replicas == 1 or sharded:
         return {}
     size = bucket_bytes(scenario)
-    return {c: GradBuckets(c, list(module), size, comm, group, clock) for c, module in modules.items()}
+    return {c: GradBuckets(c, list(module), size, comm, group, clock, zero) for c, module in modules.items()}
 
 
-__all__ = ["Collectives", "GradBuckets", "chunk_buckets"]
+def reduction_size(scenario: Scenario) -> float:
+    """Bytes of gradients a reduction bucket holds: `training.bucket_bytes` (or Megatron-LM's default)
+    with `overlap_grad_reduce`, else a chunk's whole (Megatron-LM's one bucket without overlap)."""
+    return bucket_bytes(scenario) if scenario.training.overlap_grad_reduce else float("inf")
+
+
+__all__ = ["Collectives", "GradBuckets", "ShardedReduction", "bucket_groups", "chunk_buckets", "reduction_size"]

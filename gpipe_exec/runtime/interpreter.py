@@ -13,7 +13,8 @@ Data parallelism (`pipeline.data_parallel` = D): global rank g = d*K + r runs pi
 program for replica d on its share of the global batch, each chunk's gradients all-reduced among
 its D replicas (`allreduce` starts it after the chunk's last backward pass, or with
 overlap_grad_reduce arms runtime.grad_buckets before it; the REDUCED `recv` waits). ZeRO-1: each
-replica updates its 1/D shard of the rank's parameters, then the replicas all-gather the shards.
+bucket is reduce-scattered, each replica updating its part of each bucket, then the replicas all-gather
+the parts (runtime.zero_shards, as Megatron-LM's distributed optimizer).
 ZeRO-2/3: FSDP2 reduce-scatters in the backward (runtime.sharded; under pipelining steered before
 each backward pass by its PipelinedSharding); the update steps shards.
 """
@@ -42,11 +43,12 @@ from gpipe_exec.runtime.context_parallel import (context_groups, context_loss, s
 from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.runtime.experts import expert_groups, flat, global_names, reduction_buckets, unflat
 from gpipe_exec.measure.records import StepRecord
-from gpipe_exec.runtime.grad_buckets import chunk_buckets
+from gpipe_exec.runtime.grad_buckets import bucket_groups, chunk_buckets, reduction_size
 from gpipe_exec.runtime.job import Job
 from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_parameters, sequence_shards,
                                                 split_chunk, vocab_parallel_loss)
-from gpipe_exec.runtime.update import Update, ZeroShardUpdate
+from gpipe_exec.runtime.update import Update
+from gpipe_exec.runtime.zero_shards import ZeroShardUpdate
 from gpipe_exec.runtime.recompute import apply_recompute
 from gpipe_exec.runtime.sharded import PipelinedSharding, shard_chunks, whole
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
@@ -130,18 +132,13 @@ class RankRunner:
         self.fsdp = PipelinedSharding.of({c: ch.module for c, ch in self.chunks.items()}, sc, self.actions)
         # what the optimizer, the reductions and the memory meter step: each DTensor's local shard
         self.shards = {c: LocalShards(list(ch.module.parameters())) for c, ch in self.chunks.items()}
-        params = [q for shards in self.shards.values() for q in shards.local]
         self.dp_group = (self.grad_group if self.sequence is not None else None if self.D == 1 else
                          self.mesh["dp"].get_group() if self.mesh is not None
                          else data_parallel_groups(plan.mesh)[self.pipeline_rank])
-        self.zero: ZeroShardUpdate | None = None
-        self.update: Update | ZeroShardUpdate
+        split = job.split_directions if job.split_directions is not None else device.type == "cuda"
+        self.comm = Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
         reducers = plan.mesh.gradient_group  # D x C: the processes each gradient is summed over
-        if reducers > 1 and sc.training.zero == 1:  # sharded over the gradient group
-            self.update = self.zero = ZeroShardUpdate(params, sc, self.replica * self.CP + self.cp_rank,
-                                                      reducers, self.dp_group)
-        else:
-            self.update = Update(params, sc)
+        self.update, self.zero = self._make_update(reducers)
         self.sizes = plan.micro_batch_sizes
         self.inputs, self.targets = self._batch(model)
         self.float_dtype = TORCH_DTYPES[dtype]
@@ -150,10 +147,8 @@ class RankRunner:
         self.shapes = boundary_shapes(model, dtype, job.seed, job.dropout) if self.recv_at else []
         if self.sequence_parallel or self.sequence is not None:  # a stage sends and receives its device's tokens
             self.shapes = sequence_shards(self.shapes, (self.T if self.sequence_parallel else 1) * self.CP)
-        split = job.split_directions if job.split_directions is not None else device.type == "cuda"
-        self.comm = Comm(rank, split, staged=stages_through_host(device.type, dist.get_backend()))
         self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, reducers,
-                                          self.sharded, self.comm, self.dp_group, clock)
+                                          self.sharded, self.comm, self.dp_group, clock, self.zero)
         self._buffers: dict[int, torch.Tensor] = {}
         # (With T or C > 1 a pass's collectives wait for the rank's other devices: a device lock shared
         # with another rank could hold one of them back while it holds the lock, so none is taken.)
@@ -173,6 +168,21 @@ class RankRunner:
         }
         self._state = _StepState()
         self._record = StepRecord()
+
+    def _make_update(self, reducers: int) -> tuple[Update | ZeroShardUpdate, ZeroShardUpdate | None]:
+        """(the rank's update, ZeRO-1's where it shards): under `training.zero` 1 with more than
+        one process summing each gradient (`reducers`, D x C), sharded over the gradient group
+        bucket by bucket (runtime.zero_shards: the chunks' reduction buckets, `bucket_groups`);
+        else the plain update of every local parameter."""
+        sc = self.scenario
+        if reducers == 1 or sc.training.zero != 1:
+            return Update([q for shards in self.shards.values() for q in shards.local], sc), None
+        size, buckets = reduction_size(sc), {}
+        for c, ch in self.chunks.items():
+            local = dict(zip(map(id, self.shards[c].params), self.shards[c].local))
+            buckets[c] = [[local[id(p)] for p in group] for group in bucket_groups(list(ch.module), size)]
+        zero = ZeroShardUpdate(buckets, sc, self.replica * self.CP + self.cp_rank, reducers, self.dp_group, self.comm)
+        return zero, zero
 
     def _batch(self, model: ModelSpec) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(inputs, targets) per micro-batch, where this rank's chunks need them: this replica's
@@ -307,6 +317,10 @@ class RankRunner:
         if self.sharded or a.chunk in self.grad_buckets:  # FSDP2 reduced them in the backward
             return Kind.ALLREDUCE, a.chunk, -1
         grads, self._state.reductions[a.chunk] = self._chunk_grads(a.chunk), []
+        if self.zero is not None:  # ZeRO-1: each bucket reduce-scattered (the REDUCED recv waits)
+            for b in range(len(self.zero.of_chunk[a.chunk])):
+                self.zero.start(a.chunk, b)
+            return Kind.ALLREDUCE, a.chunk, -1
         for mask, group in reduction_buckets(self.chunks[a.chunk].module, self.experts is not None,
                                              self.dp_group, self.expert_dp_group):
             bucket = flat(grads, mask, self.float_dtype, self.device)
@@ -318,6 +332,11 @@ class RankRunner:
         if a.chunk in self.grad_buckets:
             self._record.bucket_starts[a.chunk] = self.grad_buckets[a.chunk].finish()
         if self.sharded or a.chunk in self.grad_buckets:
+            return Kind.RECV, a.chunk, -1
+        if self.zero is not None:
+            del self._state.reductions[a.chunk]
+            for b in range(len(self.zero.of_chunk[a.chunk])):
+                self.zero.finish(a.chunk, b)
             return Kind.RECV, a.chunk, -1
         grads = self._chunk_grads(a.chunk)
         for mask, work, bucket in self._state.reductions.pop(a.chunk):
@@ -489,6 +508,8 @@ class RankRunner:
     def params(self) -> dict[str, Any]:
         """This rank's parameters and gradients, keyed by their name in the whole model."""
         out: dict[str, Any] = {}
+        if self.zero is not None:  # the replicas' summed parts of each bucket, whole (a collective)
+            self.zero.gather_gradients()
         for ch in self.chunks.values():
             if self.mesh is not None:  # gathered whole from the rank's T devices (a collective)
                 out.update(full_parameters(ch.named_parameters(), self.model.heads))  # type: ignore[attr-defined]

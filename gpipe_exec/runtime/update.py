@@ -1,11 +1,8 @@
-"""A rank's optimizer update: the scenario's optimizer, fp32 master weights, ZeRO-1 shards."""
+"""A rank's optimizer update: the scenario's optimizer and fp32 master weights (ZeRO-1's shards: runtime.zero_shards)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from gpipe_sim.scenario.scenario import Scenario
@@ -68,47 +65,3 @@ class Update:
                     p.grad = None
                 else:
                     p.grad.zero_()
-
-
-class ZeroShardUpdate:
-    """ZeRO-1 on one global rank: the rank's parameters flattened (padded to a multiple of D), this
-    replica's 1/D of them as the one tensor its optimizer steps (states for the shard only, and the
-    shard's master copy in fp32); after the step the replicas all-gather the updated shards into
-    every parameter (`gather`, a collective the runtime calls out of the device lock). The same
-    interface as `Update` (`optimizer`, `masters`, `step`)."""
-
-    def __init__(self, params: list[torch.nn.Parameter], scenario: Scenario, replica: int, D: int,
-                 group: Any) -> None:
-        self.params, self.D, self.group = params, D, group
-        total = sum(q.numel() for q in params)
-        self.size = -(-total // D) if total else 0
-        self.lo, self.hi = min(replica * self.size, total), min((replica + 1) * self.size, total)
-        flat = self._flat([q.detach() for q in params])
-        # fp32 like every master copy (in fp32 training the shard's own copy)
-        self.master = torch.nn.Parameter(flat[self.lo:self.hi].to(torch.float32, copy=True))
-        self.optimizer = make_optimizer([self.master], scenario)
-        self.masters = [self.master]
-
-    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
-        return torch.nn.functional.pad(flat, (0, self.size * self.D - flat.numel()))
-
-    def step(self) -> None:
-        """This replica's shard: its optimizer step (compute: under the device lock)."""
-        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params]
-        self.master.grad = self._flat(grads)[self.lo:self.hi].to(torch.float32, copy=True)
-        self.optimizer.step()
-
-    def gather(self) -> None:
-        """Every replica's updated shard into the parameters (a collective: outside the device lock,
-        which a replica sharing this device may need to reach it)."""
-        mine = torch.zeros(self.size, dtype=self.params[0].dtype, device=self.master.device)
-        mine[:self.hi - self.lo] = self.master.detach()
-        parts = [torch.empty_like(mine) for _ in range(self.D)]
-        dist.all_gather(parts, mine, group=self.group)
-        flat = torch.cat(parts)
-        at = 0
-        with torch.no_grad():
-            for q in self.params:
-                q.copy_(flat[at:at + q.numel()].view_as(q))
-                at += q.numel()

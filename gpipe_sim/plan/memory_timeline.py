@@ -29,27 +29,32 @@ A gradient reduction (its group D x C > 1: data or context parallelism) under
 chunk c's all-reduce bucket, one flat copy of its gradients (`ChunkPlan.param_bytes`), from its
 `allreduce` action's start to the end of the `recv` of the reduced tensor that copies it back (as
 torch DDP's default buckets, `gradient_as_bucket_view=False`, are a second copy of the gradients;
-Megatron-LM's contiguous grad buffer is the gradients themselves, so without step_buffers none). With `training.zero: 1`, ZeRO-1 works on the rank's parameters
-flattened and padded to D shards of s = ceil(params / D) elements: the replica's master shard
-(its own slice, at most s elements) is static where the state bytes count no master copy (fp32
-training; for bf16/fp16 the sharded master weights are in the state bytes already); the update
-allocates the shard's gradient (the same slice, in fp32 as the master shard, held to the step's
-end) and, while it runs, the all-gather's buffers (its own shard, D received shards and their
-concatenation: (2D + 1) s elements of the training dtype), which exceed the flattening of the
-gradients (params + (D + 1) s) and an optimizer's temporaries on one flat shard (so
-`RankPlan.update_scratch_bytes` is 0 there). The shard's gradient and the all-gather's buffers are
-in the breakdown (`zero_shard_gradient`, `zero_gather`), as are the buckets (`allreduce_buckets`)
-and the master shard (`zero_master_shard`).
+Megatron-LM's contiguous grad buffer is the gradients themselves, so without step_buffers none).
+
+With `training.zero: 1`, ZeRO-1 works as Megatron-LM's distributed optimizer (gpipe_exec.runtime.zero_shards): each of a chunk's buckets
+(one, or with `overlap_grad_reduce` those of `bucket_bytes`: `zero_bucket_sizes`) of n elements is
+padded to N parts of s = ceil(n / N) (N = D x C) and reduce-scattered, so from the `allreduce` to
+the wait the chunk holds each bucket's padded copy and its received part ((N + 1) s elements a
+bucket, in place of the flat copy); the replica's master shard (its parts, at most s elements a
+bucket) is static where the state bytes count no master copy (fp32 training; for bf16/fp16 the
+sharded master weights are in the state bytes already); the update allocates the shard's gradient
+(fp32, as the master shard, held to the step's end) and, while it runs, one bucket's all-gather
+buffers at a time (its part and the whole: (N + 1) s elements of the training dtype, the largest
+bucket's), above an optimizer's temporaries on one flat shard (so `RankPlan.update_scratch_bytes`
+is 0 there). The shard's gradient and the all-gather's buffers are in the breakdown
+(`zero_shard_gradient`, `zero_gather`), as are the buckets (`allreduce_buckets`) and the master
+shard (`zero_master_shard`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from gpipe_sim.plan.accumulated_gradients import first_backward_transients, gradient_deltas
+from gpipe_sim.plan.buckets import bucket_bytes, buckets
 from gpipe_sim.plan.compile import Plan
 from gpipe_sim.schedule import Kind, Tensor
 
@@ -280,7 +285,7 @@ class DataParallelBytes:
 def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     """The all-reduce buckets and ZeRO-1's flat copies (module docstring) of every global rank."""
     prog = plan.program
-    n, G, D = len(prog.kind), plan.num_ranks, plan.replicas
+    n, G = len(prog.kind), plan.num_ranks
     out = DataParallelBytes(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(G))
     reduced = plan.mesh.gradient_group > 1  # D x C: context parallelism reduces even one replica's gradients
     if not reduced or not plan.scenario.hardware.host.step_buffers or plan.scenario.training.zero >= 2:
@@ -293,19 +298,44 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     training = plan.scenario.training
     if not training.zero:
         return out
-    element = training.dtype_bytes
-    # per pipeline rank: its parameters, flattened and padded to D shards of s = ceil(params / D)
-    total = np.array([sum(plan.chunks[c].params for c in r.chunks) for r in plan.ranks], dtype=float)
-    s = np.ceil(total / D)
+    element, N = training.dtype_bytes, plan.mesh.gradient_group
+    # Megatron-LM's distributed optimizer (gpipe_exec.runtime.zero_shards): per bucket of n
+    # elements, N parts of s = ceil(n / N); replica i owns [i s, (i + 1) s) clipped to n
+    sizes = [zero_bucket_sizes(plan, ch) for ch in plan.chunks]
+    parts = [np.ceil(np.asarray(n, dtype=float) / N) for n in sizes]
+    copies = np.array([float(np.sum((N + 1) * s)) * element for s in parts])  # the padded copy and the part
+    at = prog.kind == Kind.ALLREDUCE
+    out.bucket_alloc[at] = copies[prog.chunk[at]]
+    at = (prog.kind == Kind.RECV) & (prog.tensor == Tensor.REDUCED)
+    out.bucket_free[at] = copies[prog.chunk[at]]
     g = np.arange(G)
-    replica, rank = plan.mesh.replica(g), plan.mesh.pipeline_rank(g)
-    mine = np.minimum((replica + 1) * s[rank], total[rank]) - np.minimum(replica * s[rank], total[rank])
+    index, rank = plan.mesh.replica(g) * plan.scenario.pipeline.context_parallel, plan.mesh.pipeline_rank(g)
+    mine = np.zeros(G)
+    for c, ch in enumerate(plan.chunks):
+        n, s = np.asarray(sizes[c], dtype=float), parts[c]
+        owned = np.minimum((index[:, None] + 1) * s, n) - np.minimum(index[:, None] * s, n)
+        mine += np.where(rank == ch.rank, owned.sum(axis=1), 0.0)
+    largest = np.array([max((float(parts[c].max(initial=0.0)) for c in r.chunks), default=0.0) for r in plan.ranks])
     if training.dtype == "fp32":  # Training.state_bytes_per_param counts a master copy otherwise
         out.master_shard[:] = mine * element
     at = prog.kind == Kind.UPDATE
     out.shard_gradient[at] = mine[prog.rank[at]] * 4.0  # the fp32 master shard's gradient
-    out.gather[at] = (2 * D + 1) * s[plan.mesh.pipeline_rank(prog.rank[at])] * element
+    out.gather[at] = (N + 1) * largest[plan.mesh.pipeline_rank(prog.rank[at])] * element  # one bucket at a time
     return out
+
+
+def zero_bucket_sizes(plan: Plan, chunk: Any) -> list[int]:
+    """Elements of each of a chunk's ZeRO-1 buckets: its layers' parameters in backward order, in
+    buckets of `bucket_bytes` with `overlap_grad_reduce` (gpipe_sim.plan.buckets), else one."""
+    scenario = plan.scenario
+    element = scenario.training.dtype_bytes
+    size = bucket_bytes(scenario) if scenario.training.overlap_grad_reduce else float("inf")
+    params = [layer.params for layer in reversed(plan.layers[chunk.first_layer:chunk.last_layer + 1])]
+    sizes, first = [], 0
+    for last, _ in buckets([n * element for n in params], size):
+        sizes.append(sum(params[first:last + 1]))
+        first = last + 1
+    return [n for n in sizes if n] or [0]
 
 
 def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProfile:

@@ -1,0 +1,158 @@
+"""ZeRO-1 as Megatron-LM's distributed optimizer shards it: each gradient bucket reduce-scattered into its owner's part, the parts stepped, the parameters all-gathered.
+
+Each of a rank's gradient buckets (a chunk's, or with `overlap_grad_reduce` each of its buckets:
+`gpipe_exec.runtime.grad_buckets.bucket_groups`) is flattened and padded to a multiple of N (the
+gradient group, D x C: `gpipe_sim.mesh.Mesh.gradient_group`) and cut into N equal parts of s_b
+elements; replica i owns the i-th (`ShardLayout`), as Megatron-LM's `_ParamAndGradBuffer` shards each
+bucket over the data-parallel group. The reduction reduce-scatters each bucket, so that a replica
+receives its part summed over the group, and writes it into its parameters' gradients (the rest of
+them stay unreduced, as Megatron's grad buffer outside a rank's shard); the optimizer steps the
+concatenation of the replica's parts (one fp32 tensor: states for the shard only); after the step
+every bucket's parts are all-gathered into the parameters, one bucket at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gpipe_exec.runtime.update import make_optimizer
+from gpipe_sim.scenario.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """One bucket's sharding: `size` elements of gradients, padded to `parts` x `part` (part =
+    ceil(size / parts)), this replica's part [lo, hi) of them (clipped to the bucket)."""
+
+    size: int
+    parts: int
+    replica: int
+
+    @property
+    def part(self) -> int:
+        return -(-self.size // self.parts)
+
+    @property
+    def lo(self) -> int:
+        return min(self.replica * self.part, self.size)
+
+    @property
+    def hi(self) -> int:
+        return min((self.replica + 1) * self.part, self.size)
+
+
+def _flat(tensors: Sequence[torch.Tensor], padded: int) -> torch.Tensor:
+    """The tensors flattened into one new tensor of `padded` elements (zeros after them)."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    return nn.functional.pad(flat, (0, padded - flat.numel()))
+
+
+def _read(tensors: Sequence[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
+    """Elements [lo, hi) of the tensors as if flattened one after another, as one new tensor."""
+    pieces, at = [], 0
+    for t in tensors:
+        a, b = max(lo, at), min(hi, at + t.numel())
+        if a < b:
+            pieces.append(t.reshape(-1)[a - at:b - at])
+        at += t.numel()
+    return torch.cat(pieces) if pieces else tensors[0].new_zeros(0)
+
+
+def _write(params: Sequence[torch.Tensor], values: torch.Tensor, lo: int) -> None:
+    """Copy `values` into elements [lo, lo + len) of the tensors as if flattened one after another."""
+    at, hi = 0, lo + values.numel()
+    for t in params:
+        a, b = max(lo, at), min(hi, at + t.numel())
+        if a < b:
+            t.view(-1)[a - at:b - at].copy_(values[a - lo:b - lo])
+        at += t.numel()
+
+
+class ZeroShardUpdate:
+    """ZeRO-1 on one global rank (module docstring). `buckets`: per chunk, its buckets' parameters
+    (as the optimizer sees them); `replica` of `parts` in the gradient `group`. The same interface
+    as `runtime.update.Update` (`optimizer`, `masters`, `step`), with the reduction (`start`,
+    `finish`) and the all-gather (`gather`, a collective the runtime calls out of the device lock)."""
+
+    def __init__(self, buckets: dict[int, list[list[nn.Parameter]]], scenario: Scenario, replica: int,
+                 parts: int, group: Any, comm: Any) -> None:
+        self.group, self.comm = group, comm
+        self.buckets: list[list[nn.Parameter]] = []
+        self.of_chunk: dict[int, list[int]] = {}  # chunk -> its buckets' indices
+        for c in sorted(buckets):
+            mine = [b for b in buckets[c] if b]
+            self.of_chunk[c] = list(range(len(self.buckets), len(self.buckets) + len(mine)))
+            self.buckets += mine
+        self.layouts = [ShardLayout(sum(q.numel() for q in b), parts, replica) for b in self.buckets]
+        owned = [_read([q.detach() for q in b], s.lo, s.hi) for b, s in zip(self.buckets, self.layouts)]
+        self.master = nn.Parameter(torch.cat(owned).to(torch.float32, copy=True))  # fp32 like every master
+        self.optimizer = make_optimizer([self.master], scenario)
+        self.masters = [self.master]
+        self.pending: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
+
+    def start(self, chunk: int, b: int) -> None:
+        """Start the reduce-scatter of chunk `chunk`'s bucket b (`comm.reduce_scatter`, asynchronous):
+        its gradients flattened and padded, this replica's part received."""
+        index = self.of_chunk[chunk][b]
+        bucket, s = self.buckets[index], self.layouts[index]
+        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in bucket]
+        flat = _flat(grads, s.parts * s.part)
+        mine = torch.empty(s.part, dtype=flat.dtype, device=flat.device)
+        self.pending[index] = (self.comm.reduce_scatter(mine, flat, self.group, chunk), flat, mine)
+
+    def finish(self, chunk: int, b: int) -> None:
+        """Wait for the reduce-scatter of chunk `chunk`'s bucket b and write the summed part into
+        the gradients it covers."""
+        b = self.of_chunk[chunk][b]
+        work, _, mine = self.pending.pop(b)
+        self.comm.wait_collective(work, chunk)
+        s = self.layouts[b]
+        for q in self.buckets[b]:
+            if q.grad is None:
+                q.grad = torch.zeros_like(q)
+        _write([q.grad for q in self.buckets[b]], mine[:s.hi - s.lo], s.lo)  # type: ignore[misc]
+
+    def step(self) -> None:
+        """This replica's parts: its optimizer step (compute: under the device lock)."""
+        parts = [_read([q.grad if q.grad is not None else torch.zeros_like(q) for q in bucket], s.lo, s.hi)
+                 for bucket, s in zip(self.buckets, self.layouts)]
+        self.master.grad = torch.cat(parts).to(torch.float32)  # one new fp32 tensor of the parts
+        self.optimizer.step()
+
+    def _gathered(self, b: int, mine: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """Every replica's part of bucket b (this one's: `mine`), all-gathered in `like`'s dtype:
+        the bucket, padded (its part and the whole: (N + 1) s_b elements)."""
+        s = self.layouts[b]
+        part = torch.zeros(s.part, dtype=like.dtype, device=like.device)
+        part[:s.hi - s.lo] = mine
+        whole = torch.empty(s.parts * s.part, dtype=like.dtype, device=like.device)
+        dist.all_gather_into_tensor(whole, part, group=self.group)
+        return whole
+
+    def gather(self) -> None:
+        """Every replica's updated parts into the parameters, bucket by bucket (a collective:
+        outside the device lock, which a replica sharing this device may need to reach it)."""
+        at = 0
+        with torch.no_grad():
+            for b, (bucket, s) in enumerate(zip(self.buckets, self.layouts)):
+                mine = self.master.detach()[at:at + s.hi - s.lo]
+                _write(bucket, self._gathered(b, mine, bucket[0])[:s.size], 0)
+                at += s.hi - s.lo
+
+    def gather_gradients(self) -> None:
+        """Every replica's summed part of each bucket into the gradients, which then hold the whole
+        reduced gradient (a collective, to report them: the step needs only this replica's parts)."""
+        for b, (bucket, s) in enumerate(zip(self.buckets, self.layouts)):
+            for q in bucket:
+                if q.grad is None:
+                    q.grad = torch.zeros_like(q)
+            grads = [q.grad for q in bucket]
+            _write(grads, self._gathered(b, _read(grads, s.lo, s.hi), grads[0])[:s.size], 0)  # type: ignore[arg-type]
+
+
+__all__ = ["ShardLayout", "ZeroShardUpdate"]

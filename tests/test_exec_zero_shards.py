@@ -1,0 +1,68 @@
+"""ZeRO-1 as Megatron-LM's distributed optimizer (gpipe_exec.runtime.zero_shards), without a launch:
+each bucket padded to N equal parts and reduce-scattered, each replica writing back its part only."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpipe_exec.runtime.zero_shards import ShardLayout, ZeroShardUpdate  # noqa: E402
+from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
+
+N = 2  # replicas
+
+
+class SummingComm:
+    """Both replicas' reduce-scatters of one bucket, run once both have started: part i of the sum
+    to replica i (as torch.distributed.reduce_scatter_tensor)."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def reduce_scatter(self, output: torch.Tensor, flat: torch.Tensor, group: object, chunk: int) -> int:
+        self.started.append((output, flat))
+        return len(self.started) - 1
+
+    def wait_collective(self, work: int, chunk: int) -> None:
+        if len(self.started) % N == 0:  # every replica's input is there
+            group = self.started[-N:]
+            total = sum(flat for _, flat in group)
+            for i, (output, _) in enumerate(group):
+                output.copy_(total.chunk(N)[i])
+
+
+def _scenario():
+    return parse_scenario({"model": {"preset": "mlp", "layers": 2, "width": 4, "input_dim": 3, "num_classes": 2},
+                           "hardware": {"preset": "cpu"},
+                           "pipeline": {"stages": 1, "data_parallel": N, "micro_batches": 1, "batch_size": 2},
+                           "training": {"optimizer": "sgd", "zero": 1}})
+
+
+def test_layout_parts_are_equal_and_clipped() -> None:
+    layouts = [ShardLayout(11, 2, i) for i in range(2)]
+    assert [(s.part, s.lo, s.hi) for s in layouts] == [(6, 0, 6), (6, 6, 11)]
+
+
+def test_each_bucket_is_reduce_scattered_and_only_the_owned_part_written_back() -> None:
+    comm = SummingComm()
+    replicas = []
+    for i in range(N):
+        params = [torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(5))]  # 11 elements
+        for q, value in zip(params, (1.0 + i, 10.0 * (1 + i))):
+            q.grad = torch.full_like(q, value)
+        replicas.append((params, ZeroShardUpdate({0: [params]}, _scenario(), i, N, None, comm)))
+    for _, update in replicas:
+        update.start(0, 0)
+    assert all(flat.numel() == 12 and out.numel() == 6 for out, flat in comm.started)  # padded 11 -> 2 x 6
+    for _, update in replicas:
+        update.finish(0, 0)
+    whole = torch.cat([torch.full((6,), 3.0), torch.full((5,), 30.0)])  # the summed gradient, flattened
+    for i, (params, _) in enumerate(replicas):
+        flat = torch.cat([q.grad.reshape(-1) for q in params])
+        lo, hi = 6 * i, min(6 * (i + 1), 11)
+        assert torch.equal(flat[lo:hi], whole[lo:hi])  # its part reduced
+        other = torch.cat([torch.full((6,), 1.0 + i), torch.full((5,), 10.0 * (1 + i))])
+        rest = torch.ones(11, dtype=torch.bool)
+        rest[lo:hi] = False
+        assert torch.equal(flat[rest], other[rest])  # the rest as its own backward left it
