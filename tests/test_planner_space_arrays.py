@@ -129,3 +129,22 @@ def test_cost_table_prices_twin_layers_once_and_alike(tensor_parallel):
         assert costs.times(b).tolist() == [list(row) for row in want]
         assert costs.compute_times(b).tolist() == [
             list(layer_pass_times(layer, b, costs.accel, costs.dtype, costs.dtype_bytes)) for layer in costs.layers]
+
+
+@pytest.mark.parametrize("name, K, M, v", [("1f1b", 4, 6, 1), ("interleaved_1f1b", 2, 4, 2), ("zbv", 2, 5, 2),
+                                           ("looped_bfs", 2, 3, 2)])
+def test_per_layer_remat_modes_hold_what_none_holds(name, K, M, v):
+    """The held-activation bound builds one schedule for none, full and selective: their programs
+    (and so the samples each chunk holds) are the same."""
+    from gpipe_sim.plan.partition import held_activations, micro_batch_sizes
+    from gpipe_sim.schedule.lower import build_schedule
+
+    plain = build_schedule(K, M, name, "none", v).columns
+    for remat in ("full", "selective"):
+        columns = build_schedule(K, M, name, remat, v).columns
+        for field in vars(plain):
+            got, want = getattr(columns, field), getattr(plain, field)
+            assert np.array_equal(got, want) if isinstance(want, np.ndarray) else got == want, (remat, field)
+        held = held_activations(build_schedule(K, M, name, remat, v), micro_batch_sizes(2 * M + 1, M))
+        plain_held = held_activations(build_schedule(K, M, name, "none", v), micro_batch_sizes(2 * M + 1, M))
+        assert all(np.array_equal(a, b) for a, b in zip(held.rows, plain_held.rows))

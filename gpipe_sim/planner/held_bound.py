@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from gpipe_sim.model.recompute import per_layer
 from gpipe_sim.plan.partition import held_activations, micro_batch_sizes
 from gpipe_sim.planner.bounds import _SLACK, CostTable, _segment_cost, chunk_placement, min_max_partition
 from gpipe_sim.planner.space import Candidate
@@ -19,8 +20,10 @@ def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndar
     most it holds at some moment; per rank, every undominated moment as a (moments x its chunks)
     matrix (None where too many to list). A sample counts when kept, or when held as an input and
     re-computed at the same time (input + re-computed bytes >= the saved bytes)."""
-    return _held_samples(cand.schedule, cand.stages, cand.micro_batches,
-                         cand.chunks, cand.remat, batch // cand.data_parallel)
+    # the per-layer modes keep every forward, as "none" does (`saves_activations`): the same programs
+    remat = "none" if per_layer(cand.remat) else cand.remat
+    return _held_samples(cand.schedule, cand.stages, cand.micro_batches, cand.chunks, remat,
+                         batch // cand.data_parallel)
 
 
 def _effective(rows: np.ndarray) -> np.ndarray:
