@@ -10,7 +10,8 @@ from torch import nn
 
 from gpipe_exec.measure.meters import SavedBytesMeter, tensor_bytes
 from gpipe_exec.runtime.checkpoint import rng_state, set_rng_state
-from gpipe_exec.runtime.split_backward import WeightPass, WeightWork, backward_input, backward_weight
+from gpipe_exec.runtime.split_backward import (Accumulated, WeightPass, WeightWork, backward_input,
+                                               backward_weight)
 
 
 @dataclass
@@ -39,6 +40,9 @@ class Chunk:
     batch_size: int
     parent_meter: SavedBytesMeter | None = None  # the rank's meter (all its chunks)
     weight_pass: WeightPass = "reuse"  # how backward_weight works (split_backward)
+    # told each group of parameters a weight pass has just added gradients to (split_backward:
+    # overlap_grad_reduce's buckets count them, as autograd's hooks do for a full backward)
+    accumulated: Accumulated | None = None
     meter: SavedBytesMeter = field(init=False)
     micro: dict[int, MicroBatch] = field(default_factory=dict)
     losses: dict[int, float] = field(default_factory=dict)
@@ -139,7 +143,7 @@ class Chunk:
         """Accumulate micro-batch m's parameter gradients and free it (its last backward pass)."""
         mb = self.micro.pop(m)
         assert mb.weight is not None, f"chunk {self.index}: backward_weight of micro-batch {m} before its backward_input"
-        backward_weight(mb.weight, list(self.module.parameters()))
+        backward_weight(mb.weight, list(self.module.parameters()), self.accumulated)
         self.meter.release(m)
 
     def named_parameters(self) -> dict[str, torch.nn.Parameter]:

@@ -71,17 +71,28 @@ class GradBuckets:
         self.pending: list[int] = []
         self.works: dict[int, tuple[Any, torch.Tensor]] = {}
         self.started_at: list[float] = []  # when each started bucket's all-reduce was launched
+        self.bucket_of = {id(p): b for b, group in enumerate(self.groups) for p in group}
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(b))
                       for b, group in enumerate(self.groups) for p in group if p.requires_grad]
 
+    def _count(self, b: int) -> None:
+        """One more of bucket b's gradients accumulated: start it once it holds them all."""
+        if not self.armed or b in self.works:
+            return
+        self.pending[b] -= 1
+        if self.pending[b] == 0:
+            self._launch(b)
+
     def _hook(self, b: int) -> Callable[[torch.Tensor], None]:
-        def accumulated(_: torch.Tensor) -> None:
-            if not self.armed or b in self.works:
-                return
-            self.pending[b] -= 1
-            if self.pending[b] == 0:
-                self._launch(b)
-        return accumulated
+        return lambda _: self._count(b)
+
+    def accumulated(self, params: Sequence[nn.Parameter]) -> None:
+        """These parameters' gradients have just been added outside autograd's accumulation (a
+        split backward's weight pass: runtime.split_backward), which fires no hook: count them."""
+        for p in params:
+            b = self.bucket_of.get(id(p))
+            if b is not None and p.requires_grad:
+                self._count(b)
 
     def arm(self) -> None:
         """Start counting gradients: the next backward pass is the chunk's last of the step."""

@@ -149,6 +149,8 @@ class RankRunner:
             self.shapes = sequence_shards(self.shapes, (self.T if self.sequence_parallel else 1) * self.CP)
         self.grad_buckets = chunk_buckets({c: ch.module for c, ch in self.chunks.items()}, sc, reducers,
                                           self.sharded, self.comm, self.dp_group, clock, self.zero)
+        for c, reduction in self.grad_buckets.items():  # a split backward's weight passes count in too
+            self.chunks[c].accumulated = reduction.accumulated
         self._buffers: dict[int, torch.Tensor] = {}
         # (With T or C > 1 a pass's collectives wait for the rank's other devices: a device lock shared
         # with another rank could hold one of them back while it holds the lock, so none is taken.)

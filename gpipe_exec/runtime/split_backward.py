@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import torch
 from torch.autograd.graph import GradientEdge, Node
@@ -148,7 +148,12 @@ def backward_input(output: torch.Tensor, grad_output: torch.Tensor | None, input
     return grad, WeightWork("reuse", groups=groups)
 
 
-def _accumulate(params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor | None]) -> None:
+Accumulated = Callable[[Sequence[torch.nn.Parameter]], None]
+
+
+def _accumulate(params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor | None],
+                accumulated: Accumulated | None = None) -> None:
+    done = []
     for p, g in zip(params, grads):
         if g is None:
             continue
@@ -156,17 +161,24 @@ def _accumulate(params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tens
             p.grad = g
         else:
             p.grad += g
+        done.append(p)
+    if accumulated is not None:
+        accumulated(done)
 
 
-def backward_weight(work: WeightWork, params: Sequence[torch.nn.Parameter]) -> None:
-    """Accumulate the parameters' gradients into `.grad`; the graph is freed as it is walked."""
+def backward_weight(work: WeightWork, params: Sequence[torch.nn.Parameter],
+                    accumulated: Accumulated | None = None) -> None:
+    """Accumulate the parameters' gradients into `.grad`; the graph is freed as it is walked.
+    `accumulated(params)` is told each group of parameters whose gradients have just been added
+    (as autograd's post-accumulate-grad hooks would be, which a gradient computed by
+    `torch.autograd.grad` and added here does not fire; the "full" mode's backward fires them)."""
     if work.mode == "full":
         torch.autograd.backward(work.output, work.grad_output)
         return
     if work.mode == "simple":
         wanted = [p for p in params if p.requires_grad]
         grads = torch.autograd.grad(work.output, wanted, work.grad_output, allow_unused=True)
-        _accumulate(wanted, grads)
+        _accumulate(wanted, grads, accumulated)
         return
     for group in work.groups:
         edges, seeds = [], []
@@ -187,5 +199,5 @@ def backward_weight(work: WeightWork, params: Sequence[torch.nn.Parameter]) -> N
         finally:
             for handle in handles:
                 handle.remove()
-        _accumulate(group.params, grads)
+        _accumulate(group.params, grads, accumulated)
     work.groups = []
