@@ -169,14 +169,6 @@ def test_zero2_runs_with_one_stage_and_is_refused_with_two_in_one_line() -> None
         check_model(base.with_updates({"pipeline.stages": 2}))
 
 
-def test_validate_refuses_context_parallelism_beside_tensor_parallelism_in_one_line() -> None:
-    """validate profiles layers split over T or over C processes (tests/test_exec_validate_split.py), not both."""
-    from gpipe_exec.checks.validate import validate
-
-    with pytest.raises(ScenarioError, match=r"^pipeline.context_parallel: validate profiles context parallelism"):
-        validate(scenario(Case(C=2, K=1, M=2, schedule="1f1b", T=2)))
-
-
 def run_cases(world: int, cases: list[Case], steps: int = 1) -> list[tuple[Case, dict[str, Any], float]]:
     """One launch of `world` processes running every case: each case's parameters and gradients
     (from each rank's c = 0 process) and its first step's loss."""

@@ -20,11 +20,13 @@ MODEL = dict(preset="transformer", layers=4, d_model=16, d_ff=32, heads=4, kv_he
 MOE = dict(experts=4, top_k=2, expert_d_ff=24, shared_experts=1, moe_every=2, first_dense_layers=1)
 
 
-def scenario(C: int = 1, E: int = 1, D: int = 1, K: int = 1, moe: bool = False) -> Scenario:
+def scenario(C: int = 1, E: int = 1, D: int = 1, K: int = 1, T: int = 1, moe: bool = False) -> Scenario:
+    """The model at C, E, D, K and T (with sequence parallelism at T > 1, as experts need it)."""
     return parse_scenario({
         "model": {**MODEL, **(MOE if moe else {})}, "hardware": {"preset": "cpu"},
         "pipeline": {"stages": K, "micro_batches": 2, "batch_size": 4 * D, "schedule": "1f1b",
-                     "data_parallel": D, "context_parallel": C, "expert_parallel": E},
+                     "data_parallel": D, "context_parallel": C, "expert_parallel": E, "tensor_parallel": T,
+                     "sequence_parallel": T > 1},
         "training": {"optimizer": "momentum"}})
 
 
@@ -55,35 +57,34 @@ def test_a_table_runs_at_the_c_and_e_it_was_profiled_at_only() -> None:
         table_scenario(1, 2, table())
 
 
-def test_validate_refuses_c_beside_t_in_one_line() -> None:
-    from gpipe_exec.checks.validate import validate
-
-    sc = scenario(C=2).with_updates({"pipeline.tensor_parallel": 2})
-    with pytest.raises(ScenarioError, match=r"^pipeline.context_parallel: validate profiles context parallelism \(2\)"):
-        validate(sc)
-
-
 @pytest.mark.slow
 def test_validate_runs_c2_and_e2_and_predicts_their_memory() -> None:
-    """C = 2 with two stages (4 processes) and E = 2 over two replicas (2 processes): profiled on
-    every device at once, predicted from that table, run; each rank's saved-tensor accounting and
-    measured peak within validate's tolerances. The tables record what the simulator's preset
+    """C = 2 with two stages (4 processes), E = 2 over two replicas (2 processes), and at T = 2
+    (sequence parallel) C = 2 and E = 2 (4 processes each): profiled on every device at once,
+    predicted from that table, run; each rank's saved-tensor accounting and measured peak within
+    validate's tolerances. The tables record what the simulator's preset
     counts: the whole model's parameters, s/C tokens of input, each MoE row's local experts."""
     from gpipe_exec.checks.validate import validate
     from gpipe_exec.launch.spawn import LaunchOptions
     from gpipe_exec.profile import ProfileOptions
+    from gpipe_exec.zoo import build_layer
 
     options = LaunchOptions(comm_timeout_s=60, run_timeout_s=900)
     profile = ProfileOptions(warmup=0, repeats=1, min_time_s=0.0)
-    for sc in (scenario(C=2, K=2), scenario(E=2, D=2, moe=True)):
+    for sc in (scenario(C=2, K=2), scenario(E=2, D=2, moe=True), scenario(C=2, T=2),
+               scenario(E=2, D=2, T=2, moe=True)):
         v = validate(sc, steps=1, warmup=1, options=options, calibrate=False, profile=profile)
         p = sc.pipeline
         assert v.table is not None and v.measured.result.step_time_s > 0 and v.predicted.step_time_s > 0
         assert v.table.get("context_parallel", 1) == p.context_parallel
         assert v.table.get("expert_parallel", 1) == p.expert_parallel
-        assert v.table["parameters"] == sum(layer.params for layer in build_layers(sc.model))  # every expert
+        assert v.table.get("tensor_parallel", 1) == p.tensor_parallel
+        whole = [build_layer(sc.model, i, tensor_parallel=p.tensor_parallel) for i in range(len(v.table["layers"]))]
+        assert v.table["parameters"] == sum(q.numel() for layer in whole for q in layer.parameters())  # every expert
         assert v.table["input_bytes_per_sample"] == 8 * MODEL["seq_len"] / p.context_parallel  # int64 ids
-        expected = [layer.expert_params for layer in build_layers(sc.model, expert_parallel=p.expert_parallel)]
+        expected = [layer.expert_params for layer in build_layers(sc.model, tensor_parallel=p.tensor_parallel,
+                                                                  sequence_parallel=p.sequence_parallel,
+                                                                  expert_parallel=p.expert_parallel)]
         assert [row.get("expert_params", 0) for row in v.table["layers"]] == expected
         errors = v.relative_error
         for stage in range(p.stages):

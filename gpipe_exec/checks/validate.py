@@ -135,10 +135,6 @@ def validate(scenario: Scenario, *, steps: int = 5, warmup: int = 2, profile: Pr
         raise ScenarioError(f"pipeline.remat: validate predicts from a profiled layer table, which gpipe-sim "
                             f"cannot run {scenario.pipeline.remat} on; compare `gpipe-exec run` with "
                             "`gpipe-sim simulate` of the preset instead (as tests/test_exec_recompute.py does)")
-    C = scenario.pipeline.context_parallel
-    if T > 1 and C > 1:  # the profile splits layers over T or over C processes, not both
-        raise ScenarioError(f"pipeline.context_parallel: validate profiles context parallelism ({C}) at "
-                            f"tensor_parallel 1 only, not {T}; compare `gpipe-exec run` with `gpipe-sim simulate`")
     if table is None:  # before profiling: the model builds and (on CPU) its ranks fit in free memory
         check_runnable(scenario, options.device)
     device_map = scenario.mesh.process_devices()  # one process per device (T per rank)

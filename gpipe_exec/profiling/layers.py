@@ -125,10 +125,12 @@ def check_meta(meta: bool, tensor_parallel: int, context_parallel: int = 1, expe
 
 
 def expert_parameters(layer: nn.Module) -> int:
-    """The routed experts' parameters `layer` holds (0 for a layer without experts)."""
+    """The routed experts' parameters `layer` holds, as this device holds them (a split DTensor's
+    local shard; 0 for a layer without experts)."""
+    from gpipe_exec.measure.meters import local_data
     from gpipe_exec.runtime.experts import expert_mask
 
-    return sum(p.numel() for p, routed in zip(layer.parameters(), expert_mask(layer)) if routed)
+    return sum(local_data(p).numel() for p, routed in zip(layer.parameters(), expert_mask(layer)) if routed)
 
 
 def local_parameters(layer: nn.Module) -> list[nn.Parameter]:

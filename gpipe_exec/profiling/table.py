@@ -256,10 +256,12 @@ def profile_on_rank(scenario: Scenario, options: ProfileOptions, rank: int) -> d
     from gpipe_exec.runtime.tensor_parallel import device_mesh
 
     p = scenario.pipeline
-    if p.tensor_parallel > 1:  # with E > 1 too: each tensor rank's expert group (C > 1 is validate's to refuse)
+    if p.tensor_parallel > 1:  # with C or E > 1 too: each tensor rank's ring and expert group
         mesh = device_mesh(profile_device(options.device).type, scenario.mesh)
-        experts = split_groups(scenario, rank, profile_device(options.device))[1] if p.expert_parallel > 1 else None
-        return profile_model(scenario, options, mesh=mesh["tp"], together=dist.group.WORLD, experts=experts)
+        sequence, experts = (split_groups(scenario, rank, profile_device(options.device))
+                             if p.context_parallel * p.expert_parallel > 1 else (None, None))
+        return profile_model(scenario, options, mesh=mesh["tp"], together=dist.group.WORLD, sequence=sequence,
+                             experts=experts)
     if p.context_parallel * p.expert_parallel > 1:
         sequence, experts = split_groups(scenario, rank, profile_device(options.device))
         return profile_model(scenario, options, together=dist.group.WORLD, sequence=sequence, experts=experts)
