@@ -57,6 +57,23 @@ def test_a_table_runs_at_the_c_and_e_it_was_profiled_at_only() -> None:
         table_scenario(1, 2, table())
 
 
+def test_a_table_file_keeps_what_the_profile_wrote(tmp_path) -> None:
+    """Read from a file (`model: {preset: table, path: ...}`), a table keeps the T, C and E it was
+    profiled at and the whole model's figures, as written inline."""
+    import yaml
+
+    from gpipe_sim.model.model import TableModel
+
+    written = {**table(tensor_parallel=2, context_parallel=2, expert_parallel=2), "parameters": 99,
+               "flops_per_sample": 1e9, "tokens_per_sample": 8.0}
+    path = tmp_path / "table.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in written.items() if k != "preset"}))
+    read = TableModel(preset="table", path=str(path))
+    assert (read.tensor_parallel, read.context_parallel, read.expert_parallel) == (2, 2, 2)
+    assert (read.parameters, read.flops_per_sample, read.tokens_per_sample) == (99, 1e9, 8.0)
+    assert read.layers == TableModel(**written).layers
+
+
 @pytest.mark.slow
 def test_validate_runs_c2_and_e2_and_predicts_their_memory() -> None:
     """C = 2 with two stages (4 processes), E = 2 over two replicas (2 processes), and at T = 2

@@ -333,5 +333,8 @@ def load_layer_table_file(path: Path) -> dict[str, Any]:
         data = {"layers": data}
     if not isinstance(data, dict) or "layers" not in data:
         raise ValueError(f"layer table {str(path)!r} must be a list of layers or have a `layers` key")
-    allowed = {"layers", "input_bytes_per_sample", "tensor_parallel", "parameters"}
+    # every field a profile writes (gpipe_exec.profiling.table.profile_model): the T, C and E it was
+    # profiled at, and the whole model's figures where its rows are one device's share
+    allowed = {"layers", "input_bytes_per_sample", "tensor_parallel", "context_parallel", "expert_parallel",
+               "parameters", "flops_per_sample", "tokens_per_sample"}
     return {k: v for k, v in data.items() if k in allowed}
