@@ -109,6 +109,27 @@ def test_each_moe_block_pays_two_all_to_alls_a_pass_and_dense_layers_none():
     assert all_to_all_work(_scenario(1), 0, [b]) is None
 
 
+def test_under_sequence_parallelism_each_tensor_rank_dispatches_its_tokens_and_the_rows_are_gathered():
+    """T = 2 under sequence parallelism (Megatron-LM's expert tensor parallelism of T): each
+    tensor rank's all-to-alls carry its 1/T of the tokens' rows, and the MoE block gathers the
+    routed rows of the s tokens over T and sums the experts' partial outputs back (two halves each
+    way), its attention and shared experts as the dense block's; dense blocks unchanged."""
+    from gpipe_sim.model.tensor_parallel import HALF, transformer_collectives
+
+    sc = _scenario(2).with_updates({"pipeline.tensor_parallel": 2, "pipeline.sequence_parallel": True})
+    one = all_to_all_seconds(sc.hardware, sc.mesh.expert_members(0), 512 * 2 * 512 * 2)  # 1,024 / 2 tokens x 2
+    assert all_to_all_work(sc, 0, [1])[2][0].exposed_forward_s == pytest.approx(2 * one)
+    m = sc.model
+    act, rows = 1024 * 512 * 2.0, 1024 * 2 * 512 * 2.0
+    moe = transformer_collectives(m, 2, True, 2)[2]
+    assert moe.forward == ((HALF, act),) * 4 + ((HALF, rows),) * 2
+    assert moe.backward == ((HALF, act),) * 6 + ((HALF, rows),) * 2
+    assert transformer_collectives(m, 2, True, 2)[1] == transformer_collectives(
+        m.model_copy(update={"experts": 0}), 2, True, 2)[1]  # block 0 is dense
+    routed_only = transformer_collectives(m.model_copy(update={"shared_experts": 0}), 2, True, 2)[2]
+    assert routed_only.forward == ((HALF, act),) * 2 + ((HALF, rows),) * 2 and len(routed_only.backward) == 5
+
+
 def test_dualpipev_hides_the_all_to_alls_behind_the_paired_pass():
     """A forward's all-to-alls run beside the other micro-batch's backward: only what exceeds
     that backward's compute is charged (and a backward's beyond the forward's)."""

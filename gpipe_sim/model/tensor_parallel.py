@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpipe_sim.model.block_shape import kv_heads_problem
+from gpipe_sim.model.experts import routed_rows
 from gpipe_sim.model.model import ModelSpec, TableModel, TransformerModel
 
 # A reduce-scatter or an all-gather of B bytes moves half what a ring all-reduce of B bytes moves
@@ -71,18 +72,38 @@ def transformer_collectives(model: TransformerModel, tp: int, sequence_parallel:
     outputs' gradients, all-gathers the column-parallel inputs again for their weight gradients
     and reduce-scatters those inputs' gradients (six); the embedding reduce-scatters its output
     and all-gathers its gradient; the head all-gathers its input forward, and again backward
-    beside the reduce-scatter of its gradient."""
+    beside the reduce-scatter of its gradient. A MoE block under sequence parallelism:
+    `moe_collectives`."""
     empty = Collectives()
     if tp == 1:
         return [empty] * (model.layers + 2)
     act = float(model.seq_len * model.d_model * dtype_bytes)
     loss = tuple((ALL_REDUCE, 4.0 * model.seq_len) for _ in range(_LOSS_REDUCES))
+    moe = block = None
     if sequence_parallel:
         embed = Collectives(forward=((HALF, act),), backward=((HALF, act),))
         block = Collectives(forward=((HALF, act),) * 4, backward=((HALF, act),) * 6)
         head = Collectives(forward=((HALF, act), *loss), backward=((HALF, act),) * 2)
+        moe = moe_collectives(model, dtype_bytes) if model.experts else None
     else:
         embed = Collectives(forward=((ALL_REDUCE, act),))
         block = Collectives(forward=((ALL_REDUCE, act),) * 2, backward=((ALL_REDUCE, act),) * 2)
         head = Collectives(forward=loss, backward=((ALL_REDUCE, act),))
-    return [embed, *([block] * model.layers), head]
+    return [embed, *(moe if moe is not None and model.is_moe(i) else block for i in range(model.layers)), head]
+
+
+def moe_collectives(model: TransformerModel, dtype_bytes: int) -> Collectives:
+    """A MoE block's collectives on a sample under sequence parallelism, as Megatron-LM's alltoall
+    token dispatcher runs its default expert tensor parallelism of T (gpipe_exec.expert_tensor
+    alike): the attention's as the dense block's (QKV's input gathered, the projection's output
+    scattered; backward the projection's output gradient gathered, QKV's input gathered again and
+    its gradient scattered); the routed rows (`routed_rows` of the s tokens x d_model, every T
+    devices' share) gathered over T before the experts and their partial outputs summed back
+    (`gather_from_sequence_parallel_region`, `reduce_scatter_to_sequence_parallel_region`),
+    backward the same two for their gradients (the gathered rows are kept: no second gather); the
+    shared experts as the dense MLP."""
+    act = float(model.seq_len * model.d_model * dtype_bytes)
+    rows = float(routed_rows(model, model.seq_len) * model.d_model * dtype_bytes)
+    shared = model.shared_experts > 0
+    return Collectives(forward=((HALF, act),) * (2 + 2 * shared) + ((HALF, rows),) * 2,
+                       backward=((HALF, act),) * (3 + 3 * shared) + ((HALF, rows),) * 2)

@@ -52,7 +52,9 @@ def all_to_all_work(scenario: Scenario, device: int, sizes: Sequence[float], lay
     if ep == 1 or not isinstance(model, TransformerModel):
         return None
     members = scenario.mesh.expert_members(device)
-    tokens = model.seq_len // p.context_parallel
+    # each device's own tokens: s / C, and under sequence parallelism 1/T of them (Megatron-LM's
+    # MoE with tensor parallelism routes each tensor rank's share: gpipe_sim.model.tensor_parallel.moe_collectives)
+    tokens = model.seq_len // p.context_parallel // (p.tensor_parallel if p.sequence_parallel else 1)
     sent = routed_rows(model, tokens) * model.d_model * scenario.training.dtype_bytes
     overlapped = p.schedule_name in OVERLAPPING
     accel, training = scenario.hardware.accelerator, scenario.training
