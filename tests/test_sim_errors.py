@@ -109,6 +109,22 @@ def test_missing_file_and_missing_table(tmp_path, capsys):
     assert "cannot read layer table" in capsys.readouterr().err
 
 
+def test_table_file_with_an_unknown_field_is_refused_not_dropped(tmp_path, capsys):
+    rows = [{"name": "l0", "forward_s_per_sample": 1e-3, "backward_s_per_sample": 2e-3, "params": 1024,
+             "activation_bytes_per_sample": 1024}]
+    table = tmp_path / "layers.yaml"
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({"model": {"preset": "table", "path": str(table)},
+                                        "pipeline": {"stages": 1, "micro_batches": 1, "batch_size": 1}}))
+    table.write_text(yaml.safe_dump({"layers": rows, "input_bytes_per_sample": 8}))
+    assert main(["simulate", str(scenario), "--json"]) == 0
+    capsys.readouterr()
+    table.write_text(yaml.safe_dump({"layers": rows, "input_bytes_per_sample": 8, "tensor_paralel": 2}))
+    assert main(["simulate", str(scenario)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown field 'tensor_paralel'" in err and err.count("\n") == 1
+
+
 def test_command_line_process_prints_no_traceback(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(_with("pipeline.stages", 99)))

@@ -323,8 +323,15 @@ ModelSpec = Annotated[
 MODEL_PRESETS = ("uniform", "transformer", "amoebanet", "mlp", "convnet", "table", *ARCHITECTURES)
 
 
+# Every field a profile writes (gpipe_exec.profiling.table.profile_model): the rows, the input's bytes,
+# the T, C and E it was profiled at, and the whole model's figures where its rows are one device's share.
+TABLE_FILE_FIELDS = ("layers", "input_bytes_per_sample", "tensor_parallel", "context_parallel", "expert_parallel",
+                     "parameters", "flops_per_sample", "tokens_per_sample")
+
+
 def load_layer_table_file(path: Path) -> dict[str, Any]:
-    """Read a per-layer table (YAML or JSON) as a dict with `layers` (a list of rows)."""
+    """Read a per-layer table (YAML or JSON) as a dict with `layers` (a list of rows); ValueError
+    naming the file where it is not one, or holds a field other than TABLE_FILE_FIELDS."""
     try:
         data = read_data_file(path, "layer table")
     except ScenarioError as exc:
@@ -333,8 +340,8 @@ def load_layer_table_file(path: Path) -> dict[str, Any]:
         data = {"layers": data}
     if not isinstance(data, dict) or "layers" not in data:
         raise ValueError(f"layer table {str(path)!r} must be a list of layers or have a `layers` key")
-    # every field a profile writes (gpipe_exec.profiling.table.profile_model): the T, C and E it was
-    # profiled at, and the whole model's figures where its rows are one device's share
-    allowed = {"layers", "input_bytes_per_sample", "tensor_parallel", "context_parallel", "expert_parallel",
-               "parameters", "flops_per_sample", "tokens_per_sample"}
-    return {k: v for k, v in data.items() if k in allowed}
+    unknown = sorted(str(k) for k in data if k not in TABLE_FILE_FIELDS)
+    if unknown:  # nothing the file says is dropped unread
+        raise ValueError(f"layer table {str(path)!r}: unknown field {unknown[0]!r} (a table file holds "
+                         f"{', '.join(TABLE_FILE_FIELDS)})")
+    return dict(data)
