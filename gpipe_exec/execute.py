@@ -13,6 +13,7 @@ from gpipe_exec.zoo import check_buildable
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError, ScenarioError, first_line
 from gpipe_sim.plan.compile import Plan, compile_plan, scenario_schedule
+from gpipe_sim.plan.sharding import shard_degree
 from gpipe_sim.results.result import Result
 from gpipe_sim.model.model import ModelSpec
 from gpipe_sim.scenario.scenario import Scenario
@@ -59,18 +60,23 @@ def check_model(scenario: Scenario) -> None:
 
 def check_sharding(scenario: Scenario) -> None:
     """ScenarioError (one line) unless gpipe-exec runs the scenario's ZeRO-2 or 3 (FSDP2
-    `fully_shard`, runtime.sharded): tensor_parallel 1 and, with pipelining (K > 1), context_parallel
-    1 and a schedule whose backward passes are whole (FSDP2 reduces in its autograd hooks, which a
-    split input/weight backward does not fire)."""
+    `fully_shard`, runtime.sharded): with tensor parallelism (T > 1, torchtitan's 2-D mesh) over
+    the data-parallel dimension alone (context_parallel 1, no hybrid sharding); with pipelining
+    (K > 1) context_parallel 1 and a schedule whose backward passes are whole (FSDP2 reduces in its
+    autograd hooks, which a split input/weight backward does not fire)."""
     p, zero = scenario.pipeline, scenario.training.zero
     if zero < 2 or p.data_parallel * p.context_parallel == 1:
         return
     pipelined = p.stages > 1
     split = pipelined and scenario_schedule(scenario).count(Kind.BACKWARD_INPUT) > 0
-    if p.tensor_parallel > 1 or pipelined and (p.context_parallel > 1 or split):
-        raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{zero} (FSDP2 fully_shard) with tensor_parallel 1 "
-                            "and, with pipelining, context_parallel 1 and a schedule without split backward passes "
-                            f"(not {p.schedule_name}); gpipe-sim predicts the rest")
+    if p.tensor_parallel > 1 and (p.context_parallel > 1 or shard_degree(scenario) < p.data_parallel):
+        raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{zero} (FSDP2 fully_shard) with tensor_parallel "
+                            f"{p.tensor_parallel} on the data-parallel dimension alone (context_parallel 1, "
+                            "shard_within_node false); gpipe-sim predicts the rest")
+    if pipelined and (p.context_parallel > 1 or split):
+        raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{zero} (FSDP2 fully_shard) with pipelining at "
+                            "context_parallel 1 and with a schedule without split backward passes "
+                            f"(not {p.schedule_name} at context_parallel {p.context_parallel}); gpipe-sim predicts the rest")
 
 
 def check_runnable(scenario: Scenario, device: str | None = None) -> Plan:

@@ -73,10 +73,12 @@ def test_hybrid_sharding_equals_plain_training() -> None:
             torch.testing.assert_close(param, ref[key][0], rtol=1e-5, atol=1e-5, msg=key)
 
 
-@pytest.mark.parametrize("updates", [{"pipeline.schedule": "zb_h1"}, {"pipeline.tensor_parallel": 2}])
+@pytest.mark.parametrize("updates", [{"pipeline.schedule": "zb_h1"},
+                                     {"training.zero": 2, "pipeline.tensor_parallel": 2, "pipeline.context_parallel": 2,
+                                      "model.attention": "flash", "model.seq_len": 8}])
 def test_what_fsdp2_cannot_run_is_refused_with_one_line(updates: dict) -> None:
     """A split input/weight backward (FSDP2 reduces in autograd hooks the split does not fire) and
-    tensor parallelism under pipelined ZeRO-3 are refused naming training.zero."""
+    tensor with context parallelism under ZeRO-2 are refused naming training.zero."""
     case = Case("transformer", 2, 4, "1f1b", "none", "adam", D=2, zero=3)
     with pytest.raises(ScenarioError) as info:
         check_runnable(scenario(case).with_updates(updates))

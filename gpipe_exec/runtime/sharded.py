@@ -83,15 +83,19 @@ class PipelinedSharding:
         module.set_requires_gradient_sync(last or self.zero == 2)
 
 
-def shard_chunks(modules: Sequence[nn.Sequential], scenario: Scenario, device_type: str) -> bool:
+def shard_chunks(modules: Sequence[nn.Sequential], scenario: Scenario, device_type: str,
+                 grid: DeviceMesh | None = None) -> bool:
     """Shard these chunks (`shard_chunk`) where the scenario asks for ZeRO-2 or 3 over D x C > 1
     devices (the shard group: `gpipe_sim.plan.sharding.shard_degree` replicas x C); whether it did.
-    Under pipelining (K > 1) `PipelinedSharding` then steers their backward passes."""
+    With tensor parallelism the chunks are split already (their parameters DTensors on `grid`'s
+    "tp" dimension: `runtime.tensor_parallel.device_mesh`) and are sharded on the same grid's "dp"
+    dimension, torchtitan's 2-D composition (FSDP2 then holds each parameter as a (dp, tp)
+    DTensor). Under pipelining (K > 1) `PipelinedSharding` then steers their backward passes."""
     p, zero = scenario.pipeline, scenario.training.zero
     D, C, K = p.data_parallel, p.context_parallel, p.stages
     if D * C == 1 or zero < 2:
         return False
-    mesh = shard_mesh(device_type, D, shard_degree(scenario), C, K)
+    mesh = shard_mesh(device_type, D, shard_degree(scenario), C, K) if grid is None else grid["dp"]
     for module in modules:
         shard_chunk(module, mesh, zero, pipelined=K > 1)
     return True

@@ -296,7 +296,8 @@ def full_parameters(named: dict[str, nn.Parameter], heads: int
             rows, d_model = weight.shape
             head_dim = d_model // heads
             kv_heads = (rows // head_dim - heads) // 2
-            order = torch.argsort(device_major_rows(heads, kv_heads, head_dim, p.device_mesh.size()))
+            T = p.device_mesh.shape[-1]  # the tp dimension (last also of FSDP2's (dp, tp) mesh)
+            order = torch.argsort(device_major_rows(heads, kv_heads, head_dim, T))
             whole = [None if t is None else t[order] for t in whole]
         out[key] = (whole[0].cpu().clone(), None if whole[1] is None else whole[1].cpu().clone())
     return out
