@@ -27,13 +27,13 @@ def check_model(scenario: Scenario) -> None:
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
     chunk on one device per rank; experts
-    with no ZeRO, (at E > 1) no overlap_grad_reduce and (at T > 1) sequence parallelism, as Megatron-LM
+    with ZeRO 0 or 1, (at E > 1) no overlap_grad_reduce and (at T > 1) sequence parallelism, as Megatron-LM
     trains them; ZeRO-2 and 3 as `check_sharding`."""
     check_buildable(scenario.model)
     p = scenario.pipeline
-    if getattr(scenario.model, "experts", 0) and (scenario.training.zero or
+    if getattr(scenario.model, "experts", 0) and (scenario.training.zero > 1 or
                                                   p.expert_parallel > 1 and scenario.training.overlap_grad_reduce):
-        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with training.zero 0 and "
+        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with training.zero 0 or 1 and "
                             "(expert_parallel > 1) overlap_grad_reduce false; gpipe-sim predicts the rest")
     if getattr(scenario.model, "experts", 0) and p.tensor_parallel > 1 and not p.sequence_parallel:
         raise ScenarioError(f"pipeline.sequence_parallel: gpipe-exec runs a mixture of experts at tensor_parallel "

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpipe_exec.runtime.zero_shards import ShardLayout, ZeroShardUpdate  # noqa: E402
+from gpipe_exec.runtime.zero_shards import ShardGroup, ShardLayout, ZeroShardUpdate  # noqa: E402
 from gpipe_sim.scenario.scenario import parse_scenario  # noqa: E402
 
 N = 2  # replicas
@@ -66,3 +66,26 @@ def test_each_bucket_is_reduce_scattered_and_only_the_owned_part_written_back() 
         rest = torch.ones(11, dtype=torch.bool)
         rest[lo:hi] = False
         assert torch.equal(flat[rest], other[rest])  # the rest as its own backward left it
+
+
+def test_an_expert_bucket_held_by_one_process_is_stepped_whole_without_a_collective() -> None:
+    """Expert parallelism with D = E: a routed expert's bucket has an expert-data-parallel group of
+    one (`ShardGroup(None, 1, 0)`): its gradient is the sum already, its whole is this process's part,
+    the dense bucket still reduce-scattered over the N replicas."""
+    comm = SummingComm()
+    replicas = []
+    for i in range(N):
+        dense, expert = torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(3))
+        dense.grad, expert.grad = torch.full_like(dense, 1.0 + i), torch.full_like(expert, 7.0 + i)
+        update = ZeroShardUpdate({0: [[dense]]}, _scenario(), i, N, None, comm, {0: [[expert]]}, ShardGroup(None, 1, 0))
+        replicas.append((dense, expert, update))
+    for *_, update in replicas:
+        assert update.of_chunk == {0: [0, 1]}
+        update.start(0, 0)
+        update.start(0, 1)
+    assert len(comm.started) == N  # the dense bucket's reduce-scatters only
+    for i, (dense, expert, update) in enumerate(replicas):
+        update.finish(0, 0)
+        update.finish(0, 1)
+        assert torch.equal(expert.grad, torch.full((3,), 7.0 + i))  # its own, whole
+        assert update.master.numel() == (3, 2)[i] + 3  # its dense part (5 cut 3 + 2) and the whole expert

@@ -41,14 +41,14 @@ from gpipe_exec.runtime.comm import Comm, data_parallel_groups, stages_through_h
 from gpipe_exec.runtime.context_parallel import (context_groups, context_loss, shard_batch, split_sequence,
                                                  sum_losses)
 from gpipe_exec.runtime.device_lock import device_lock, holding
-from gpipe_exec.runtime.experts import expert_groups, flat, global_names, reduction_buckets, unflat
+from gpipe_exec.runtime.experts import expert_groups, expert_mask, flat, global_names, reduction_buckets, unflat
 from gpipe_exec.measure.records import StepRecord
 from gpipe_exec.runtime.grad_buckets import bucket_groups, chunk_buckets, reduction_size
 from gpipe_exec.runtime.job import Job
 from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_parameters, sequence_shards,
                                                 split_chunk, vocab_parallel_loss)
 from gpipe_exec.runtime.update import Update
-from gpipe_exec.runtime.zero_shards import ZeroShardUpdate
+from gpipe_exec.runtime.zero_shards import ShardGroup, ZeroShardUpdate
 from gpipe_exec.runtime.recompute import apply_recompute
 from gpipe_exec.runtime.sharded import PipelinedSharding, shard_chunks, whole
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
@@ -174,16 +174,27 @@ class RankRunner:
     def _make_update(self, reducers: int) -> tuple[Update | ZeroShardUpdate, ZeroShardUpdate | None]:
         """(the rank's update, ZeRO-1's where it shards): under `training.zero` 1 with more than
         one process summing each gradient (`reducers`, D x C), sharded over the gradient group
-        bucket by bucket (runtime.zero_shards: the chunks' reduction buckets, `bucket_groups`);
-        else the plain update of every local parameter."""
+        bucket by bucket (runtime.zero_shards: the chunks' reduction buckets, `bucket_groups`), with
+        expert parallelism the routed experts' part of each bucket apart, over the D x C / E processes
+        holding the same experts (Megatron-LM's expert-data-parallel buffers); else the plain update
+        of every local parameter."""
         sc = self.scenario
         if reducers == 1 or sc.training.zero != 1:
             return Update([q for shards in self.shards.values() for q in shards.local], sc), None
-        size, buckets = reduction_size(sc), {}
+        size, buckets, own = reduction_size(sc), {}, {}
         for c, ch in self.chunks.items():
             local = dict(zip(map(id, self.shards[c].params), self.shards[c].local))
-            buckets[c] = [[local[id(p)] for p in group] for group in bucket_groups(list(ch.module), size)]
-        zero = ZeroShardUpdate(buckets, sc, self.replica * self.CP + self.cp_rank, reducers, self.dp_group, self.comm)
+            routed = set() if self.experts is None else {  # E > 1: sharded apart (over D x C / E)
+                id(p) for p, routed_expert in zip(ch.module.parameters(), expert_mask(ch.module)) if routed_expert}
+            groups = bucket_groups(list(ch.module), size)
+            buckets[c] = [[local[id(p)] for p in group if id(p) not in routed] for group in groups]
+            own[c] = [[local[id(p)] for p in group if id(p) in routed] for group in groups]
+        experts = None  # the routed experts' buckets' group: their expert-data-parallel one (or this process)
+        if self.experts is not None:
+            group = self.expert_dp_group
+            experts = ShardGroup(group, 1, 0) if group is None else ShardGroup(group, group.size(), group.rank())
+        zero = ZeroShardUpdate(buckets, sc, self.replica * self.CP + self.cp_rank, reducers, self.dp_group, self.comm,
+                               own, experts)
         return zero, zero
 
     def _batch(self, model: ModelSpec) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

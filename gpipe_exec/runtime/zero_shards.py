@@ -8,7 +8,10 @@ bucket over the data-parallel group. The reduction reduce-scatters each bucket, 
 receives its part summed over the group, and writes it into its parameters' gradients (the rest of
 them stay unreduced, as Megatron's grad buffer outside a rank's shard); the optimizer steps the
 concatenation of the replica's parts (one fp32 tensor: states for the shard only); after the step
-every bucket's parts are all-gathered into the parameters, one bucket at a time.
+every bucket's parts are all-gathered into the parameters, one bucket at a time. With expert
+parallelism the routed experts' parameters are bucketed apart and sharded over the processes
+holding the same experts (`ShardGroup` of D x C / E: `gpipe_sim.mesh.Mesh.expert_gradient_group`),
+as Megatron-LM's distributed optimizer shards its expert buffers over the expert-data-parallel group.
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ class ShardLayout:
         return min((self.replica + 1) * self.part, self.size)
 
 
+@dataclass(frozen=True)
+class ShardGroup:
+    """The processes a bucket is sharded over: the process `group` (None: this process alone, no
+    collective), its size `parts` and this process's index `replica` in it."""
+
+    group: Any
+    parts: int
+    replica: int
+
+
 def _flat(tensors: Sequence[torch.Tensor], padded: int) -> torch.Tensor:
     """The tensors flattened into one new tensor of `padded` elements (zeros after them)."""
     flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -75,20 +88,29 @@ def _write(params: Sequence[torch.Tensor], values: torch.Tensor, lo: int) -> Non
 
 class ZeroShardUpdate:
     """ZeRO-1 on one global rank (module docstring). `buckets`: per chunk, its buckets' parameters
-    (as the optimizer sees them); `replica` of `parts` in the gradient `group`. The same interface
-    as `runtime.update.Update` (`optimizer`, `masters`, `step`), with the reduction (`start`,
-    `finish`) and the all-gather (`gather`, a collective the runtime calls out of the device lock)."""
+    (as the optimizer sees them), sharded as `replica` of `parts` in the gradient `group`;
+    `expert_buckets`: per chunk, its routed experts' buckets (after its others), sharded over
+    `expert_group`. The same interface as `runtime.update.Update` (`optimizer`, `masters`, `step`),
+    with the reduction (`start`, `finish`: chunk c's buckets numbered as `of_chunk[c]` lists them) and
+    the all-gather (`gather`, a collective the runtime calls out of the device lock)."""
 
     def __init__(self, buckets: dict[int, list[list[nn.Parameter]]], scenario: Scenario, replica: int,
-                 parts: int, group: Any, comm: Any) -> None:
-        self.group, self.comm = group, comm
+                 parts: int, group: Any, comm: Any, expert_buckets: dict[int, list[list[nn.Parameter]]] | None = None,
+                 expert_group: ShardGroup | None = None) -> None:
+        self.comm = comm
         self.buckets: list[list[nn.Parameter]] = []
+        self.groups: list[ShardGroup] = []  # each bucket's
         self.of_chunk: dict[int, list[int]] = {}  # chunk -> its buckets' indices
+        dense = ShardGroup(group, parts, replica)
         for c in sorted(buckets):
-            mine = [b for b in buckets[c] if b]
+            mine = [(b, dense) for b in buckets[c] if b]
+            if expert_buckets is not None and expert_group is not None:
+                mine += [(b, expert_group) for b in expert_buckets.get(c, []) if b]
             self.of_chunk[c] = list(range(len(self.buckets), len(self.buckets) + len(mine)))
-            self.buckets += mine
-        self.layouts = [ShardLayout(sum(q.numel() for q in b), parts, replica) for b in self.buckets]
+            self.buckets += [b for b, _ in mine]
+            self.groups += [g for _, g in mine]
+        self.layouts = [ShardLayout(sum(q.numel() for q in b), g.parts, g.replica)
+                        for b, g in zip(self.buckets, self.groups)]
         owned = [_read([q.detach() for q in b], s.lo, s.hi) for b, s in zip(self.buckets, self.layouts)]
         self.master = nn.Parameter(torch.cat(owned).to(torch.float32, copy=True))  # fp32 like every master
         self.optimizer = make_optimizer([self.master], scenario)
@@ -102,15 +124,19 @@ class ZeroShardUpdate:
         bucket, s = self.buckets[index], self.layouts[index]
         grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in bucket]
         flat = _flat(grads, s.parts * s.part)
+        if s.parts == 1:  # this process alone holds these parameters: its part is the sum
+            self.pending[index] = (None, flat, flat)
+            return
         mine = torch.empty(s.part, dtype=flat.dtype, device=flat.device)
-        self.pending[index] = (self.comm.reduce_scatter(mine, flat, self.group, chunk), flat, mine)
+        self.pending[index] = (self.comm.reduce_scatter(mine, flat, self.groups[index].group, chunk), flat, mine)
 
     def finish(self, chunk: int, b: int) -> None:
         """Wait for the reduce-scatter of chunk `chunk`'s bucket b and write the summed part into
         the gradients it covers."""
         b = self.of_chunk[chunk][b]
         work, _, mine = self.pending.pop(b)
-        self.comm.wait_collective(work, chunk)
+        if work is not None:
+            self.comm.wait_collective(work, chunk)
         s = self.layouts[b]
         for q in self.buckets[b]:
             if q.grad is None:
@@ -130,8 +156,10 @@ class ZeroShardUpdate:
         s = self.layouts[b]
         part = torch.zeros(s.part, dtype=like.dtype, device=like.device)
         part[:s.hi - s.lo] = mine
+        if s.parts == 1:
+            return part
         whole = torch.empty(s.parts * s.part, dtype=like.dtype, device=like.device)
-        dist.all_gather_into_tensor(whole, part, group=self.group)
+        dist.all_gather_into_tensor(whole, part, group=self.groups[b].group)
         return whole
 
     def gather(self) -> None:
@@ -155,4 +183,4 @@ class ZeroShardUpdate:
             _write(grads, self._gathered(b, _read(grads, s.lo, s.hi), grads[0])[:s.size], 0)  # type: ignore[arg-type]
 
 
-__all__ = ["ShardLayout", "ZeroShardUpdate"]
+__all__ = ["ShardGroup", "ShardLayout", "ZeroShardUpdate"]

@@ -1,0 +1,26 @@
+"""ZeRO-1 with a mixture of experts in gpipe-exec, as Megatron-LM's distributed optimizer shards
+it: the dense parameters' buckets over the D x C data-parallel group, the routed experts' over the
+D x C / E processes holding the same experts (the expert-data-parallel group); gradients and
+parameters equal plain training's (gloo, fp32, two steps)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_exec_context_parallel import Case, assert_equal_to_reference, run_cases  # noqa: E402
+
+# momentum, not Adam: the key bias's gradient is zero but for rounding, which Adam's update would
+# turn into a step of the learning rate's size whose sign the rounding decides
+CASES = [Case(1, 1, 1, "gpipe", D=4, E=2, zero=1, moe=True, optimizer="momentum"),  # experts over 2 of 4
+         Case(1, 2, 2, "1f1b", D=2, E=2, zero=1, moe=True, optimizer="momentum"),  # experts on one process
+         Case(1, 1, 2, "1f1b", D=2, T=2, sp=True, E=2, zero=1, moe=True, optimizer="momentum"),
+         Case(2, 1, 2, "gpipe", D=2, E=2, zero=1, moe=True, optimizer="momentum"),  # over D x C / E = 2
+         Case(1, 1, 1, "gpipe", D=4, zero=1, moe=True, optimizer="momentum")]  # E = 1: every bucket over D
+
+
+def test_distributed_optimizer_with_experts_equals_plain_training() -> None:
+    """Expert-data-parallel groups of 2 (D = 4, E = 2; D = C = E = 2) and of one process (D = E = 2
+    over two stages), with T = 2 under sequence parallelism, and E = 1, in one launch of 4 processes."""
+    assert_equal_to_reference(run_cases(4, CASES, steps=2), steps=2)
