@@ -50,6 +50,42 @@ def test_pipelined_fsdp_gradients_equal_plain_training() -> None:
     assert_equal_to_reference(results["bf16"], steps=2, tolerance=2e-2)
 
 
+def _count_fsdp_collectives(rank: int, device, clock, jobs) -> list[int]:
+    """The executor's task (`run_jobs`), counting FSDP2's all-gathers and reduce-scatters (one call
+    per unit each) on this rank: [all-gathers, reduce-scatters]."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
+
+    from gpipe_exec.launch.spawn import run_jobs
+
+    counts = [0, 0]
+
+    def counted(name: str, slot: int):
+        original = getattr(group, name)
+
+        def call(*args, **kwargs):
+            counts[slot] += 1
+            return original(*args, **kwargs)
+        setattr(group, name, call)
+
+    counted("foreach_all_gather", 0)
+    counted("foreach_reduce", 1)
+    run_jobs(rank, device, clock, jobs)
+    return counts
+
+
+def test_zero2_gathers_once_a_step_and_reduce_scatters_every_micro_batch() -> None:
+    """ZeRO-2 at K = 1 (gpipe, M = 4): each unit's parameters gathered once a step, in the first
+    forward, and kept to the last backward (DeepSpeed's stage 2 keeps the whole weights); its
+    gradients reduce-scattered in every backward (FSDP2 units: the layers holding parameters)."""
+    M, steps = 4, 2
+    case = Case("mlp", 1, M, "gpipe", "none", "adam", D=2, zero=2)
+    plan = check_runnable(scenario(case))
+    gathers, reduces = launch([job_for(plan, steps=steps, warmup=0, memory_step=False)], [0, 1], OPTIONS,
+                              task=_count_fsdp_collectives)
+    units = sum(1 for layer in plan.layers if layer.params)
+    assert (gathers, reduces) == (units * steps, units * M * steps)
+
+
 def _hsdp(D: int = 4, per_node: int = 2):
     return parse_scenario({"model": MLP, "hardware": {"preset": "cpu", "devices_per_node": per_node},
                            "pipeline": {"stages": 1, "data_parallel": D, "micro_batches": 2, "batch_size": 8,

@@ -18,13 +18,14 @@ BANDWIDTH, LATENCY = 50e9, 5e-6  # the v100 preset's link
 ADAM_FP32 = 4 + 4 + 8  # weight, gradient, two fp32 moments
 
 
-def _scenario(zero: int, K: int = 1, D: int = 2, hsdp: bool = False, hardware: dict | None = None, **training):
+def _scenario(zero: int, K: int = 1, D: int = 2, hsdp: bool = False, hardware: dict | None = None, M: int = 2,
+              **training):
     return parse_scenario({
         "model": {"preset": "uniform", "layers": LAYERS, "params_per_layer": PARAMS,
                   "activation_bytes_per_sample": ACTIVATION,
                   "forward_s_per_sample": FORWARD_S, "backward_s_per_sample": BACKWARD_S},
         "hardware": hardware or {"preset": "v100"},
-        "pipeline": {"stages": K, "data_parallel": D, "micro_batches": 2, "batch_size": 2 * D, "schedule": "1f1b",
+        "pipeline": {"stages": K, "data_parallel": D, "micro_batches": M, "batch_size": M * D, "schedule": "1f1b",
                      "remat": "none"},
         "training": {"dtype": "fp32", "optimizer": "adam", "zero": zero, "shard_within_node": hsdp} | training})
 
@@ -159,8 +160,27 @@ def test_zero2_backward_holds_the_previous_layers_reduce_scatter_copy() -> None:
     assert (plain, copied) == (4.0 * PARAMS, 8.0 * PARAMS)
 
 
-def test_zero2_reduces_as_zero1_does() -> None:
-    assert simulate(_scenario(2)).step_time_s == simulate(_scenario(1)).step_time_s
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero2_reduce_scatters_every_micro_batch(overlap: bool) -> None:
+    """K = 1, M = 4 one-sample micro-batches, D = 2 over one link: each backward pass lasts until its
+    gradients are reduce-scattered, and the updated parameters are all-gathered once, after the last.
+    Without overlap (DeepSpeed's default) the whole chunk's after each pass; with it (Megatron's
+    default bucket, 40M fp32 parameters: one closes every two layers, 200 MB) a bucket (2.005 ms)
+    is reduced within the next two layers' backward (4 ms), so each pass exposes the last one's."""
+    M = 4
+    forward, backward = LAYERS * FORWARD_S, LAYERS * BACKWARD_S
+    whole = _half(LAYERS * PARAMS * 4)  # 8.005 ms: a reduce-scatter or an all-gather of the chunk
+    exposed = _half(2 * PARAMS * 4) if overlap else whole
+    update = compile_plan(_scenario(0)).ranks[0].update_s / 2  # the shard's update
+    step = M * (forward + backward + exposed) + whole + update
+    zero2 = simulate(_scenario(2, M=M, overlap_grad_reduce=overlap))
+    assert zero2.step_time_s == pytest.approx(step, rel=1e-9)
+    assert simulate(_scenario(2, M=M, overlap_grad_reduce=overlap), engine="fast").step_time_s == pytest.approx(
+        zero2.step_time_s, rel=1e-12)
+    assert zero2.stages[0].exposed_allreduce_s == pytest.approx(whole, rel=1e-9)  # the all-gather
+    if not overlap:  # ZeRO-1 reduce-scatters once, after the last pass: M - 1 reduce-scatters fewer
+        zero1 = simulate(_scenario(1, M=M))
+        assert zero2.step_time_s - zero1.step_time_s == pytest.approx((M - 1) * whole, rel=1e-9)
 
 
 def test_hybrid_sharding_shards_within_a_node_and_all_reduces_across() -> None:

@@ -15,8 +15,8 @@ its D replicas (`allreduce` starts it after the chunk's last backward pass, or w
 overlap_grad_reduce arms runtime.grad_buckets before it; the REDUCED `recv` waits). ZeRO-1: each
 bucket is reduce-scattered, each replica updating its part of each bucket, then the replicas all-gather
 the parts (runtime.zero_shards, as Megatron-LM's distributed optimizer).
-ZeRO-2/3: FSDP2 reduce-scatters in the backward (runtime.sharded; under pipelining steered before
-each backward pass by its PipelinedSharding); the update steps shards.
+ZeRO-2/3: FSDP2 reduce-scatters in the backward (runtime.sharded; under pipelining or ZeRO-2 steered
+before each backward pass by its BackwardSharding); the update steps shards.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_p
 from gpipe_exec.runtime.update import Update
 from gpipe_exec.runtime.zero_shards import ShardGroup, ZeroShardUpdate
 from gpipe_exec.runtime.recompute import apply_recompute
-from gpipe_exec.runtime.sharded import PipelinedSharding, shard_chunks, whole
+from gpipe_exec.runtime.sharded import BackwardSharding, shard_chunks, whole
 from gpipe_exec.zoo import TORCH_DTYPES, build_layers_range, loss_sum, make_batch
 from gpipe_sim.schedule import ACTION_KINDS, COMPUTE_KINDS, Action, Kind, Tensor
 from gpipe_sim.schedule.global_program import process_program
@@ -129,7 +129,7 @@ class RankRunner:
         self.chunks = self._build_chunks(model)
         # ZeRO-2/3: FSDP2 reduces in the backward itself (runtime.sharded); allreduce actions do nothing
         self.sharded = shard_chunks([ch.module for ch in self.chunks.values()], sc, device.type, self.mesh)
-        self.fsdp = PipelinedSharding.of({c: ch.module for c, ch in self.chunks.items()}, sc, self.actions)
+        self.fsdp = BackwardSharding.of({c: ch.module for c, ch in self.chunks.items()}, sc, self.actions)
         # what the optimizer, the reductions and the memory meter step: each DTensor's local shard
         self.shards = {c: LocalShards(list(ch.module.parameters())) for c, ch in self.chunks.items()}
         self.dp_group = (self.grad_group if self.sequence is not None else None if self.D == 1 else

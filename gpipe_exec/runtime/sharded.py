@@ -1,16 +1,20 @@
 """ZeRO-2 and ZeRO-3/HSDP in gpipe-exec: a chunk's layers wrapped with PyTorch FSDP2 `fully_shard` over the D x C devices holding them.
 
-Without pipelining (K = 1) FSDP2 runs as it does on its own: ZeRO-3 reshards after every forward
-and backward, ZeRO-2 after every backward, and both reduce-scatter every micro-batch's gradients.
+Without pipelining (K = 1) ZeRO-3 runs as FSDP2 does on its own: it reshards after every forward
+and backward and reduce-scatters every micro-batch's gradients. ZeRO-2 keeps the gathered
+parameters from the step's first forward to the chunk's last backward of the step, as DeepSpeed's
+stage 2 keeps the whole weights, all-gathered once after the optimizer step (`BackwardSharding`:
+FSDP2's `reshard_after_forward` False and `set_reshard_after_backward(False)` until the last
+backward), and reduce-scatters every micro-batch's gradients into the replica's shard (only the
+shard of the gradient is kept), at any K.
 With pipelining (K > 1) the chunks are sharded as torchtitan composes FSDP2 with
-torch.distributed.pipelining (`PipelinedSharding`): the gathered parameters are kept from the
+torch.distributed.pipelining (`BackwardSharding`): the gathered parameters are kept from the
 step's first forward to the chunk's last backward of the step (torchtitan's `apply_fsdp`:
 `reshard_after_forward` False under pipelining; the pipeline stage's backward
 `set_reshard_after_backward(False)` until its last); ZeRO-3's gradients accumulate unsharded and
 are reduce-scattered in the chunk's last backward, each layer's as its backward ends
 (`set_requires_gradient_sync` on that backward only, as FSDP2's gradient accumulation and the
-pipeline stage's deferred reduction do); ZeRO-2's are reduce-scattered every micro-batch into the
-replica's shard (DeepSpeed stage 2: only the shard of the gradient is kept).
+pipeline stage's deferred reduction do).
 """
 
 from __future__ import annotations
@@ -55,11 +59,11 @@ def shard_chunk(module: nn.Sequential, mesh: DeviceMesh, zero: int, pipelined: b
         unit.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no pre-multiplied sum)
 
 
-class PipelinedSharding:
-    """What a pipelined rank tells FSDP2 before each backward pass of its sharded chunks (module
-    docstring): on a chunk's last backward of the step, reduce the accumulated gradients and
-    reshard afterwards; on the others, keep the gathered parameters and (ZeRO-3) the unsharded
-    gradients. `modules`: the rank's chunks by index, sharded; `actions`: its program."""
+class BackwardSharding:
+    """What a rank tells FSDP2 before each backward pass of its sharded chunks under pipelining or
+    ZeRO-2 (module docstring): on a chunk's last backward of the step, reduce the accumulated
+    gradients and reshard afterwards; on the others, keep the gathered parameters and (ZeRO-3) the
+    unsharded gradients. `modules`: the rank's chunks by index, sharded; `actions`: its program."""
 
     def __init__(self, modules: dict[int, nn.Module], zero: int, actions: Sequence[Action]) -> None:
         self.modules, self.zero = modules, zero
@@ -67,9 +71,10 @@ class PipelinedSharding:
 
     @classmethod
     def of(cls, modules: dict[int, nn.Module], scenario: Scenario, actions: Sequence[Action]
-           ) -> PipelinedSharding | None:
-        """The control where these chunks are sharded (`shard_chunks`) under pipelining, else None."""
-        if scenario.pipeline.stages == 1 or not all(isinstance(m, FSDPModule) for m in modules.values()):
+           ) -> BackwardSharding | None:
+        """The control where these chunks are sharded (`shard_chunks`) under pipelining or ZeRO-2, else None."""
+        steered = scenario.pipeline.stages > 1 or scenario.training.zero == 2
+        if not steered or not all(isinstance(m, FSDPModule) for m in modules.values()):
             return None
         return cls(modules, scenario.training.zero, actions)
 
@@ -90,7 +95,7 @@ def shard_chunks(modules: Sequence[nn.Sequential], scenario: Scenario, device_ty
     With tensor parallelism the chunks are split already (their parameters DTensors on `grid`'s
     "tp" dimension: `runtime.tensor_parallel.device_mesh`) and are sharded on the same grid's "dp"
     dimension, torchtitan's 2-D composition (FSDP2 then holds each parameter as a (dp, tp)
-    DTensor). Under pipelining (K > 1) `PipelinedSharding` then steers their backward passes."""
+    DTensor). Under pipelining (K > 1) or ZeRO-2 `BackwardSharding` then steers their backward passes."""
     p, zero = scenario.pipeline, scenario.training.zero
     D, C, K = p.data_parallel, p.context_parallel, p.stages
     if D * C == 1 or zero < 2:
@@ -111,4 +116,4 @@ def whole(named: dict[str, nn.Parameter]) -> dict[str, tuple[torch.Tensor, torch
     return out
 
 
-__all__ = ["PipelinedSharding", "shard_chunk", "shard_chunks", "shard_mesh", "whole"]
+__all__ = ["BackwardSharding", "shard_chunk", "shard_chunks", "shard_mesh", "whole"]

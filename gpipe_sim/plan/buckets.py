@@ -112,9 +112,11 @@ def overlap_profiles(plan: Any, kind: np.ndarray, chunk: np.ndarray, micro_batch
     and each action's `duration`): its layers' gradient bytes and their seconds of its last
     backward pass (the pass right after its first `allreduce`, which `overlap_grad_reduce` puts
     before it), in backward order, and their seconds of its first micro-batch's forward, in forward
-    order; None without `overlap_grad_reduce` (or ZeRO-3, which always overlaps) or data parallelism."""
+    order; None without `overlap_grad_reduce` (or ZeRO-3, which always overlaps), under ZeRO-2 (whose
+    backward passes reduce: gpipe_sim.plan.pass_collectives) or without data parallelism."""
     scenario = plan.scenario
-    if not (scenario.training.overlap_grad_reduce or scenario.training.zero == 3) or plan.replicas == 1:
+    zero = scenario.training.zero
+    if not (scenario.training.overlap_grad_reduce or zero == 3) or zero == 2 or plan.replicas == 1:
         return None
     element = scenario.training.dtype_bytes
     starts = np.flatnonzero(kind == Kind.ALLREDUCE)

@@ -13,19 +13,20 @@ import numpy as np
 from gpipe_sim.plan.distinct import distinct_sorted
 from gpipe_sim.plan.links import transfer_link_keys
 from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
+from gpipe_sim.plan.pass_collectives import sharded_passes
 from gpipe_sim.plan.buckets import overlap_profiles
 from gpipe_sim.plan.replicas import data_parallel_groups
 from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.chunk_times import chunk_times
 from gpipe_sim.model.context_parallel import local_model
-from gpipe_sim.plan.sharding import (accumulated_bytes_per_param, bytes_per_param, fsdp_chunk_seconds,
-                                     gathers_per_pass, in_flight_bytes, reduce_scatter_copy_bytes, shard_degree)
+from gpipe_sim.plan.sharding import (accumulated_bytes_per_param, bytes_per_param, reduce_scatter_copy_bytes,
+                                     shard_degree)
 from gpipe_sim.plan.partition import MemoryTable, held_activations, micro_batch_sizes, resolve_partition
 from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScenarioError, ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
-from gpipe_sim.costs.layer_time import layer_pass_times, layer_seconds, update_seconds
+from gpipe_sim.costs.layer_time import layer_seconds, update_seconds
 from gpipe_sim.model.layers import input_bytes_per_sample
 from gpipe_sim.schema.limits import MAX_PASSES
 from gpipe_sim.plan.layer_table import held_parameters, scenario_layers
@@ -232,7 +233,7 @@ class Plan:
         """The global program every engine and every executor rank runs (built once)."""
         training = self.scenario.training
         return global_program(self.schedule, self.replicas, self.program_replicas,
-                              training.overlap_grad_reduce or training.zero == 3,
+                              (training.overlap_grad_reduce and training.zero != 2) or training.zero == 3,
                               reduced=self.mesh.gradient_group > 1)
 
     @cached_property
@@ -291,14 +292,10 @@ def compile_plan(scenario: Scenario) -> Plan:
         own = layers[first : first + count]
         per_size, tp_seconds = chunk_times(scenario, own, first, mesh.rank_devices[schedule.placement[c]],
                                             distinct)
-        in_flight = (0.0, 0.0)
-        if gathers_per_pass(scenario):  # ZeRO-3 without pipelining: each pass gathers its layers
-            shares = np.array([[layer_pass_times(layer, b, accel, dtype, dtype_bytes)[:2] for layer in own]
-                               for b in distinct], dtype=float)
-            per_size[:, :2] = fsdp_chunk_seconds(scenario, own, shares, per_size[:, :2])
-            in_flight = in_flight_bytes(own, dtype_bytes)
-        per_size = per_size[size_index]
         params, experts = held_parameters(scenario, own, count == len(layers)), sum(x.expert_params for x in own)
+        # ZeRO-3 without pipelining gathers in each pass, ZeRO-2 reduce-scatters in each backward
+        per_size, in_flight = sharded_passes(scenario, own, schedule.placement[c], params, experts, distinct, per_size)
+        per_size = per_size[size_index]
         input_per_sample = model_input if c == 0 else layers[first - 1].output_bytes_per_sample
         # a tensor two adjacent layers of the chunk both save is one allocation
         act_per_sample = sum(layer.activation_bytes_per_sample for layer in own) - sum(

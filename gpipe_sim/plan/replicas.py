@@ -46,7 +46,9 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     gpipe_sim.plan.buckets). `chunk_expert_params`: of each chunk's parameters, its routed
     experts' (gpipe_sim.model.experts): without overlap their gradients are a second all-reduce,
     over the D x C / E devices that hold the same experts (`Mesh.expert_gradient_group`), on the same
-    link; with overlap every bucket is reduced over D x C (an upper bound for the experts')."""
+    link; with overlap every bucket is reduced over D x C (an upper bound for the experts'). Under
+    ZeRO-2 each backward pass reduce-scatters its gradients (gpipe_sim.plan.pass_collectives, no
+    `overlap` then) and a group's seconds are the updated parameters' all-gather: half of those rings."""
     mesh = scenario.mesh
     K = mesh.stages
     members = mesh.gradient_group  # D x C: context-parallel ranks reduce their weights' gradients too
@@ -70,12 +72,13 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
         reduce = whole.allreduce
         if zero == 3:
             seconds.append(_sharded_seconds(scenario, rank, per_node, overlap[index]) if K > 1 else 0.0)
-        elif overlap is None:
+        elif overlap is None:  # ZeRO-2's too: its reduce-scatters are in the backward passes, the all-gather left
             experts = chunk_expert_params[index] if chunk_expert_params is not None else 0
             # the experts' gradients: a ring of the D x C / E devices holding the same experts
             alike = Ring(mesh.expert_gradient_group, whole.bandwidth, whole.latency_s)
-            seconds.append(reduce((params - experts) * dtype_bytes)
-                           + (alike.allreduce(experts * dtype_bytes) if experts else 0.0))
+            share = 0.5 if zero == 2 else 1.0  # gpipe_sim.plan.pass_collectives
+            seconds.append(share * (reduce((params - experts) * dtype_bytes)
+                                    + (alike.allreduce(experts * dtype_bytes) if experts else 0.0)))
         elif zero:  # each bucket reduce-scattered, the parameters all-gathered after
             grads, times, forward = overlap[index]
             half = lambda nbytes: reduce(nbytes) / 2  # noqa: E731 (a reduce-scatter or an all-gather)

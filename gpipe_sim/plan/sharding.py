@@ -28,9 +28,9 @@ wraps each transformer block) before its forward and again before its backward, 
 the gathered units in flight (the running one and the prefetched one, plus the running unit's
 unsharded gradient in backward) are transient bytes of the pass (`in_flight_bytes`). With pipelining
 the gather runs in the step's first forward and the reduce-scatter in its last backward, layer by
-layer (gpipe_sim.plan.buckets with one layer a bucket). ZeRO-2's reduce-scatter and all-gather cost
-ZeRO-1's. Under HSDP each reduce-scatter within the node is followed by an all-reduce of the shard
-across the D / S nodes' replicas.
+layer (gpipe_sim.plan.buckets with one layer a bucket). ZeRO-2 reduce-scatters in every backward
+pass and all-gathers once a step (gpipe_sim.plan.pass_collectives). Under HSDP each reduce-scatter
+within the node is followed by an all-reduce of the shard across the D / S nodes' replicas.
 """
 
 from __future__ import annotations

@@ -513,7 +513,7 @@ def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
     program order, and after c*'s last input-gradient
     (or full backward) pass one micro-batch still goes backward through those chunks while the
     rank runs what follows in its program. With D > 1, the all-reduce of the chunk of the rank's
-    last backward pass starts after it, and the update waits for it."""
+    last backward pass (under ZeRO-2 its all-gather) starts after it, and the update waits for it."""
     costs = costs.of(cand)
     prog = plan_.program
     K, C = len(plan_.ranks), len(plan_.chunks)
@@ -550,7 +550,9 @@ def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
                 j = int(final[-1])
                 c = plan_.chunks[int(chunk[j])]
                 update = float(dur[kind == _UPDATE].sum())
-                bound = max(bound, start + float(done[j]) + fixed[r] + per_param[r] * c.params + update)
+                ring = fixed[r] + per_param[r] * c.params
+                # ZeRO-2's passes hold its reduce-scatters (gpipe_sim.plan.pass_collectives): the all-gather is left
+                bound = max(bound, start + float(done[j]) + (ring / 2 if cand.zero == 2 else ring) + update)
     return bound * _SLACK
 
 
