@@ -179,7 +179,7 @@ class _Refiner:
     def __init__(self, costs: CostTable, works: WorkCache) -> None:
         self.costs = costs
         self.works = works
-        self.counts: dict[Any, list[int] | None] = {}
+        self.counts: dict[Any, tuple[list[int] | None, tuple[int, ...] | None]] = {}
         self.memory: dict[Any, float] = {}
         self.cache: dict[Any, float] = {}
 
@@ -188,16 +188,17 @@ class _Refiner:
         memory bound exceeds the capacity (the candidate is pruned by memory: not computed)."""
         costs = self.costs
         rows = self.works.of(cand)
-        largest = int(rows.largest[cand.micro_batches - 1])
+        largest = rows.largest_of[cand.micro_batches - 1]
         T, C, E, D, remat = cand.tensor_parallel, cand.context_parallel, cand.expert_parallel, \
             cand.data_parallel, cand.remat
         ckey = (T, C, E, remat, cand.partition, cand.stages * cand.chunks, largest)
-        if ckey in self.counts:
-            counts = self.counts[ckey]
-        else:
-            counts = self.counts[ckey] = quick_counts(costs, cand, largest)
+        got = self.counts.get(ckey)
+        if got is None:
+            counts = quick_counts(costs, cand, largest)
+            got = self.counts[ckey] = (counts, None if counts is None else tuple(counts))
+        counts, counts_key = got
         placement = chunk_placement(cand)
-        shape = (cand.zero, cand.stages, cand.chunks, placement, None if counts is None else tuple(counts))
+        shape = (cand.zero, cand.stages, cand.chunks, placement, counts_key)
         mkey = (T, C, E, remat, D, largest if counts is not None else cand.micro_batches, *shape)
         memory = self.memory.get(mkey)
         if memory is None:

@@ -42,6 +42,7 @@ class WorkRows:
             trail = trail + n[:, None] * weight
         self.work_, self.trail_ = work, trail
         self.size, self.largest = size, size + (extra > 0)
+        self.largest_of: list[int] = self.largest.tolist()  # row M - 1's, as ints
         self.total = work.sum(axis=1)
         self._chain: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
         self._works: dict[int, Work] = {}
