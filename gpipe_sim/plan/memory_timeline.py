@@ -32,7 +32,7 @@ torch DDP's default buckets, `gradient_as_bucket_view=False`, are a second copy 
 Megatron-LM's contiguous grad buffer is the gradients themselves, so without step_buffers none).
 
 With `training.zero: 1`, ZeRO-1 works as Megatron-LM's distributed optimizer (gpipe_exec.runtime.zero_shards): each of a chunk's buckets
-(one, or with `overlap_grad_reduce` those of `bucket_bytes`: `zero_bucket_sizes`) of n elements is
+(one, or with `overlap_grad_reduce` those of `bucket_bytes`: `plan.zero_shards`) of n elements is
 padded to N parts of s = ceil(n / N) (N = D x C) and reduce-scattered, so from the `allreduce` to
 the wait the chunk holds each bucket's padded copy and its received part ((N + 1) s elements a
 bucket, in place of the flat copy); the replica's master shard (its parts, at most s elements a
@@ -43,7 +43,8 @@ buffers at a time (its part and the whole: (N + 1) s elements of the training dt
 bucket's), above an optimizer's temporaries on one flat shard (so `RankPlan.update_scratch_bytes`
 is 0 there). The shard's gradient and the all-gather's buffers are in the breakdown
 (`zero_shard_gradient`, `zero_gather`), as are the buckets (`allreduce_buckets`) and the master
-shard (`zero_master_shard`).
+shard (`zero_master_shard`). With expert parallelism each bucket's routed experts' parameters are
+sharded apart over N_e = D x C / E (`gpipe_sim.plan.zero_shards`), held whole where N_e is 1.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpipe_sim.plan.accumulated_gradients import first_backward_transients, gradient_deltas
-from gpipe_sim.plan.buckets import bucket_bytes, buckets
 from gpipe_sim.plan.compile import Plan
+from gpipe_sim.plan.zero_shards import sharded_buckets
 from gpipe_sim.schedule import Kind, Tensor
 
 # a chunk's compute passes
@@ -298,44 +299,20 @@ def data_parallel_bytes(plan: Plan) -> DataParallelBytes:
     training = plan.scenario.training
     if not training.zero:
         return out
-    element, N = training.dtype_bytes, plan.mesh.gradient_group
+    element = training.dtype_bytes
     # Megatron-LM's distributed optimizer (gpipe_exec.runtime.zero_shards): per bucket of n
     # elements, N parts of s = ceil(n / N); replica i owns [i s, (i + 1) s) clipped to n
-    sizes = [zero_bucket_sizes(plan, ch) for ch in plan.chunks]
-    parts = [np.ceil(np.asarray(n, dtype=float) / N) for n in sizes]
-    copies = np.array([float(np.sum((N + 1) * s)) * element for s in parts])  # the padded copy and the part
+    shards = sharded_buckets(plan)
     at = prog.kind == Kind.ALLREDUCE
-    out.bucket_alloc[at] = copies[prog.chunk[at]]
+    out.bucket_alloc[at] = shards.copies[prog.chunk[at]] * element
     at = (prog.kind == Kind.RECV) & (prog.tensor == Tensor.REDUCED)
-    out.bucket_free[at] = copies[prog.chunk[at]]
-    g = np.arange(G)
-    index, rank = plan.mesh.replica(g) * plan.scenario.pipeline.context_parallel, plan.mesh.pipeline_rank(g)
-    mine = np.zeros(G)
-    for c, ch in enumerate(plan.chunks):
-        n, s = np.asarray(sizes[c], dtype=float), parts[c]
-        owned = np.minimum((index[:, None] + 1) * s, n) - np.minimum(index[:, None] * s, n)
-        mine += np.where(rank == ch.rank, owned.sum(axis=1), 0.0)
-    largest = np.array([max((float(parts[c].max(initial=0.0)) for c in r.chunks), default=0.0) for r in plan.ranks])
+    out.bucket_free[at] = shards.copies[prog.chunk[at]] * element
     if training.dtype == "fp32":  # Training.state_bytes_per_param counts a master copy otherwise
-        out.master_shard[:] = mine * element
+        out.master_shard[:] = shards.owned * element
     at = prog.kind == Kind.UPDATE
-    out.shard_gradient[at] = mine[prog.rank[at]] * 4.0  # the fp32 master shard's gradient
-    out.gather[at] = (N + 1) * largest[plan.mesh.pipeline_rank(prog.rank[at])] * element  # one bucket at a time
+    out.shard_gradient[at] = shards.owned[prog.rank[at]] * 4.0  # the fp32 master shard's gradient
+    out.gather[at] = shards.gather[plan.mesh.pipeline_rank(prog.rank[at])] * element  # one bucket at a time
     return out
-
-
-def zero_bucket_sizes(plan: Plan, chunk: Any) -> list[int]:
-    """Elements of each of a chunk's ZeRO-1 buckets: its layers' parameters in backward order, in
-    buckets of `bucket_bytes` with `overlap_grad_reduce` (gpipe_sim.plan.buckets), else one."""
-    scenario = plan.scenario
-    element = scenario.training.dtype_bytes
-    size = bucket_bytes(scenario) if scenario.training.overlap_grad_reduce else float("inf")
-    params = [layer.params for layer in reversed(plan.layers[chunk.first_layer:chunk.last_layer + 1])]
-    sizes, first = [], 0
-    for last, _ in buckets([n * element for n in params], size):
-        sizes.append(sum(params[first:last + 1]))
-        first = last + 1
-    return [n for n in sizes if n] or [0]
 
 
 def memory_profile(plan: Plan, start: np.ndarray, end: np.ndarray) -> MemoryProfile:
