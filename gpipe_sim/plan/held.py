@@ -36,17 +36,44 @@ class HeldActivations:
 
 def held_activations(schedule: Any, sizes: Sequence[int]) -> HeldActivations:
     """Count, per rank and per chunk, the samples whose activations a `Schedule`'s programs hold."""
-    c = schedule.columns
     placement = tuple(int(r) for r in schedule.placement)
-    ranks = schedule.ranks
-    held_chunks = rank_chunks(placement, ranks)
+    held_chunks = rank_chunks(placement, schedule.ranks)
+    samples = np.asarray(sizes, dtype=float)
+    last = len(samples) - 1
+    events = tuple((column, sign * samples[np.minimum(micro, last)]) for column, micro, sign in held_events(schedule))
+    local = local_chunks(placement, held_chunks)
+    rows = []
+    for cc in range(len(placement)):
+        col, val = events[placement[cc]]
+        mine = (col // 3) == local[cc]
+        rows.append(_levels(col[mine] % 3, val[mine], 3, cap=None))
+    rank_rows = tuple(
+        _levels(col, val, 3 * len(mine)) if len(col) * 3 * len(mine) <= DENSE_LEVELS else None
+        for (col, val), mine in zip(events, held_chunks)
+    )
+    return HeldActivations(placement, held_chunks, events, tuple(rows), rank_rows)
+
+
+def local_chunks(placement: Sequence[int], held_chunks: Sequence[Sequence[int]]) -> np.ndarray:
+    """Each chunk's place among its rank's chunks (in model order)."""
     local = np.zeros(len(placement), dtype=np.int64)
     for mine in held_chunks:
         local[list(mine)] = np.arange(len(mine))
-    samples = np.asarray(sizes, dtype=float)
+    return local
+
+
+def held_events(schedule: Any) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+    """Per rank, in program order, the events that change what its chunks hold, as `held_activations`
+    counts them: (column, micro-batch, sign), column = 3 * (the chunk's place among the rank's
+    chunks) + category (KEPT, INPUT_ONLY, RECOMPUTED): a forward adds its micro-batch (KEPT or
+    INPUT_ONLY) at its start, a re-computation adds it as RECOMPUTED, the last backward pass
+    removes it at its end. The samples held are the signed micro-batch sizes summed in order."""
+    c = schedule.columns
+    placement = tuple(int(r) for r in schedule.placement)
+    local = local_chunks(placement, rank_chunks(placement, schedule.ranks))
     kind, save = c.kind, c.save.astype(bool)
     chunk = np.clip(c.chunk, 0, max(len(placement) - 1, 0)).astype(np.int64)
-    n = samples[np.clip(c.micro_batch, 0, len(samples) - 1)]
+    micro = np.clip(c.micro_batch, 0, schedule.micro_batches - 1).astype(np.int64)
     fwd, rec = kind == Kind.FORWARD, kind == Kind.RECOMPUTE
     last = (kind == Kind.BACKWARD) | (kind == Kind.BACKWARD_WEIGHT)
     parts = [  # (selection, order within the action, category, sign)
@@ -56,44 +83,41 @@ def held_activations(schedule: Any, sizes: Sequence[int]) -> HeldActivations:
     action = np.concatenate([np.flatnonzero(sel) for sel, *_ in parts])
     order = np.concatenate([np.full(int(sel.sum()), o) for sel, o, *_ in parts])
     category = np.concatenate([np.full(int(sel.sum()), cat) for sel, _, cat, _ in parts])
-    signed = np.concatenate([sign * n[sel] for sel, _, _, sign in parts])
+    sign = np.concatenate([np.full(int(sel.sum()), sg) for sel, _, _, sg in parts])
     sort = np.lexsort((order, action))
-    action, category, signed = action[sort], category[sort], signed[sort]
-    ch = chunk[action]
-    column = local[ch] * 3 + category
+    action, category, sign = action[sort], category[sort], sign[sort]
+    column = local[chunk[action]] * 3 + category
+    mb = micro[action]
     cuts = np.searchsorted(action, c.offsets)
-    events = tuple((column[cuts[r]:cuts[r + 1]], signed[cuts[r]:cuts[r + 1]]) for r in range(ranks))
-    rows = []
-    for cc in range(len(placement)):
-        col, val = events[placement[cc]]
-        mine = (col // 3) == local[cc]
-        rows.append(_levels(col[mine] % 3, val[mine], 3, cap=None))
-    rank_rows = tuple(
-        _levels(col, val, 3 * len(mine)) if len(col) * 3 * len(mine) <= _DENSE_LEVELS else None
-        for (col, val), mine in zip(events, held_chunks)
-    )
-    return HeldActivations(placement, held_chunks, events, tuple(rows), rank_rows)
+    return tuple((column[cuts[r]:cuts[r + 1]], mb[cuts[r]:cuts[r + 1]], sign[cuts[r]:cuts[r + 1]])
+                 for r in range(schedule.ranks))
 
 
-_DENSE_LEVELS = 2_000_000  # entries of a rank's level matrix worth listing
-_MAX_ROWS = 4096  # undominated rows kept (beyond, the rank is evaluated from its events)
+DENSE_LEVELS = 2_000_000  # entries of a rank's level matrix worth listing
+MAX_ROWS = 4096  # undominated rows kept (beyond, the rank is evaluated from its events)
 
 
-def _levels(col: np.ndarray, val: np.ndarray, width: int, cap: int | None = _MAX_ROWS) -> np.ndarray | None:
+def _levels(col: np.ndarray, val: np.ndarray, width: int, cap: int | None = MAX_ROWS) -> np.ndarray | None:
     """The distinct undominated levels (counts per column) after each event, the empty one
     included; None when there are more than `cap`."""
+    return undominated(level_matrix(col, val, width), cap)
+
+
+def level_matrix(col: np.ndarray, val: np.ndarray, width: int) -> np.ndarray:
+    """The levels (counts per column) before the first event and after each: event i adds
+    val[i] to column col[i]."""
     level = np.zeros((len(col) + 1, width))
     if len(col):
         steps = np.zeros((len(col), width))
         steps[np.arange(len(col)), col] = val
         level[1:] = np.cumsum(steps, axis=0)
-    return _undominated(level, cap)
+    return level
 
 
 _BLOCK = 2**20  # entries of one block of the pairwise comparison
 
 
-def _undominated(rows: np.ndarray, cap: int | None) -> np.ndarray | None:
+def undominated(rows: np.ndarray, cap: int | None) -> np.ndarray | None:
     """The rows no other row dominates (every count >=): only they can be the peak; by total
     count, largest first (ties in `np.unique`'s order); None when more than `cap`. Rows are made
     distinct first, so a row is dominated exactly when another row is >= it everywhere (compared

@@ -30,9 +30,9 @@ from gpipe_sim.model.model import TransformerModel
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.model.tensor_parallel import Collectives, transformer_collectives
 from gpipe_sim.planner.chunk_arrays import partition_edges, placement_arrays
+from gpipe_sim.planner.segments import SLACK, cumulative, min_max_partition, segment_cost
 from gpipe_sim.planner.space import Candidate
 
-_SLACK = 1.0 - 1e-9  # bounds are sums in another order than the simulator's: keep them strictly below
 # program column codes (`Plan.program.kind`) the bounds read
 _BACKWARD, _BACKWARD_INPUT = int(Kind.BACKWARD), int(Kind.BACKWARD_INPUT)
 _BACKWARD_WEIGHT, _UPDATE = int(Kind.BACKWARD_WEIGHT), int(Kind.UPDATE)
@@ -83,8 +83,8 @@ class CostTable:
         self._hops: dict[tuple[Any, ...], np.ndarray] = {}
         self._host: dict[tuple[Any, ...], np.ndarray] = {}
         self._hop_cums: dict[int, np.ndarray] = {}
-        self.params_cum = _cum(self.params)
-        self.act_cum = _cum(self.act)
+        self.params_cum = cumulative(self.params)
+        self.act_cum = cumulative(self.act)
         self._static: dict[tuple[Any, ...], np.ndarray] = {}
 
     def of(self, cand: Candidate) -> "CostTable":
@@ -250,7 +250,7 @@ class CostTable:
         hops = self.hops(cand, samples, placement)
         got = self._hop_cums.get(id(hops))  # `hops` keeps each array for the search
         if got is None:
-            got = self._hop_cums[id(hops)] = _cum(hops)
+            got = self._hop_cums[id(hops)] = cumulative(hops)
             got.flags.writeable = False
         return got
 
@@ -301,7 +301,7 @@ class CostTable:
         key = ("static", D, zero)
         got = self._static.get(key)
         if got is None:
-            got = self._static[key] = _cum(self.params * self.static_per_param(D, zero))
+            got = self._static[key] = cumulative(self.params * self.static_per_param(D, zero))
             got.flags.writeable = False
         return got
 
@@ -344,7 +344,7 @@ class Work:
     @cached_property
     def cums(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Running sums (from 0) of `work`, `forward`, `backward` and `trail` over the layers."""
-        return _cum(self.work), _cum(self.forward), _cum(self.backward), _cum(self.trail)
+        return cumulative(self.work), cumulative(self.forward), cumulative(self.backward), cumulative(self.trail)
 
 
 def candidate_work(costs: CostTable, cand: Candidate) -> Work:
@@ -386,33 +386,6 @@ def _family_placement(name: str, K: int, v: int) -> tuple[int, ...]:
     return (family.placement if family is not None else looped)(K, v)
 
 
-def _cum(values: np.ndarray) -> np.ndarray:
-    return np.concatenate(([0.0], np.cumsum(values)))
-
-
-def min_max_partition(cost: np.ndarray | Sequence[np.ndarray], priced: Sequence[bool]) -> float:
-    """min over partitions of L layers into len(priced) contiguous non-empty chunks of the largest
-    cost[s, e] of a priced chunk (layers s .. e-1; `cost` may also be one matrix per chunk): an
-    exact dynamic programme, O(C L^2)."""
-    matrices = [cost] * len(priced) if isinstance(cost, np.ndarray) else list(cost)
-    L = matrices[0].shape[0] - 1
-    s_idx, e_idx = np.indices(matrices[0].shape)
-    valid = s_idx < e_idx
-    free_cost = np.where(valid, -np.inf, np.inf)
-    best = np.full(L + 1, np.inf)
-    best[0] = -np.inf
-    for flag, matrix in zip(priced, matrices):
-        step = np.where(valid, matrix, np.inf) if flag else free_cost
-        best = np.maximum(best[:, None], step).min(axis=0)
-    return float(best[L])
-
-
-def _segment_cost(cum: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
-    """cost[s, e] = cum[e] - cum[s] (+ extra[s]): a chunk of layers s .. e-1."""
-    cost = cum[None, :] - cum[:, None]
-    return cost + extra[:, None] if extra is not None else cost
-
-
 def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None) -> float:
     """Bytes that the fullest device's simulated peak is at least, for any partition (or the
     given layer counts per chunk).
@@ -433,19 +406,19 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
     if counts is not None:
         placement = chunk_placement(cand)
         edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
-        s_cum, a_cum = _cum(static), _cum(act)
+        s_cum, a_cum = cumulative(static), cumulative(act)
         chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
         chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
         rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
         rank_act = np.zeros(K)
         np.maximum.at(rank_act, np.asarray(placement), chunk_act)
-        return float((rank_static + rank_act).max()) * _SLACK
+        return float((rank_static + rank_act).max()) * SLACK
     key = ("memory", D, M, cand.zero, K, v)
     bound = costs.cache.get(key)
     if bound is None:
-        per_chunk = min_max_partition(_segment_cost(_cum(static + act)), [True] * (K * v))
+        per_chunk = min_max_partition(segment_cost(cumulative(static + act)), [True] * (K * v))
         bound = costs.cache[key] = max((static.sum() + act.sum() / v) / K, per_chunk)
-    return bound * _SLACK
+    return bound * SLACK
 
 
 def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None,
@@ -494,16 +467,16 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
         if best is None:
             priced = np.zeros(len(placement), dtype=bool)
             priced[lowest] = True
-            base_cost = _segment_cost(w_cum, f_cum)
+            base_cost = segment_cost(w_cum, f_cum)
             cost = [base_cost + h_cum[c] + host[placement[c]] for c in range(len(placement))]
             if v == 1:  # chunk r is rank r's only one
-                trailing = base_cost + b_cum[:, None] - _segment_cost(t_cum)
-                params = _segment_cost(p_cum)
+                trailing = base_cost + b_cum[:, None] - segment_cost(t_cum)
+                params = segment_cost(p_cum)
                 cost = [np.maximum(cost[r] + fixed[r] + per_param[r] * params, trailing + 2 * h_cum[r] + host[r])
                         for r in range(K)]
             best = costs.cache[key] = min_max_partition(cost, priced.tolist())
         bound = max(bound, best)
-    return bound * _SLACK
+    return bound * SLACK
 
 
 def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
@@ -524,7 +497,7 @@ def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
     f_pref = np.concatenate(([0.0], np.cumsum(fwd, axis=0).min(axis=1)))[:C]  # chain before chunk c
     b_pref = np.concatenate(([0.0], np.cumsum(back, axis=0).min(axis=1)))[:C]
     placement = [c.rank for c in plan_.chunks]
-    h_cum = _cum(costs.hops(cand, min(plan_.micro_batch_sizes), placement))
+    h_cum = cumulative(costs.hops(cand, min(plan_.micro_batch_sizes), placement))
     per_param, fixed = costs.allreduce(cand)
     D = cand.data_parallel
     bound = 0.0
@@ -553,7 +526,7 @@ def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
                 ring = fixed[r] + per_param[r] * c.params
                 # ZeRO-2's passes hold its reduce-scatters (gpipe_sim.plan.pass_collectives): the all-gather is left
                 bound = max(bound, start + float(done[j]) + (ring / 2 if cand.zero == 2 else ring) + update)
-    return bound * _SLACK
+    return bound * SLACK
 
 
 def relaxed_step_bound(plan_: Plan) -> float:
@@ -562,7 +535,7 @@ def relaxed_step_bound(plan_: Plan) -> float:
     whose simulation is as cheap as this bound."""
     if contention_free(plan_):
         return 0.0
-    return relaxed_step(plan_) * _SLACK
+    return relaxed_step(plan_) * SLACK
 
 
 def quick_counts(costs: CostTable, cand: Candidate, largest: int) -> list[int] | None:

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from gpipe_sim.planner.bounds import _SLACK, CostTable
+from gpipe_sim.planner.bounds import CostTable
+from gpipe_sim.planner.segments import SLACK
 from gpipe_sim.planner.space_index import CandidateSpace
 from gpipe_sim.planner.work_rows import WorkCache
 
@@ -50,4 +51,4 @@ def _over_m(costs: CostTable, works: WorkCache, cand: Any) -> tuple[np.ndarray, 
     memory = (static + table.act_sum * rows.largest / v) / K
     Ms = np.arange(1, len(rows.total) + 1)
     step = np.maximum(np.maximum(rows.total / K, rows.chain), Ms * 1.5 * table.fsdp_ring(cand))
-    return memory * _SLACK, step * _SLACK
+    return memory * SLACK, step * SLACK

@@ -8,8 +8,10 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.model.recompute import per_layer
-from gpipe_sim.plan.partition import held_activations, micro_batch_sizes
-from gpipe_sim.planner.bounds import _SLACK, CostTable, _segment_cost, chunk_placement, min_max_partition
+from gpipe_sim.plan.held import DENSE_LEVELS, MAX_ROWS, held_events, level_matrix, undominated
+from gpipe_sim.plan.partition import micro_batch_sizes
+from gpipe_sim.planner.bounds import CostTable, chunk_placement
+from gpipe_sim.planner.segments import SLACK, min_max_partition, segment_cost
 from gpipe_sim.planner.space import Candidate
 from gpipe_sim.schedule.lower import build_schedule
 
@@ -17,8 +19,9 @@ from gpipe_sim.schedule.lower import build_schedule
 def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
     """Samples whose whole activations the candidate's schedule holds at once, counted by
     `held_activations` in program order as the memory accountant counts bytes: per chunk, the
-    most it holds at some moment; per rank, every undominated moment as a (moments x its chunks)
-    matrix (None where too many to list). A sample counts when kept, or when held as an input and
+    most it holds at some moment; per rank of more than one chunk, every undominated moment as a
+    (moments x its chunks) matrix (None where too many to list, and for a rank of one chunk, whose
+    moments are that chunk's). A sample counts when kept, or when held as an input and
     re-computed at the same time (input + re-computed bytes >= the saved bytes)."""
     # the per-layer modes keep every forward, as "none" does (`saves_activations`): the same programs
     remat = "none" if per_layer(cand.remat) else cand.remat
@@ -31,14 +34,32 @@ def _effective(rows: np.ndarray) -> np.ndarray:
     return rows[:, 0::3] + np.minimum(rows[:, 1::3], rows[:, 2::3])
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=16384)
 def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
                   ) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
+    """`held_samples` of one schedule and per-replica batch: the levels of each rank's events
+    (`held_events`, once per schedule) at these micro-batch sizes; a chunk's most is the most of
+    its columns over its rank's moments (the same counts `held_activations` lists per chunk)."""
+    placement, events = _schedule_events(name, K, M, v, remat)
+    samples = np.asarray(micro_batch_sizes(share, M), dtype=float)
+    per_chunk = np.zeros(len(placement))
+    per_rank: list[np.ndarray | None] = []
+    for mine, (col, micro, sign) in zip(_owned(placement), events):
+        level = level_matrix(col, sign * samples[micro], 3 * len(mine))
+        per_chunk[mine] = _effective(level).max(axis=0, initial=0.0)
+        rows = None
+        if len(mine) > 1 and len(col) * 3 * len(mine) <= DENSE_LEVELS:
+            rows = undominated(level, MAX_ROWS)
+        per_rank.append(None if rows is None else _effective(rows))
+    return per_chunk, tuple(per_rank)
+
+
+@lru_cache(maxsize=2048)
+def _schedule_events(name: str, K: int, M: int, v: int, remat: str
+                     ) -> tuple[tuple[int, ...], tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]]:
+    """The schedule's chunk placement and `held_events`, built once (whatever the batch)."""
     schedule = build_schedule(K, M, name, remat, v)  # type: ignore[arg-type]
-    held = held_activations(schedule, micro_batch_sizes(share, M))
-    per_chunk = np.array([float(_effective(rows).max(initial=0.0)) for rows in held.rows])
-    per_rank = tuple(None if rows is None else _effective(rows) for rows in held.rank_rows)
-    return per_chunk, per_rank
+    return tuple(int(r) for r in schedule.placement), held_events(schedule)
 
 
 @lru_cache(maxsize=1024)
@@ -70,9 +91,9 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
         for r, (eff, mine) in enumerate(zip(per_rank, _owned(placement))):
             if eff is not None:
                 rank_act[r] = max(rank_act[r], float((eff @ chunk_act[mine]).max(initial=0.0)))
-        return float((rank_static + rank_act).max()) * _SLACK
-    seg_s, seg_a = _segment_cost(s_cum), _segment_cost(a_cum)
-    return min_max_partition([seg_s + hc * seg_a for hc in h], [True] * len(h)) * _SLACK
+        return float((rank_static + rank_act).max()) * SLACK
+    seg_s, seg_a = segment_cost(s_cum), segment_cost(a_cum)
+    return min_max_partition([seg_s + hc * seg_a for hc in h], [True] * len(h)) * SLACK
 
 
 _ABOVE = 1.0 + 1e-9  # the ceiling's margin over the bound's rounding

@@ -1,0 +1,85 @@
+"""The planner's held-activation counts, read from each schedule's events once per schedule, equal
+what `held_activations` lists from the built programs, and so does the bound made of them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpipe_sim.plan.partition import held_activations, micro_batch_sizes
+from gpipe_sim.planner.bounds import CostTable, chunk_placement
+from gpipe_sim.planner.held_bound import held_memory_bound, held_samples
+from gpipe_sim.planner.segments import SLACK
+from gpipe_sim.planner.space import Candidate
+from gpipe_sim.scenario.scenario import parse_scenario
+from gpipe_sim.schedule import SCHEDULES
+from gpipe_sim.schedule.lower import build_schedule
+
+
+def _effective(rows: np.ndarray) -> np.ndarray:
+    return rows[:, 0::3] + np.minimum(rows[:, 1::3], rows[:, 2::3])
+
+
+def _cases():
+    for name, family in SCHEDULES.items():
+        for K, M, v in ((2, 3, 1), (4, 7, 1), (4, 8, 2), (3, 5, 2), (2, 6, 3)):
+            if family.problem(K, M, v) is None:
+                for remat in ("none", "except_last", "always"):
+                    yield name, K, M, v, remat
+
+
+CASES = list(_cases())
+
+
+@pytest.mark.parametrize("name, K, M, v, remat", CASES)
+def test_held_samples_are_the_built_programs_counts(name, K, M, v, remat):
+    """Per chunk the most held (every remat mode, even and uneven micro-batches), and per rank of
+    several chunks its undominated moments, as `held_activations` counts them on the programs."""
+    for share in (M, 2 * M + 1, 3 * M - 1):
+        cand = Candidate(1, K, v, M, name, remat, "uniform", 0)
+        per_chunk, per_rank = held_samples(cand, share)
+        held = held_activations(build_schedule(K, M, name, remat, v), micro_batch_sizes(share, M))
+        want = np.array([float(_effective(rows).max(initial=0.0)) for rows in held.rows])
+        assert np.array_equal(per_chunk, want), share
+        for r, (got, rows) in enumerate(zip(per_rank, held.rank_rows)):
+            if len(held.rank_chunks[r]) == 1:
+                assert got is None
+            else:
+                assert (got is None) == (rows is None)
+                assert got is None or np.array_equal(got, _effective(rows)), (share, r)
+
+
+def _bound_from_programs(costs, cand, counts):
+    """`held_memory_bound` with counts, computed from `held_activations` of the built programs."""
+    held = held_activations(build_schedule(cand.stages, cand.micro_batches, cand.schedule, cand.remat,
+                                           cand.chunks), micro_batch_sizes(costs.base.pipeline.batch_size, cand.micro_batches))
+    edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+    s_cum, a_cum = costs.static_cum(1, cand.zero), costs.act_cum
+    chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
+    chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
+    out = 0.0
+    for r, mine in enumerate(held.rank_chunks):
+        act = max(float(_effective(held.rows[c]).max(initial=0.0)) * chunk_act[c] for c in mine)
+        if held.rank_rows[r] is not None:
+            act = max(act, float((_effective(held.rank_rows[r]) @ chunk_act[list(mine)]).max(initial=0.0)))
+        out = max(out, float(chunk_static[list(mine)].sum()) + act)
+    return out * SLACK
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_held_bound_equals_the_one_from_the_programs(name):
+    """The bound with a partition's counts is the one the built programs' counts give, exactly."""
+    base = parse_scenario({"model": {"preset": "transformer", "layers": 12, "d_model": 256, "d_ff": 1024,
+                                     "heads": 4, "seq_len": 128, "vocab": 1000},
+                           "hardware": {"preset": "a100-80gb"},
+                           "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 11, "schedule": "1f1b"}})
+    costs = CostTable(base)
+    family = SCHEDULES[name]
+    for K, M, v in ((2, 5, 1), (3, 7, 2), (2, 4, 3)):
+        if family.problem(K, M, v) is not None:
+            continue
+        for remat in ("none", "except_last", "always"):
+            cand = Candidate(1, K, v, M, name, remat, "uniform", 0)
+            chunks = len(chunk_placement(cand))
+            counts = [12 // chunks + (c < 12 % chunks) for c in range(chunks)]
+            assert held_memory_bound(costs, cand, counts) == _bound_from_programs(costs, cand, counts), (K, M, v, remat)
