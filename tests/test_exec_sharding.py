@@ -114,7 +114,7 @@ def test_hybrid_sharding_equals_plain_training() -> None:
                                       "model.attention": "flash", "model.seq_len": 8}])
 def test_what_fsdp2_cannot_run_is_refused_with_one_line(updates: dict) -> None:
     """A split input/weight backward (FSDP2 reduces in autograd hooks the split does not fire) and
-    tensor with context parallelism under ZeRO-2 are refused naming training.zero."""
+    context parallelism under pipelined ZeRO-2 are refused naming training.zero."""
     case = Case("transformer", 2, 4, "1f1b", "none", "adam", D=2, zero=3)
     with pytest.raises(ScenarioError) as info:
         check_runnable(scenario(case).with_updates(updates))

@@ -94,13 +94,16 @@ def shard_chunks(modules: Sequence[nn.Sequential], scenario: Scenario, device_ty
     devices (the shard group: `gpipe_sim.plan.sharding.shard_degree` replicas x C); whether it did.
     With tensor parallelism the chunks are split already (their parameters DTensors on `grid`'s
     "tp" dimension: `runtime.tensor_parallel.device_mesh`) and are sharded on the same grid's "dp"
-    dimension, torchtitan's 2-D composition (FSDP2 then holds each parameter as a (dp, tp)
-    DTensor). Under pipelining (K > 1) or ZeRO-2 `BackwardSharding` then steers their backward passes."""
+    dimension (with context parallelism its "dp" and "cp" flattened), torchtitan's 2-D composition
+    (FSDP2 then holds each parameter as a (dp, tp) DTensor). Under pipelining (K > 1) or ZeRO-2 `BackwardSharding` then steers their backward passes."""
     p, zero = scenario.pipeline, scenario.training.zero
     D, C, K = p.data_parallel, p.context_parallel, p.stages
     if D * C == 1 or zero < 2:
         return False
-    mesh = shard_mesh(device_type, D, shard_degree(scenario), C, K) if grid is None else grid["dp"]
+    if grid is None:
+        mesh = shard_mesh(device_type, D, shard_degree(scenario), C, K)
+    else:  # torchtitan's dp_shard_cp: the data- and context-parallel dimensions flattened into one
+        mesh = grid["dp"] if C == 1 else grid["dp", "cp"]._flatten("dp_cp")
     for module in modules:
         shard_chunk(module, mesh, zero, pipelined=K > 1)
     return True
