@@ -86,7 +86,7 @@ LAYERS = (
     ("gpipe_sim.api", "gpipe_sim.summary", "gpipe_sim.charts", "gpipe_sim.frameworks"),
     ("gpipe_sim.planner", "gpipe_sim.sweeps", "gpipe_sim.studies", "gpipe_sim.waits"),
     ("gpipe_sim.cli", "gpipe_sim"),
-    ("gpipe_exec.errors", "gpipe_exec.moe", "gpipe_exec.ring_attention"),
+    ("gpipe_exec.errors", "gpipe_exec.expert_tensor", "gpipe_exec.moe", "gpipe_exec.ring_attention"),
     ("gpipe_exec.measure",),
     ("gpipe_exec.runtime", "gpipe_exec.zoo", "gpipe_exec.reference", "gpipe_exec.context_parallel"),
     ("gpipe_exec.launch", "gpipe_exec.execute"),
