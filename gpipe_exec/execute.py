@@ -61,7 +61,7 @@ def check_model(scenario: Scenario) -> None:
 def check_sharding(scenario: Scenario) -> None:
     """ScenarioError (one line) unless gpipe-exec runs the scenario's ZeRO-2 or 3 (FSDP2
     `fully_shard`, runtime.sharded): with tensor parallelism (T > 1, torchtitan's 2-D mesh) over
-    the data-parallel (and context-parallel) dimensions, without hybrid sharding; with pipelining
+    the data-parallel (and context-parallel) dimensions, hybrid sharding at K = 1; with pipelining
     (K > 1) context_parallel 1 and a schedule whose backward passes are whole (FSDP2 reduces in its
     autograd hooks, which a split input/weight backward does not fire)."""
     p, zero = scenario.pipeline, scenario.training.zero
@@ -69,10 +69,10 @@ def check_sharding(scenario: Scenario) -> None:
         return
     pipelined = p.stages > 1
     split = pipelined and scenario_schedule(scenario).count(Kind.BACKWARD_INPUT) > 0
-    if p.tensor_parallel > 1 and shard_degree(scenario) < p.data_parallel:
+    if p.tensor_parallel > 1 and pipelined and shard_degree(scenario) < p.data_parallel:
         raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{zero} (FSDP2 fully_shard) with tensor_parallel "
-                            f"{p.tensor_parallel} without hybrid sharding (shard_within_node false or every "
-                            "replica in one node); gpipe-sim predicts the rest")
+                            f"{p.tensor_parallel} and hybrid sharding (shard_within_node) with one stage only; "
+                            "gpipe-sim predicts the rest")
     if pipelined and (p.context_parallel > 1 or split):
         raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{zero} (FSDP2 fully_shard) with pipelining at "
                             "context_parallel 1 and with a schedule without split backward passes "

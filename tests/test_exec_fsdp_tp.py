@@ -19,6 +19,7 @@ from gpipe_exec.execute import check_runnable  # noqa: E402
 from gpipe_exec.launch.spawn import launch  # noqa: E402
 from gpipe_exec.runtime.job import job_for  # noqa: E402
 from gpipe_sim.errors import ScenarioError  # noqa: E402
+from gpipe_sim.plan.sharding import shard_degree  # noqa: E402
 from gpipe_sim.scenario.scenario import Scenario, parse_scenario  # noqa: E402
 
 # momentum, not Adam: the key bias's gradient is zero but for rounding, which Adam's update would
@@ -48,11 +49,23 @@ def test_fsdp_over_flattened_data_and_context_parallel_ranks_equals_plain_traini
     assert_context_equal(run_context_cases(4, cases, steps=2), steps=2)
 
 
+def _hybrid(case: Case) -> Scenario:
+    """`case` under HSDP: ZeRO-3 sharded within nodes of 4 devices (2 replicas of T = 2 a node)."""
+    return scenario(case._replace(zero=3, per_node=4)).with_updates({"training.shard_within_node": True})
+
+
 @pytest.mark.slow
-def test_pipelined_fsdp_over_tensor_parallel_ranks_equals_plain_training() -> None:
+def test_pipelined_and_hybrid_fsdp_over_tensor_parallel_ranks_equal_plain_training(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """T = 2 x K = 2 x D = 2 (eight processes): 1F1B under ZeRO-3, interleaved under ZeRO-2 with
-    sequence parallelism."""
-    assert_equal_to_reference(run_cases(8, PIPELINED, steps=2), steps=2)
+    sequence parallelism; and T = 2 x D = 4 under HSDP (the dp dimension unflattened into 2
+    replicated x 2 sharded), in the same launch."""
+    import test_exec_tensor_parallel
+
+    hybrid = Case(2, 1, 2, "gpipe", D=4, zero=3, optimizer="momentum", per_node=4)
+    assert shard_degree(_hybrid(hybrid)) == 2
+    monkeypatch.setattr(test_exec_tensor_parallel, "scenario", lambda c: _hybrid(c) if c == hybrid else scenario(c))
+    assert_equal_to_reference(run_cases(8, PIPELINED + [hybrid], steps=2), steps=2)
 
 
 def _memory_case(zero: int, sequence_parallel: bool, C: int = 1) -> Scenario:
@@ -82,11 +95,10 @@ def test_peak_memory_against_the_prediction() -> None:
         assert abs(predicted / measured - 1) <= 0.03, (key, predicted, measured)
 
 
-def test_hybrid_sharding_at_t2_is_refused_in_one_line() -> None:
-    """HSDP (a replicate x shard data-parallel mesh) beside tensor parallelism is refused naming
-    training.zero."""
-    updates = {"training.zero": 3, "training.shard_within_node": True, "hardware.devices_per_node": 4}
-    sc = scenario(Case(2, 1, 2, "gpipe", D=4, zero=2)).with_updates({"model.seq_len": 8, **updates})
+def test_pipelined_hybrid_sharding_at_t2_is_refused_in_one_line() -> None:
+    """HSDP (a replicate x shard data-parallel mesh) beside tensor parallelism over two stages is
+    refused naming training.zero."""
+    sc = _hybrid(Case(2, 2, 2, "gpipe", D=4))
     with pytest.raises(ScenarioError) as info:
         check_runnable(sc)
     assert str(info.value).startswith("training.zero:") and "\n" not in str(info.value)

@@ -100,10 +100,13 @@ def shard_chunks(modules: Sequence[nn.Sequential], scenario: Scenario, device_ty
     D, C, K = p.data_parallel, p.context_parallel, p.stages
     if D * C == 1 or zero < 2:
         return False
+    S = shard_degree(scenario)
     if grid is None:
-        mesh = shard_mesh(device_type, D, shard_degree(scenario), C, K)
-    else:  # torchtitan's dp_shard_cp: the data- and context-parallel dimensions flattened into one
-        mesh = grid["dp"] if C == 1 else grid["dp", "cp"]._flatten("dp_cp")
+        mesh = shard_mesh(device_type, D, S, C, K)
+    elif C > 1:  # torchtitan's dp_shard_cp: the data- and context-parallel dimensions flattened into one
+        mesh = grid["dp", "cp"]._flatten("dp_cp")
+    else:  # HSDP: the dp dimension unflattened into (replicate, shard), torchtitan's dp_replicate x dp_shard
+        mesh = grid["dp"] if S == D else grid["dp"]._unflatten(0, (D // S, S), ("replicate", "shard"))
     for module in modules:
         shard_chunk(module, mesh, zero, pipelined=K > 1)
     return True
