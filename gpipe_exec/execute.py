@@ -31,10 +31,11 @@ def check_model(scenario: Scenario) -> None:
     trains them; ZeRO-2 and 3 as `check_sharding`."""
     check_buildable(scenario.model)
     p = scenario.pipeline
-    if getattr(scenario.model, "experts", 0) and (scenario.training.zero > 1 or
+    if getattr(scenario.model, "experts", 0) and (scenario.training.zero > 1 and p.tensor_parallel > 1 or
                                                   p.expert_parallel > 1 and scenario.training.overlap_grad_reduce):
-        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with training.zero 0 or 1 and "
-                            "(expert_parallel > 1) overlap_grad_reduce false; gpipe-sim predicts the rest")
+        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with training.zero 0 or 1 at "
+                            "tensor_parallel > 1 and (expert_parallel > 1) overlap_grad_reduce false; "
+                            "gpipe-sim predicts the rest")
     if getattr(scenario.model, "experts", 0) and p.tensor_parallel > 1 and not p.sequence_parallel:
         raise ScenarioError(f"pipeline.sequence_parallel: gpipe-exec runs a mixture of experts at tensor_parallel "
                             f"{p.tensor_parallel} with sequence parallelism only, as Megatron-LM trains it")

@@ -1,7 +1,8 @@
-"""ZeRO-1 with a mixture of experts in gpipe-exec, as Megatron-LM's distributed optimizer shards
-it: the dense parameters' buckets over the D x C data-parallel group, the routed experts' over the
-D x C / E processes holding the same experts (the expert-data-parallel group); gradients and
-parameters equal plain training's (gloo, fp32, two steps)."""
+"""ZeRO with a mixture of experts in gpipe-exec. ZeRO-1 as Megatron-LM's distributed optimizer
+shards it: the dense parameters' buckets over the D x C data-parallel group, the routed experts'
+over the D x C / E processes holding the same experts (the expert-data-parallel group); ZeRO-2/3 as
+torchtitan shards it with FSDP2: each routed expert a unit over that group, the rest over D x C.
+Gradients and parameters equal plain training's (gloo, fp32, two steps)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,29 @@ CASES = [Case(1, 1, 1, "gpipe", D=4, E=2, zero=1, moe=True, optimizer="momentum"
          Case(1, 1, 2, "1f1b", D=2, T=2, sp=True, E=2, zero=1, moe=True, optimizer="momentum"),
          Case(2, 1, 2, "gpipe", D=2, E=2, zero=1, moe=True, optimizer="momentum"),  # over D x C / E = 2
          Case(1, 1, 1, "gpipe", D=4, zero=1, moe=True, optimizer="momentum")]  # E = 1: every bucket over D
+
+
+FSDP = [Case(1, 1, 1, "gpipe", D=4, E=2, zero=3, moe=True, optimizer="momentum"),  # experts over 2 of 4
+        Case(1, 2, 2, "1f1b", D=2, E=2, zero=3, moe=True, optimizer="momentum"),  # experts whole, pipelined
+        Case(1, 1, 1, "1f1b", D=4, E=2, zero=2, moe=True, optimizer="momentum"),
+        Case(2, 1, 2, "gpipe", D=2, E=2, zero=2, moe=True, optimizer="momentum"),  # over D x C / E = 2
+        Case(1, 1, 1, "gpipe", D=4, zero=2, moe=True, optimizer="momentum")]  # E = 1: every unit over D
+
+
+def test_fsdp_with_experts_equals_plain_training() -> None:
+    """FSDP2 with the routed experts as their own units over expert-data-parallel groups of 2 (D = 4,
+    E = 2 under ZeRO-2 and 3; D = C = E = 2), left whole and unreduced where that group is one
+    process (D = E = 2 over K = 2), and at E = 1, in one launch of 4 processes."""
+    assert_equal_to_reference(run_cases(4, FSDP, steps=2), steps=2)
+
+
+def test_experts_with_fsdp_at_t2_are_refused_in_one_line() -> None:
+    from gpipe_exec.execute import check_model
+    from gpipe_sim.errors import ScenarioError
+    from test_exec_context_parallel import scenario
+
+    with pytest.raises(ScenarioError, match=r"^model.experts: gpipe-exec runs a mixture of experts with training.zero"):
+        check_model(scenario(Case(1, 1, 2, "1f1b", D=2, T=2, sp=True, E=2, zero=2, moe=True)))
 
 
 def test_distributed_optimizer_with_experts_equals_plain_training() -> None:

@@ -128,7 +128,8 @@ class RankRunner:
             self.sequence = SequenceShard.of(seq_len, self.CP, self.cp_rank, cp_group, device)
         self.chunks = self._build_chunks(model)
         # ZeRO-2/3: FSDP2 reduces in the backward itself (runtime.sharded); allreduce actions do nothing
-        self.sharded = shard_chunks([ch.module for ch in self.chunks.values()], sc, device.type, self.mesh)
+        self.sharded = shard_chunks([ch.module for ch in self.chunks.values()], sc, device.type, self.mesh,
+                                    self.expert_dp_group)
         self.fsdp = BackwardSharding.of({c: ch.module for c, ch in self.chunks.items()}, sc, self.actions)
         # what the optimizer, the reductions and the memory meter step: each DTensor's local shard
         self.shards = {c: LocalShards(list(ch.module.parameters())) for c, ch in self.chunks.items()}

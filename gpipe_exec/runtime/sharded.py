@@ -19,7 +19,7 @@ pipeline stage's deferred reduction do).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -45,18 +45,35 @@ def shard_mesh(device_type: str, D: int, S: int, C: int = 1, K: int = 1) -> Devi
     return init_device_mesh(device_type, (*shape, K), mesh_dim_names=(*names, "pp"))[names]
 
 
-def shard_chunk(module: nn.Sequential, mesh: DeviceMesh, zero: int, pipelined: bool = False) -> None:
+def _fully_shard(unit: nn.Module, mesh: DeviceMesh, reshard: bool, ignored: set[nn.Parameter]) -> None:
+    """`fully_shard` one unit, its gradients reduce-scattered as plain sums (`shard_chunk`)."""
+    fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored or None)
+    unit.set_gradient_divide_factor(1.0)  # each unit reduces its own parameters
+    unit.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no pre-multiplied sum)
+
+
+def shard_chunk(module: nn.Sequential, mesh: DeviceMesh, zero: int, pipelined: bool = False,
+                experts: DeviceMesh | bool = False) -> None:
     """Wrap each layer holding parameters, then the chunk, with `fully_shard` (torchtitan's units:
     one a block, the rest with the root). ZeRO-3 without pipelining reshards after forward (each
     layer gathered again for its backward); ZeRO-2, and ZeRO-3 under pipelining, keep the gathered
     parameters from forward to backward. Gradients are reduce-scattered summed, not averaged: each
-    replica's loss divides by the global batch already, as the executor's all-reduce sums."""
+    replica's loss divides by the global batch already, as the executor's all-reduce sums.
+    With expert parallelism (`experts`: the expert-data-parallel mesh, or True where that group is
+    this process alone) each routed expert is its own unit on that mesh first, as torchtitan shards
+    a MoE block's experts over dp_shard_mod_ep; alone, they are left whole and unreduced."""
     reshard = zero == 3 and not pipelined
+    ignored: set[nn.Parameter] = set()
+    routed = [expert for layer in module if getattr(layer, "moe", None) is not None
+              for expert in layer.moe.local_experts] if experts is not False else []
+    for expert in routed:
+        if isinstance(experts, DeviceMesh):
+            _fully_shard(expert, experts, reshard, set())
+        else:
+            ignored.update(expert.parameters())
     units = [layer for layer in module if any(True for _ in layer.parameters())] + [module]
     for unit in units:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
-        unit.set_gradient_divide_factor(1.0)  # each unit reduces its own parameters
-        unit.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no pre-multiplied sum)
+        _fully_shard(unit, mesh, reshard, ignored.intersection(unit.parameters()))
 
 
 class BackwardSharding:
@@ -89,13 +106,15 @@ class BackwardSharding:
 
 
 def shard_chunks(modules: Sequence[nn.Sequential], scenario: Scenario, device_type: str,
-                 grid: DeviceMesh | None = None) -> bool:
+                 grid: DeviceMesh | None = None, expert_group: Any = None) -> bool:
     """Shard these chunks (`shard_chunk`) where the scenario asks for ZeRO-2 or 3 over D x C > 1
     devices (the shard group: `gpipe_sim.plan.sharding.shard_degree` replicas x C); whether it did.
     With tensor parallelism the chunks are split already (their parameters DTensors on `grid`'s
     "tp" dimension: `runtime.tensor_parallel.device_mesh`) and are sharded on the same grid's "dp"
     dimension (with context parallelism its "dp" and "cp" flattened), torchtitan's 2-D composition
-    (FSDP2 then holds each parameter as a (dp, tp) DTensor). Under pipelining (K > 1) or ZeRO-2 `BackwardSharding` then steers their backward passes."""
+    (FSDP2 then holds each parameter as a (dp, tp) DTensor). With expert parallelism the routed
+    experts are sharded over `expert_group` (the D x C / E processes holding the same experts; None
+    where that is this process alone). Under pipelining (K > 1) or ZeRO-2 `BackwardSharding` then steers their backward passes."""
     p, zero = scenario.pipeline, scenario.training.zero
     D, C, K = p.data_parallel, p.context_parallel, p.stages
     if D * C == 1 or zero < 2:
@@ -107,8 +126,11 @@ def shard_chunks(modules: Sequence[nn.Sequential], scenario: Scenario, device_ty
         mesh = grid["dp", "cp"]._flatten("dp_cp")
     else:  # HSDP: the dp dimension unflattened into (replicate, shard), torchtitan's dp_replicate x dp_shard
         mesh = grid["dp"] if S == D else grid["dp"]._unflatten(0, (D // S, S), ("replicate", "shard"))
+    experts: DeviceMesh | bool = p.expert_parallel > 1
+    if experts and expert_group is not None:
+        experts = DeviceMesh.from_group(expert_group, device_type)
     for module in modules:
-        shard_chunk(module, mesh, zero, pipelined=K > 1)
+        shard_chunk(module, mesh, zero, pipelined=K > 1, experts=experts)
     return True
 
 
