@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, TypeVar
 
 IndexT = TypeVar("IndexT")  # one index (int), or a numpy array of them
@@ -156,10 +156,17 @@ class Mesh:
     def gradient_members(self, rank: int) -> list[int]:
         """The D x C first devices (one per tensor ring) whose ring reduces pipeline rank `rank`'s
         gradients: each replica's context-parallel group of that rank."""
-        return [member for d in range(self.data_parallel)
-                for member in self.context_members(self.rank_devices[self.program_rank(d, rank)])]
+        return list(_gradient_members(self.rank_devices, self.stages, self.data_parallel, self.tensor_parallel,
+                                      self.context_parallel, rank))
 
 
+@lru_cache(maxsize=4096)
+def _gradient_members(rank_devices: tuple[int, ...], K: int, D: int, T: int, C: int, rank: int) -> tuple[int, ...]:
+    """`Mesh.gradient_members`, made once per mesh layout and rank (the planner asks per candidate)."""
+    return tuple(member for d in range(D) for member in context_members(rank_devices[d * K + rank], T, C))
+
+
+@lru_cache(maxsize=1024)
 def megatron_rank_devices(ranks: int, replicas: int, width: int = 1) -> tuple[int, ...]:
     """The first device of each program rank d*K + r in Megatron-LM's order: replicas inside,
     pipeline ranks outside, each rank `width` (T x C) devices wide: width x (r*D + d)."""
