@@ -83,3 +83,20 @@ def test_held_bound_equals_the_one_from_the_programs(name):
             chunks = len(chunk_placement(cand))
             counts = [12 // chunks + (c < 12 % chunks) for c in range(chunks)]
             assert held_memory_bound(costs, cand, counts) == _bound_from_programs(costs, cand, counts), (K, M, v, remat)
+
+
+@pytest.mark.parametrize("name, K, M, v, remat", CASES + [("zbv", 3, 4, 2, "always"), ("zb_h2", 4, 9, 1, "always"),
+                                                        ("dualpipev", 2, 6, 2, "except_last")])
+def test_order_events_are_the_lowered_programs(name, K, M, v, remat):
+    """The events read from the generator's pass orders are those of the lowered programs, in order."""
+    from gpipe_sim.plan.held import held_events
+    from gpipe_sim.planner.held_orders import order_events
+
+    schedule = build_schedule(K, M, name, remat, v)
+    placement, events = order_events(name, K, M, v, remat)
+    assert placement == schedule.placement
+    want = held_events(schedule)
+    assert len(events) == len(want)
+    for got, ref in zip(events, want):
+        for a, b in zip(got, ref):
+            assert np.array_equal(a, b) and a.dtype.kind == b.dtype.kind

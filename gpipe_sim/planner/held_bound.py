@@ -8,12 +8,12 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.model.recompute import per_layer
-from gpipe_sim.plan.held import DENSE_LEVELS, MAX_ROWS, held_events, level_matrix, undominated
+from gpipe_sim.plan.held import DENSE_LEVELS, MAX_ROWS, level_matrix, undominated
 from gpipe_sim.plan.partition import micro_batch_sizes
 from gpipe_sim.planner.bounds import CostTable, chunk_placement
+from gpipe_sim.planner.held_orders import order_events
 from gpipe_sim.planner.segments import SLACK, min_max_partition, segment_cost
 from gpipe_sim.planner.space import Candidate
-from gpipe_sim.schedule.lower import build_schedule
 
 
 def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
@@ -38,9 +38,9 @@ def _effective(rows: np.ndarray) -> np.ndarray:
 def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
                   ) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
     """`held_samples` of one schedule and per-replica batch: the levels of each rank's events
-    (`held_events`, once per schedule) at these micro-batch sizes; a chunk's most is the most of
+    (`order_events`, once per schedule) at these micro-batch sizes; a chunk's most is the most of
     its columns over its rank's moments (the same counts `held_activations` lists per chunk)."""
-    placement, events = _schedule_events(name, K, M, v, remat)
+    placement, events = order_events(name, K, M, v, remat)
     samples = np.asarray(micro_batch_sizes(share, M), dtype=float)
     per_chunk = np.zeros(len(placement))
     per_rank: list[np.ndarray | None] = []
@@ -52,14 +52,6 @@ def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
             rows = undominated(level, MAX_ROWS)
         per_rank.append(None if rows is None else _effective(rows))
     return per_chunk, tuple(per_rank)
-
-
-@lru_cache(maxsize=2048)
-def _schedule_events(name: str, K: int, M: int, v: int, remat: str
-                     ) -> tuple[tuple[int, ...], tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]]:
-    """The schedule's chunk placement and `held_events`, built once (whatever the batch)."""
-    schedule = build_schedule(K, M, name, remat, v)  # type: ignore[arg-type]
-    return tuple(int(r) for r in schedule.placement), held_events(schedule)
 
 
 @lru_cache(maxsize=1024)

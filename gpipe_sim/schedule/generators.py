@@ -57,12 +57,13 @@ def naive(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
 def looped_bfs(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     """Looped BFS (torch's ScheduleLoopedBFS): each rank forwards every micro-batch through its
     chunks in turn, then backwards them through its chunks in reverse."""
+    forward, backward = np.tile(np.arange(micro_batches), chunks), np.tile(np.arange(micro_batches)[::-1], chunks)
+    kinds = np.repeat([F, B], micro_batches * chunks)
     orders: RankOrders = []
     for r in range(ranks):
-        mine = [r + i * ranks for i in range(chunks)]
-        order = [(F, c, m) for c in mine for m in range(micro_batches)]
-        order += [(B, c, m) for c in reversed(mine) for m in reversed(range(micro_batches))]
-        orders.append(order)
+        mine = r + ranks * np.arange(chunks)
+        chunk = np.concatenate([np.repeat(mine, micro_batches), np.repeat(mine[::-1], micro_batches)])
+        orders.append(np.stack([kinds, chunk, np.concatenate([forward, backward])], axis=1))
     return orders
 
 

@@ -1,0 +1,66 @@
+"""The held-activation events of a registered schedule read from its generator's pass orders, without lowering them into programs."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from gpipe_sim.plan.held import INPUT_ONLY, KEPT, RECOMPUTED, local_chunks
+from gpipe_sim.schedule.actions import Kind
+from gpipe_sim.schedule.lower import saves_activations
+from gpipe_sim.schedule.registry import rank_chunks, schedule_family
+
+_F, _B, _I, _W = int(Kind.FORWARD), int(Kind.BACKWARD), int(Kind.BACKWARD_INPUT), int(Kind.BACKWARD_WEIGHT)
+_NONE = -1  # no event in that slot
+
+# Per pass kind and whether its micro-batch's forward kept its activations: the (category, sign)
+# of the up to three events the pass makes, in program order (`gpipe_sim.schedule.lower` puts the
+# re-computation just before the first backward pass of a forward that did not keep them):
+#   forward: + kept, or + input only;
+#   full backward: - kept, or (re-computation) + re-computed, then - input only, - re-computed;
+#   input-gradient pass: nothing, or (re-computation) + re-computed;
+#   weight pass (the last): - kept, or - input only, - re-computed.
+_SLOTS: dict[tuple[int, bool], tuple[tuple[int, float], ...]] = {
+    (_F, True): ((KEPT, 1.0),), (_F, False): ((INPUT_ONLY, 1.0),),
+    (_B, True): ((KEPT, -1.0),), (_B, False): ((RECOMPUTED, 1.0), (INPUT_ONLY, -1.0), (RECOMPUTED, -1.0)),
+    (_I, True): (), (_I, False): ((RECOMPUTED, 1.0),),
+    (_W, True): ((KEPT, -1.0),), (_W, False): ((INPUT_ONLY, -1.0), (RECOMPUTED, -1.0)),
+}
+
+
+def _slot_tables() -> tuple[np.ndarray, np.ndarray]:
+    """[pass kind, kept] -> three slots of category (-1: none) and sign."""
+    size = max(_F, _B, _I, _W) + 1
+    category = np.full((size, 2, 3), _NONE, dtype=np.int64)
+    sign = np.zeros((size, 2, 3))
+    for (kind, kept), slots in _SLOTS.items():
+        for s, (cat, sg) in enumerate(slots):
+            category[kind, int(kept), s], sign[kind, int(kept), s] = cat, sg
+    return category, sign
+
+
+_CATEGORY, _SIGN = _slot_tables()
+
+
+@lru_cache(maxsize=2048)
+def order_events(name: str, K: int, M: int, v: int, remat: str
+                 ) -> tuple[tuple[int, ...], tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]]:
+    """The chunk placement and, per rank, the (column, micro-batch, sign) events that
+    `gpipe_sim.plan.held.held_events` reads from the lowered programs of schedule `name` at (K, M,
+    v, remat), from the family's pass orders alone (the same events in the same order: lowering
+    adds transfers, the re-computations and the update around the passes, in their order). For a
+    (K, M, v) the family accepts (`ScheduleFamily.problem`)."""
+    family = schedule_family(name)
+    placement = tuple(int(r) for r in family.placement(K, v))
+    local = local_chunks(placement, rank_chunks(placement, K))
+    kept = np.array([saves_activations(remat, m, M) for m in range(M)], dtype=np.int64)  # type: ignore[arg-type]
+    events = []
+    for order in family.generate(K, M, v):
+        passes = np.asarray(order, dtype=np.int64).reshape(-1, 3)
+        op, chunk, micro = passes[:, 0], passes[:, 1], passes[:, 2]
+        category, sign = _CATEGORY[op, kept[micro]], _SIGN[op, kept[micro]]  # [pass, slot]
+        present = category != _NONE
+        column = (local[chunk][:, None] * 3 + category)[present]
+        events.append((column, np.broadcast_to(micro[:, None], category.shape)[present], sign[present]))
+    return placement, tuple(events)
