@@ -31,7 +31,7 @@ def _cases():
 CASES = list(_cases())
 
 
-@pytest.mark.parametrize("name, K, M, v, remat", CASES)
+@pytest.mark.parametrize("name, K, M, v, remat", CASES + [("looped_bfs", 2, 1100, 2, "none")])
 def test_held_samples_are_the_built_programs_counts(name, K, M, v, remat):
     """Per chunk the most held (every remat mode, even and uneven micro-batches), and per rank of
     several chunks its undominated moments, as `held_activations` counts them on the programs."""
@@ -44,9 +44,12 @@ def test_held_samples_are_the_built_programs_counts(name, K, M, v, remat):
         for r, (got, rows) in enumerate(zip(per_rank, held.rank_rows)):
             if len(held.rank_chunks[r]) == 1:
                 assert got is None
-            else:
+            else:  # every undominated moment listed, and nothing above them: the same most for any weights
                 assert (got is None) == (rows is None)
-                assert got is None or np.array_equal(got, _effective(rows)), (share, r)
+                if got is not None:
+                    want_rows = _effective(rows)
+                    assert {tuple(row) for row in want_rows} <= {tuple(row) for row in got}, (share, r)
+                    assert all((want_rows >= row).all(axis=1).any() for row in got), (share, r)
 
 
 def _bound_from_programs(costs, cand, counts):

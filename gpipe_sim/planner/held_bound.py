@@ -8,10 +8,9 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.model.recompute import per_layer
-from gpipe_sim.plan.held import DENSE_LEVELS, MAX_ROWS, level_matrix, undominated
 from gpipe_sim.plan.partition import micro_batch_sizes
 from gpipe_sim.planner.bounds import CostTable, chunk_placement
-from gpipe_sim.planner.held_orders import order_events
+from gpipe_sim.planner.held_levels import event_table, held_levels
 from gpipe_sim.planner.segments import SLACK, min_max_partition, segment_cost
 from gpipe_sim.planner.space import Candidate
 
@@ -19,9 +18,9 @@ from gpipe_sim.planner.space import Candidate
 def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
     """Samples whose whole activations the candidate's schedule holds at once, counted by
     `held_activations` in program order as the memory accountant counts bytes: per chunk, the
-    most it holds at some moment; per rank of more than one chunk, every undominated moment as a
-    (moments x its chunks) matrix (None where too many to list, and for a rank of one chunk, whose
-    moments are that chunk's). A sample counts when kept, or when held as an input and
+    most it holds at some moment; per rank of more than one chunk, its moments as a (moments x its
+    chunks) matrix holding at least every undominated one (None where too many to list, and for a
+    rank of one chunk, whose moments are that chunk's). A sample counts when kept, or when held as an input and
     re-computed at the same time (input + re-computed bytes >= the saved bytes)."""
     # the per-layer modes keep every forward, as "none" does (`saves_activations`): the same programs
     remat = "none" if per_layer(cand.remat) else cand.remat
@@ -29,29 +28,12 @@ def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndar
                          batch // cand.data_parallel)
 
 
-def _effective(rows: np.ndarray) -> np.ndarray:
-    """(kept, input-only, re-computed) columns per chunk -> whole-activation samples per chunk."""
-    return rows[:, 0::3] + np.minimum(rows[:, 1::3], rows[:, 2::3])
-
-
 @lru_cache(maxsize=16384)
 def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
                   ) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
-    """`held_samples` of one schedule and per-replica batch: the levels of each rank's events
-    (`order_events`, once per schedule) at these micro-batch sizes; a chunk's most is the most of
-    its columns over its rank's moments (the same counts `held_activations` lists per chunk)."""
-    placement, events = order_events(name, K, M, v, remat)
-    samples = np.asarray(micro_batch_sizes(share, M), dtype=float)
-    per_chunk = np.zeros(len(placement))
-    per_rank: list[np.ndarray | None] = []
-    for mine, (col, micro, sign) in zip(_owned(placement), events):
-        level = level_matrix(col, sign * samples[micro], 3 * len(mine))
-        per_chunk[mine] = _effective(level).max(axis=0, initial=0.0)
-        rows = None
-        if len(mine) > 1 and len(col) * 3 * len(mine) <= DENSE_LEVELS:
-            rows = undominated(level, MAX_ROWS)
-        per_rank.append(None if rows is None else _effective(rows))
-    return per_chunk, tuple(per_rank)
+    """`held_samples` of one schedule and per-replica batch (`held_levels` of its events, read
+    once per schedule)."""
+    return held_levels(event_table(name, K, M, v, remat), np.asarray(micro_batch_sizes(share, M), dtype=float))
 
 
 @lru_cache(maxsize=1024)
