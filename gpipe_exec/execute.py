@@ -26,16 +26,19 @@ def check_model(scenario: Scenario) -> None:
     """ScenarioError (one line) unless the executor can build the scenario's model: a zoo preset
     whose layers build on the meta device; with sequence parallelism, a sequence that splits
     evenly over the T devices (each sends and receives an equal shard); tied embeddings in one
-    chunk on one device per rank; experts
-    with ZeRO 0 or 1, (at E > 1) no overlap_grad_reduce and (at T > 1) sequence parallelism, as Megatron-LM
-    trains them; ZeRO-2 and 3 as `check_sharding`."""
+    chunk on one device per rank; experts (at E > 1) without overlap_grad_reduce, (at T > 1) with
+    sequence parallelism, as Megatron-LM trains them, and under ZeRO-2/3 at T > 1 only where
+    D x C = E (each expert on one process of its tensor rank); ZeRO-2 and 3 as `check_sharding`."""
     check_buildable(scenario.model)
     p = scenario.pipeline
-    if getattr(scenario.model, "experts", 0) and (scenario.training.zero > 1 and p.tensor_parallel > 1 or
-                                                  p.expert_parallel > 1 and scenario.training.overlap_grad_reduce):
-        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with training.zero 0 or 1 at "
-                            "tensor_parallel > 1 and (expert_parallel > 1) overlap_grad_reduce false; "
-                            "gpipe-sim predicts the rest")
+    experts = getattr(scenario.model, "experts", 0) and p.expert_parallel > 1
+    if experts and scenario.training.overlap_grad_reduce:
+        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts at expert_parallel > 1 with "
+                            "overlap_grad_reduce false (its hooks reduce every bucket over D); gpipe-sim predicts it")
+    if experts and scenario.training.zero > 1 and p.tensor_parallel > 1 and scenario.mesh.expert_gradient_group > 1:
+        raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with training.zero 2 or 3 at "
+                            "tensor_parallel > 1 only where each expert is on one process of its tensor rank "
+                            "(data_parallel x context_parallel = expert_parallel); gpipe-sim predicts the rest")
     if getattr(scenario.model, "experts", 0) and p.tensor_parallel > 1 and not p.sequence_parallel:
         raise ScenarioError(f"pipeline.sequence_parallel: gpipe-exec runs a mixture of experts at tensor_parallel "
                             f"{p.tensor_parallel} with sequence parallelism only, as Megatron-LM trains it")

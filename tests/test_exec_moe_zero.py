@@ -35,13 +35,19 @@ def test_fsdp_with_experts_equals_plain_training() -> None:
     assert_equal_to_reference(run_cases(4, FSDP, steps=2), steps=2)
 
 
-def test_experts_with_fsdp_at_t2_are_refused_in_one_line() -> None:
+def test_fsdp_with_experts_at_t2_runs_where_each_expert_is_on_one_process() -> None:
+    """T = 2 under sequence parallelism: the experts left whole where D = E (ZeRO-3), every unit
+    over D at E = 1 (ZeRO-2); expert-data-parallel groups of more than one are refused in one line."""
     from gpipe_exec.execute import check_model
     from gpipe_sim.errors import ScenarioError
     from test_exec_context_parallel import scenario
 
+    cases = [Case(1, 1, 2, "1f1b", D=2, T=2, sp=True, E=2, zero=3, moe=True, optimizer="momentum"),
+             Case(1, 1, 2, "1f1b", D=2, T=2, sp=True, zero=2, moe=True, optimizer="momentum")]
+    assert_equal_to_reference(run_cases(4, cases, steps=2), steps=2)
+    refused = scenario(Case(1, 1, 1, "gpipe", D=4, T=2, sp=True, E=2, zero=2, moe=True))
     with pytest.raises(ScenarioError, match=r"^model.experts: gpipe-exec runs a mixture of experts with training.zero"):
-        check_model(scenario(Case(1, 1, 2, "1f1b", D=2, T=2, sp=True, E=2, zero=2, moe=True)))
+        check_model(refused)
 
 
 def test_distributed_optimizer_with_experts_equals_plain_training() -> None:

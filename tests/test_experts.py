@@ -173,13 +173,15 @@ def test_what_experts_cannot_split_is_one_line_naming_the_field(updates, start):
     assert str(exc.value).startswith(start) and "\n" not in str(exc.value)
 
 
-def test_the_executor_runs_experts_and_refuses_them_with_zero_in_one_line():
+def test_the_executor_runs_experts_with_zero_and_refuses_overlap_at_e2_in_one_line():
     pytest.importorskip("torch")
     from gpipe_exec.execute import check_model
 
-    check_model(_scenario(1))
-    with pytest.raises(ScenarioError, match=r"^model\.experts: gpipe-exec runs a mixture of experts with") as exc:
-        check_model(_scenario(1).with_updates({"training.zero": 1}))
+    for zero in (0, 1, 2):
+        check_model(_scenario(1).with_updates({"training.zero": zero}))
+        check_model(_scenario(2).with_updates({"training.zero": zero}))
+    with pytest.raises(ScenarioError, match=r"^model\.experts: gpipe-exec runs a mixture of experts at") as exc:
+        check_model(_scenario(2).with_updates({"training.overlap_grad_reduce": True}))
     assert "\n" not in str(exc.value)
 
 
