@@ -160,3 +160,17 @@ def test_published_runs_simulate_within_seconds(name):
     assert done.returncode == 0, done.stderr
     assert "step time" in done.stdout
     assert wall <= 5.0, f"{name}: {wall:.2f} s"
+
+
+def test_labels_rename_each_row_by_first_occurrence():
+    """`_labels` of every row at once equals each row's renaming by np.unique's first occurrences."""
+    from gpipe_sim.plan.replica_symmetry import _labels
+
+    def one(row):
+        _, first, inverse = np.unique(row, return_index=True, return_inverse=True)
+        return np.argsort(np.argsort(first))[inverse.ravel()]
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        rows = rng.integers(-3, int(rng.integers(1, 8)), size=(int(rng.integers(1, 6)), int(rng.integers(1, 12))))
+        assert np.array_equal(_labels(rows * 997), np.array([one(row) for row in rows * 997]))

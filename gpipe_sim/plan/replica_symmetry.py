@@ -32,11 +32,22 @@ class ReplicaSymmetry(NamedTuple):
     foreign: frozenset[int]
 
 
-def _labels(row: np.ndarray) -> np.ndarray:
-    """Each entry's value renamed by order of first occurrence (0, 1, ...): equal for two rows
-    exactly when one is a relabelling of the other."""
-    _, first, inverse = np.unique(row, return_index=True, return_inverse=True)
-    return np.argsort(np.argsort(first))[inverse.ravel()]
+def _labels(rows: np.ndarray) -> np.ndarray:
+    """Each row's values renamed by order of first occurrence in the row (0, 1, ...): two rows'
+    labels are equal exactly when one is a relabelling of the other. All rows at once: a stable
+    sort puts each value's first occurrence first among its equals."""
+    n = rows.shape[1]
+    if n == 0:
+        return np.zeros(rows.shape, dtype=np.int64)
+    order = np.argsort(rows, axis=1, kind="stable")
+    ordered = np.take_along_axis(rows, order, axis=1)
+    starts = np.ones(rows.shape, dtype=bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    start = np.maximum.accumulate(np.where(starts, np.arange(n), 0), axis=1)  # each's run's first place
+    first = np.empty_like(order)
+    np.put_along_axis(first, order, np.take_along_axis(order, start, axis=1), axis=1)  # its value's first index
+    rank = np.cumsum(first == np.arange(n), axis=1) - 1  # first occurrences numbered in order
+    return np.take_along_axis(rank, first, axis=1)
 
 
 def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
@@ -49,7 +60,7 @@ def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
     if hardware.host.step_buffers and scenario.training.zero:
         return ReplicaSymmetry(False, "ZeRO-1 step buffers differ per replica", frozenset())
     dmap = np.asarray(scenario.mesh.rank_devices, dtype=np.int64).reshape(D, K)
-    devices = np.array([_labels(row) for row in dmap])
+    devices = _labels(dmap)
     if (devices != devices[0]).any():
         return ReplicaSymmetry(False, "the replicas' ranks share devices differently", frozenset())
     if len(np.unique(dmap)) != D * len(np.unique(dmap[0])):
@@ -62,7 +73,7 @@ def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
     a, b = dmap[:, pairs[:, 0]], dmap[:, pairs[:, 1]]  # [replica, pair]
     keys = np.where(a != b, transfer_link_keys(hardware, a, b, n_dev, per_node), -1)
     between = node_of(a, per_node) != node_of(b, per_node)
-    links = np.array([_labels(row) for row in keys]) if len(pairs) else keys
+    links = _labels(keys) if len(pairs) else keys
     if (links != links[0]).any() or (between != between[0]).any():
         return ReplicaSymmetry(False, "the replicas' sends share links differently", frozenset())
     used = [set(row[row >= 0].tolist()) for row in keys]
