@@ -19,11 +19,31 @@ def transfer_link_keys(hardware: Hardware, a: np.ndarray, b: np.ndarray, n_dev: 
     return np.where(between, n_dev * n_dev + hardware.network_ports(a, per_node), a * n_dev + b)
 
 
+_RINGS: dict[tuple, tuple[int, ...]] = {}  # the last rings' keys, by what `ring_link_keys` reads
+_RINGS_SIZE = 4096
+
+
 def ring_link_keys(hardware: Hardware, ring: list[int], n_dev: int, per_node: int) -> list[int]:
     """The links a ring all-reduce over the devices `ring` (in ring order) holds: each hop's pair
     link inside a node; a hop leaving the node, the sender's port, or every NIC of its node
-    (`Hardware.ring_ports`). A key may repeat."""
-    keys = []
+    (`Hardware.ring_ports`, which reads the hardware's `network` alone). A key may repeat. Kept
+    for the next call with the same network and ring (the planner compiles thousands of
+    candidates over a few rings)."""
+    key = (hardware.network, tuple(ring), n_dev, per_node)
+    try:
+        kept = _RINGS.get(key)
+    except TypeError:  # a network with an unhashable field: made each time
+        return _ring_keys(hardware, ring, n_dev, per_node)
+    if kept is None:
+        if len(_RINGS) >= _RINGS_SIZE:
+            _RINGS.pop(next(iter(_RINGS)))
+        kept = _RINGS[key] = tuple(_ring_keys(hardware, ring, n_dev, per_node))
+    return list(kept)
+
+
+def _ring_keys(hardware: Hardware, ring: list[int], n_dev: int, per_node: int) -> list[int]:
+    """`ring_link_keys`, made."""
+    keys: list[int] = []
     for a, b in zip(ring, ring[1:] + ring[:1]):
         if a != b and node_of(a, per_node) == node_of(b, per_node):
             keys.append(a * n_dev + b)
