@@ -86,6 +86,7 @@ class CostTable:
         self.params_cum = cumulative(self.params)
         self.act_cum = cumulative(self.act)
         self._static: dict[tuple[Any, ...], np.ndarray] = {}
+        self._reduce: dict[tuple[Any, ...], np.ndarray] = {}
 
     def of(self, cand: Candidate) -> "CostTable":
         """The table of the candidate's T, per-layer remat mode and C (this one, or one built once per
@@ -279,6 +280,23 @@ class CostTable:
         """The least output bytes per sample of a layer a chunk can end with (any but the last)."""
         return min(float(layer.output_bytes_per_sample) for layer in self.layers[:-1])
 
+    def least_reduce(self, cand: Candidate, placement: tuple[int, ...], counts: tuple[int, ...]) -> np.ndarray:
+        """Per rank, the least all-reduce (`allreduce`) of its chunks' gradients under these layer
+        counts, cached per search: a read-only array."""
+        key = ("reduce", cand.data_parallel, cand.stages, cand.zero, cand.clears("hardware.placement"), placement,
+               counts)
+        got = self._reduce.get(key)
+        if got is None:
+            per_param, fixed = self.allreduce(cand)
+            ranks, _ = placement_arrays(placement, cand.stages)
+            edges = partition_edges(counts)
+            got = np.full(cand.stages, np.inf)
+            np.minimum.at(got, ranks, fixed[ranks] + per_param[ranks] * (self.params_cum[edges[1:]]
+                                                                          - self.params_cum[edges[:-1]]))
+            got.flags.writeable = False
+            self._reduce[key] = got
+        return got
+
     def fsdp_collectives(self, cand: Candidate) -> float:
         """Seconds at least of ZeRO-3's collectives over a step without pipelining: each forward
         gathers every layer and each backward gathers them again and reduce-scatters their
@@ -453,8 +471,7 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
     if counts is not None:
         edges = partition_edges(tuple(counts))
         busy = np.bincount(placement, weights=w_cum[edges[1:]] - w_cum[edges[:-1]], minlength=K) + host
-        reduce = np.full(K, np.inf)
-        np.minimum.at(reduce, ranks, fixed[ranks] + per_param[ranks] * (p_cum[edges[1:]] - p_cum[edges[:-1]]))
+        reduce = costs.least_reduce(cand, placement, tuple(counts))
         start = edges[lowest]
         bound = max(bound, float((f_cum[start] + h_cum[lowest] + busy + reduce).max()))
         if v == 1:
