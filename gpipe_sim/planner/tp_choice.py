@@ -47,12 +47,14 @@ def _pruned_by_value(search: PlanSearch, axis: str) -> dict[int, tuple[list[floa
     values = search.candidates.column(axis)
     out: dict[int, tuple[list[float], list[float], int]] = {}
     held = np.flatnonzero(pruned.code >= 0)
-    for value in np.unique(values[held]).tolist():
-        mine = held[values[held] == value]
-        figures = pruned.figure[mine]
-        names = np.array(pruned.names, dtype=object)[pruned.code[mine]]
-        out[value] = (figures[names == "memory"].tolist(), figures[names == "bound"].tolist(),
-                      int((names == "preferred").sum()))
+    ids = {name: code for code, name in enumerate(pruned.names)}
+    memory, bound, preferred = (ids.get(name, -1) for name in ("memory", "bound", "preferred"))
+    held_values = values[held]
+    for value in np.unique(held_values).tolist():
+        mine = held[held_values == value]
+        figures, codes = pruned.figure[mine], pruned.code[mine]
+        out[value] = (figures[codes == memory].tolist(), figures[codes == bound].tolist(),
+                      int((codes == preferred).sum()))
     return out
 
 
