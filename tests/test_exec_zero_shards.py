@@ -89,3 +89,23 @@ def test_an_expert_bucket_held_by_one_process_is_stepped_whole_without_a_collect
         update.finish(0, 1)
         assert torch.equal(expert.grad, torch.full((3,), 7.0 + i))  # its own, whole
         assert update.master.numel() == (3, 2)[i] + 3  # its dense part (5 cut 3 + 2) and the whole expert
+
+
+def test_a_bucket_reduction_allocates_its_padded_copy_and_its_part_only() -> None:
+    """The tensor tracker's peak over `start` (one bucket of 11 fp32 elements, N = 2: padded to 12,
+    parts of 6) is the padded copy and the received part, (N + 1) s elements, as the simulator's
+    `sharded_buckets` holds from the `allreduce` to its wait: the gradients are copied into the
+    bucket one by one, never held twice (a concatenation then padded held 2 x 11 + 12 elements)."""
+    from gpipe_exec.measure.memory import StorageTracker
+
+    params = [torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(5))]
+    for q in params:
+        q.grad = torch.ones_like(q)
+    update = ZeroShardUpdate({0: [params]}, _scenario(), 0, N, None, SummingComm())
+    with StorageTracker() as tracker:
+        tracker.track([q.grad for q in params], "gradients")
+        tracker.reset_peak()
+        update.start(0, 0)
+    _, flat, mine = update.pending[0]
+    assert torch.equal(flat, torch.cat([torch.ones(11), torch.zeros(1)]))  # the gradients, then zeros
+    assert tracker.peak - 11 * 4 == (N + 1) * 6 * 4 == flat.untyped_storage().nbytes() + mine.untyped_storage().nbytes()

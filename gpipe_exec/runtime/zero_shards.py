@@ -60,9 +60,16 @@ class ShardGroup:
 
 
 def _flat(tensors: Sequence[torch.Tensor], padded: int) -> torch.Tensor:
-    """The tensors flattened into one new tensor of `padded` elements (zeros after them)."""
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    return nn.functional.pad(flat, (0, padded - flat.numel()))
+    """The tensors flattened into one new tensor of `padded` elements (zeros after them), copied
+    into it one by one: the bucket is the only buffer made (a concatenation then padded would hold
+    the gradients twice while it pads)."""
+    flat = tensors[0].new_empty(padded)
+    at = 0
+    for t in tensors:
+        flat[at:at + t.numel()].copy_(t.reshape(-1))
+        at += t.numel()
+    flat[at:].zero_()
+    return flat
 
 
 def _read(tensors: Sequence[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
