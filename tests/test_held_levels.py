@@ -1,11 +1,11 @@
-"""held._undominated against its definition, written out by brute force."""
+"""held.undominated against its definition, written out by brute force."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gpipe_sim.plan.held import _undominated
+from gpipe_sim.plan.held import undominated
 
 
 def _by_definition(rows: np.ndarray, cap: int | None):
@@ -28,7 +28,7 @@ def test_undominated_levels_are_the_definitions(seed):
         if trial % 2:
             rows = np.vstack([rows, rows[::3]])  # repeated levels
         cap = (None, 4, 40)[trial % 3]
-        got, want = _undominated(rows, cap), _by_definition(rows, cap)
+        got, want = undominated(rows, cap), _by_definition(rows, cap)
         assert (got is None) == (want is None)
         if want is not None:
             np.testing.assert_array_equal(got, want)
@@ -45,7 +45,7 @@ def test_undominated_levels_with_columns_always_zero(seed):
         live = int(rng.integers(0, width + 1)) if trial % 3 else 1
         rows[:, rng.permutation(width)[live:]] = 0.0
         cap = (None, 2, 40)[trial % 3]
-        got, want = _undominated(rows, cap), _by_definition(rows, cap)
+        got, want = undominated(rows, cap), _by_definition(rows, cap)
         assert (got is None) == (want is None)
         if want is not None:
             np.testing.assert_array_equal(got, want)
