@@ -55,12 +55,14 @@ def order_events(name: str, K: int, M: int, v: int, remat: str
     placement = tuple(int(r) for r in family.placement(K, v))
     local = local_chunks(placement, rank_chunks(placement, K))
     kept = np.array([saves_activations(remat, m, M) for m in range(M)], dtype=np.int64)  # type: ignore[arg-type]
-    events = []
-    for order in family.generate(K, M, v):
-        passes = np.asarray(order, dtype=np.int64).reshape(-1, 3)
-        op, chunk, micro = passes[:, 0], passes[:, 1], passes[:, 2]
-        category, sign = _CATEGORY[op, kept[micro]], _SIGN[op, kept[micro]]  # [pass, slot]
-        present = category != _NONE
-        column = (local[chunk][:, None] * 3 + category)[present]
-        events.append((column, np.broadcast_to(micro[:, None], category.shape)[present], sign[present]))
-    return placement, tuple(events)
+    orders = [np.asarray(order, dtype=np.int64).reshape(-1, 3) for order in family.generate(K, M, v)]
+    passes = np.concatenate(orders)  # every rank's, rank after rank
+    op, chunk, micro = passes[:, 0], passes[:, 1], passes[:, 2]
+    category, sign = _CATEGORY[op, kept[micro]], _SIGN[op, kept[micro]]  # [pass, slot]
+    present = category != _NONE
+    column = (local[chunk][:, None] * 3 + category)[present]
+    micro = np.broadcast_to(micro[:, None], category.shape)[present]
+    sign = sign[present]
+    # each rank's events end where its passes do
+    cuts = np.concatenate(([0], np.cumsum(present.sum(axis=1))))[np.cumsum([0] + [len(o) for o in orders])]
+    return placement, tuple((column[a:b], micro[a:b], sign[a:b]) for a, b in zip(cuts[:-1], cuts[1:]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from gpipe_sim.schedule.actions import Kind
@@ -209,8 +211,14 @@ def zbv(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     """ZB-V (Qi et al. 2024, section 6; torch's ScheduleZBVZeroBubble): two chunks per rank in a V,
     so the first and last chunks share rank 0; warm-up forwards of the first chunk, then of both,
     then steady F/I/W triples on each chunk; near-zero bubble at 1F1B's memory when F = I = W."""
-    orders: RankOrders = []
-    n = max(2 * ranks - 1, micro_batches)  # the order for fewer micro-batches is this one, cut
+    # the order for fewer micro-batches than 2K - 1 is that one's, cut
+    return [order[order[:, 2] < micro_batches] for order in _zbv_orders(ranks, max(2 * ranks - 1, micro_batches))]
+
+
+@lru_cache(maxsize=64)
+def _zbv_orders(ranks: int, n: int) -> tuple[np.ndarray, ...]:
+    """ZB-V's passes of each rank for n micro-batches (n >= 2K - 1), as arrays: made once per (K, n)."""
+    orders = []
     for r, (down, up) in enumerate(rank_chunks(v_shape(ranks, 2), ranks)):  # r, and 2K-1-r on the way back
         counts = {(k, c): 0 for k in (F, I, W) for c in (down, up)}
         order: list[tuple[int, int, int]] = []
@@ -247,8 +255,8 @@ def zbv(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
             put(W, up)
         while counts[W, down] < counts[I, down]:
             put(W, down)
-        orders.append([p for p in order if p[2] < micro_batches])
-    return orders
+        orders.append(np.array(order, dtype=np.int64).reshape(-1, 3))
+    return tuple(orders)
 
 
 def _dualpipev_check(ranks: int, micro_batches: int, chunks: int) -> str | None:
