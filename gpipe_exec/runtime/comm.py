@@ -49,6 +49,18 @@ def stages_through_host(kind: str, backend: str) -> bool:
     return kind == "cuda" and backend == "gloo"
 
 
+def reduce_scatter_in_place(output: torch.Tensor, flat: torch.Tensor, group: Any,
+                            op: Any = dist.ReduceOp.SUM, async_op: bool = False) -> Any:
+    """Reduce `flat` over `group` (op), this process receiving its equal part in `output`, reading
+    `flat` where it lies, as NCCL's `reduce_scatter_tensor` does: over gloo as a list of the parts
+    (gloo's flat-tensor form first copies the whole input into a new tensor, held while it runs:
+    measured on torch 2.13), else flat (NCCL's list form is the one that copies)."""
+    if dist.get_backend(group) == "gloo":
+        parts = list(flat.chunk(dist.get_world_size(group)))
+        return dist.reduce_scatter(output, parts, op=op, group=group, async_op=async_op)
+    return dist.reduce_scatter_tensor(output, flat, op=op, group=group, async_op=async_op)
+
+
 class Comm:
     """Point-to-point transfers tagged by message key, with clear errors on peer failure.
 
@@ -86,15 +98,9 @@ class Comm:
 
     def reduce_scatter(self, output: torch.Tensor, flat: torch.Tensor, group: Any, chunk: int) -> Any:
         """Start the sum of `flat` over the data-parallel group, this process receiving its equal
-        part in `output` (asynchronous; ZeRO-1: runtime.zero_shards). Over gloo as a list of the
-        parts (its flat-tensor form copies the whole input first), else flat (NCCL's list form is
-        the one that copies)."""
-        def start() -> Any:
-            if dist.get_backend(group) == "gloo":
-                parts = list(flat.chunk(dist.get_world_size(group)))
-                return dist.reduce_scatter(output, parts, group=group, async_op=True)
-            return dist.reduce_scatter_tensor(output, flat, group=group, async_op=True)
-        return self._guarded(f"reduce-scatter of chunk {chunk} with its replicas", start)
+        part in `output` (asynchronous; ZeRO-1: runtime.zero_shards; `reduce_scatter_in_place`)."""
+        return self._guarded(f"reduce-scatter of chunk {chunk} with its replicas",
+                             lambda: reduce_scatter_in_place(output, flat, group, async_op=True))
 
     def wait_collective(self, work: Any, chunk: int) -> None:
         self._guarded(f"reduction of chunk {chunk} with its replicas", work.wait)
@@ -129,4 +135,4 @@ class _StagedSend:
         return self.work.wait()
 
 
-__all__ = ["Comm", "data_parallel_groups", "direction_groups", "stages_through_host"]
+__all__ = ["Comm", "data_parallel_groups", "direction_groups", "reduce_scatter_in_place", "stages_through_host"]

@@ -25,8 +25,10 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.tensor import DTensor
 
+from gpipe_exec.runtime.comm import reduce_scatter_in_place
 from gpipe_sim.plan.sharding import shard_degree
 from gpipe_sim.schedule import Action, Kind
 from gpipe_sim.scenario.scenario import Scenario
@@ -45,11 +47,26 @@ def shard_mesh(device_type: str, D: int, S: int, C: int = 1, K: int = 1) -> Devi
     return init_device_mesh(device_type, (*shape, K), mesh_dim_names=(*names, "pp"))[names]
 
 
+class InPlaceReduceScatter(ReduceScatter):
+    """FSDP2's reduce-scatter reading its input buffer where it lies (`reduce_scatter_in_place`):
+    over gloo FSDP2's default (`reduce_scatter_single`, gloo's flat form) would first copy the whole
+    unit's gradient, a buffer FSDP2 on NCCL does not hold."""
+
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
+                 async_op: bool = False) -> Any:
+        return reduce_scatter_in_place(output_tensor, input_tensor, group, op=op, async_op=async_op)
+
+
 def _fully_shard(unit: nn.Module, mesh: DeviceMesh, reshard: bool, ignored: set[nn.Parameter]) -> None:
-    """`fully_shard` one unit, its gradients reduce-scattered as plain sums (`shard_chunk`)."""
+    """`fully_shard` one unit, its gradients reduce-scattered as plain sums (`shard_chunk`), in
+    place (`InPlaceReduceScatter`)."""
     fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored or None)
     unit.set_gradient_divide_factor(1.0)  # each unit reduces its own parameters
     unit.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no pre-multiplied sum)
+    unit.set_custom_reduce_scatter(InPlaceReduceScatter())
 
 
 def shard_chunk(module: nn.Sequential, mesh: DeviceMesh, zero: int, pipelined: bool = False,

@@ -470,18 +470,25 @@ def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed
     a layer's transient counts what it re-makes before its backward too (`recompute_peak_bytes`).
     `kept`: bytes per parameter a layer's backward leaves allocated (the layers after j keep theirs
     while j runs: pipelined ZeRO-3's first backward, gpipe_sim.plan.accumulated_gradients); `copied`:
-    those of the last layer after j with parameters that stay while j runs (`reduce_scatter_copy_bytes`)."""
+    bytes per parameter of a layer's unsharded gradient and of its reduce-scatter copy (ZeRO-2:
+    `reduce_scatter_copy_bytes`): as j starts the copy of the last layer after j with parameters,
+    as it ends its gradient and its own copy (FSDP2 copies the gradient into the reduce-scatter's
+    input before freeing it, the previous copy reclaimed first), its saved bytes freed."""
     samples = np.asarray(samples, dtype=float)
     offsets, slopes, after, kept_after, copy = [], [], 0.0, 0.0, 0.0
     for layer in reversed(layers):
+        own = copied * layer.params
         own_fixed = (layer.transient_bytes if fixed else 0.0) + kept_after + copy
-        kept_after, copy = kept_after + kept * layer.params, copied * layer.params or copy
         own_slope = (layer.transient_bytes_per_sample
                      + (recompute_peak_bytes(layer) if recomputed else 0.0)) if per_sample else 0.0
         if own_fixed or own_slope:
             offsets.append(own_fixed)
             slopes.append(own_slope - after)
+        kept_after, copy = kept_after + kept * layer.params, own or copy
         after += layer.activation_bytes_per_sample - layer.saved_with_previous_bytes_per_sample
+        if own:  # its end: the gradient and its copy, the layer's saved bytes freed
+            offsets.append(kept_after + 2 * own)
+            slopes.append(-after)
     if not offsets:
         return np.zeros_like(samples)
     lines = np.asarray(offsets)[:, None] + np.asarray(slopes)[:, None] * samples[None, :]

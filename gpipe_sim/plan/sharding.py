@@ -135,9 +135,10 @@ def bytes_per_param(training: Training, D: int, S: int, K: int, zero: int | None
 
 def reduce_scatter_copy_bytes(scenario: Scenario) -> float:
     """Bytes per parameter of the copy of a unit's gradient that FSDP2's reduce-scatter reads
-    (`foreach_reduce`'s input buffer), kept until the next unit's reduce-scatter
-    (`reduce_scatter_max_input_buffers` 1), so while that unit's backward runs: under ZeRO-2, whose
-    every backward reduce-scatters (ZeRO-3 without pipelining counts it in `in_flight_bytes`); else 0."""
+    (`foreach_reduce`'s input buffer), made as the unit's backward ends beside its unsharded
+    gradient and kept until the next unit's reduce-scatter (`reduce_scatter_max_input_buffers` 1),
+    so while that unit's backward runs (`chunk_transient_bytes`): under ZeRO-2, whose every backward
+    reduce-scatters (ZeRO-3 without pipelining counts it in `in_flight_bytes`); else 0."""
     reduces = scenario.training.zero == 2 and scenario.mesh.gradient_group > 1
     return float(scenario.training.dtype_bytes) if reduces else 0.0
 
