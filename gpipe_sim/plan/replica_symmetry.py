@@ -73,7 +73,7 @@ def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
     a, b = dmap[:, pairs[:, 0]], dmap[:, pairs[:, 1]]  # [replica, pair]
     keys = np.where(a != b, transfer_link_keys(hardware, a, b, n_dev, per_node), -1)
     between = node_of(a, per_node) != node_of(b, per_node)
-    links = _labels(keys) if len(pairs) else keys
+    links = _labels(keys)
     if (links != links[0]).any() or (between != between[0]).any():
         return ReplicaSymmetry(False, "the replicas' sends share links differently", frozenset())
     used = [set(row[row >= 0].tolist()) for row in keys]
