@@ -106,6 +106,14 @@ def backward_shares(scenario: Scenario, layers: Sequence[LayerSpec], samples: in
     return [seconds * t / total for t in own]
 
 
+def overlaps_step_reduction(scenario: Scenario) -> bool:
+    """Whether each chunk's step reduction starts with its last backward pass and overlaps it
+    (`overlap_grad_reduce`, or ZeRO-3, which always overlaps), not after it: never under ZeRO-2,
+    whose every backward pass reduces its own gradients (gpipe_sim.plan.pass_collectives)."""
+    zero = scenario.training.zero
+    return (scenario.training.overlap_grad_reduce or zero == 3) and zero != 2
+
+
 def overlap_profiles(plan: Any, kind: np.ndarray, chunk: np.ndarray, micro_batch: np.ndarray,
                      duration: np.ndarray) -> list[tuple[list[float], list[float], list[float]]] | None:
     """Per chunk of the compiled `plan` (its program's `kind`, `chunk` and `micro_batch` columns
@@ -115,8 +123,7 @@ def overlap_profiles(plan: Any, kind: np.ndarray, chunk: np.ndarray, micro_batch
     order; None without `overlap_grad_reduce` (or ZeRO-3, which always overlaps), under ZeRO-2 (whose
     backward passes reduce: gpipe_sim.plan.pass_collectives) or without data parallelism."""
     scenario = plan.scenario
-    zero = scenario.training.zero
-    if not (scenario.training.overlap_grad_reduce or zero == 3) or zero == 2 or plan.replicas == 1:
+    if not overlaps_step_reduction(scenario) or plan.replicas == 1:
         return None
     element = scenario.training.dtype_bytes
     starts = np.flatnonzero(kind == Kind.ALLREDUCE)
@@ -141,4 +148,5 @@ def _forward_times(scenario: Scenario, layers: Sequence[LayerSpec], plan: Any) -
 
 
 __all__ = ["MEGATRON_BUCKET_PARAMS", "MEGATRON_BUCKET_PARAMS_PER_REPLICA", "backward_shares", "bucket_bytes",
-           "buckets", "gathered_forward_delay", "overlap_profiles", "overlapped_seconds"]
+           "buckets", "gathered_forward_delay", "overlap_profiles", "overlapped_seconds",
+           "overlaps_step_reduction"]

@@ -14,7 +14,7 @@ from gpipe_sim.plan.distinct import distinct_sorted
 from gpipe_sim.plan.links import transfer_link_keys
 from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
 from gpipe_sim.plan.pass_collectives import sharded_passes
-from gpipe_sim.plan.buckets import overlap_profiles
+from gpipe_sim.plan.buckets import overlap_profiles, overlaps_step_reduction
 from gpipe_sim.plan.replicas import data_parallel_groups
 from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.chunk_times import chunk_times
@@ -231,9 +231,8 @@ class Plan:
     @cached_property
     def global_program(self) -> GlobalProgram:
         """The global program every engine and every executor rank runs (built once)."""
-        training = self.scenario.training
         return global_program(self.schedule, self.replicas, self.program_replicas,
-                              (training.overlap_grad_reduce and training.zero != 2) or training.zero == 3,
+                              overlaps_step_reduction(self.scenario),
                               reduced=self.mesh.gradient_group > 1)
 
     @cached_property
