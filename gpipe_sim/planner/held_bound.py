@@ -13,6 +13,7 @@ from gpipe_sim.planner.bounds import CostTable, chunk_placement
 from gpipe_sim.planner.held_levels import event_table, held_levels
 from gpipe_sim.planner.segments import SLACK, min_max_partition, segment_cost
 from gpipe_sim.planner.space import Candidate
+from gpipe_sim.schedule.registry import rank_chunks
 
 
 def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
@@ -36,15 +37,6 @@ def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
     return held_levels(event_table(name, K, M, v, remat), np.asarray(micro_batch_sizes(share, M), dtype=float))
 
 
-@lru_cache(maxsize=1024)
-def _owned(placement: tuple[int, ...]) -> tuple[list[int], ...]:
-    """Per rank, the chunks it runs (in order), for a chunk placement."""
-    out: tuple[list[int], ...] = tuple([] for _ in range(max(placement) + 1))
-    for c, owner in enumerate(placement):
-        out[owner].append(c)
-    return out
-
-
 def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None) -> float:
     """`memory_lower_bound` with the activations counted for the samples the schedule holds at
     once (`held_samples`) instead of one micro-batch: static(rank) + the most its chunks hold at
@@ -62,9 +54,9 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
         rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
         rank_act = np.zeros(K)
         np.maximum.at(rank_act, np.asarray(placement), chunk_act * h)
-        for r, (eff, mine) in enumerate(zip(per_rank, _owned(placement))):
+        for r, (eff, mine) in enumerate(zip(per_rank, rank_chunks(placement, K))):
             if eff is not None:
-                rank_act[r] = max(rank_act[r], float((eff @ chunk_act[mine]).max(initial=0.0)))
+                rank_act[r] = max(rank_act[r], float((eff @ chunk_act[list(mine)]).max(initial=0.0)))
         return float((rank_static + rank_act).max()) * SLACK
     seg_s, seg_a = segment_cost(s_cum), segment_cost(a_cum)
     return min_max_partition([seg_s + hc * seg_a for hc in h], [True] * len(h)) * SLACK
