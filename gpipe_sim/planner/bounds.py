@@ -423,7 +423,7 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
     act = costs.act * largest
     if counts is not None:
         placement = chunk_placement(cand)
-        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+        edges = partition_edges(tuple(counts))
         s_cum, a_cum = cumulative(static), cumulative(act)
         chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
         chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]

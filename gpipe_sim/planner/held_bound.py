@@ -11,6 +11,7 @@ from gpipe_sim.model.recompute import per_layer
 from gpipe_sim.plan.partition import micro_batch_sizes
 from gpipe_sim.planner.bounds import CostTable, chunk_placement
 from gpipe_sim.planner.held_levels import event_table, held_levels
+from gpipe_sim.planner.chunk_arrays import partition_edges
 from gpipe_sim.planner.segments import SLACK, min_max_partition, segment_cost
 from gpipe_sim.planner.space import Candidate
 from gpipe_sim.schedule.registry import rank_chunks
@@ -48,7 +49,7 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
     placement = chunk_placement(cand)
     s_cum, a_cum = costs.static_cum(D * cand.context_parallel, cand.zero), costs.act_cum
     if counts is not None:
-        edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+        edges = partition_edges(tuple(counts))
         chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
         chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
         rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
@@ -72,7 +73,7 @@ def held_memory_ceiling(costs: CostTable, cand: Candidate, counts: Sequence[int]
     its static bytes plus the batch's activations of each of its chunks. Where this is within the
     capacity, the held bound is too (and need not be computed)."""
     costs = costs.of(cand)
-    edges = np.concatenate(([0], np.cumsum(counts))).astype(int)
+    edges = partition_edges(tuple(counts))
     s_cum = costs.static_cum(cand.data_parallel * cand.context_parallel, cand.zero)
     a_cum = costs.act_cum
     placement = chunk_placement(cand)
