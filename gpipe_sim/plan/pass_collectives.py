@@ -37,17 +37,13 @@ import numpy as np
 from gpipe_sim.costs.layer_time import layer_pass_times
 from gpipe_sim.model.model import LayerSpec
 from gpipe_sim.plan.buckets import backward_shares, bucket_bytes, overlapped_seconds
-from gpipe_sim.plan.sharding import Ring, fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes, replica_ring
+from gpipe_sim.plan.sharding import (Ring, fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes, reduces_every_backward,
+                                     replica_ring)
 from gpipe_sim.scenario.scenario import Scenario
 
 # the columns of a chunk's [size, (forward, backward, backward input, backward weight)] seconds
 # whose pass makes the weights' gradients: a full backward and a split backward's weight pass
 GRADIENT_PASSES = ((1, False), (3, True))
-
-
-def reduces_every_backward(scenario: Scenario) -> bool:
-    """Whether each backward pass reduce-scatters its gradients (ZeRO-2 over D x C > 1 devices)."""
-    return scenario.training.zero == 2 and scenario.mesh.gradient_group > 1
 
 
 def gradient_rings(scenario: Scenario, rank: int) -> tuple[Ring, Ring]:
@@ -105,4 +101,4 @@ def sharded_passes(scenario: Scenario, layers: Sequence[LayerSpec], rank: int, p
     return seconds, (0.0, 0.0)
 
 
-__all__ = ["GRADIENT_PASSES", "gradient_rings", "reduced_backward_seconds", "reduces_every_backward", "sharded_passes"]
+__all__ = ["GRADIENT_PASSES", "gradient_rings", "reduced_backward_seconds", "sharded_passes"]

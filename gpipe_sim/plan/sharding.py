@@ -133,14 +133,19 @@ def bytes_per_param(training: Training, D: int, S: int, K: int, zero: int | None
     return w, (own + s) / S
 
 
+def reduces_every_backward(scenario: Scenario) -> bool:
+    """Whether each backward pass reduce-scatters its gradients (ZeRO-2 over D x C > 1 devices:
+    gpipe_sim.plan.pass_collectives)."""
+    return scenario.training.zero == 2 and scenario.mesh.gradient_group > 1
+
+
 def reduce_scatter_copy_bytes(scenario: Scenario) -> float:
     """Bytes per parameter of the copy of a unit's gradient that FSDP2's reduce-scatter reads
     (`foreach_reduce`'s input buffer), made as the unit's backward ends beside its unsharded
     gradient and kept until the next unit's reduce-scatter (`reduce_scatter_max_input_buffers` 1),
     so while that unit's backward runs (`chunk_transient_bytes`): under ZeRO-2, whose every backward
     reduce-scatters (ZeRO-3 without pipelining counts it in `in_flight_bytes`); else 0."""
-    reduces = scenario.training.zero == 2 and scenario.mesh.gradient_group > 1
-    return float(scenario.training.dtype_bytes) if reduces else 0.0
+    return float(scenario.training.dtype_bytes) if reduces_every_backward(scenario) else 0.0
 
 
 def accumulated_bytes_per_param(scenario: Scenario) -> float:
@@ -209,5 +214,5 @@ def fsdp_chunk_seconds(scenario: Scenario, layers: Sequence[LayerSpec], shares: 
 
 
 __all__ = ["Ring", "accumulated_bytes_per_param", "bytes_per_param", "fsdp_chunk_seconds", "fsdp_pass_seconds",
-           "gathers_per_pass", "in_flight_bytes", "rank_rings", "reduce_scatter_copy_bytes", "replica_ring",
-           "shard_degree"]
+           "gathers_per_pass", "in_flight_bytes", "rank_rings", "reduce_scatter_copy_bytes", "reduces_every_backward",
+           "replica_ring", "shard_degree"]
