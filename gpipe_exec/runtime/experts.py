@@ -50,7 +50,7 @@ def expert_groups(mesh: Mesh, process: int) -> tuple[ExpertGroup | None, Any]:
         return None, None
     E = mesh.expert_parallel
     g, c, t = mesh.coordinates(process)
-    replica, pipeline_rank = divmod(g, mesh.stages)
+    replica, pipeline_rank = mesh.replica(g), mesh.pipeline_rank(g)
     groups = _all_groups(mesh)
     ep = ExpertGroup(E, replica % E, groups["ep", pipeline_rank, replica // E, c, t])
     return ep, (groups["edp", pipeline_rank, replica % E, t] if mesh.expert_gradient_group > 1 else None)
