@@ -59,6 +59,19 @@ class ShardGroup:
     replica: int
 
 
+def _grad(q: nn.Parameter) -> torch.Tensor:
+    """`q`'s gradient, or zeros where it has none (a parameter the step's backward did not reach)."""
+    return q.grad if q.grad is not None else torch.zeros_like(q)
+
+
+def _materialise_grads(bucket: Sequence[nn.Parameter]) -> list[torch.Tensor]:
+    """The bucket's gradients, each parameter without one given zeros first (to be written into)."""
+    for q in bucket:
+        if q.grad is None:
+            q.grad = torch.zeros_like(q)
+    return [q.grad for q in bucket]  # type: ignore[misc]
+
+
 def _flat(tensors: Sequence[torch.Tensor], padded: int) -> torch.Tensor:
     """The tensors flattened into one new tensor of `padded` elements (zeros after them), copied
     into it one by one: the bucket is the only buffer made (a concatenation then padded would hold
@@ -129,7 +142,7 @@ class ZeroShardUpdate:
         its gradients flattened and padded, this replica's part received."""
         index = self.of_chunk[chunk][b]
         bucket, s = self.buckets[index], self.layouts[index]
-        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in bucket]
+        grads = [_grad(q) for q in bucket]
         flat = _flat(grads, s.parts * s.part)
         if s.parts == 1:  # this process alone holds these parameters: its part is the sum
             self.pending[index] = (None, flat, flat)
@@ -145,14 +158,11 @@ class ZeroShardUpdate:
         if work is not None:
             self.comm.wait_collective(work, chunk)
         s = self.layouts[b]
-        for q in self.buckets[b]:
-            if q.grad is None:
-                q.grad = torch.zeros_like(q)
-        _write([q.grad for q in self.buckets[b]], mine[:s.hi - s.lo], s.lo)  # type: ignore[misc]
+        _write(_materialise_grads(self.buckets[b]), mine[:s.hi - s.lo], s.lo)
 
     def step(self) -> None:
         """This replica's parts: its optimizer step (compute: under the device lock)."""
-        parts = [_read([q.grad if q.grad is not None else torch.zeros_like(q) for q in bucket], s.lo, s.hi)
+        parts = [_read([_grad(q) for q in bucket], s.lo, s.hi)
                  for bucket, s in zip(self.buckets, self.layouts)]
         self.master.grad = torch.cat(parts).to(torch.float32)  # one new fp32 tensor of the parts
         self.optimizer.step()
@@ -183,11 +193,8 @@ class ZeroShardUpdate:
         """Every replica's summed part of each bucket into the gradients, which then hold the whole
         reduced gradient (a collective, to report them: the step needs only this replica's parts)."""
         for b, (bucket, s) in enumerate(zip(self.buckets, self.layouts)):
-            for q in bucket:
-                if q.grad is None:
-                    q.grad = torch.zeros_like(q)
-            grads = [q.grad for q in bucket]
-            _write(grads, self._gathered(b, _read(grads, s.lo, s.hi), grads[0])[:s.size], 0)  # type: ignore[arg-type]
+            grads = _materialise_grads(bucket)
+            _write(grads, self._gathered(b, _read(grads, s.lo, s.hi), grads[0])[:s.size], 0)
 
 
 __all__ = ["ShardGroup", "ShardLayout", "ZeroShardUpdate"]
