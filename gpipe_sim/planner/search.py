@@ -23,7 +23,7 @@ from gpipe_sim.planner.held_bound import held_memory_bound, held_memory_ceiling,
 from gpipe_sim.planner.coarse import coarse_arrays
 from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.space_index import CandidateSpace
-from gpipe_sim.planner.work_rows import WorkCache
+from gpipe_sim.planner.work_rows import WorkCache, rows_key
 from gpipe_sim.planner.entries import (
     LIMITERS, MEMORY_LIMITED, NEGLIGIBLE_LOSS, PlanEntry, _copy_entry, _entry, collapse_alike, limiter_of,
     pareto_front,
@@ -151,10 +151,9 @@ _Refined = tuple[float, int, "list[int] | None"]
 
 
 def work_key(cand: Candidate) -> tuple[Any, ...]:
-    """What `candidate_work` depends on: T, C, E, D, M, remat and whether ZeRO shards (ZeRO 1, 2
-    and 3 shard the update alike)."""
-    return (cand.tensor_parallel, cand.context_parallel, cand.expert_parallel, cand.data_parallel,
-            cand.micro_batches, cand.remat, cand.zero > 0)
+    """What `candidate_work` depends on: its `WorkRows`' key (`rows_key`: T, C, E, D, remat and
+    whether ZeRO shards, ZeRO 1, 2 and 3 sharding the update alike) and M."""
+    return (*rows_key(cand), cand.micro_batches)
 
 
 def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache, pruned: Pruned
