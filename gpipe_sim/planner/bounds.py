@@ -424,7 +424,7 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
     if counts is not None:
         placement = chunk_placement(cand)
         edges = partition_edges(tuple(counts))
-        s_cum, a_cum = cumulative(static), cumulative(act)
+        s_cum, a_cum = costs.static_cum(D * cand.context_parallel, cand.zero), cumulative(act)
         chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
         chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
         rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
