@@ -37,22 +37,13 @@ import numpy as np
 from gpipe_sim.costs.layer_time import layer_pass_times
 from gpipe_sim.model.model import LayerSpec
 from gpipe_sim.plan.buckets import backward_shares, bucket_bytes, overlapped_seconds
-from gpipe_sim.plan.sharding import (Ring, fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes, reduces_every_backward,
-                                     replica_ring)
+from gpipe_sim.plan.replicas import gradient_rings
+from gpipe_sim.plan.sharding import fsdp_chunk_seconds, gathers_per_pass, in_flight_bytes, reduces_every_backward
 from gpipe_sim.scenario.scenario import Scenario
 
 # the columns of a chunk's [size, (forward, backward, backward input, backward weight)] seconds
 # whose pass makes the weights' gradients: a full backward and a split backward's weight pass
 GRADIENT_PASSES = ((1, False), (3, True))
-
-
-def gradient_rings(scenario: Scenario, rank: int) -> tuple[Ring, Ring]:
-    """(ring of pipeline rank `rank`'s D x C gradient members, ring of the D x C / E devices that
-    hold the same experts on the same link), as gpipe_sim.plan.replicas reduces a chunk over them."""
-    mesh = scenario.mesh
-    per_node = scenario.hardware.devices_per_node or max(mesh.rank_devices) + 1
-    whole = replica_ring(scenario, mesh.gradient_members(rank), per_node, scenario.pipeline.tensor_parallel)
-    return whole, Ring(mesh.expert_gradient_group, whole.bandwidth, whole.latency_s)
 
 
 def reduced_backward_seconds(scenario: Scenario, layers: Sequence[LayerSpec], rank: int, params: int,
@@ -62,7 +53,8 @@ def reduced_backward_seconds(scenario: Scenario, layers: Sequence[LayerSpec], ra
     (module docstring): `layers` the chunk's, on pipeline rank `rank`, holding `params` parameters
     of which `experts` are routed experts'. A copy; the forward and input passes are unchanged."""
     out = np.array(seconds, dtype=float)
-    whole, alike = gradient_rings(scenario, rank)
+    per_node = scenario.hardware.devices_per_node or max(scenario.mesh.rank_devices) + 1
+    whole, alike = gradient_rings(scenario, rank, per_node)
     element = scenario.training.dtype_bytes
     overlap = scenario.training.overlap_grad_reduce
     grads = [float(layer.params * element) for layer in reversed(layers)]
@@ -101,4 +93,4 @@ def sharded_passes(scenario: Scenario, layers: Sequence[LayerSpec], rank: int, p
     return seconds, (0.0, 0.0)
 
 
-__all__ = ["GRADIENT_PASSES", "gradient_rings", "reduced_backward_seconds", "sharded_passes"]
+__all__ = ["GRADIENT_PASSES", "reduced_backward_seconds", "sharded_passes"]

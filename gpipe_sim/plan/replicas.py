@@ -26,6 +26,15 @@ def ring_allreduce_seconds(nbytes: float, members: int, bandwidth: float, latenc
     return collective_seconds(((ALL_REDUCE, nbytes),), 1.0, members, bandwidth, latency_s)
 
 
+def gradient_rings(scenario: Scenario, rank: int, per_node: int) -> tuple[Ring, Ring]:
+    """(ring of pipeline rank `rank`'s D x C gradient members, ring of the D x C / E devices that
+    hold the same experts on the same link), as `data_parallel_groups` reduces a chunk over them,
+    in nodes of `per_node` devices."""
+    mesh = scenario.mesh
+    whole = replica_ring(scenario, mesh.gradient_members(rank), per_node, scenario.pipeline.tensor_parallel)
+    return whole, Ring(mesh.expert_gradient_group, whole.bandwidth, whole.latency_s)
+
+
 def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Sequence[int],
                          chunk_params: Sequence[int], dmap: np.ndarray, per_node: int, network: Link,
                          foreign: frozenset[int] = frozenset(),
@@ -60,7 +69,6 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     starts = np.flatnonzero(c.kind == Kind.ALLREDUCE)
     collective[starts] = c.chunk[starts]
     dtype_bytes = scenario.training.dtype_bytes
-    tp = scenario.pipeline.tensor_parallel  # each of a rank's T devices runs its shard's ring
     size = bucket_bytes(scenario)
     seconds, rows = [], []
     zero = scenario.training.zero
@@ -68,14 +76,13 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
         ring = mesh.gradient_members(rank)
         # the rings of the rank's shards in one node leave it together (all T, or a node's worth
         # where the rank's T devices fill several nodes)
-        whole = replica_ring(scenario, ring, per_node, tp)
+        whole, alike = gradient_rings(scenario, rank, per_node)
         reduce = whole.allreduce
         if zero == 3:
             seconds.append(_sharded_seconds(scenario, rank, per_node, overlap[index]) if K > 1 else 0.0)
         elif overlap is None:  # ZeRO-2's too: its reduce-scatters are in the backward passes, the all-gather left
             experts = chunk_expert_params[index] if chunk_expert_params is not None else 0
-            # the experts' gradients: a ring of the D x C / E devices holding the same experts
-            alike = Ring(mesh.expert_gradient_group, whole.bandwidth, whole.latency_s)
+            # the experts' gradients: `alike`, the ring of the D x C / E devices holding the same experts
             share = 0.5 if zero == 2 else 1.0  # gpipe_sim.plan.pass_collectives
             seconds.append(share * (reduce((params - experts) * dtype_bytes)
                                     + (alike.allreduce(experts * dtype_bytes) if experts else 0.0)))
