@@ -7,9 +7,9 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, Callable, MutableMapping, Sequence
 
 import numpy as np
-from typing import Any, Callable, MutableMapping, Sequence
 
 from gpipe_sim.api import simulate_plan
 from gpipe_sim.errors import GpipeError
