@@ -297,14 +297,16 @@ class CostTable:
             self._reduce[key] = got
         return got
 
-    def fsdp_collectives(self, cand: Candidate) -> float:
+    def fsdp_collectives(self, cand: Candidate, micro_batches: int | np.ndarray | None = None) -> float | np.ndarray:
         """Seconds at least of ZeRO-3's collectives over a step without pipelining: each forward
         gathers every layer and each backward gathers them again and reduce-scatters their
         gradients, one after another on one queue a pass (gpipe_sim.plan.sharding), and the one
         rank runs its passes one after another, so M x 3/2 ring all-reduces of the parameters
         (`allreduce`'s ring, one latency for the many). 0 elsewhere and under hybrid sharding
-        (whose shard ring is smaller)."""
-        return cand.micro_batches * 1.5 * self.fsdp_ring(cand)
+        (whose shard ring is smaller). M is the candidate's, or `micro_batches` (an int, or an
+        array of them: the figure for each)."""
+        M = cand.micro_batches if micro_batches is None else micro_batches
+        return M * 1.5 * self.fsdp_ring(cand)
 
     def fsdp_ring(self, cand: Candidate) -> float:
         """The ring all-reduce of the parameters that `fsdp_collectives` counts M x 3/2 times (0 where it counts none)."""

@@ -50,5 +50,5 @@ def _over_m(costs: CostTable, works: WorkCache, cand: Any) -> tuple[np.ndarray, 
     static = table.params_sum * table.static_per_param(D * cand.context_parallel, cand.zero)
     memory = (static + table.act_sum * rows.largest / v) / K
     Ms = np.arange(1, len(rows.total) + 1)
-    step = np.maximum(np.maximum(rows.total / K, rows.chain), Ms * 1.5 * table.fsdp_ring(cand))
+    step = np.maximum(np.maximum(rows.total / K, rows.chain), table.fsdp_collectives(cand, Ms))
     return memory * SLACK, step * SLACK
