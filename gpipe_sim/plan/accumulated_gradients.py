@@ -31,12 +31,10 @@ def _first_and_last(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     its chunk that makes weight gradients (a full backward or a weight pass)."""
     prog = plan.program
     first, last = np.zeros(len(prog.kind), dtype=bool), np.zeros(len(prog.kind), dtype=bool)
-    for g in range(plan.num_ranks):
-        lo, hi = int(prog.offsets[g]), int(prog.offsets[g + 1])
-        passes = lo + np.flatnonzero(np.isin(prog.kind[lo:hi], PASSES_WITH_GRADIENTS))
-        for c in np.unique(prog.chunk[passes]):
-            mine = passes[prog.chunk[passes] == c]
-            first[mine[0]], last[mine[-1]] = True, True
+    passes = np.flatnonzero(np.isin(prog.kind, PASSES_WITH_GRADIENTS))  # in program order, rank by rank
+    key = prog.rank[passes].astype(np.int64) * len(plan.chunks) + prog.chunk[passes]
+    first[passes[np.unique(key, return_index=True)[1]]] = True
+    last[passes[::-1][np.unique(key[::-1], return_index=True)[1]]] = True
     return first, last
 
 
