@@ -100,3 +100,26 @@ def test_bucket_bytes_without_overlap_is_refused() -> None:
         parse_scenario({"training": {"overlap_param_gather": True, "overlap_grad_reduce": True}})
     with pytest.raises(ScenarioError, match=r"^training.overlap_param_gather"):
         parse_scenario({"training": {"overlap_param_gather": True, "zero": 1}})
+
+
+def test_context_parallel_gradients_overlap_in_buckets_as_replicas_do() -> None:
+    """At D = 1, C = 2 the two context-parallel devices still reduce their weights' gradients
+    (D x C = 2), so `overlap_grad_reduce` buckets them as it does replicas': each bucket (here
+    every layer its own) reduced once its backward is done, so the embedding's, the backward's
+    last, is exposed after it at least (it was reduced as if every gradient were ready at the
+    last backward's start: nothing exposed)."""
+    from gpipe_sim.plan.compile import compile_plan
+    from gpipe_sim.plan.replicas import gradient_rings
+
+    scenario = parse_scenario({
+        "model": {"preset": "transformer", "layers": 2, "d_model": 1024, "d_ff": 4096, "heads": 8, "seq_len": 1024,
+                  "vocab": 32000, "attention": "flash"},
+        "hardware": {"preset": "a100-80gb"},
+        "pipeline": {"stages": 1, "context_parallel": 2, "micro_batches": 2, "batch_size": 2, "schedule": "1f1b",
+                     "remat": "none"},
+        "training": {"dtype": "bf16", "optimizer": "adam", "overlap_grad_reduce": True, "bucket_bytes": 1}})
+    plan = compile_plan(scenario)
+    ring, _ = gradient_rings(scenario, 0, scenario.hardware.devices_per_node or 2)
+    embedding = ring.allreduce(plan.layers[0].params * 2)
+    assert embedding > 0
+    assert _exposed(scenario) >= embedding * (1 - 1e-9)

@@ -121,9 +121,9 @@ def overlap_profiles(plan: Any, kind: np.ndarray, chunk: np.ndarray, micro_batch
     backward pass (the pass right after its first `allreduce`, which `overlap_grad_reduce` puts
     before it), in backward order, and their seconds of its first micro-batch's forward, in forward
     order; None without `overlap_grad_reduce` (or ZeRO-3, which always overlaps), under ZeRO-2 (whose
-    backward passes reduce: gpipe_sim.plan.pass_collectives) or without data parallelism."""
+    backward passes reduce: gpipe_sim.plan.pass_collectives) or where no gradient is reduced (D x C = 1)."""
     scenario = plan.scenario
-    if not overlaps_step_reduction(scenario) or plan.replicas == 1:
+    if not overlaps_step_reduction(scenario) or plan.mesh.gradient_group == 1:
         return None
     element = scenario.training.dtype_bytes
     starts = np.flatnonzero(kind == Kind.ALLREDUCE)
