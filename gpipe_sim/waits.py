@@ -42,6 +42,9 @@ hardware: {preset: dgx-h100}
 pipeline: {stages: 1, micro_batches: 1, batch_size: 512}
 training: {dtype: bf16, optimizer: adam}
 """
+# The same on Llama-3-70B and 1,024 H100s (128 DGX H100 nodes), global batch 1,024: 560,004
+# configurations at dca0142 (`plan-bench --large`: it takes minutes).
+LLAMA_70B_1024 = LLAMA_8B_64.replace("llama3-8b", "llama3-70b").replace("batch_size: 512", "batch_size: 1024")
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,11 @@ PLANNER = (
     Wait("plan: the same, --stages 8 --tensor-parallel 1",
          lambda tree, tmp: ["plan", str(tree / "scenarios/default.yaml"), "--devices", "8", "--stages", "8",
                             "--tensor-parallel", "1", "--quiet"]),
+)
+# `plan-bench --large`: the 1,024-GPU question too
+LARGE = (
+    Wait("plan: Llama-3-70B on 1,024 H100s",
+         lambda tree, tmp: ["plan", _written(tmp, "llama70b.yaml", LLAMA_70B_1024), "--devices", "1024", "--quiet"]),
 )
 
 

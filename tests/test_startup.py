@@ -102,3 +102,15 @@ def test_bench_against_a_directory_without_the_project_is_one_line(tmp_path):
         done = subprocess.run([sys.executable, "-m", "gpipe_sim.cli", *command], capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr.startswith("gpipe-sim: error: --against:"), done.stderr
         assert len(done.stderr.splitlines()) == 1
+
+
+def test_plan_bench_large_needs_a_baseline_and_names_the_70b_question(tmp_path):
+    from gpipe_sim.scenario.scenario import parse_scenario
+    from gpipe_sim.waits import LARGE, LLAMA_70B_1024
+    import yaml
+
+    done = subprocess.run([sys.executable, "-m", "gpipe_sim.cli", "plan-bench", "--large"], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("gpipe-sim: error: --large:"), done.stderr
+    scenario = parse_scenario(yaml.safe_load(LLAMA_70B_1024))
+    assert (scenario.model.layers, scenario.model.d_model, scenario.pipeline.batch_size) == (80, 8192, 1024)
+    assert LARGE[0].argv(Path("."), tmp_path)[-3:] == ["--devices", "1024", "--quiet"]

@@ -236,15 +236,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--against", metavar="DIR", help="instead: the 16-GPU question, a 64-GPU Llama-3-8B one and an "
                    "8-GPU one, whole and narrowed, as whole processes, this checkout beside the one in DIR, as ratios")
     p.add_argument("--repeat", type=int, default=3, help="with --against: alternating runs (default 3)")
+    p.add_argument("--large", action="store_true",
+                   help="with --against: a Llama-3-70B question on 1,024 H100s too (minutes)")
     p.set_defaults(func=_cmd_plan_bench)
 
 
 def _cmd_plan_bench(args: argparse.Namespace) -> int:
     if args.against is not None:
-        from gpipe_sim.waits import PLANNER, checkout, compare_waits
+        from gpipe_sim.waits import LARGE, PLANNER, checkout, compare_waits
 
-        sys.stdout.write(compare_waits(checkout(args.against), PLANNER, args.repeat) + "\n")
+        waits = PLANNER + LARGE if args.large else PLANNER
+        sys.stdout.write(compare_waits(checkout(args.against), waits, args.repeat) + "\n")
         return 0
+    if args.large:
+        raise GpipeError("--large: only with --against DIR (the questions timed beside a baseline checkout)")
     from gpipe_sim.planner.bench import run_plan_benchmark
 
     sys.stdout.write(run_plan_benchmark() + "\n")
