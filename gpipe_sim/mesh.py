@@ -76,6 +76,18 @@ class Mesh:
         (fewer than `num_processes` where ranks share a device)."""
         return len(set(self.rank_devices)) * self.devices_per_rank
 
+    @cached_property
+    def device_span(self) -> int:
+        """max(rank_devices) + 1: the device ids up to the last a program rank starts on (the base of
+        the link keys, gpipe_sim.plan.links)."""
+        return max(self.rank_devices) + 1
+
+    @property
+    def node_size(self) -> int:
+        """The devices a node holds: `devices_per_node`, or where the hardware has no nodes (one
+        node) `device_span`."""
+        return self.devices_per_node or self.device_span
+
     @property
     def gradient_group(self) -> int:
         """D x C: the devices each weight's gradient is reduced over (Megatron-LM reduces over the

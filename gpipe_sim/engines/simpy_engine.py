@@ -25,7 +25,8 @@ from simpy.events import URGENT
 from gpipe_sim.errors import SimulationError
 from gpipe_sim.engines.fcfs import Fcfs
 from gpipe_sim.engines.chain import ALLREDUCE, RECV, SEND  # plain ints: the per-action loop compares them
-from gpipe_sim.plan.compile import Plan, Program
+from gpipe_sim.plan.compile import Plan
+from gpipe_sim.plan.costed_program import Program
 
 _Proc = Generator[simpy.Event, object, None]
 

@@ -10,12 +10,10 @@ from typing import Sequence
 
 import numpy as np
 
-from gpipe_sim.plan.distinct import distinct_sorted
-from gpipe_sim.plan.links import transfer_link_keys
+from gpipe_sim.plan.costed_program import Program, costed_program
 from gpipe_sim.plan.replica_symmetry import ReplicaSymmetry, replica_symmetry
 from gpipe_sim.plan.pass_collectives import sharded_passes
-from gpipe_sim.plan.buckets import overlap_profiles, overlaps_step_reduction
-from gpipe_sim.plan.replicas import data_parallel_groups
+from gpipe_sim.plan.buckets import overlaps_step_reduction
 from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.chunk_times import chunk_times
 from gpipe_sim.model.context_parallel import local_model
@@ -35,7 +33,6 @@ from gpipe_sim.model.recompute import per_layer, recompute_peak_bytes
 from gpipe_sim.model.model import LayerSpec
 from gpipe_sim.schema.files import shown_path
 from gpipe_sim.scenario.scenario import OPTIMIZER_SCRATCH, Scenario, read_schedule_csv
-
 
 
 @dataclass(frozen=True)
@@ -101,43 +98,6 @@ class RankPlan:
     state_bytes: float
     update_s: float
     update_scratch_bytes: float = 0.0  # what its update allocates and frees (`update_scratch_bytes`)
-
-
-@dataclass(frozen=True)
-class Program:
-    """The step's global program (`global_program`: its columns and message ids, built once by the
-    schedule layer) with what each action costs: action i of global rank g is at `offsets[g] + i`.
-
-    `link[j]` is the directed device-pair link a send uses (-1 on the same device); `dedicated[l]`
-    tells whether only one rank sends over link l. Data parallelism: `collective[j]` is the group
-    (the chunk) an allreduce action joins (-1 elsewhere); a group's reduction takes
-    `group_seconds[g]` once its `group_size` members have started it, over the links
-    `group_links[g]`, and posts messages num_messages - C*D + g*D + d (the waits' ids).
-    """
-
-    global_program: GlobalProgram
-    duration: np.ndarray  # seconds on the rank's own timeline: compute, and host time per transfer
-    serialization: np.ndarray  # seconds a send occupies its link
-    latency: np.ndarray  # seconds from leaving the link to arrival
-    link: np.ndarray
-    dedicated: np.ndarray
-    shared_device: np.ndarray  # per global rank: its device runs other ranks too
-    collective: np.ndarray
-    group_seconds: np.ndarray
-    group_links: list[np.ndarray]
-    group_size: int
-
-    # the columns, as the engines read them
-    offsets = property(lambda self: self.global_program.columns.offsets)
-    kind = property(lambda self: self.global_program.columns.kind)
-    rank = property(lambda self: self.global_program.columns.rank)
-    chunk = property(lambda self: self.global_program.columns.chunk)
-    micro_batch = property(lambda self: self.global_program.columns.micro_batch)
-    save = property(lambda self: self.global_program.columns.save)  # passes: the forward kept the activations
-    peer = property(lambda self: self.global_program.columns.peer)  # transfers: the other global rank
-    tensor = property(lambda self: self.global_program.columns.tensor)  # transfers: a Tensor code (-1 elsewhere)
-    message = property(lambda self: self.global_program.message)  # a send and its recv share an id
-    num_messages = property(lambda self: self.global_program.num_messages)
 
 
 @dataclass(frozen=True)
@@ -238,7 +198,7 @@ class Plan:
     @cached_property
     def program(self) -> Program:
         """The global program with each action's costs, as the engines run it."""
-        return _flatten(self)
+        return costed_program(self)
 
 
 def scenario_schedule(scenario: Scenario) -> Schedule:
@@ -508,91 +468,3 @@ def input_pass_bytes(layers: Sequence[LayerSpec]) -> float:
         best = max(best, own + after)
         after += layer.kept_for_weight_bytes_per_sample
     return best
-
-
-def _expert_params(plan: Plan) -> list[int]:
-    """Per chunk, its layers' routed experts' parameters (gpipe_sim.model.experts)."""
-    return [sum(layer.expert_params for layer in plan.layers[ch.first_layer:ch.last_layer + 1]) for ch in plan.chunks]
-
-
-def _flatten(plan: Plan) -> Program:
-    """Vectorised: durations, transfer times and link ids for every action of the plan's global
-    program (each step works on the index array of the actions it concerns).
-
-    Links: a directed device pair within a node (`hardware.link`, or `links[r]` between ranks r
-    and r+1), or the sender's network port (its own or its node's NIC: `Hardware.network_ports`).
-    """
-    gp = plan.global_program
-    D, K, M, C = plan.replicas, len(plan.ranks), plan.schedule.micro_batches, len(plan.chunks)
-    G = plan.num_ranks  # the ranks the program holds
-    c = gp.columns
-    rank, kind, chunk, mb, peer = c.rank, c.kind, c.chunk, c.micro_batch, c.peer
-    host = plan.scenario.hardware.host
-    # [pass kind, chunk, micro-batch] seconds; row k of `table` serves Kind code `rows[k]`
-    rows = np.full(len(Kind), -1)
-    table = np.stack([np.stack([getattr(ch, name) for ch in plan.chunks]) for name in
-                      ("forward_s", "forward_s", "backward_s", "backward_input_s", "backward_weight_s")])
-    rows[[Kind.FORWARD, Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT]] = np.arange(5)
-    duration = np.zeros(len(kind))
-    passes = np.flatnonzero(rows[kind] >= 0)
-    duration[passes] = table[rows[kind[passes]], chunk[passes], mb[passes]] + host.action_s
-    updates = np.flatnonzero(kind == Kind.UPDATE)
-    duration[updates] = np.array([r.update_s for r in plan.ranks])[plan.mesh.pipeline_rank(rank[updates])] + host.action_s
-
-    keys = gp.keys  # a point-to-point transfer's key in its replica (-1 elsewhere)
-    sends = np.flatnonzero(kind == Kind.SEND)
-    recvs = np.flatnonzero((kind == Kind.RECV) & (keys >= 0))
-    out = np.stack([ch.output_bytes for ch in plan.chunks])  # [chunk, micro-batch]
-    for idx, seconds in ((sends, host.send_seconds), (recvs, host.recv_seconds)):
-        duration[idx] = seconds(out[keys[idx] // M // 2, mb[idx]])  # a message carries its boundary chunk's output
-
-    hardware = plan.scenario.hardware
-    dmap = np.asarray(plan.device_map, dtype=np.int64)
-    n_dev = int(dmap.max()) + 1
-    per_node = hardware.devices_per_node or n_dev
-    network = hardware.network or hardware.link
-    link = np.full(len(kind), -1, dtype=np.int64)
-    serialization = np.zeros(len(kind))
-    latency = np.zeros(len(kind))
-    src, dst = rank[sends].astype(np.int64), peer[sends].astype(np.int64)
-    a, b = dmap[src], dmap[dst]
-    apart = a != b
-    remote, s, d, a, b = sends[apart], src[apart], dst[apart], a[apart], b[apart]
-    between = plan.mesh.node(a) != plan.mesh.node(b)
-    # hardware.links[r] joins ranks r and r+1 (both directions); any other pair uses hardware.link
-    pair_links = [hardware.link_between(r) for r in range(max(K - 1, 1))] + [hardware.link, network]
-    bandwidth = np.array([ln.bandwidth for ln in pair_links])
-    pair_latency = np.array([ln.latency_s for ln in pair_links])
-    s_r, d_r = plan.mesh.pipeline_rank(s), plan.mesh.pipeline_rank(d)
-    which = np.where(np.abs(s_r - d_r) == 1, np.minimum(s_r, d_r), len(pair_links) - 2)
-    which = np.where(between, len(pair_links) - 1, which)
-    serialization[remote] = out[keys[remote] // M // 2, mb[remote]] / bandwidth[which]
-    latency[remote] = pair_latency[which]
-    link_key = transfer_link_keys(hardware, a, b, n_dev, per_node)
-
-    foreign = plan.symmetry.foreign if G < D * K else frozenset()  # replica 0 alone: other replicas' links
-    collective, group_links, group_seconds = data_parallel_groups(
-        plan.scenario, c, [ch.rank for ch in plan.chunks], [ch.params for ch in plan.chunks], dmap, per_node,
-        network, foreign, overlap_profiles(plan, kind, chunk, mb, duration), _expert_params(plan))
-    users_key = np.concatenate([link_key, group_links[:, 1]])
-    users_who = np.concatenate([s, G + group_links[:, 0]])  # a collective is a sender of its own
-    keys_all, inverse = np.unique(users_key, return_inverse=True)
-    link[remote] = inverse[: len(remote)]
-    group_link_ids = inverse[len(remote):]
-    pairs = distinct_sorted(inverse * (G + C + 1) + users_who)
-    dedicated = np.bincount(pairs // (G + C + 1), minlength=len(keys_all)) == 1
-    per_device = np.bincount(dmap)
-    return Program(
-        global_program=gp,
-        duration=duration,
-        serialization=serialization,
-        latency=latency,
-        link=link,
-        dedicated=dedicated,
-        shared_device=per_device[dmap[:G]] > 1,
-        collective=collective,
-        group_seconds=group_seconds,
-        group_links=[group_link_ids[group_links[:, 0] == g] for g in range(len(group_seconds))],
-        group_size=G // K,
-    )
-

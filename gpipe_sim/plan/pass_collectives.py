@@ -53,8 +53,7 @@ def reduced_backward_seconds(scenario: Scenario, layers: Sequence[LayerSpec], ra
     (module docstring): `layers` the chunk's, on pipeline rank `rank`, holding `params` parameters
     of which `experts` are routed experts'. A copy; the forward and input passes are unchanged."""
     out = np.array(seconds, dtype=float)
-    per_node = scenario.hardware.devices_per_node or max(scenario.mesh.rank_devices) + 1
-    whole, alike = gradient_rings(scenario, rank, per_node)
+    whole, alike = gradient_rings(scenario, rank, scenario.mesh.node_size)
     element = scenario.training.dtype_bytes
     overlap = scenario.training.overlap_grad_reduce
     grads = [float(layer.params * element) for layer in reversed(layers)]

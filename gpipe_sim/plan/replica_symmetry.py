@@ -6,7 +6,7 @@ alike), no device or pipeline link is shared by two replicas, and every ring all
 each replica's links, the ones it holds of replica 0's, every replica runs replica 0's times: the
 simulator runs replica 0 alone, its all-reduces priced over all D replicas' ring (the same seconds),
 holding the ring's links that no other replica's sends use (its own and those only rings share;
-`gpipe_sim.plan.compile`'s `_collectives`). Where a runtime's ZeRO-1 buffers give the replicas
+`gpipe_sim.plan.costed_program`). Where a runtime's ZeRO-1 buffers give the replicas
 different shards (`hardware.host.step_buffers`), or the placement or links make replicas differ,
 every replica is simulated. (Exactness: tests/test_replica_symmetry.py compares both paths.)
 """
@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpipe_sim.plan.links import ring_link_keys, transfer_link_keys
+from gpipe_sim.hardware.hardware import Hardware
 from gpipe_sim.schedule import Kind, Schedule
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.mesh import node_of
@@ -25,11 +26,17 @@ from gpipe_sim.mesh import node_of
 
 class ReplicaSymmetry(NamedTuple):
     """Whether the replicas are alike (`alike`; why not in `reason`), and the link keys only other
-    replicas' pipeline sends use (`foreign`): a replica-0 program's rings leave them out."""
+    replicas' pipeline sends use (`foreign`, distinct and sorted): a replica-0 program's rings leave
+    them out."""
 
     alike: bool
     reason: str
-    foreign: frozenset[int]
+    foreign: np.ndarray
+
+
+def _differ(reason: str) -> ReplicaSymmetry:
+    """Replicas that are not alike, for `reason`."""
+    return ReplicaSymmetry(False, reason, np.zeros(0, dtype=np.int64))
 
 
 def _labels(rows: np.ndarray) -> np.ndarray:
@@ -52,37 +59,68 @@ def _labels(rows: np.ndarray) -> np.ndarray:
 
 def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
     """The rule of the module docstring for the scenario's D replicas of `schedule`'s K ranks, in
-    time O(D x (K + the rank pairs that exchange messages)), never building D programs."""
-    p, hardware = scenario.pipeline, scenario.hardware
+    array passes of O(D x (K + the rank pairs that exchange messages)) plus each rank's ring of
+    links, never building D programs."""
+    p, hardware, mesh = scenario.pipeline, scenario.hardware, scenario.mesh
     D, K = p.data_parallel, schedule.ranks
     if D == 1:
-        return ReplicaSymmetry(False, "one replica", frozenset())
+        return _differ("one replica")
     if hardware.host.step_buffers and scenario.training.zero:
-        return ReplicaSymmetry(False, "ZeRO-1 step buffers differ per replica", frozenset())
-    dmap = np.asarray(scenario.mesh.rank_devices, dtype=np.int64).reshape(D, K)
+        return _differ("ZeRO-1 step buffers differ per replica")
+    dmap = np.asarray(mesh.rank_devices, dtype=np.int64).reshape(D, K)
     devices = _labels(dmap)
     if (devices != devices[0]).any():
-        return ReplicaSymmetry(False, "the replicas' ranks share devices differently", frozenset())
+        return _differ("the replicas' ranks share devices differently")
     if len(np.unique(dmap)) != D * len(np.unique(dmap[0])):
-        return ReplicaSymmetry(False, "a device runs ranks of two replicas", frozenset())
+        return _differ("a device runs ranks of two replicas")
     cols = schedule.columns
     sends = cols.kind == Kind.SEND
-    pairs = np.unique(np.stack([cols.rank[sends], cols.peer[sends]], axis=1).astype(np.int64), axis=0)
-    n_dev = int(dmap.max()) + 1
-    per_node = hardware.devices_per_node or n_dev
+    code = np.unique(cols.rank[sends].astype(np.int64) * K + cols.peer[sends])  # the (rank, peer) pairs
+    pairs = np.stack([code // K, code % K], axis=1)
+    n_dev, per_node = mesh.device_span, mesh.node_size
     a, b = dmap[:, pairs[:, 0]], dmap[:, pairs[:, 1]]  # [replica, pair]
     keys = np.where(a != b, transfer_link_keys(hardware, a, b, n_dev, per_node), -1)
     between = node_of(a, per_node) != node_of(b, per_node)
     links = _labels(keys)
     if (links != links[0]).any() or (between != between[0]).any():
-        return ReplicaSymmetry(False, "the replicas' sends share links differently", frozenset())
-    used = [set(row[row >= 0].tolist()) for row in keys]
-    if sum(len(u) for u in used) != len(set().union(*used)):
-        return ReplicaSymmetry(False, "a link carries sends of two replicas", frozenset())
-    label = [dict(zip(row.tolist(), lab.tolist())) for row, lab in zip(keys, links)]
-    for r in range(K):
-        ring = set(ring_link_keys(hardware, dmap[:, r].tolist(), n_dev, per_node))
-        held = [frozenset(label[d][k] for k in ring & used[d]) for d in range(D)]
-        if any(h != held[0] for h in held):
-            return ReplicaSymmetry(False, f"rank {r}'s all-reduce ring holds the replicas' links unevenly", frozenset())
-    return ReplicaSymmetry(True, "", frozenset(set().union(*used[1:])))
+        return _differ("the replicas' sends share links differently")
+    # each replica's links, once each: a link two replicas use counts twice here, once in `used`
+    own = np.sort(keys, axis=1)
+    distinct = np.ones(own.shape, dtype=bool)
+    distinct[:, 1:] = own[:, 1:] != own[:, :-1]
+    own = own[distinct & (own >= 0)]
+    used = np.unique(own)
+    if len(own) != len(used):
+        return _differ("a link carries sends of two replicas")
+    # the links of a replica's row that one label names are one link (the rows are relabellings), so
+    # a ring holds the same of each replica's links exactly when it holds the same places of the rows
+    r = _uneven_ring(hardware, dmap, keys, n_dev, per_node)
+    if r is not None:
+        return _differ(f"rank {r}'s all-reduce ring holds the replicas' links unevenly")
+    return ReplicaSymmetry(True, "", np.unique(keys[1:][keys[1:] >= 0]))
+
+
+def _uneven_ring(hardware: Hardware, dmap: np.ndarray, keys: np.ndarray, n_dev: int, per_node: int) -> int | None:
+    """The first pipeline rank whose all-reduce ring (over the replicas' devices `dmap[:, r]`)
+    holds the links `keys` [replica, pair] (-1: none) at different places in different replicas'
+    rows, or None. Each place's rings (the ranks whose ring holds its link) are looked up in one
+    table sorted by link, and compared with replica 0's; only where some differ is each rank's
+    ring checked in turn, to name the first."""
+    K = dmap.shape[1]
+    rings = [np.asarray(ring_link_keys(hardware, dmap[:, r].tolist(), n_dev, per_node), dtype=np.int64)
+             for r in range(K)]
+    table = np.unique(np.concatenate([ring * K + r for r, ring in enumerate(rings)]))  # by link, then rank
+    link, rank = table // K, table % K
+    lo, hi = np.searchsorted(link, keys, "left"), np.searchsorted(link, keys, "right")  # -1 holds none
+    count = hi - lo
+    if (count == count[0]).all():
+        column = np.repeat(np.arange(keys.shape[1]), count[0])
+        step = np.arange(len(column)) - np.repeat(np.cumsum(count[0]) - count[0], count[0])
+        holders = rank[lo[:, column] + step]  # [replica, (place, its k-th ring)]
+        if (holders == holders[0]).all():
+            return None
+    for r, ring in enumerate(rings):
+        held = np.isin(keys, ring)
+        if (held != held[0]).any():
+            return r
+    raise AssertionError("a place's rings differ, so some rank's do")  # unreachable

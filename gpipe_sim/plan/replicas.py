@@ -13,7 +13,6 @@ from gpipe_sim.plan.buckets import bucket_bytes, gathered_forward_delay, overlap
 from gpipe_sim.plan.links import ring_link_keys
 from gpipe_sim.plan.sharding import Ring, rank_rings, replica_ring
 from gpipe_sim.schedule import Kind, ProgramColumns
-from gpipe_sim.hardware.hardware import Link
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.costs.collectives import collective_seconds
 from gpipe_sim.model.tensor_parallel import ALL_REDUCE
@@ -36,18 +35,17 @@ def gradient_rings(scenario: Scenario, rank: int, per_node: int) -> tuple[Ring, 
 
 
 def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Sequence[int],
-                         chunk_params: Sequence[int], dmap: np.ndarray, per_node: int, network: Link,
-                         foreign: frozenset[int] = frozenset(),
+                         chunk_params: Sequence[int], foreign: np.ndarray | None = None,
                          overlap: Sequence[tuple[Sequence[float], Sequence[float], Sequence[float]]] | None = None,
                          chunk_expert_params: Sequence[int] | None = None,
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(group of each allreduce action of the program `c`, [group, link key] rows of the links
-    each group's ring uses, seconds of each group's ring all-reduce). One group per chunk (on
-    pipeline rank `chunk_ranks[i]`, `chunk_params[i]` parameters): its D replicas, device
-    dmap[d*K + rank], each with its C context-parallel devices (`Mesh.gradient_members`: D x C;
-    at T > 1, the ring of the chunk's first devices stands for its T concurrent
-    rings, one per shard: they share the nodes' NICs, `network_ring_bandwidth`). A ring holds
-    none of the `foreign` links (where the program holds replica 0 alone: ReplicaSymmetry.foreign).
+    each group's ring uses, in group order, seconds of each group's ring all-reduce). One group per
+    chunk (on pipeline rank `chunk_ranks[i]`, `chunk_params[i]` parameters): its D replicas, each
+    with its C context-parallel devices (`Mesh.gradient_members`: D x C; at T > 1, the ring of the
+    chunk's first devices stands for its T concurrent rings, one per shard: they share the nodes'
+    NICs, `network_ring_bandwidth`). A ring holds none of the `foreign` links (distinct sorted keys,
+    where the program holds replica 0 alone: ReplicaSymmetry.foreign).
     `overlap` (`training.overlap_grad_reduce`), per chunk: its layers' gradient bytes and their
     seconds of its last backward pass, in backward order, and of its first forward, in forward
     order; a group's seconds then run from that pass's start to the end of its bucketed reduction
@@ -57,55 +55,88 @@ def data_parallel_groups(scenario: Scenario, c: ProgramColumns, chunk_ranks: Seq
     over the D x C / E devices that hold the same experts (`Mesh.expert_gradient_group`), on the same
     link; with overlap every bucket is reduced over D x C (an upper bound for the experts'). Under
     ZeRO-2 each backward pass reduce-scatters its gradients (gpipe_sim.plan.pass_collectives, no
-    `overlap` then) and a group's seconds are the updated parameters' all-gather: half of those rings."""
+    `overlap` then) and a group's seconds are the updated parameters' all-gather: half of those rings.
+    The chunks of one rank share its rings: each is made once."""
     mesh = scenario.mesh
-    K = mesh.stages
-    members = mesh.gradient_group  # D x C: context-parallel ranks reduce their weights' gradients too
     collective = np.full(len(c.kind), -1, dtype=np.int64)
-    if members == 1:
+    if mesh.gradient_group == 1:
         return collective, np.zeros((0, 2), dtype=np.int64), np.zeros(0)
-    hardware = scenario.hardware
-    n_dev = int(dmap.max()) + 1
     starts = np.flatnonzero(c.kind == Kind.ALLREDUCE)
     collective[starts] = c.chunk[starts]
-    dtype_bytes = scenario.training.dtype_bytes
-    size = bucket_bytes(scenario)
-    seconds, rows = [], []
-    zero = scenario.training.zero
-    for index, (rank, params) in enumerate(zip(chunk_ranks, chunk_params)):
-        ring = mesh.gradient_members(rank)
-        # the rings of the rank's shards in one node leave it together (all T, or a node's worth
-        # where the rank's T devices fill several nodes)
-        whole, alike = gradient_rings(scenario, rank, per_node)
-        reduce = whole.allreduce
-        if zero == 3:
-            seconds.append(_sharded_seconds(scenario, rank, per_node, overlap[index]) if K > 1 else 0.0)
-        elif overlap is None:  # ZeRO-2's too: its reduce-scatters are in the backward passes, the all-gather left
-            experts = chunk_expert_params[index] if chunk_expert_params is not None else 0
-            # the experts' gradients: `alike`, the ring of the D x C / E devices holding the same experts
-            share = 0.5 if zero == 2 else 1.0  # gpipe_sim.plan.pass_collectives
-            seconds.append(share * (reduce((params - experts) * dtype_bytes)
-                                    + (alike.allreduce(experts * dtype_bytes) if experts else 0.0)))
-        elif zero:  # each bucket reduce-scattered, the parameters all-gathered after
-            grads, times, forward = overlap[index]
-            half = lambda nbytes: reduce(nbytes) / 2  # noqa: E731 (a reduce-scatter or an all-gather)
-            gather = (gathered_forward_delay(list(reversed(grads)), forward, size, half)
-                      if scenario.training.overlap_param_gather else half(params * dtype_bytes))
-            seconds.append(overlapped_seconds(grads, times, size, half, gather))
-        else:
-            grads, times, _ = overlap[index]
-            seconds.append(overlapped_seconds(grads, times, size, reduce))
-        rows.extend((index, key) for key in ring_link_keys(hardware, ring, n_dev, per_node) if key not in foreign)
-    return collective, np.asarray(rows, dtype=np.int64).reshape(-1, 2), np.asarray(seconds)
+    rings = _RankRings(scenario, foreign)
+    seconds = [_group_seconds(scenario, rings, index, rank, params, overlap, chunk_expert_params)
+               for index, (rank, params) in enumerate(zip(chunk_ranks, chunk_params))]
+    keys = [rings.link_keys(rank) for rank in chunk_ranks]
+    rows = np.stack([np.repeat(np.arange(len(keys), dtype=np.int64), [len(k) for k in keys]),
+                     np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)], axis=1)
+    return collective, rows, np.asarray(seconds)
 
 
-def _sharded_seconds(scenario: Scenario, rank: int, per_node: int,
+class _RankRings:
+    """Per pipeline rank, made when first asked for: its gradient rings (`gradient_rings`), ZeRO's
+    shard rings (`rank_rings`) and the link keys its gradient ring holds, less the `foreign` ones."""
+
+    def __init__(self, scenario: Scenario, foreign: np.ndarray | None) -> None:
+        self.scenario, self.mesh, self.foreign = scenario, scenario.mesh, foreign
+        self.per_node = self.mesh.node_size
+        self._gradient: dict[int, tuple[Ring, Ring]] = {}
+        self._shard: dict[int, tuple[Ring, Ring]] = {}
+        self._keys: dict[int, np.ndarray] = {}
+
+    def gradient(self, rank: int) -> tuple[Ring, Ring]:
+        if rank not in self._gradient:
+            self._gradient[rank] = gradient_rings(self.scenario, rank, self.per_node)
+        return self._gradient[rank]
+
+    def shard(self, rank: int) -> tuple[Ring, Ring]:
+        if rank not in self._shard:
+            self._shard[rank] = rank_rings(self.scenario, rank, self.per_node)
+        return self._shard[rank]
+
+    def link_keys(self, rank: int) -> np.ndarray:
+        if rank not in self._keys:
+            mesh = self.mesh
+            keys = np.asarray(ring_link_keys(self.scenario.hardware, mesh.gradient_members(rank), mesh.device_span,
+                                             self.per_node), dtype=np.int64)
+            if self.foreign is not None and len(self.foreign):
+                keys = keys[~np.isin(keys, self.foreign, assume_unique=False)]
+            self._keys[rank] = keys
+        return self._keys[rank]
+
+
+def _group_seconds(scenario: Scenario, rings: _RankRings, index: int, rank: int, params: int,
+                   overlap: Sequence[tuple[Sequence[float], Sequence[float], Sequence[float]]] | None,
+                   chunk_expert_params: Sequence[int] | None) -> float:
+    """The seconds of chunk `index`'s group (`data_parallel_groups`), on pipeline rank `rank`."""
+    training = scenario.training
+    zero, dtype_bytes = training.zero, training.dtype_bytes
+    if zero == 3:
+        return _sharded_seconds(rings.shard(rank), overlap[index]) if scenario.pipeline.stages > 1 else 0.0
+    whole, alike = rings.gradient(rank)
+    reduce = whole.allreduce
+    if overlap is None:  # ZeRO-2's too: its reduce-scatters are in the backward passes, the all-gather left
+        experts = chunk_expert_params[index] if chunk_expert_params is not None else 0
+        # the experts' gradients: `alike`, the ring of the D x C / E devices holding the same experts
+        share = 0.5 if zero == 2 else 1.0  # gpipe_sim.plan.pass_collectives
+        return share * (reduce((params - experts) * dtype_bytes)
+                        + (alike.allreduce(experts * dtype_bytes) if experts else 0.0))
+    if zero:  # each bucket reduce-scattered, the parameters all-gathered after
+        grads, times, forward = overlap[index]
+        half = lambda nbytes: reduce(nbytes) / 2  # noqa: E731 (a reduce-scatter or an all-gather)
+        gather = (gathered_forward_delay(list(reversed(grads)), forward, bucket_bytes(scenario), half)
+                  if training.overlap_param_gather else half(params * dtype_bytes))
+        return overlapped_seconds(grads, times, bucket_bytes(scenario), half, gather)
+    grads, times, _ = overlap[index]
+    return overlapped_seconds(grads, times, bucket_bytes(scenario), reduce)
+
+
+def _sharded_seconds(rings: tuple[Ring, Ring],
                      overlap: tuple[Sequence[float], Sequence[float], Sequence[float]]) -> float:
     """ZeRO-3 under pipelining (gpipe_sim.plan.sharding): from the start of a chunk's last backward,
     each layer's gradients reduce-scattered over the shard ring as its backward ends (and under
     HSDP their shard all-reduced across nodes), then what gathering the parameters layer by layer
-    delays the step's first forward."""
+    delays the step's first forward. `rings`: the chunk's rank's (shard, across) (`rank_rings`)."""
     grads, times, forward = overlap
-    shard, across = rank_rings(scenario, rank, per_node)
+    shard, across = rings
     gather = gathered_forward_delay(list(reversed(grads)), forward, 0.0, shard.half)
     return overlapped_seconds(grads, times, 0.0, lambda n: shard.half(n) + across.allreduce(n / shard.members), gather)

@@ -70,7 +70,7 @@ def replica_ring(scenario: Scenario, devices: Sequence[int], per_node: int, ring
     """The ring of these devices: the accelerators' link within one node, else the network, whose
     ports `rings` rings leave each node by at once (`Hardware.network_ring_bandwidth`)."""
     hardware = scenario.hardware
-    within = len({node_of(device, per_node) for device in devices}) == 1
+    within = node_of(min(devices), per_node) == node_of(max(devices), per_node)  # nodes hold consecutive devices
     ln = hardware.link if within else (hardware.network or hardware.link)
     bandwidth = ln.bandwidth if within else hardware.network_ring_bandwidth(min(rings, per_node))
     return Ring(len(devices), bandwidth, ln.latency_s)
@@ -80,7 +80,7 @@ def shard_degree(scenario: Scenario) -> int:
     """S: the replicas a ZeRO stage shards over. D, or with `shard_within_node` the replicas of a
     pipeline rank that share replica 0's node (the same for every rank and dividing D, else one
     line; one line too for ZeRO-3 with context parallelism)."""
-    p, hardware = scenario.pipeline, scenario.hardware
+    p = scenario.pipeline
     D, K = p.data_parallel, p.stages
     if scenario.training.zero == 3 and p.context_parallel > 1:
         raise ScenarioError("training.zero: ZeRO-3 over the data x context-parallel mesh (torchtitan's "
@@ -88,10 +88,8 @@ def shard_degree(scenario: Scenario) -> int:
     if not scenario.training.shard_within_node or D == 1:
         return D
     mesh = scenario.mesh
-    dmap = mesh.rank_devices
-    per_node = hardware.devices_per_node or max(dmap) + 1
-    counts = {sum(node_of(dmap[mesh.program_rank(d, r)], per_node) == node_of(dmap[r], per_node) for d in range(D))
-              for r in range(K)}
+    nodes = mesh.node(np.asarray(mesh.rank_devices).reshape(D, K))  # [replica, rank]
+    counts = set((nodes == nodes[0]).sum(axis=0).tolist())  # per rank, its replicas in replica 0's node
     S = counts.pop()
     if counts or D % S:
         raise ScenarioError(f"training.shard_within_node: a node holds {S} of a stage's {D} replicas here, "
@@ -198,8 +196,7 @@ def fsdp_chunk_seconds(scenario: Scenario, layers: Sequence[LayerSpec], shares: 
     `seconds` the passes alone, shared over the layers as `shares` [size, layer, (forward, backward)]
     are; each layer gathered over the shard ring, its gradients reduce-scattered there and, under
     HSDP, their shard all-reduced across the nodes (`fsdp_pass_seconds`)."""
-    per_node = scenario.hardware.devices_per_node or max(scenario.mesh.rank_devices) + 1
-    shard, across = rank_rings(scenario, 0, per_node)
+    shard, across = rank_rings(scenario, 0, scenario.mesh.node_size)
     nbytes = [float(layer.params * scenario.training.dtype_bytes) for layer in layers]
     gathers = [shard.half(n) for n in nbytes]
     reduces = [shard.half(n) + across.allreduce(n / shard.members) for n in nbytes]

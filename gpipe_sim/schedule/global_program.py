@@ -88,27 +88,34 @@ def global_program(schedule: Schedule, replicas: int, held: int | None = None,
 
 def with_collectives(columns: ProgramColumns, overlap: bool = False) -> ProgramColumns:
     """The pipeline's per-rank programs with each chunk's `allreduce` after its last backward pass
-    (`overlap`: right before it) and the waits for them before the update (see the module docstring)."""
-    parts = []
-    for r in range(len(columns.offsets) - 1):
-        lo, hi = int(columns.offsets[r]), int(columns.offsets[r + 1])
-        kind, chunk = columns.kind[lo:hi], columns.chunk[lo:hi]
-        backward = np.isin(kind, (Kind.BACKWARD, Kind.BACKWARD_WEIGHT))
-        mine = sorted(set(chunk[backward].tolist()))
-        last = {c: int(np.flatnonzero(backward & (chunk == c))[-1]) for c in mine}
-        order = sorted(mine, key=last.__getitem__)  # reductions start in this order
-        update = int(np.flatnonzero(kind == Kind.UPDATE)[-1])
-        # (position to insert before, kind, chunk): each allreduce right after its pass
-        after = 0 if overlap else 1
-        inserts = [(last[c] + after, Kind.ALLREDUCE, c) for c in order] + [(update, Kind.RECV, c) for c in order]
-        at = np.array([p for p, _, _ in inserts], dtype=np.int64)
-        n = len(inserts)
-        new = {"kind": [k for _, k, _ in inserts], "chunk": [c for _, _, c in inserts],
-               "micro_batch": [-1] * n, "peer": [-1] * n, "tensor": [Tensor.REDUCED] * n, "save": [True] * n}
-        parts.append({name: np.insert(getattr(columns, name)[lo:hi], at,
-                                      np.asarray(new[name], dtype=getattr(columns, name).dtype))
-                      for name in _COLUMNS})
-    return _stack(parts)
+    (`overlap`: right before it) and the waits for them before the update (see the module
+    docstring): a rank's reductions start, and its waits stand, in the order its chunks' last
+    backward passes run. Every rank's inserts in one array pass (each rank needs an update)."""
+    kind, rank = columns.kind, columns.rank.astype(np.int64)
+    n_ranks = len(columns.offsets) - 1
+    backward = np.flatnonzero(np.isin(kind, (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)))
+    # each (rank, chunk)'s last backward pass, in program order: their reductions' order
+    pair = rank[backward] * (int(columns.chunk.max(initial=0)) + 1) + columns.chunk[backward]
+    _, from_end = np.unique(pair[::-1], return_index=True)
+    last = np.sort(backward[len(backward) - 1 - from_end])
+    updates = np.flatnonzero(kind == Kind.UPDATE)
+    update = np.zeros(n_ranks, dtype=np.int64)
+    np.maximum.at(update, rank[updates], updates)  # each rank's last update
+    owner = rank[last]
+    n = len(last)
+    # (insert before, rank, allreduce 0 / wait 1, reduction order): np.insert keeps ties in this order
+    at = np.concatenate([last + (0 if overlap else 1), update[owner]])
+    order = np.lexsort((np.tile(np.arange(n), 2), np.repeat([0, 1], n), np.tile(owner, 2), at))
+    at, who = at[order], np.tile(owner, 2)[order]
+    new = {"kind": np.where(order < n, Kind.ALLREDUCE, Kind.RECV), "chunk": np.tile(columns.chunk[last], 2)[order],
+           "micro_batch": -1, "peer": -1, "tensor": Tensor.REDUCED, "save": True}
+    added = np.bincount(owner, minlength=n_ranks)
+    return ProgramColumns(
+        offsets=(columns.offsets + np.concatenate(([0], np.cumsum(2 * added)))).astype(np.int64),
+        rank=np.insert(columns.rank, at, who).astype(np.int32),
+        **{name: np.insert(getattr(columns, name), at, np.asarray(new[name], dtype=getattr(columns, name).dtype))
+           for name in _COLUMNS},
+    )
 
 
 def replicate(columns: ProgramColumns, replicas: int) -> ProgramColumns:
