@@ -9,14 +9,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gpipe_sim.engines.fast import contention_free
-from gpipe_sim.engines.relaxed import relaxed_step
 from gpipe_sim.mesh import Mesh
-from gpipe_sim.plan.compile import Plan
 from gpipe_sim.plan.partition import micro_batch_sizes, resolve_partition
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.plan.sharding import bytes_per_param
-from gpipe_sim.schedule import COMPUTE_KINDS, SCHEDULES, Kind
+from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.schedule.lower import saves_activations
 from gpipe_sim.schedule.registry import looped
 from gpipe_sim.costs.layer_time import layer_pass_times, update_seconds
@@ -32,13 +29,6 @@ from gpipe_sim.model.tensor_parallel import Collectives, transformer_collectives
 from gpipe_sim.planner.chunk_arrays import partition_edges, placement_arrays
 from gpipe_sim.planner.segments import SLACK, cumulative, min_max_partition, segment_cost
 from gpipe_sim.planner.space import Candidate
-
-# program column codes (`Plan.program.kind`) the bounds read
-_BACKWARD, _BACKWARD_INPUT = int(Kind.BACKWARD), int(Kind.BACKWARD_INPUT)
-_BACKWARD_WEIGHT, _UPDATE = int(Kind.BACKWARD_WEIGHT), int(Kind.UPDATE)
-_COMPUTE_CODES = np.array(sorted(int(k) for k in COMPUTE_KINDS))
-_TRANSFER_CODES = np.array([int(Kind.SEND), int(Kind.RECV)])
-
 
 class CostTable:
     """Per-layer costs of the base model split over T devices per rank, its sequence over C and
@@ -87,6 +77,7 @@ class CostTable:
         self.act_cum = cumulative(self.act)
         self._static: dict[tuple[Any, ...], np.ndarray] = {}
         self._reduce: dict[tuple[Any, ...], np.ndarray] = {}
+        self.frames: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # `_counted_bound`'s, per what they depend on
 
     def of(self, cand: Candidate) -> "CostTable":
         """The table of the candidate's T, per-layer remat mode and C (this one, or one built once per
@@ -368,7 +359,7 @@ class Work:
 
 
 def candidate_work(costs: CostTable, cand: Candidate) -> Work:
-    """The candidate's `Work`, one for every candidate of its `search.work_key` (T, C, E, D, M, remat,
+    """The candidate's `Work`, one for every candidate of its `work_rows.rows_key` and M (T, C, E, D, M, remat,
     whether ZeRO shards). Micro-batches of the same size and re-computation are summed once, times
     their number."""
     costs = costs.of(cand)
@@ -460,6 +451,8 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
     minimised over the partitions exactly (`min_max_partition`)."""
     costs = costs.of(cand)
     w = work or candidate_work(costs, cand)
+    if counts is not None:
+        return _counted_bound(costs, cand, tuple(counts), w) * SLACK
     K, v = cand.stages, cand.chunks
     bound = max(w.total / K, w.chain)
     placement = chunk_placement(cand)
@@ -470,16 +463,7 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
     h_cum = costs.hop_cums(cand, w.smallest, placement)  # transfers before chunk c: h_cum[c]
     host = costs.host_transfers(cand, w.smallest, placement)  # per rank
     bound = max(bound, float(w.chain + 2 * h_cum[-1]), costs.fsdp_collectives(cand))
-    if counts is not None:
-        edges = partition_edges(tuple(counts))
-        busy = np.bincount(placement, weights=w_cum[edges[1:]] - w_cum[edges[:-1]], minlength=K) + host
-        reduce = costs.least_reduce(cand, placement, tuple(counts))
-        start = edges[lowest]
-        bound = max(bound, float((f_cum[start] + h_cum[lowest] + busy + reduce).max()))
-        if v == 1:
-            trail = t_cum[edges[1:]] - t_cum[edges[:-1]]
-            bound = max(bound, float((f_cum[start] + b_cum[start] + 2 * h_cum[lowest] + busy - trail).max()))
-    elif K > 1 or fixed.any():
+    if K > 1 or fixed.any():
         key = ("step", cand.data_parallel, cand.micro_batches, cand.remat,
                cand.zero, K, v, placement, cand.clears("hardware.placement"))
         best = costs.cache.get(key)
@@ -498,63 +482,35 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
     return bound * SLACK
 
 
-def program_step_bound(costs: CostTable, cand: Candidate, plan_: Plan) -> float:
-    """`step_lower_bound` from the compiled programs, for any placement: rank r starts no earlier
-    than one micro-batch's forward chain (and transfers) through the chunks before its lowest c*,
-    runs its compute passes (and, after the first, its transfers' host time) one at a time in
-    program order, and after c*'s last input-gradient
-    (or full backward) pass one micro-batch still goes backward through those chunks while the
-    rank runs what follows in its program. With D > 1, the all-reduce of the chunk of the rank's
-    last backward pass (under ZeRO-2 its all-gather) starts after it, and the update waits for it."""
-    costs = costs.of(cand)
-    prog = plan_.program
-    K, C = len(plan_.ranks), len(plan_.chunks)
-    compute, transfer = np.isin(prog.kind, _COMPUTE_CODES), np.isin(prog.kind, _TRANSFER_CODES)
-    fwd = np.stack([c.forward_s for c in plan_.chunks])  # [chunk, micro-batch]
-    back = np.minimum(np.stack([c.backward_s for c in plan_.chunks]),
-                      np.stack([c.backward_input_s for c in plan_.chunks]))
-    f_pref = np.concatenate(([0.0], np.cumsum(fwd, axis=0).min(axis=1)))[:C]  # chain before chunk c
-    b_pref = np.concatenate(([0.0], np.cumsum(back, axis=0).min(axis=1)))[:C]
-    placement = [c.rank for c in plan_.chunks]
-    h_cum = cumulative(costs.hops(cand, min(plan_.micro_batch_sizes), placement))
-    per_param, fixed = costs.allreduce(cand)
-    D = cand.data_parallel
-    bound = 0.0
-    for r in range(K):
-        lo, hi = int(prog.offsets[r]), int(prog.offsets[r + 1])
-        kind, chunk = prog.kind[lo:hi], prog.chunk[lo:hi]
-        passes = compute[lo:hi]
-        if not passes.any():
-            continue
-        counted = passes | (transfer[lo:hi] & (np.arange(hi - lo) > int(np.argmax(passes))))  # + host time after
-        dur = np.where(counted, prog.duration[lo:hi], 0.0)
-        done = np.cumsum(dur)
-        low = min(plan_.ranks[r].chunks)
-        start = f_pref[low] + h_cum[low]
-        bound = max(bound, start + float(done[-1]))
-        last = np.flatnonzero((chunk == low) & ((kind == _BACKWARD) | (kind == _BACKWARD_INPUT)))
-        if len(last) and low > 0:
-            after = float(done[-1] - done[last[-1]])
-            bound = max(bound, start + float(done[last[-1]]) + max(b_pref[low] + h_cum[low], after))
-        if D > 1:
-            final = np.flatnonzero((kind == _BACKWARD) | (kind == _BACKWARD_WEIGHT))
-            if len(final):
-                j = int(final[-1])
-                c = plan_.chunks[int(chunk[j])]
-                update = float(dur[kind == _UPDATE].sum())
-                ring = fixed[r] + per_param[r] * c.params
-                # ZeRO-2's passes hold its reduce-scatters (gpipe_sim.plan.pass_collectives): the all-gather is left
-                bound = max(bound, start + float(done[j]) + (ring / 2 if cand.zero == 2 else ring) + update)
-    return bound * SLACK
-
-
-def relaxed_step_bound(plan_: Plan) -> float:
-    """Below the simulated step of a plan the SimPy engine times (links or devices shared): its
-    step with the contention relaxed (`gpipe_sim.engines.relaxed`); 0 for a contention-free plan,
-    whose simulation is as cheap as this bound."""
-    if contention_free(plan_):
-        return 0.0
-    return relaxed_step(plan_) * SLACK
+def _counted_bound(costs: CostTable, cand: Candidate, counts: tuple[int, ...], w: Work) -> float:
+    """`step_lower_bound` (before its SLACK) with the layer counts given: what does not depend on
+    M made once per (D, K, v, schedule, ZeRO 0, 1-2 or 3, counts), the transfers once per
+    smallest micro-batch too; the same terms in the same order."""
+    K, v = cand.stages, cand.chunks
+    key = (cand.data_parallel, K, v, cand.schedule, 1 if cand.zero == 2 else cand.zero, cand.cleared, counts)
+    frame = costs.frames.get(key)
+    if frame is None:
+        placement = chunk_placement(cand)
+        edges = partition_edges(counts)
+        _, lowest = placement_arrays(placement, K)
+        frame = costs.frames[key] = (placement, lowest, edges[1:], edges[:-1], edges[lowest],
+                                     costs.least_reduce(cand, placement, counts), {})
+    placement, lowest, ends, starts, start, reduce, by_size = frame
+    hop = by_size.get(w.smallest)
+    if hop is None:
+        h_cum = costs.hop_cums(cand, w.smallest, placement)  # transfers before chunk c: h_cum[c]
+        hop = by_size[w.smallest] = (h_cum[-1], h_cum[lowest])
+    last_hop, h_low = hop
+    w_cum, f_cum, b_cum, t_cum = w.cums
+    host = costs.host_transfers(cand, w.smallest, placement)  # per rank
+    bound = max(w.total / K, w.chain, float(w.chain + 2 * last_hop), costs.fsdp_collectives(cand))
+    busy = np.bincount(placement, weights=w_cum[ends] - w_cum[starts], minlength=K) + host
+    forward = f_cum[start]
+    bound = max(bound, float((forward + h_low + busy + reduce).max()))
+    if v == 1:
+        trail = t_cum[ends] - t_cum[starts]
+        bound = max(bound, float((forward + b_cum[start] + 2 * h_low + busy - trail).max()))
+    return bound
 
 
 def quick_counts(costs: CostTable, cand: Candidate, largest: int) -> list[int] | None:

@@ -16,14 +16,14 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
-    CostTable, chunk_placement, memory_lower_bound, min_max_partition, program_step_bound, quick_counts,
-    relaxed_step_bound, step_lower_bound,
+    CostTable, chunk_placement, memory_lower_bound, min_max_partition, quick_counts, step_lower_bound,
 )
+from gpipe_sim.planner.program_bounds import program_step_bound, relaxed_step_bound
 from gpipe_sim.planner.held_bound import held_memory_bound, held_memory_ceiling, held_samples
 from gpipe_sim.planner.coarse import coarse_arrays
 from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.space_index import CandidateSpace
-from gpipe_sim.planner.work_rows import WorkCache, rows_key
+from gpipe_sim.planner.work_rows import WorkCache
 from gpipe_sim.planner.entries import (
     LIMITERS, MEMORY_LIMITED, NEGLIGIBLE_LOSS, PlanEntry, _copy_entry, _entry, collapse_alike, limiter_of,
     pareto_front,
@@ -150,12 +150,6 @@ def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
 _Refined = tuple[float, int, "list[int] | None"]
 
 
-def work_key(cand: Candidate) -> tuple[Any, ...]:
-    """What `candidate_work` depends on: its `WorkRows`' key (`rows_key`: T, C, E, D, remat and
-    whether ZeRO shards, ZeRO 1, 2 and 3 sharding the update alike) and M."""
-    return (*rows_key(cand), cand.micro_batches)
-
-
 def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache, pruned: Pruned
                   ) -> tuple[list[float], list[int]]:
     """Every candidate whose partition-free memory bound fits (the others noted in `pruned`),
@@ -173,12 +167,18 @@ def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache
 class _Refiner:
     """The finer bounds of a candidate (with the layer counts of its partition where known
     without compiling), each computed once per distinct set of what it depends on: the memory
-    bound first, the step-time bound only where the memory bound fits."""
+    bound first, the step-time bound only where the memory bound fits. ZeRO 1 and 2 share a
+    step-time bound (`step_lower_bound` tells ZeRO 0, which does not shard the update, and 3,
+    whose collectives it counts, from the others only)."""
 
     def __init__(self, costs: CostTable, works: WorkCache) -> None:
         self.costs = costs
         self.works = works
-        self.counts: dict[Any, tuple[list[int] | None, tuple[int, ...] | None]] = {}
+        # counts by what they depend on, each distinct counts with a number (cheaper to hash in a key)
+        self.counts: dict[Any, tuple[list[int] | None, int]] = {}
+        self.count_ids: dict[tuple[int, ...] | None, int] = {None: -1}
+        self.placements: dict[tuple[str, int, int], int] = {}  # by (schedule, K, v), its placement's number
+        self.placement_ids: dict[tuple[int, ...], int] = {}
         self.memory: dict[Any, float] = {}
         self.cache: dict[Any, float] = {}
 
@@ -186,28 +186,30 @@ class _Refiner:
         """(memory bound, step-time bound, counts or None); the step-time bound is nan where the
         memory bound exceeds the capacity (the candidate is pruned by memory: not computed)."""
         costs = self.costs
+        D, K, v, M, schedule, remat, partition, zero, T, C, E, _ = cand
         rows = self.works.of(cand)
-        largest = rows.largest_of[cand.micro_batches - 1]
-        T, C, E, D, remat = cand.tensor_parallel, cand.context_parallel, cand.expert_parallel, \
-            cand.data_parallel, cand.remat
-        ckey = (T, C, E, remat, cand.partition, cand.stages * cand.chunks, largest)
+        largest = rows.largest_of[M - 1]
+        ckey = (T, C, E, remat, partition, K * v, largest)
         got = self.counts.get(ckey)
         if got is None:
             counts = quick_counts(costs, cand, largest)
-            got = self.counts[ckey] = (counts, None if counts is None else tuple(counts))
-        counts, counts_key = got
-        placement = chunk_placement(cand)
-        shape = (cand.zero, cand.stages, cand.chunks, placement, counts_key)
-        mkey = (T, C, E, remat, D, largest if counts is not None else cand.micro_batches, *shape)
+            key = None if counts is None else tuple(counts)
+            got = self.counts[ckey] = (counts, self.count_ids.setdefault(key, len(self.count_ids)))
+        counts, counts_id = got
+        placement = self.placements.get((schedule, K, v))
+        if placement is None:
+            placement = self.placements[(schedule, K, v)] = self.placement_ids.setdefault(
+                chunk_placement(cand), len(self.placement_ids))
+        mkey = (T, C, E, remat, D, largest if counts is not None else M, zero, K, v, placement, counts_id)
         memory = self.memory.get(mkey)
         if memory is None:
             memory = self.memory[mkey] = memory_lower_bound(costs, cand, counts)
         if memory > costs.capacity:
             return memory, math.nan, counts
-        bkey = (work_key(cand), *shape)
+        bkey = (T, C, E, D, remat, M, 1 if zero == 2 else zero, K, v, placement, counts_id)
         step = self.cache.get(bkey)
         if step is None:
-            step = self.cache[bkey] = step_lower_bound(costs, cand, counts, rows.work(cand.micro_batches))
+            step = self.cache[bkey] = step_lower_bound(costs, cand, counts, rows.work(M))
         return memory, step, counts
 
 
