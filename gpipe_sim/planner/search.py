@@ -380,8 +380,8 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: 
             progress(total - (n - p) - len(refined), total)
     limit = ranking.threshold()
     ranking.pruned.set_many(indices[p:], "bound", bounds[p:], limit)
-    for bound, i, _ in refined:
-        ranking.pruned[i] = ("bound", bound, limit)
+    if refined:
+        ranking.pruned.set_many([i for _, i, _ in refined], "bound", [bound for bound, _, _ in refined], limit)
     outcomes["bound"] += n - p + len(refined)
     if progress:
         progress(total, total)

@@ -340,10 +340,19 @@ class Scenario(_Strict):
         return parse_scenario_with_overrides(self.to_dict(), overrides) if overrides else self
 
     def with_updates(self, updates: dict[str, Any]) -> "Scenario":
-        """A copy with dotted-name fields replaced, e.g. {"pipeline.stages": 8}; revalidated."""
-        data = self.to_dict()
+        """A copy with dotted-name fields replaced, e.g. {"pipeline.stages": 8}; revalidated: the
+        sections they name as data, the others as they are (valid already), then the whole."""
+        named = {dotted.split(".", 1)[0] for dotted in updates}
+        if named <= set(_SECTIONS) and not any(dotted.endswith(".preset") for dotted in updates):
+            data: dict[str, Any] = {name: getattr(self, name) for name in _SECTIONS}
+            data.update({name: getattr(self, name).model_dump(mode="json", exclude_none=True) for name in named})
+        else:  # a preset switch clears fields of its section; an unknown name is refused
+            data = self.to_dict()
         apply_updates(data, updates)
         return parse_scenario(data)
+
+
+_SECTIONS = ("model", "hardware", "pipeline", "training")  # a Scenario's fields
 
 
 def apply_updates(data: dict[str, Any], updates: dict[str, Any]) -> None:
