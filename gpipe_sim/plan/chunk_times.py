@@ -10,7 +10,7 @@ import numpy as np
 from gpipe_sim.plan.context_parallel import combined, ring_work
 from gpipe_sim.plan.experts import all_to_all_work
 from gpipe_sim.plan.tensor_parallel import collective_work
-from gpipe_sim.costs.layer_time import layer_pass_times, measured_host_seconds
+from gpipe_sim.costs.layer_rows import host_rows, pass_rows
 from gpipe_sim.costs.gpu_model import StreamWork
 from gpipe_sim.model.model import LayerSpec
 from gpipe_sim.scenario.scenario import Scenario
@@ -31,14 +31,14 @@ def chunk_times(scenario: Scenario, own: Sequence[LayerSpec], first: int, device
     tp = collective_work(scenario, device, sizes, span)
     mine = combined(tp, extra)
     host = np.array([[math.fsum(h[i] for h in hosts) for i in range(2)]
-                     for hosts in ([measured_host_seconds(layer, b) for layer in own] for b in sizes)]
-                    ).reshape(len(sizes), 2)
+                     for hosts in (host_rows(own, b) for b in sizes)]).reshape(len(sizes), 2)
 
     def summed(work: list[list[StreamWork]] | None) -> np.ndarray:
-        """[size, 4] of the chunk's passes with `work`'s collectives inside, at least the host's issue."""
+        """[size, 4] of the chunk's passes with `work`'s collectives inside, at least the host's
+        issue: its layers' `layer_pass_times` (`pass_rows`: once per twin), each pass's fsum."""
         out = np.array([[math.fsum(t[k] for t in per_layer) for k in range(4)] for per_layer in (
-            [layer_pass_times(layer, b, accel, dtype, dtype_bytes, None if work is None else work[i][j])
-             for i, layer in enumerate(own)] for j, b in enumerate(sizes))], dtype=float).reshape(len(sizes), 4)
+            pass_rows(own, b, accel, dtype, dtype_bytes, None if work is None else [w[j] for w in work])
+            for j, b in enumerate(sizes))], dtype=float).reshape(len(sizes), 4)
         out[:, :2] = np.maximum(out[:, :2], host)
         return out
 

@@ -18,6 +18,7 @@ from gpipe_sim.schedule.lower import saves_activations
 from gpipe_sim.schedule.registry import looped
 from gpipe_sim.costs.layer_time import layer_pass_times, update_seconds
 from gpipe_sim.costs.gpu_model import StreamWork
+from gpipe_sim.costs.twins import twins
 from gpipe_sim.plan.context_parallel import combined, ring_layer_work
 from gpipe_sim.plan.tensor_parallel import stream_work, tp_ring
 from gpipe_sim.model.context_parallel import local_model
@@ -53,9 +54,7 @@ class CostTable:
         self.layers = layer_table(base, self.tp, layer_remat, self.cp, self.ep)
         self.L = len(self.layers)
         # each layer's first twin: priced alike (its name aside, every field and its kernels equal)
-        firsts: dict[Any, int] = {}
-        self._twin = [firsts.setdefault((layer.model_dump_json(exclude={"name"}), layer.ops), i)
-                      for i, layer in enumerate(self.layers)]
+        self._twin = twins(self.layers)
         self.params = np.array([float(layer.params) for layer in self.layers])
         self.act = np.array([float(layer.activation_bytes_per_sample) for layer in self.layers])
         bpp = t.bytes_per_param
