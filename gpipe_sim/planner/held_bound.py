@@ -10,19 +10,18 @@ import numpy as np
 from gpipe_sim.model.recompute import per_layer
 from gpipe_sim.plan.partition import micro_batch_sizes
 from gpipe_sim.planner.bounds import CostTable, chunk_placement
-from gpipe_sim.planner.held_levels import event_table, held_levels
+from gpipe_sim.planner.held_levels import HeldSamples, event_table, held_levels
 from gpipe_sim.planner.chunk_arrays import partition_edges
 from gpipe_sim.planner.segments import SLACK, min_max_partition, segment_cost
 from gpipe_sim.planner.space import Candidate
-from gpipe_sim.schedule.registry import rank_chunks
 
 
-def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
+def held_samples(cand: Candidate, batch: int) -> HeldSamples:
     """Samples whose whole activations the candidate's schedule holds at once, counted by
     `held_activations` in program order as the memory accountant counts bytes: per chunk, the
-    most it holds at some moment; per rank of more than one chunk, its moments as a (moments x its
-    chunks) matrix holding at least every undominated one (None where too many to list, and for a
-    rank of one chunk, whose moments are that chunk's). A sample counts when kept, or when held as an input and
+    most it holds at some moment; per rank of more than one chunk, rows of what its chunks hold at
+    once covering every undominated moment (none where too many to list, and for a rank of one
+    chunk, whose moments are that chunk's). A sample counts when kept, or when held as an input and
     re-computed at the same time (input + re-computed bytes >= the saved bytes)."""
     # the per-layer modes keep every forward, as "none" does (`saves_activations`): the same programs
     remat = "none" if per_layer(cand.remat) else cand.remat
@@ -31,8 +30,7 @@ def held_samples(cand: Candidate, batch: int) -> tuple[np.ndarray, tuple[np.ndar
 
 
 @lru_cache(maxsize=16384)
-def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int
-                  ) -> tuple[np.ndarray, tuple[np.ndarray | None, ...]]:
+def _held_samples(name: str, K: int, M: int, v: int, remat: str, share: int) -> HeldSamples:
     """`held_samples` of one schedule and per-replica batch (`held_levels` of its events, read
     once per schedule)."""
     return held_levels(event_table(name, K, M, v, remat), np.asarray(micro_batch_sizes(share, M), dtype=float))
@@ -45,22 +43,32 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
     minimised over the partitions (per chunk) when the counts are not given."""
     costs = costs.of(cand)
     D, K = cand.data_parallel, cand.stages
-    h, per_rank = held_samples(cand, costs.base.pipeline.batch_size)
-    placement = chunk_placement(cand)
+    held = held_samples(cand, costs.base.pipeline.batch_size)
     s_cum, a_cum = costs.static_cum(D * cand.context_parallel, cand.zero), costs.act_cum
     if counts is not None:
+        placement = held.placement
         edges = partition_edges(tuple(counts))
         chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
         chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
         rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
         rank_act = np.zeros(K)
-        np.maximum.at(rank_act, np.asarray(placement), chunk_act * h)
-        for r, (eff, mine) in enumerate(zip(per_rank, rank_chunks(placement, K))):
-            if eff is not None:
-                rank_act[r] = max(rank_act[r], float((eff @ chunk_act[list(mine)]).max(initial=0.0)))
+        np.maximum.at(rank_act, placement, chunk_act * held.per_chunk)
+        if len(held.rows):
+            weights = np.append(chunk_act, 0.0)[held.owned]  # (K, width); past a rank's chunks, 0 bytes
+            most = np.maximum.reduceat(moment_bytes(held.rows, weights[held.row_rank]), held.row_starts)
+            rank_act[held.listed] = np.maximum(rank_act[held.listed], most)
         return float((rank_static + rank_act).max()) * SLACK
     seg_s, seg_a = segment_cost(s_cum), segment_cost(a_cum)
-    return min_max_partition([seg_s + hc * seg_a for hc in h], [True] * len(h)) * SLACK
+    return min_max_partition([seg_s + hc * seg_a for hc in held.per_chunk], [True] * len(held.per_chunk)) * SLACK
+
+
+def moment_bytes(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per row, sum_j rows[:, j] x weights[:, j], summed in column order (one order for every
+    caller: a matrix product's may differ in the last bit)."""
+    total = rows[:, 0] * weights[:, 0]
+    for j in range(1, rows.shape[1]):
+        total += rows[:, j] * weights[:, j]
+    return total
 
 
 _ABOVE = 1.0 + 1e-9  # the ceiling's margin over the bound's rounding

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,39 +30,61 @@ _SLOTS: dict[tuple[int, bool], tuple[tuple[int, float], ...]] = {
 
 
 def _slot_tables() -> tuple[np.ndarray, np.ndarray]:
-    """[pass kind, kept] -> three slots of category (-1: none) and sign."""
+    """[2 x pass kind + kept] -> three slots of category (-1: none) and sign."""
     size = max(_F, _B, _I, _W) + 1
-    category = np.full((size, 2, 3), _NONE, dtype=np.int64)
-    sign = np.zeros((size, 2, 3))
+    category = np.full((size * 2, 3), _NONE, dtype=np.int64)
+    sign = np.zeros((size * 2, 3))
     for (kind, kept), slots in _SLOTS.items():
         for s, (cat, sg) in enumerate(slots):
-            category[kind, int(kept), s], sign[kind, int(kept), s] = cat, sg
+            category[kind * 2 + int(kept), s], sign[kind * 2 + int(kept), s] = cat, sg
     return category, sign
 
 
 _CATEGORY, _SIGN = _slot_tables()
 
 
-@lru_cache(maxsize=2048)
-def order_events(name: str, K: int, M: int, v: int, remat: str
-                 ) -> tuple[tuple[int, ...], tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]]:
-    """The chunk placement and, per rank, the (column, micro-batch, sign) events that
-    `gpipe_sim.plan.held.held_events` reads from the lowered programs of schedule `name` at (K, M,
-    v, remat), from the family's pass orders alone (the same events in the same order: lowering
-    adds transfers, the re-computations and the update around the passes, in their order). For a
-    (K, M, v) the family accepts (`ScheduleFamily.problem`)."""
+@dataclass(frozen=True)
+class PassEvents:
+    """A schedule's held-activation events, every rank's in one array, rank after rank (rank r's
+    from `rank_cuts[r]`): each one's column (3 x its chunk's place among its rank's chunks +
+    category), micro-batch, sign and chunk."""
+
+    placement: tuple[int, ...]
+    column: np.ndarray
+    micro: np.ndarray
+    sign: np.ndarray
+    chunk: np.ndarray
+    rank_cuts: np.ndarray
+
+
+def pass_events(name: str, K: int, M: int, v: int, remat: str) -> PassEvents:
+    """The events that `gpipe_sim.plan.held.held_events` reads from the lowered programs of
+    schedule `name` at (K, M, v, remat), from the family's pass orders alone (the same events in
+    the same order: lowering adds transfers, the re-computations and the update around the passes,
+    in their order). For a (K, M, v) the family accepts (`ScheduleFamily.problem`)."""
     family = schedule_family(name)
     placement = tuple(int(r) for r in family.placement(K, v))
     local = local_chunks(placement, rank_chunks(placement, K))
-    kept = np.array([saves_activations(remat, m, M) for m in range(M)], dtype=np.int64)  # type: ignore[arg-type]
+    kept = np.ones(M, dtype=np.int64) if saves_activations(remat, 0, M) else \
+        np.array([saves_activations(remat, m, M) for m in range(M)], dtype=np.int64)  # type: ignore[arg-type]
     orders = [np.asarray(order, dtype=np.int64).reshape(-1, 3) for order in family.generate(K, M, v)]
     passes = np.concatenate(orders)  # every rank's, rank after rank
     op, chunk, micro = passes[:, 0], passes[:, 1], passes[:, 2]
-    category, sign = _CATEGORY[op, kept[micro]], _SIGN[op, kept[micro]]  # [pass, slot]
+    slot = op * 2 + kept[micro]
+    category, sign = _CATEGORY[slot], _SIGN[slot]  # [pass, slot]
     present = category != _NONE
-    column = (local[chunk][:, None] * 3 + category)[present]
-    micro = np.broadcast_to(micro[:, None], category.shape)[present]
-    sign = sign[present]
+    shape = category.shape
     # each rank's events end where its passes do
     cuts = np.concatenate(([0], np.cumsum(present.sum(axis=1))))[np.cumsum([0] + [len(o) for o in orders])]
-    return placement, tuple((column[a:b], micro[a:b], sign[a:b]) for a, b in zip(cuts[:-1], cuts[1:]))
+    return PassEvents(placement, (local[chunk][:, None] * 3 + category)[present],
+                      np.broadcast_to(micro[:, None], shape)[present], sign[present],
+                      np.broadcast_to(chunk[:, None], shape)[present], cuts)
+
+
+def order_events(name: str, K: int, M: int, v: int, remat: str
+                 ) -> tuple[tuple[int, ...], tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]]:
+    """`pass_events` as the chunk placement and, per rank, its (column, micro-batch, sign) events,
+    as `held_events` gives them."""
+    events = pass_events(name, K, M, v, remat)
+    bounds = zip(events.rank_cuts[:-1], events.rank_cuts[1:])
+    return events.placement, tuple((events.column[a:b], events.micro[a:b], events.sign[a:b]) for a, b in bounds)

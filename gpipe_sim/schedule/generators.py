@@ -14,33 +14,20 @@ from gpipe_sim.schedule.registry import Check, RankOrders, fixed_chunks, one_chu
 F, B = int(Kind.FORWARD), int(Kind.BACKWARD)  # the papers' letters for the passes
 
 
-def _rows(kinds: np.ndarray, chunk: int, micro_batches: np.ndarray) -> np.ndarray:
-    return np.stack([kinds, np.full(len(kinds), chunk), micro_batches], axis=1)
-
-
 @register("gpipe", check=one_chunk("gpipe"))
 def gpipe(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     """Fill-drain (GPipe): all forwards, then all backwards in reverse micro-batch order."""
     kinds = np.repeat([F, B], micro_batches)
     order = np.concatenate([np.arange(micro_batches), np.arange(micro_batches)[::-1]])
-    return [_rows(kinds, r, order) for r in range(ranks)]
+    return _by_rank(kinds[None, :], np.arange(ranks)[:, None], order[None, :])
 
 
 @register("1f1b", check=one_chunk("1f1b"))
 def one_f_one_b(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     """1F1B (PipeDream-Flush): warm-up forwards, then one forward and one backward in turn."""
-    orders: RankOrders = []
-    for r in range(ranks):
-        warmup = min(ranks - r - 1, micro_batches)
-        steady = micro_batches - warmup
-        kinds = np.concatenate([np.full(warmup, F), np.tile([F, B], steady), np.full(warmup, B)])
-        mbs = np.concatenate([
-            np.arange(warmup),
-            np.stack([np.arange(warmup, micro_batches), np.arange(steady)], axis=1).ravel(),
-            np.arange(steady, micro_batches),
-        ])
-        orders.append(_rows(kinds, r, mbs))
-    return orders
+    warmup = np.minimum(ranks - 1 - np.arange(ranks), micro_batches)
+    kind, nth = _one_f_one_b_grid(warmup, micro_batches)
+    return _by_rank(kind, np.arange(ranks)[:, None], nth)
 
 
 def _naive_check(ranks: int, micro_batches: int, chunks: int) -> str | None:
@@ -61,12 +48,10 @@ def looped_bfs(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     chunks in turn, then backwards them through its chunks in reverse."""
     forward, backward = np.tile(np.arange(micro_batches), chunks), np.tile(np.arange(micro_batches)[::-1], chunks)
     kinds = np.repeat([F, B], micro_batches * chunks)
-    orders: RankOrders = []
-    for r in range(ranks):
-        mine = r + ranks * np.arange(chunks)
-        chunk = np.concatenate([np.repeat(mine, micro_batches), np.repeat(mine[::-1], micro_batches)])
-        orders.append(np.stack([kinds, chunk, np.concatenate([forward, backward])], axis=1))
-    return orders
+    local = np.concatenate([np.repeat(np.arange(chunks), micro_batches),
+                            np.repeat(np.arange(chunks)[::-1], micro_batches)])
+    return _by_rank(kinds[None, :], np.arange(ranks)[:, None] + ranks * local[None, :],
+                    np.concatenate([forward, backward])[None, :])
 
 
 def _interleaved_check(ranks: int, micro_batches: int, chunks: int) -> str | None:
@@ -83,29 +68,46 @@ def interleaved_1f1b(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     turn, with (v-1)K + 2(K-1-r) warm-up forwards on rank r, then one forward and one backward."""
     total = micro_batches * chunks
     per_round = min(ranks, micro_batches)
-    orders: RankOrders = []
-    for r in range(ranks):
-        warmup = min((chunks - 1) * per_round + 2 * (ranks - 1 - r), total)
-        steady = np.arange(total - warmup)
-        # the i-th forward and the j-th backward of the rank, in the order it runs them
-        nth = np.concatenate([np.arange(warmup), np.stack([warmup + steady, steady], axis=1).ravel(),
-                              np.arange(total - warmup, total)])
-        kind = np.concatenate([np.full(warmup, F), np.tile([F, B], total - warmup), np.full(warmup, B)])
-        orders.append(_looped_passes(kind, nth, ranks, r, per_round, chunks))
-    return orders
+    warmup = np.minimum((chunks - 1) * per_round + 2 * (ranks - 1 - np.arange(ranks)), total)
+    kind, nth = _one_f_one_b_grid(warmup, total)
+    return _looped_passes(kind, nth, np.ones(kind.shape, dtype=bool), ranks, per_round, chunks)
 
 
-def _looped_passes(kind: np.ndarray, nth: np.ndarray, ranks: int, r: int, per_round: int,
-                   chunks: int) -> np.ndarray:
-    """Rank r's passes as rows, from each one's kind and which forward (or backward: a full or
-    input-gradient pass, or the weight pass of that one) of the rank it is: the n-th of either
-    runs round n // per_round, on local chunk round mod v (backwards through the chunks in
-    reverse), over micro-batch (round // v) * per_round + n mod per_round: each local chunk's
-    passes count its micro-batches up in turn."""
+def _one_f_one_b_grid(warmup: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks x 2 total) kinds and which forward or backward of its rank each pass is, for ranks
+    of `total` forwards and backwards each, rank r starting with warmup[r] forwards: then one
+    forward and one backward in turn, then the backwards left."""
+    p = np.arange(2 * total)[None, :]
+    w = warmup[:, None]
+    steady = p - w
+    is_f = (p < w) | ((steady >= 0) & (p < 2 * total - w) & (steady % 2 == 0))
+    nth = np.where(p < w, p, np.where(p >= 2 * total - w, p - total, np.where(is_f, w + steady // 2, steady // 2)))
+    return np.where(is_f, F, B), nth
+
+
+def _by_rank(kind: np.ndarray, chunk: np.ndarray, micro: np.ndarray, present: np.ndarray | None = None
+             ) -> RankOrders:
+    """Per rank (row of the ranks x slots grids), its passes: the slots `present` marks (all
+    where None), in order."""
+    kind, chunk, micro = np.broadcast_arrays(kind, chunk, micro)
+    if present is None:
+        present = np.ones(kind.shape, dtype=bool)
+    passes = np.stack([kind[present], chunk[present], micro[present]], axis=1).astype(np.int64)
+    return np.split(passes, np.cumsum(present.sum(axis=1))[:-1])
+
+
+def _looped_passes(kind: np.ndarray, nth: np.ndarray, present: np.ndarray, ranks: int, per_round: int,
+                   chunks: int) -> RankOrders:
+    """Every rank's passes, from (ranks x slots) grids of each slot's kind and which forward (or
+    backward: a full or input-gradient pass, or the weight pass of that one) of its rank it is,
+    the slots `present` marks taken in order: the n-th of either runs round n // per_round, on
+    local chunk round mod v (backwards through the chunks in reverse), over micro-batch
+    (round // v) * per_round + n mod per_round: each local chunk's passes count its micro-batches
+    up in turn."""
     turn = (nth // per_round) % chunks
     local = np.where(kind == F, turn, chunks - 1 - turn)
     micro = (nth // (chunks * per_round)) * per_round + nth % per_round
-    return np.stack([kind, local * ranks + r, micro], axis=1)
+    return _by_rank(kind, local * ranks + np.arange(ranks)[:, None], micro, present)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,22 +125,25 @@ def split_bubble(ranks: int, micro_batches: int, chunks: int) -> float:
     return (ranks - 1) / (3 * chunks * micro_batches + ranks - 1)
 
 
-def _zero_bubble_rank(ranks: int, micro_batches: int, chunks: int, r: int, warmup: int,
-                      weight_delay: int) -> np.ndarray:
-    """One rank of a looped 1F1B whose backward is split: `warmup` forwards, then in turn one
-    forward and one input-gradient pass; once `weight_delay` steps past the warm-up have run, each
-    I is followed by the W of the oldest micro-batch whose W is still pending; the remaining I
-    passes, then the remaining W passes end the program (torch's `_get_1f1b_rank_ops` with zero
-    bubble, whose orders the tests compare with). The q-th W completes the q-th I."""
+def _zero_bubble_ranks(ranks: int, micro_batches: int, chunks: int, warmup: np.ndarray,
+                       weight_delay: np.ndarray) -> RankOrders:
+    """Every rank of a looped 1F1B whose backward is split, rank r: warmup[r] forwards, then in
+    turn one forward and one input-gradient pass; once weight_delay[r] steps past the warm-up have
+    run, each I is followed by the W of the oldest micro-batch whose W is still pending; the
+    remaining I passes, then the remaining W passes end the program (torch's `_get_1f1b_rank_ops`
+    with zero bubble, whose orders the tests compare with). The q-th W completes the q-th I."""
     total = micro_batches * chunks
-    j = np.arange(total)  # the steps after the warm-up, by their I
-    steps = np.stack([np.full(total, F), np.full(total, I), np.full(total, W)], axis=1)
-    nth = np.stack([warmup + j, j, j - weight_delay], axis=1)
-    present = np.stack([warmup + j < total, np.ones(total, bool), j >= weight_delay], axis=1)
-    tail = np.arange(max(0, total - weight_delay), total)  # the Ws still pending at the end
-    kind = np.concatenate([np.full(warmup, F), steps[present], np.full(len(tail), W)])
-    nth = np.concatenate([np.arange(warmup), nth[present], tail])
-    return _looped_passes(kind, nth, ranks, r, min(ranks, micro_batches), chunks)
+    j = np.arange(total)[None, :]  # the warm-up's slots; the steps after it, by their I; the tail's
+    w, d = warmup[:, None], weight_delay[:, None]
+    ones = np.ones((ranks, total), dtype=bool)
+    tail_start = np.maximum(0, total - d)  # the Ws still pending at the end: tail_start .. total-1
+    kind = np.concatenate([np.full(total, F), np.tile([F, I, W], total), np.full(total, W)])[None, :]
+    nth = np.concatenate([np.broadcast_to(j, (ranks, total)),
+                          np.stack(np.broadcast_arrays(w + j, j, j - d), axis=2).reshape(ranks, -1),
+                          tail_start + j], axis=1)
+    present = np.concatenate([j < w, np.stack([w + j < total, ones, j >= d], axis=2).reshape(ranks, -1),
+                              tail_start + j < total], axis=1)
+    return _looped_passes(kind, nth, present, ranks, min(ranks, micro_batches), chunks)
 
 
 def _zero_bubble_check(name: str) -> Check:
@@ -158,11 +163,9 @@ def interleaved_zero_bubble(ranks: int, micro_batches: int, chunks: int) -> Rank
     backward split, rank r deferring its first r weight passes."""
     total = micro_batches * chunks
     per_round = min(ranks, micro_batches)
-    return [
-        _zero_bubble_rank(ranks, micro_batches, chunks, r,
-                          min((chunks - 1) * per_round + (ranks - 1 - r), total), weight_delay=r)
-        for r in range(ranks)
-    ]
+    r = np.arange(ranks)
+    return _zero_bubble_ranks(ranks, micro_batches, chunks,
+                              np.minimum((chunks - 1) * per_round + (ranks - 1 - r), total), weight_delay=r)
 
 
 @register("zb_h1", check=one_chunk("zb_h1"), analytic_bubble=split_bubble)
