@@ -139,6 +139,14 @@ def test_candidates_are_the_enumerated_overrides():
       "pipeline": {**UNIFORM["pipeline"], "batch_size": 8}},
      PlanOptions(devices=4, max_chunks=2, top=3, remat=("none",), partitions=("uniform",),
                  schedules=("1f1b", "interleaved_1f1b", "zb_h1", "zbv"), zero=(0, 1))),
+    # a Llama-like block (grouped-query attention, SwiGLU, RMSNorm) and a large vocabulary: the head's
+    # logits are the largest transient (`CostTable.pass_bytes`), per-layer and whole-chunk
+    # re-computation, split backward passes
+    ({**TRANSFORMER, "model": {**TRANSFORMER["model"], "kv_heads": 2, "mlp": "swiglu", "norm": "rmsnorm",
+                               "vocab": 8000},
+      "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "120 MB"}}},
+     PlanOptions(devices=2, max_chunks=2, micro_batches=(1, 2, 4), top=3, remat=("none", "full", "selective", "always"),
+                 schedules=("1f1b", "zb_h1", "zbv"))),
     ({**TRANSFORMER, "hardware": {"preset": "a100-80gb", "accelerator": {"memory_bytes": "45 MB"},
                                   "devices_per_node": 4}},
      PlanOptions(devices=4, fewer_devices=True, max_chunks=2, micro_batches=(2, 4), top=5, remat=("none",),

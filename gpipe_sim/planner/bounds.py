@@ -265,6 +265,36 @@ class CostTable:
             out.flags.writeable = False
         return out
 
+    def pass_bytes(self, edges: np.ndarray) -> np.ndarray:
+        """Per chunk (layers edges[c] .. edges[c+1] - 1), per sample, bytes at least that the rank
+        holds of a micro-batch while the chunk's backward (or input-gradient) pass runs on it, as
+        the simulator counts them (`plan.compile.chunk_transient_bytes`): the chunk's saved bytes (a
+        tensor two of its layers save counted once) and, beyond them, the most any of its layers'
+        pass allocates less what the layers after it have freed, max over j of (transient_j -
+        saved after j), at least 0; a layer's transient the lesser of its `transient_bytes_per_sample`
+        and its input pass's own bytes where measured."""
+        saved, transient = self._pass_terms
+        running = cumulative(saved)  # saved[j] net of what layer j shares with j - 1
+        first, end = edges[:-1], edges[1:]
+        own = running[end] - running[first] + self._shared[first]  # a chunk's first layer shares nothing in it
+        reach = np.maximum.reduceat(transient + running[1:], first) - running[end]
+        return own + np.maximum(reach, 0.0)
+
+    @cached_property
+    def _pass_terms(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, per sample: its saved bytes net of those it shares with the previous layer,
+        and its activation-gradient passes' transient bytes at least (`pass_bytes`)."""
+        saved = self.act - self._shared
+        transient = np.array([float(min(layer.transient_bytes_per_sample, layer.input_pass_bytes_per_sample
+                                        if layer.input_pass_bytes_per_sample is not None else math.inf))
+                              for layer in self.layers])
+        return saved, transient
+
+    @cached_property
+    def _shared(self) -> np.ndarray:
+        """Per layer, the saved bytes per sample it shares with the previous layer."""
+        return np.array([float(layer.saved_with_previous_bytes_per_sample) for layer in self.layers])
+
     @cached_property
     def least_output_bytes(self) -> float:
         """The least output bytes per sample of a layer a chunk can end with (any but the last)."""
@@ -406,6 +436,7 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
     as much. So a rank needs static(its chunks) + max over its chunks of act(chunk): at least
     (S + A/v)/K for the fullest of K ranks, and at least the static + act of any one chunk,
     minimised over the partitions (exactly, by `min_max_partition`) when the counts are not given.
+    With the counts, a chunk's act is at least what its backward pass holds (`CostTable.pass_bytes`).
     """
     costs = costs.of(cand)
     D, K, v = cand.data_parallel, cand.stages, cand.chunks
@@ -421,7 +452,7 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
         chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
         rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
         rank_act = np.zeros(K)
-        np.maximum.at(rank_act, np.asarray(placement), chunk_act)
+        np.maximum.at(rank_act, np.asarray(placement), np.maximum(chunk_act, costs.pass_bytes(edges) * largest))
         return float((rank_static + rank_act).max()) * SLACK
     key = ("memory", D, M, cand.zero, K, v)
     bound = costs.cache.get(key)
