@@ -97,9 +97,19 @@ def backward_shares(scenario: Scenario, layers: Sequence[LayerSpec], samples: in
     """Per layer in backward order (the last first), its part of a backward pass of `seconds` on
     `samples` samples: the pass shared as the layers' own backward (or weight-pass) times are
     (evenly where they are all 0)."""
+    return _backward_shares(_pass_times(scenario, layers, samples), seconds, weight_pass)
+
+
+def _pass_times(scenario: Scenario, layers: Sequence[LayerSpec], samples: int) -> list[tuple[float, ...]]:
+    """Each layer's own (forward, backward, input pass, weight pass) seconds on `samples` samples."""
     accel, training = scenario.hardware.accelerator, scenario.training
-    own = [layer_pass_times(layer, samples, accel, training.dtype, training.dtype_bytes)[3 if weight_pass else 1]
-           for layer in reversed(layers)]
+    dtype, element = training.dtype, training.dtype_bytes
+    return [layer_pass_times(layer, samples, accel, dtype, element) for layer in layers]
+
+
+def _backward_shares(times: Sequence[tuple[float, ...]], seconds: float, weight_pass: bool) -> list[float]:
+    """`backward_shares` from the layers' `_pass_times`."""
+    own = [t[3 if weight_pass else 1] for t in reversed(times)]
     total = sum(own)
     if total <= 0:
         return [seconds / len(own)] * len(own)
@@ -127,24 +137,19 @@ def overlap_profiles(plan: Any, kind: np.ndarray, chunk: np.ndarray, micro_batch
         return None
     element = scenario.training.dtype_bytes
     starts = np.flatnonzero(kind == Kind.ALLREDUCE)
+    sizes, first_size = plan.micro_batch_sizes, plan.micro_batch_sizes[0]
     out = []
     for ch in plan.chunks:
         at = int(starts[chunk[starts] == ch.index][0]) + 1  # the pass the allreduce starts with
         own = plan.layers[ch.first_layer:ch.last_layer + 1]
-        seconds = backward_shares(scenario, own, plan.micro_batch_sizes[int(micro_batch[at])], float(duration[at]),
-                                  int(kind[at]) == Kind.BACKWARD_WEIGHT)
-        own_forward = _forward_times(scenario, own, plan)
+        samples = sizes[int(micro_batch[at])]
+        times = _pass_times(scenario, own, samples)  # the layers' own seconds, shared by both passes
+        seconds = _backward_shares(times, float(duration[at]), int(kind[at]) == Kind.BACKWARD_WEIGHT)
+        own_forward = [t[0] for t in (times if samples == first_size else _pass_times(scenario, own, first_size))]
         total, first = sum(own_forward), float(ch.forward_s[0])
         forward = [first * t / total for t in own_forward] if total > 0 else [first / len(own)] * len(own)
         out.append(([float(layer.params * element) for layer in reversed(own)], seconds, forward))
     return out
-
-
-def _forward_times(scenario: Scenario, layers: Sequence[LayerSpec], plan: Any) -> list[float]:
-    """The layers' own forward seconds on the plan's first micro-batch (what shares a chunk's forward)."""
-    accel, training = scenario.hardware.accelerator, scenario.training
-    return [layer_pass_times(layer, plan.micro_batch_sizes[0], accel, training.dtype, training.dtype_bytes)[0]
-            for layer in layers]
 
 
 __all__ = ["MEGATRON_BUCKET_PARAMS", "MEGATRON_BUCKET_PARAMS_PER_REPLICA", "backward_shares", "bucket_bytes",

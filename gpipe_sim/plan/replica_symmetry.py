@@ -21,7 +21,7 @@ from gpipe_sim.plan.links import ring_link_keys, transfer_link_keys
 from gpipe_sim.hardware.hardware import Hardware
 from gpipe_sim.schedule import Kind, Schedule
 from gpipe_sim.scenario.scenario import Scenario
-from gpipe_sim.mesh import node_of
+from gpipe_sim.mesh import Mesh, node_of
 
 
 class ReplicaSymmetry(NamedTuple):
@@ -57,26 +57,48 @@ def _labels(rows: np.ndarray) -> np.ndarray:
     return np.take_along_axis(rank, first, axis=1)
 
 
+_KEPT: dict[tuple, ReplicaSymmetry] = {}  # the last layouts' answers, by all `_layout_symmetry` reads
+_KEPT_SIZE = 1024
+
+
 def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
     """The rule of the module docstring for the scenario's D replicas of `schedule`'s K ranks, in
     array passes of O(D x (K + the rank pairs that exchange messages)) plus each rank's ring of
-    links, never building D programs."""
+    links, never building D programs. Kept for the next call with the same network, nodes,
+    devices and exchanging rank pairs (the planner's candidates share a few layouts)."""
     p, hardware, mesh = scenario.pipeline, scenario.hardware, scenario.mesh
     D, K = p.data_parallel, schedule.ranks
     if D == 1:
         return _differ("one replica")
     if hardware.host.step_buffers and scenario.training.zero:
         return _differ("ZeRO-1 step buffers differ per replica")
+    cols = schedule.columns
+    sends = cols.kind == Kind.SEND
+    code = np.unique(cols.rank[sends].astype(np.int64) * K + cols.peer[sends])  # the (rank, peer) pairs
+    pairs = np.stack([code // K, code % K], axis=1)
+    key = (hardware.network, mesh.devices_per_node, mesh.rank_devices, K, code.tobytes())
+    try:
+        kept = _KEPT.get(key)
+    except TypeError:  # a network with an unhashable field: found each time
+        return _layout_symmetry(hardware, mesh, K, pairs)
+    if kept is None:
+        if len(_KEPT) >= _KEPT_SIZE:
+            _KEPT.pop(next(iter(_KEPT)))
+        kept = _KEPT[key] = _layout_symmetry(hardware, mesh, K, pairs)
+        kept.foreign.flags.writeable = False
+    return kept
+
+
+def _layout_symmetry(hardware: Hardware, mesh: Mesh, K: int, pairs: np.ndarray) -> ReplicaSymmetry:
+    """`replica_symmetry` for the mesh's replicas of K ranks whose rank pairs `pairs` [pair,
+    (sender, receiver)] exchange messages."""
+    D = mesh.data_parallel
     dmap = np.asarray(mesh.rank_devices, dtype=np.int64).reshape(D, K)
     devices = _labels(dmap)
     if (devices != devices[0]).any():
         return _differ("the replicas' ranks share devices differently")
     if len(np.unique(dmap)) != D * len(np.unique(dmap[0])):
         return _differ("a device runs ranks of two replicas")
-    cols = schedule.columns
-    sends = cols.kind == Kind.SEND
-    code = np.unique(cols.rank[sends].astype(np.int64) * K + cols.peer[sends])  # the (rank, peer) pairs
-    pairs = np.stack([code // K, code % K], axis=1)
     n_dev, per_node = mesh.device_span, mesh.node_size
     a, b = dmap[:, pairs[:, 0]], dmap[:, pairs[:, 1]]  # [replica, pair]
     keys = np.where(a != b, transfer_link_keys(hardware, a, b, n_dev, per_node), -1)

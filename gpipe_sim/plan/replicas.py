@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -80,17 +80,24 @@ class _RankRings:
         self.scenario, self.mesh, self.foreign = scenario, scenario.mesh, foreign
         self.per_node = self.mesh.node_size
         self._gradient: dict[int, tuple[Ring, Ring]] = {}
-        self._shard: dict[int, tuple[Ring, Ring]] = {}
+        self._shard: dict[int, tuple[Callable[[float], float], Callable[[float], float]]] = {}
         self._keys: dict[int, np.ndarray] = {}
 
     def gradient(self, rank: int) -> tuple[Ring, Ring]:
+        """(whole, alike): `gradient_rings` of the rank."""
         if rank not in self._gradient:
             self._gradient[rank] = gradient_rings(self.scenario, rank, self.per_node)
         return self._gradient[rank]
 
-    def shard(self, rank: int) -> tuple[Ring, Ring]:
+    def shard(self, rank: int) -> tuple[Callable[[float], float], Callable[[float], float]]:
+        """ZeRO-3's collectives of the rank, each remembered by its bytes (a chunk's layers repeat
+        theirs): (half: the seconds of a gather or a reduce-scatter of so many bytes over the shard
+        ring, reduce: of a layer's gradient reduction, its reduce-scatter and under HSDP its
+        shard's all-reduce across the groups: `rank_rings`)."""
         if rank not in self._shard:
-            self._shard[rank] = rank_rings(self.scenario, rank, self.per_node)
+            shard, across = rank_rings(self.scenario, rank, self.per_node)
+            self._shard[rank] = (_remembered(shard.half),
+                                 _remembered(lambda n: shard.half(n) + across.allreduce(n / shard.members)))
         return self._shard[rank]
 
     def link_keys(self, rank: int) -> np.ndarray:
@@ -98,8 +105,10 @@ class _RankRings:
             mesh = self.mesh
             keys = np.asarray(ring_link_keys(self.scenario.hardware, mesh.gradient_members(rank), mesh.device_span,
                                              self.per_node), dtype=np.int64)
-            if self.foreign is not None and len(self.foreign):
-                keys = keys[~np.isin(keys, self.foreign, assume_unique=False)]
+            foreign = self.foreign
+            if foreign is not None and len(foreign):  # distinct and sorted: one search a key
+                at = np.minimum(np.searchsorted(foreign, keys), len(foreign) - 1)
+                keys = keys[foreign[at] != keys]
             self._keys[rank] = keys
         return self._keys[rank]
 
@@ -130,13 +139,24 @@ def _group_seconds(scenario: Scenario, rings: _RankRings, index: int, rank: int,
     return overlapped_seconds(grads, times, bucket_bytes(scenario), reduce)
 
 
-def _sharded_seconds(rings: tuple[Ring, Ring],
+def _sharded_seconds(collectives: tuple[Callable[[float], float], Callable[[float], float]],
                      overlap: tuple[Sequence[float], Sequence[float], Sequence[float]]) -> float:
     """ZeRO-3 under pipelining (gpipe_sim.plan.sharding): from the start of a chunk's last backward,
     each layer's gradients reduce-scattered over the shard ring as its backward ends (and under
     HSDP their shard all-reduced across nodes), then what gathering the parameters layer by layer
-    delays the step's first forward. `rings`: the chunk's rank's (shard, across) (`rank_rings`)."""
+    delays the step's first forward. `collectives`: the chunk's rank's (half, reduce) (`_RankRings.shard`)."""
     grads, times, forward = overlap
-    shard, across = rings
-    gather = gathered_forward_delay(list(reversed(grads)), forward, 0.0, shard.half)
-    return overlapped_seconds(grads, times, 0.0, lambda n: shard.half(n) + across.allreduce(n / shard.members), gather)
+    half, reduce = collectives
+    gather = gathered_forward_delay(list(reversed(grads)), forward, 0.0, half)
+    return overlapped_seconds(grads, times, 0.0, reduce, gather)
+
+
+def _remembered(seconds: Callable[[float], float]) -> Callable[[float], float]:
+    """`seconds`, each value made once."""
+    made: dict[float, float] = {}
+
+    def remembered(nbytes: float) -> float:
+        if nbytes not in made:
+            made[nbytes] = seconds(nbytes)
+        return made[nbytes]
+    return remembered

@@ -101,11 +101,10 @@ def rank_rings(scenario: Scenario, rank: int, per_node: int) -> tuple[Ring, Ring
     """(shard ring, replicate ring) of pipeline rank `rank`'s D replicas: the S replicas a shard is
     gathered and reduce-scattered among (replica 0's group), and the D / S groups' shard all-reduce
     across them (one member, free, without HSDP)."""
-    p = scenario.pipeline
-    D, T = p.data_parallel, p.tensor_parallel
+    T = scenario.pipeline.tensor_parallel
     S = shard_degree(scenario)
     mesh = scenario.mesh
-    first = [mesh.rank_devices[mesh.program_rank(d, rank)] for d in range(D)]
+    first = mesh.rank_devices[rank::mesh.stages]  # its program rank d*K + rank in each replica d
     shard = replica_ring(scenario, first[:S], per_node, T)
     across = replica_ring(scenario, first[::S], per_node, S * T)
     return shard, across
