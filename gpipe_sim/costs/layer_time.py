@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from gpipe_sim.costs import gpu_model_arrays as arrays
 from gpipe_sim.costs.gpu_model import NO_STREAM_WORK, StreamWork, layer_pass_seconds, step_seconds
 from gpipe_sim.hardware.hardware import Accelerator
 from gpipe_sim.model.kernels import LayerKernels
@@ -37,12 +38,18 @@ def layer_seconds(
     them); the other costs add them to the pass.
     """
     work = stream or NO_STREAM_WORK
-    if accelerator.gpu is not None and isinstance(layer.ops, LayerKernels) and not layer.timings \
-            and layer.forward_s_per_sample is None:
-        return layer_pass_seconds(layer.ops, micro_batch, dtype, dtype_bytes, accelerator.peak_flops,
+    if kernel_priced(layer, accelerator):
+        return layer_pass_seconds(layer.ops, micro_batch, dtype, dtype_bytes, accelerator.peak_flops,  # type: ignore[arg-type]
                                   accelerator.memory_bandwidth, accelerator.gpu, work)
     forward, backward = _own_seconds(layer, micro_batch, accelerator, dtype, dtype_bytes)
     return forward + work.forward_s + work.exposed_forward_s, backward + work.backward_s + work.exposed_backward_s
+
+
+def kernel_priced(layer: LayerSpec, accelerator: Accelerator) -> bool:
+    """Whether `layer_seconds` prices the layer's kernels on the accelerator's kernel tables (a
+    preset layer without measured seconds, on an accelerator with tables)."""
+    return accelerator.gpu is not None and isinstance(layer.ops, LayerKernels) and not layer.timings \
+        and layer.forward_s_per_sample is None
 
 
 def layer_pass_times(layer: LayerSpec, micro_batch: int, accelerator: Accelerator, dtype: str,
@@ -52,10 +59,38 @@ def layer_pass_times(layer: LayerSpec, micro_batch: int, accelerator: Accelerato
     input pass (they reduce input gradients); the rest splits as `split_backward_seconds` says."""
     forward, backward = layer_seconds(layer, micro_batch, accelerator, dtype, dtype_bytes, stream)
     if stream is None or stream == NO_STREAM_WORK:
+        return pass_times(layer, micro_batch, forward, backward)
+    return pass_times(layer, micro_batch, forward, backward,
+                      layer_seconds(layer, micro_batch, accelerator, dtype, dtype_bytes)[1])
+
+
+def layer_pass_times_over(layer: LayerSpec, sizes: Sequence[int], accelerator: Accelerator, dtype: str,
+                          dtype_bytes: int, streams: Sequence[StreamWork | None] | None = None
+                          ) -> list[tuple[float, float, float, float]]:
+    """`layer_pass_times` at each of `sizes` (with `streams[j]` at `sizes[j]`), equal to it: a
+    layer its kernel tables price is priced at every size in one array pass
+    (`gpu_model_arrays.layer_pass_seconds`), any other one size at a time."""
+    works = list(streams or [None] * len(sizes))
+    if not kernel_priced(layer, accelerator):
+        return [layer_pass_times(layer, b, accelerator, dtype, dtype_bytes, w) for b, w in zip(sizes, works)]
+    priced = lambda given: [x.tolist() for x in arrays.layer_pass_seconds(  # noqa: E731
+        layer.ops, np.asarray(sizes, dtype=np.int64), dtype, dtype_bytes, accelerator.peak_flops,  # type: ignore[arg-type]
+        accelerator.memory_bandwidth, accelerator.gpu, given)]  # type: ignore[arg-type]
+    forward, backward = priced(works)
+    bare = [w is None or w == NO_STREAM_WORK for w in works]
+    own = backward if all(bare) else priced(None)[1]
+    return [pass_times(layer, b, f, bk, None if plain else o)
+            for b, f, bk, o, plain in zip(sizes, forward, backward, own, bare)]
+
+
+def pass_times(layer: LayerSpec, micro_batch: int, forward: float, backward: float,
+               own_backward: float | None = None) -> tuple[float, float, float, float]:
+    """`layer_pass_times` from the layer's (forward, backward) seconds with its stream work and,
+    where it has any, its backward's `own_backward` seconds without."""
+    if own_backward is None:
         return (forward, backward, *split_backward_seconds(layer, micro_batch, backward))
-    own = layer_seconds(layer, micro_batch, accelerator, dtype, dtype_bytes)[1]
-    given, weight = split_backward_seconds(layer, micro_batch, own)
-    return forward, backward, given + (backward - own), weight
+    given, weight = split_backward_seconds(layer, micro_batch, own_backward)
+    return forward, backward, given + (backward - own_backward), weight
 
 
 def _own_seconds(layer: LayerSpec, micro_batch: int, accelerator: Accelerator, dtype: str,

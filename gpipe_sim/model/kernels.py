@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from gpipe_sim.model.block_shape import BlockShape
 
@@ -21,8 +21,12 @@ class Gemm:
     per_sample: Literal["m", "k", "batch"] = "m"
 
     def shape(self, samples: int) -> tuple[int, int, int, int]:
-        """(batch, m, n, k) for a micro-batch of `samples`."""
-        s = max(1, samples)
+        """(batch, m, n, k) for a micro-batch of `samples` (at least one)."""
+        return self.shape_of(max(1, samples))
+
+    def shape_of(self, s: Any) -> tuple[Any, Any, Any, Any]:
+        """`shape` for `s` >= 1 samples: an int, or an integer array of them (each figure then
+        an int or that array's shape)."""
         if self.per_sample == "m":
             return self.batch, self.m * s, self.n, self.k
         if self.per_sample == "k":
@@ -91,18 +95,36 @@ class Softmax:
     backward: bool = False
 
     def fused(self, samples: int) -> bool:
-        return (max(1, samples) * self.heads) % FUSED_SOFTMAX_BATCHES == 0
+        return self.fused_of(max(1, samples))
+
+    def fused_of(self, s: Any) -> Any:
+        """`fused` for `s` >= 1 samples: an int, or an integer array of them (then a bool array)."""
+        return (s * self.heads) % FUSED_SOFTMAX_BATCHES == 0
 
     def launches(self, samples: int) -> int:
         """Kernels the host issues for it on a micro-batch of `samples`."""
-        return 1 if self.fused(samples) else len(UNFUSED_SOFTMAX_BYTES[self.backward])
+        return 1 if self.fused(samples) else len(self.unfused_bytes)
+
+    def score_elements(self, s: Any) -> Any:
+        """Score elements of `s` >= 1 samples (an int, or an integer array of them)."""
+        return self.heads * self.seq * self.seq * s
+
+    @property
+    def fused_bytes(self) -> int:
+        """Bytes the fused kernel reads and writes per score element."""
+        return 3 * self.p if self.backward else 2 * self.p + self.mask
+
+    @property
+    def unfused_bytes(self) -> tuple[float, ...]:
+        """Bytes each of the fallback's kernels reads and writes per score element."""
+        return UNFUSED_SOFTMAX_BYTES[self.backward]
 
     def kernel_bytes(self, samples: int) -> tuple[float, ...]:
         """Bytes each of its kernels reads and writes on a micro-batch of `samples`."""
-        elements = float(self.heads * self.seq * self.seq * max(1, samples))
+        elements = float(self.score_elements(max(1, samples)))
         if self.fused(samples):
-            return (elements * (3 * self.p if self.backward else 2 * self.p + self.mask),)
-        return tuple(elements * b for b in UNFUSED_SOFTMAX_BYTES[self.backward])
+            return (elements * self.fused_bytes,)
+        return tuple(elements * b for b in self.unfused_bytes)
 
 
 Kernel = Union[Gemm, MemOp, Flash, Softmax]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from gpipe_sim.plan.sharding import bytes_per_param
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.schedule.lower import saves_activations
 from gpipe_sim.schedule.registry import looped
-from gpipe_sim.costs.layer_time import layer_pass_times, update_seconds
+from gpipe_sim.costs.layer_time import layer_pass_times, layer_pass_times_over, update_seconds
 from gpipe_sim.costs.gpu_model import StreamWork
 from gpipe_sim.costs.twins import twins
 from gpipe_sim.plan.context_parallel import combined, ring_layer_work
@@ -143,6 +143,36 @@ class CostTable:
         if cached is None:
             cached = self._compute[b] = self._priced(b, [None] * self.L)
         return cached
+
+    def price(self, sizes: Iterable[int]) -> None:
+        """`times` (and at T = C = 1 `compute_times`, the same) of each of `sizes` not priced yet,
+        each twin at all of them in one array pass (`layer_pass_times_over`): the figures `times`
+        gives one size at a time, bit for bit."""
+        todo = sorted({int(b) for b in sizes} - self._times.keys())
+        if not todo:
+            return
+        works = [self.stream_work(b) for b in todo]
+        if works[0] is None:  # no collectives: the kernels alone
+            todo = [b for b in todo if b not in self._compute]
+            self._compute.update(zip(todo, self._priced_over(todo, None)))
+            self._times.update((b, self._compute[b]) for b in todo)
+        else:
+            self._times.update(zip(todo, self._priced_over(todo, works)))  # type: ignore[arg-type]
+
+    def _priced_over(self, sizes: list[int], works: list[list[StreamWork]] | None) -> list[np.ndarray]:
+        """Per size, `_priced`'s [layer, 4] with each layer's stream work at that size
+        (`works[j][i]`, none where `works` is None), once per twin and its works."""
+        priced: dict[tuple[int, tuple[StreamWork, ...] | None], list[tuple[float, float, float, float]]] = {}
+        per_layer = []
+        for i, twin in enumerate(self._twin):
+            column = None if works is None else tuple(w[i] for w in works)
+            got = priced.get((twin, column))
+            if got is None:
+                got = priced[(twin, column)] = layer_pass_times_over(self.layers[twin], sizes, self.accel, self.dtype,
+                                                                     self.dtype_bytes, column)
+            per_layer.append(got)
+        table = np.array(per_layer, dtype=float).reshape(self.L, len(sizes), 4).transpose(1, 0, 2).copy()
+        return list(table)
 
     def _priced(self, b: int, work: Sequence[StreamWork | None]) -> np.ndarray:
         """[layer, 4] `layer_pass_times` on b samples with each layer's stream work, once per twin

@@ -10,6 +10,10 @@ from gpipe_sim.planner.bounds import CostTable, Work
 from gpipe_sim.planner.space import Candidate
 from gpipe_sim.schedule.lower import saves_activations
 
+# The micro-batch size of each group `_group_counts` counts, past the smallest: (size, kept),
+# (size, re-computed), (size + 1, kept), (size + 1, re-computed).
+_SHIFTS = (0, 0, 1, 1)
+
 
 class WorkRows:
     """`candidate_work` for M = 1 .. batch / D of candidates alike in T, C, E, D, remat and whether
@@ -29,9 +33,11 @@ class WorkRows:
         Ms = np.arange(1, share + 1)
         size, extra = np.divmod(share, Ms)
         counts = _group_counts(remat, Ms, extra)
+        costs.price({*size.tolist(), *(b for slot, shift in enumerate(_SHIFTS)  # every size it asks for, at once
+                                       for b in (size + shift)[counts[:, slot] > 0].tolist())})
         work = np.broadcast_to(update, (share, costs.L))
         trail = work
-        for slot, (shift, recompute) in enumerate(((0, 0.0), (0, 1.0), (1, 0.0), (1, 1.0))):
+        for slot, (shift, recompute) in enumerate(zip(_SHIFTS, (0.0, 1.0, 0.0, 1.0))):
             n = counts[:, slot]
             per_pass = np.zeros((share, costs.L))
             weight = np.zeros((share, costs.L))
