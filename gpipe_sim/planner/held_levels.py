@@ -18,7 +18,8 @@ class EventTable:
     `rank_cuts[r]`), each event's chunk, and the permutation `by_chunk` that groups them by chunk,
     each chunk's in program order (chunk c's from `chunk_starts[c]`)."""
 
-    owned: tuple[tuple[int, ...], ...]  # per rank, its chunks in model order
+    placement: np.ndarray  # (chunks,) each one's rank
+    owned_matrix: np.ndarray  # (K, width) each rank's chunks in model order, -1 past its own
     column: np.ndarray  # 3 x (the chunk's place among its rank's chunks) + category
     micro: np.ndarray
     sign: np.ndarray
@@ -26,6 +27,7 @@ class EventTable:
     rank_cuts: np.ndarray
     by_chunk: np.ndarray
     chunk_starts: np.ndarray
+    kept_only: bool  # only KEPT events: a chunk holds its running sum
 
 
 @lru_cache(maxsize=4096)
@@ -36,8 +38,12 @@ def event_table(name: str, K: int, M: int, v: int, remat: str) -> EventTable:
     # a stable sort of small integers is a radix sort
     by_chunk = np.argsort(events.chunk.astype(np.int16 if chunks < 2**15 else np.int64), kind="stable")
     starts = np.searchsorted(events.chunk[by_chunk], np.arange(chunks))
-    return EventTable(rank_chunks(events.placement, K), events.column, events.micro, events.sign, events.chunk,
-                      events.rank_cuts, by_chunk, starts)
+    owned = rank_chunks(events.placement, K)
+    owned_matrix = np.full((K, max(len(mine) for mine in owned)), -1, dtype=np.int64)
+    for r, mine in enumerate(owned):
+        owned_matrix[r, :len(mine)] = mine
+    return EventTable(np.asarray(events.placement, dtype=np.int64), owned_matrix, events.column, events.micro,
+                      events.sign, events.chunk, events.rank_cuts, by_chunk, starts, events.kept_only)
 
 
 @dataclass(frozen=True)
@@ -74,18 +80,15 @@ def held_levels(table: EventTable, samples: np.ndarray) -> HeldSamples:
     moment is below the one before or the one after it), or, where it has more than `MAX_ROWS`
     moments, its undominated levels."""
     value = table.sign * samples[table.micro]
-    effective = _effective_after(table, value)
+    sorted_eff = _effective_after(table, value)
     # every chunk has events (each runs every micro-batch's forward), so each segment is non-empty
-    sorted_eff = effective[table.by_chunk]
     per_chunk = np.maximum(np.maximum.reduceat(sorted_eff, table.chunk_starts), 0.0)
-    width = max(len(mine) for mine in table.owned)
-    owned = np.full((len(table.owned), width), -1, dtype=np.int64)
-    for r, mine in enumerate(table.owned):
-        owned[r, :len(mine)] = mine
+    owned = table.owned_matrix
+    width = owned.shape[1]
     counts, widths = np.diff(table.rank_cuts), (owned >= 0).sum(axis=1)
     dense = (widths > 1) & (counts * 3 * widths <= DENSE_LEVELS)
     small = dense & (counts + 1 <= MAX_ROWS)  # no more undominated rows than moments
-    parts = [_peak_rows(table, sorted_eff, owned, small)]
+    parts = [_peak_rows(table, sorted_eff, small)] if small.any() else []
     for r in np.flatnonzero(dense & ~small):
         lo, hi = int(table.rank_cuts[r]), int(table.rank_cuts[r + 1])
         rows = undominated(level_matrix(table.column[lo:hi], value[lo:hi], 3 * int(widths[r])), MAX_ROWS)
@@ -93,38 +96,42 @@ def held_levels(table: EventTable, samples: np.ndarray) -> HeldSamples:
             level = np.zeros((len(rows), width))
             level[:, :widths[r]] = rows[:, 0::3] + np.minimum(rows[:, 1::3], rows[:, 2::3])
             parts.append((level, np.full(len(rows), r)))
+    if not parts:
+        return HeldSamples(per_chunk, table.placement, owned, np.zeros((0, width)), _NO_RANKS, _NO_RANKS, _NO_RANKS)
     rows = np.concatenate([p[0] for p in parts])
     row_rank = np.concatenate([p[1] for p in parts])
     order = np.argsort(row_rank, kind="stable")
     rows, row_rank = rows[order], row_rank[order]
-    starts = np.flatnonzero(np.concatenate(([True], row_rank[1:] != row_rank[:-1])))[:len(row_rank)]
-    placement = np.empty(len(per_chunk), dtype=np.int64)
-    placement[owned[owned >= 0]] = np.nonzero(owned >= 0)[0]
-    return HeldSamples(per_chunk, placement, owned, rows, row_rank, starts, row_rank[starts])
+    starts = np.flatnonzero(np.concatenate(([True], row_rank[1:] != row_rank[:-1])))
+    return HeldSamples(per_chunk, table.placement, owned, rows, row_rank, starts, row_rank[starts])
+
+
+_NO_RANKS = np.zeros(0, dtype=np.int64)
 
 
 def _effective_after(table: EventTable, value: np.ndarray) -> np.ndarray:
-    """Per event (rank order): the whole-activation samples its chunk holds after it."""
-    order = table.by_chunk
-    sorted_value, category = value[order], table.column[order] % 3
+    """Per event, grouped by chunk (`by_chunk`): the whole-activation samples its chunk holds after it."""
+    sorted_value = value[table.by_chunk]
     lengths = np.diff(np.append(table.chunk_starts, len(value)))
-    running = []
-    for k in range(3):
-        total = np.cumsum(np.where(category == k, sorted_value, 0.0))
+
+    def running(category_value: np.ndarray) -> np.ndarray:
+        total = np.cumsum(category_value)
         base = np.concatenate(([0.0], total))[table.chunk_starts]  # the sum before each chunk's first event
-        running.append(total - np.repeat(base, lengths))
-    effective = np.empty(len(value))
-    effective[order] = running[0] + np.minimum(running[1], running[2])
-    return effective
+        return total - np.repeat(base, lengths)
+
+    if table.kept_only:  # input-only and re-computed stay 0: kept + min(0, 0) is kept
+        return running(sorted_value)
+    category = table.column[table.by_chunk] % 3
+    kept, held_input, recomputed = (running(np.where(category == k, sorted_value, 0.0)) for k in range(3))
+    return kept + np.minimum(held_input, recomputed)
 
 
-def _peak_rows(table: EventTable, sorted_eff: np.ndarray, owned: np.ndarray, ranks: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+def _peak_rows(table: EventTable, sorted_eff: np.ndarray, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows of the `ranks` (a mask) listed from their moments, with each row's rank: the empty
     row, then what each chunk holds after each event that raises its chunk and is the rank's last
     or followed by one that does not (a moment after a fall or no change is below the one before,
     one followed by a rise below the one after)."""
-    n = len(sorted_eff)
+    n, owned = len(sorted_eff), table.owned_matrix
     before = np.concatenate(([0.0], sorted_eff[:-1]))
     before[table.chunk_starts] = 0.0  # each chunk holds nothing before its first event
     rises = np.empty(n, dtype=bool)

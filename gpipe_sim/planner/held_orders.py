@@ -55,6 +55,7 @@ class PassEvents:
     sign: np.ndarray
     chunk: np.ndarray
     rank_cuts: np.ndarray
+    kept_only: bool  # every event is a KEPT one (every forward keeps its activations)
 
 
 def pass_events(name: str, K: int, M: int, v: int, remat: str) -> PassEvents:
@@ -70,15 +71,22 @@ def pass_events(name: str, K: int, M: int, v: int, remat: str) -> PassEvents:
     orders = [np.asarray(order, dtype=np.int64).reshape(-1, 3) for order in family.generate(K, M, v)]
     passes = np.concatenate(orders)  # every rank's, rank after rank
     op, chunk, micro = passes[:, 0], passes[:, 1], passes[:, 2]
+    pass_cuts = np.cumsum([0] + [len(o) for o in orders])
+    if kept.all():  # a pass of a kept forward makes at most one event, in its first slot
+        category, sign = _CATEGORY[op * 2 + 1, 0], _SIGN[op * 2 + 1, 0]
+        present = category != _NONE
+        cuts = np.concatenate(([0], np.cumsum(present)))[pass_cuts]
+        return PassEvents(placement, (local[chunk] * 3 + category)[present], micro[present], sign[present],
+                          chunk[present], cuts, kept_only=True)
     slot = op * 2 + kept[micro]
     category, sign = _CATEGORY[slot], _SIGN[slot]  # [pass, slot]
     present = category != _NONE
     shape = category.shape
     # each rank's events end where its passes do
-    cuts = np.concatenate(([0], np.cumsum(present.sum(axis=1))))[np.cumsum([0] + [len(o) for o in orders])]
+    cuts = np.concatenate(([0], np.cumsum(present.sum(axis=1))))[pass_cuts]
     return PassEvents(placement, (local[chunk][:, None] * 3 + category)[present],
                       np.broadcast_to(micro[:, None], shape)[present], sign[present],
-                      np.broadcast_to(chunk[:, None], shape)[present], cuts)
+                      np.broadcast_to(chunk[:, None], shape)[present], cuts, kept_only=False)
 
 
 def order_events(name: str, K: int, M: int, v: int, remat: str

@@ -7,7 +7,7 @@ from functools import lru_cache
 import numpy as np
 
 from gpipe_sim.schedule.actions import Kind
-from gpipe_sim.schedule.registry import Check, RankOrders, fixed_chunks, one_chunk, rank_chunks, register, v_shape
+from gpipe_sim.schedule.registry import Check, RankOrders, fixed_chunks, one_chunk, register, v_shape
 
 # Passes are (kind, chunk, micro_batch) rows: tuples, or an (n, 3) integer array for speed; kinds
 # as plain int codes, which NumPy converts at once (an IntEnum member is converted one by one).
@@ -215,51 +215,62 @@ def zbv(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     so the first and last chunks share rank 0; warm-up forwards of the first chunk, then of both,
     then steady F/I/W triples on each chunk; near-zero bubble at 1F1B's memory when F = I = W."""
     # the order for fewer micro-batches than 2K - 1 is that one's, cut
-    return [order[order[:, 2] < micro_batches] for order in _zbv_orders(ranks, max(2 * ranks - 1, micro_batches))]
+    kind, chunk, micro, on = _zbv_grids(ranks, max(2 * ranks - 1, micro_batches))
+    return _by_rank(kind, chunk, micro, on & (micro < micro_batches))
+
+
+_DOWN, _UP = 0, 1  # a V-shaped rank's chunks: r on the way down, 2K-1-r on the way back
 
 
 @lru_cache(maxsize=64)
-def _zbv_orders(ranks: int, n: int) -> tuple[np.ndarray, ...]:
-    """ZB-V's passes of each rank for n micro-batches (n >= 2K - 1), as arrays: made once per (K, n)."""
-    orders = []
-    for r, (down, up) in enumerate(rank_chunks(v_shape(ranks, 2), ranks)):  # r, and 2K-1-r on the way back
-        counts = {(k, c): 0 for k in (F, I, W) for c in (down, up)}
-        order: list[tuple[int, int, int]] = []
+def _zbv_grids(ranks: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """ZB-V's passes of every rank for n micro-batches (n >= 2K - 1) as (ranks x slots) grids of
+    kind, chunk and micro-batch, and the slots each rank runs, made once per (K, n). Rank r runs 2(K-r)-1 forwards down; r
+    times a forward up and one down; K-r F/I/W triples up; n-K steady steps of an F/I/W triple
+    down (its forward while any is left) and one up; r times an I down and one up; K-r times an I
+    and a W down; then the r weight passes left up, and the r left down. Each pass's micro-batch
+    counts its (kind, chunk)'s passes before it."""
+    r = np.arange(ranks)
+    kind, role, on = _phase_grids(ranks, [
+        ([(F, _DOWN)], 2 * (ranks - r) - 1, None),
+        ([(F, _UP), (F, _DOWN)], r, None),
+        ([(F, _UP), (I, _UP), (W, _UP)], ranks - r, None),
+        ([(F, _DOWN), (I, _DOWN), (W, _DOWN), (F, _UP), (I, _UP), (W, _UP)], np.full(ranks, n - ranks),
+         lambda step, slot: (slot > 0) | (step < (n - 2 * ranks + 1 + r)[:, None, None])),
+        ([(I, _DOWN), (I, _UP)], r, None),
+        ([(I, _DOWN), (W, _DOWN)], ranks - r, None),
+        ([(W, _UP)], r, None),
+        ([(W, _DOWN)], r, None),
+    ])
+    key = np.searchsorted(np.array(sorted((F, I, W))), kind) * 2 + role
+    chunk = np.where(role == _DOWN, r[:, None], 2 * ranks - 1 - r[:, None])
+    return kind, chunk, _counted(key, on, 6), on
 
-        def put(kind: int, chunk: int, counter: int | None = None) -> None:
-            key = (kind, chunk)
-            order.append((kind, chunk, counts[key] if counter is None else counter))
-            counts[key] += 1
 
-        for _ in range(2 * (ranks - r) - 1):
-            put(F, down)
-        for _ in range(r):
-            put(F, up)
-            put(F, down)
-        for _ in range(ranks - r):
-            put(F, up)
-            put(I, up)
-            put(W, up)
-        while counts[F, up] < counts[F, down] or counts[F, down] < n:
-            if counts[F, down] < n:
-                put(F, down)
-            put(I, down)
-            put(W, down)
-            put(F, up)
-            put(I, up)
-            put(W, up)
-        for _ in range(r):
-            put(I, down)
-            put(I, up)
-        for _ in range(ranks - r):
-            put(I, down)
-            put(W, down)
-        while counts[W, up] < counts[I, up]:
-            put(W, up)
-        while counts[W, down] < counts[I, down]:
-            put(W, down)
-        orders.append(np.array(order, dtype=np.int64).reshape(-1, 3))
-    return tuple(orders)
+def _phase_grids(ranks: int, phases: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ranks x slots) kinds, roles and which slots rank r runs, of programs made of phases: each
+    phase a pattern of (kind, role) repeated reps[r] times on rank r, optionally only the (step,
+    slot) its mask keeps."""
+    kinds, roles, keep = [], [], []
+    for pattern, reps, mask in phases:
+        steps = np.arange(int(np.max(reps, initial=0)))[None, :, None]
+        slots = np.arange(len(pattern))[None, None, :]
+        on = (steps < np.asarray(reps)[:, None, None]) & (slots >= 0)
+        if mask is not None:
+            on &= mask(steps, slots)
+        kinds.append(np.broadcast_to(np.array([k for k, _ in pattern]), on.shape).reshape(ranks, -1))
+        roles.append(np.broadcast_to(np.array([c for _, c in pattern]), on.shape).reshape(ranks, -1))
+        keep.append(on.reshape(ranks, -1))
+    return np.concatenate(kinds, axis=1), np.concatenate(roles, axis=1), np.concatenate(keep, axis=1)
+
+
+def _counted(key: np.ndarray, on: np.ndarray, keys: int) -> np.ndarray:
+    """Per slot run (`on`), how many run slots of its key come before it in its rank's row."""
+    count = np.zeros(key.shape, dtype=np.int64)
+    for k in range(keys):
+        mine = on & (key == k)
+        count[mine] = (np.cumsum(mine, axis=1) - 1)[mine]
+    return count
 
 
 def _dualpipev_check(ranks: int, micro_batches: int, chunks: int) -> str | None:
@@ -275,56 +286,25 @@ def dualpipev(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     warm-up, each step pairs a forward of one chunk with a full backward of the other (torch
     overlaps the pair on the device; here they run one after the other), and the cool-down splits
     backwards so that weight passes fill the tail."""
-    orders: RankOrders = []
-    for r, (down, up) in enumerate(rank_chunks(v_shape(ranks, 2), ranks)):  # r, and 2K-1-r on the way back
-        counts: dict[tuple[int, int], int] = {}
-        weights: list[tuple[int, int]] = []  # (chunk, micro-batch) whose W is pending, oldest first
-        order: list[tuple[int, int, int]] = []
-
-        def put(kind: int, chunk: int) -> None:
-            key = (I if kind == B else kind, chunk)
-            m = counts.get(key, 0)
-            order.append((kind, chunk, m))
-            counts[key] = m + 1
-            if kind == I:
-                weights.append((chunk, m))
-
-        def pending_weight() -> None:
-            if weights:
-                chunk, m = weights.pop(0)
-                order.append((W, chunk, m))
-
-        for _ in range(2 * (ranks - r - 1)):
-            put(F, down)
-        for _ in range(r + 1):
-            put(F, down)
-            put(F, up)
-        for _ in range(ranks - r - 1):
-            put(I, up)
-            pending_weight()
-            put(F, up)
-        for i in range(micro_batches - 2 * ranks + r + 1):
-            put(F, down)  # overlapped with the next full backward in torch
-            put(B, up)
-            put(F, up)
-            put(B, down)
-        for _ in range(ranks - r - 1):
-            put(B, up)
-            put(F, up)
-            put(B, down)
-        split = False
-        steps = r + 1
-        for i in range(steps):
-            if i == steps // 2 and r % 2 == 1:
-                split = True
-            put(I if split else B, up)
-            if i == steps // 2 and r % 2 == 0:
-                split = True
-            put(I if split else B, down)
-        for _ in range(ranks - r - 1):
-            pending_weight()
-            put(I if split else B, down)
-        for _ in range(r + 1):
-            pending_weight()
-        orders.append(order)
-    return orders
+    r = np.arange(ranks)
+    cool = ranks - 1 - r
+    half = ((r + 1) // 2)[:, None, None]  # the step of the cool-down's split, on r + 1 steps
+    odd = (r % 2 == 1)[:, None, None]
+    kind, role, on = _phase_grids(ranks, [
+        ([(F, _DOWN)], 2 * cool, None),
+        ([(F, _DOWN), (F, _UP)], r + 1, None),
+        ([(I, _UP), (W, _UP), (F, _UP)], cool, None),
+        ([(F, _DOWN), (B, _UP), (F, _UP), (B, _DOWN)], micro_batches - 2 * ranks + r + 1, None),
+        ([(B, _UP), (F, _UP), (B, _DOWN)], cool, None),
+        # the cool-down's r + 1 steps split from the middle one on: on an odd rank before its up
+        # pass, on an even one after it (so every B of them comes before every I)
+        ([(B, _UP), (B, _DOWN)], r + 1, lambda step, slot: (step < half) | ((step == half) & ~odd & (slot == 0))),
+        ([(I, _UP), (I, _DOWN)], r + 1, lambda step, slot: (step > half) | ((step == half) & (odd | (slot == 1)))),
+        ([(W, _UP), (I, _DOWN)], cool, None),
+        ([(W, _UP)], r + 1, None),
+    ])
+    # a full backward counts with the input-gradient passes; the q-th W completes the q-th I
+    weight, split = on & (kind == W), on & (kind == I)
+    micro = _counted(np.where(kind == F, 0, 2) + role, on & ~weight, 4)
+    role[weight], micro[weight] = role[split], micro[split]
+    return _by_rank(kind, np.where(role == _DOWN, r[:, None], 2 * ranks - 1 - r[:, None]), micro, on)
