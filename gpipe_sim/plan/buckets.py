@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from gpipe_sim.schedule import Kind
-from gpipe_sim.costs.layer_time import layer_pass_times
+from gpipe_sim.costs.layer_rows import pass_rows
 from gpipe_sim.model.model import LayerSpec
 from gpipe_sim.scenario.scenario import Scenario
 
@@ -101,10 +101,10 @@ def backward_shares(scenario: Scenario, layers: Sequence[LayerSpec], samples: in
 
 
 def _pass_times(scenario: Scenario, layers: Sequence[LayerSpec], samples: int) -> list[tuple[float, ...]]:
-    """Each layer's own (forward, backward, input pass, weight pass) seconds on `samples` samples."""
+    """Each layer's own (forward, backward, input pass, weight pass) seconds on `samples` samples
+    (`layer_pass_times`, remembered by content: `pass_rows`)."""
     accel, training = scenario.hardware.accelerator, scenario.training
-    dtype, element = training.dtype, training.dtype_bytes
-    return [layer_pass_times(layer, samples, accel, dtype, element) for layer in layers]
+    return pass_rows(layers, samples, accel, training.dtype, training.dtype_bytes)
 
 
 def _backward_shares(times: Sequence[tuple[float, ...]], seconds: float, weight_pass: bool) -> list[float]:

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from gpipe_sim.costs.layer_time import layer_pass_times
+from gpipe_sim.costs.layer_rows import pass_rows
 from gpipe_sim.model.model import LayerSpec
 from gpipe_sim.plan.buckets import backward_shares, bucket_bytes, overlapped_seconds
 from gpipe_sim.plan.replicas import gradient_rings
@@ -82,8 +82,8 @@ def sharded_passes(scenario: Scenario, layers: Sequence[LayerSpec], rank: int, p
     training = scenario.training
     if gathers_per_pass(scenario):
         accel, dtype, element = scenario.hardware.accelerator, training.dtype, training.dtype_bytes
-        shares = np.array([[layer_pass_times(layer, b, accel, dtype, element)[:2] for layer in layers]
-                           for b in sizes], dtype=float)
+        shares = np.array([[row[:2] for row in pass_rows(layers, b, accel, dtype, element)] for b in sizes],
+                          dtype=float)
         out = np.array(seconds, dtype=float)
         out[:, :2] = fsdp_chunk_seconds(scenario, layers, shares, out[:, :2])
         return out, in_flight_bytes(layers, element)
