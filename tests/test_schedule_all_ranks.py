@@ -1,5 +1,6 @@
-"""The generators built over all ranks at once give, rank by rank, the orders their papers' rules
-give one rank at a time (written out here, as the generators read before they were vectorised)."""
+"""The generators built over all ranks at once (and ZB-H2's list scheduling, its passes kept as
+arrays) give, rank by rank, the orders their papers' rules give one pass at a time (written out
+here, as the generators read before they were vectorised)."""
 
 from __future__ import annotations
 
@@ -111,8 +112,34 @@ def _dualpipev_rank(K, M, r):
     return np.array(order, dtype=np.int64).reshape(-1, 3)
 
 
+def _zb_h2_ranks(K, M):
+    """ZB-H2's list scheduling in unit time, pass by pass as tuples."""
+    done_f, done_i = [[-1] * M for _ in range(K)], [[-1] * M for _ in range(K)]
+    n_f, n_i, n_w = [0] * K, [0] * K, [0] * K
+    orders = [[] for _ in range(K)]
+    t = 0
+    while any(n < M for n in n_w):
+        for r in range(K):
+            m = n_i[r]
+            if m < n_f[r] and (r == K - 1 or 0 <= done_i[r + 1][m] <= t):
+                orders[r].append((I, r, m))
+                done_i[r][m], n_i[r] = t + 1, m + 1
+                continue
+            m = n_f[r]
+            if m < M and m - n_w[r] < 2 * K - 1 and (r == 0 or 0 <= done_f[r - 1][m] <= t):
+                orders[r].append((F, r, m))
+                done_f[r][m], n_f[r] = t + 1, m + 1
+            elif n_w[r] < n_i[r]:
+                orders[r].append((W, r, n_w[r]))
+                n_w[r] += 1
+        t += 1
+    return [np.array(order, dtype=np.int64).reshape(-1, 3) for order in orders]
+
+
 def _reference(name, K, M, v):
     """Rank r's passes by the per-rank rules."""
+    if name == "zb_h2":
+        return _zb_h2_ranks(K, M)
     if name == "zbv":  # the order for fewer micro-batches than 2K - 1 is that one's, cut
         return [o[o[:, 2] < M] for o in (_zbv_rank(K, max(2 * K - 1, M), r) for r in range(K))]
     if name == "dualpipev":
@@ -140,7 +167,7 @@ def _reference(name, K, M, v):
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "looped_bfs", "interleaved_1f1b", "interleaved_zb", "zb_h1",
-                                  "zbv", "dualpipev"])
+                                  "zbv", "dualpipev", "zb_h2"])
 def test_all_ranks_at_once_equal_the_per_rank_rules(name):
     family = SCHEDULES[name]
     cases = 0

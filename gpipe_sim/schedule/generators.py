@@ -188,25 +188,27 @@ def zb_h2(ranks: int, micro_batches: int, chunks: int) -> RankOrders:
     done_f = [[-1] * micro_batches for _ in range(ranks)]  # slot after which F(m) is done
     done_i = [[-1] * micro_batches for _ in range(ranks)]
     n_f, n_i, n_w = [0] * ranks, [0] * ranks, [0] * ranks
-    orders: RankOrders = [[] for _ in range(ranks)]
-    t = 0
-    while any(n < micro_batches for n in n_w):
+    runs: list[list[int]] = [[] for _ in range(ranks)]  # per rank, (kind, micro-batch) flat
+    t, finished = 0, 0  # finished: the ranks that ran every weight pass
+    while finished < ranks:
         for r in range(ranks):
-            order = orders[r]
+            run = runs[r]
             m = n_i[r]
             if m < n_f[r] and (r == ranks - 1 or 0 <= done_i[r + 1][m] <= t):
-                order.append((I, r, m))
+                run += (I, m)
                 done_i[r][m], n_i[r] = t + 1, m + 1
                 continue
             m = n_f[r]
             if m < micro_batches and m - n_w[r] < cap and (r == 0 or 0 <= done_f[r - 1][m] <= t):
-                order.append((F, r, m))
+                run += (F, m)
                 done_f[r][m], n_f[r] = t + 1, m + 1
             elif n_w[r] < n_i[r]:
-                order.append((W, r, n_w[r]))
+                run += (W, n_w[r])
                 n_w[r] += 1
+                finished += n_w[r] == micro_batches
         t += 1
-    return orders
+    rows = [np.array(run, dtype=np.int64).reshape(-1, 2) for run in runs]
+    return [np.stack([row[:, 0], np.full(len(row), r), row[:, 1]], axis=1) for r, row in enumerate(rows)]
 
 
 @register("zbv", placement=v_shape, check=fixed_chunks("zbv", 2), analytic_bubble=split_bubble)
