@@ -105,3 +105,20 @@ def test_content_tokens_name_equal_contents_alike_and_never_reuse_a_token():
         assert seen[tokens(value)] == tuple(value)
         assert tokens(list(value)) == tokens(value)
     assert len(seen) == 12  # every content its own token
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_collective_work_is_each_layers_collectives_however_often_asked(remat):
+    """`collective_work` remembers each model's collectives and the stream work made of them: what
+    it gives is `stream_work` of `recompute_collectives` of the layers asked, every time."""
+    from gpipe_sim.model.recompute import recompute_collectives
+    from gpipe_sim.model.tensor_parallel import transformer_collectives
+    from gpipe_sim.plan.tensor_parallel import stream_work, tp_link
+
+    scenario = _scenario(GPT, "dgx-h100", {"tensor_parallel": 2, "remat": remat})
+    comms = recompute_collectives(transformer_collectives(scenario.model, 2, False, 2), scenario.model, remat)
+    for device in (0, scenario.mesh.rank_devices[-1], 0):
+        bandwidth, latency = tp_link(scenario, device)
+        for span in (slice(None), slice(2, 5)):
+            want = [[stream_work(c, b, 2, bandwidth, latency) for b in (1, 4, 9)] for c in comms[span]]
+            assert collective_work(scenario, device, [1, 4, 9], span) == want

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpipe_sim.costs.content_tokens import ContentTokens
 from gpipe_sim.schedule import Kind
 from gpipe_sim.model.context_parallel import local_model
 from gpipe_sim.costs.gpu_model import StreamWork
@@ -62,11 +63,44 @@ def collective_work(scenario: Scenario, device: int, sizes: Sequence[float],
     tp = p.tensor_parallel
     if tp == 1 or not isinstance(scenario.model, TransformerModel):
         return None
-    model = local_model(scenario.model, p.context_parallel)  # the tokens of one context-parallel rank
-    comms = recompute_collectives(transformer_collectives(model, tp, p.sequence_parallel,
-                                                          scenario.training.dtype_bytes), scenario.model, p.remat)
+    comms, made = _layer_collectives(scenario)
     bandwidth, latency = tp_link(scenario, device)
-    return [[stream_work(c, b, tp, bandwidth, latency) for b in sizes] for c in comms[layers]]
+    out = []
+    for i in range(len(comms))[layers]:
+        row = []
+        for b in sizes:
+            work = made.get((i, b, bandwidth, latency))
+            if work is None:
+                work = made[(i, b, bandwidth, latency)] = stream_work(comms[i], b, tp, bandwidth, latency)
+            row.append(work)
+        out.append(row)
+    return out
+
+
+# Each model's per-layer collectives by what they depend on (`_layer_collectives`), with the
+# stream work made of them: the planner asks for every chunk of a thousand candidates.
+_MODELS: ContentTokens[TransformerModel] = ContentTokens(lambda model: model.model_dump_json(), size=64)
+_COLLECTIVES: dict[tuple[Any, ...], tuple[list[Collectives], dict[tuple[Any, ...], StreamWork]]] = {}
+_COLLECTIVES_SIZE = 64
+_WORKS_SIZE = 1 << 16
+
+
+def _layer_collectives(scenario: Scenario) -> tuple[list[Collectives], dict[tuple[Any, ...], StreamWork]]:
+    """The scenario's per-layer collectives (`recompute_collectives` of `transformer_collectives`
+    on one context-parallel rank's tokens), and the stream work already made of them by (layer,
+    samples, bandwidth, latency): once per (model, T, C, sequence parallelism, dtype, remat)."""
+    p = scenario.pipeline
+    key = (_MODELS(scenario.model), p.tensor_parallel, p.context_parallel, p.sequence_parallel,
+           scenario.training.dtype_bytes, p.remat)
+    got = _COLLECTIVES.get(key)
+    if got is None or len(got[1]) >= _WORKS_SIZE:
+        model = local_model(scenario.model, p.context_parallel)  # the tokens of one context-parallel rank
+        comms = recompute_collectives(transformer_collectives(model, p.tensor_parallel, p.sequence_parallel,
+                                                              scenario.training.dtype_bytes), scenario.model, p.remat)
+        if len(_COLLECTIVES) >= _COLLECTIVES_SIZE:
+            _COLLECTIVES.pop(next(iter(_COLLECTIVES)))
+        got = _COLLECTIVES[key] = (comms, {})
+    return got
 
 
 def stream_work(c: Collectives, samples: float, tp: int, bandwidth: float, latency_s: float) -> StreamWork:
