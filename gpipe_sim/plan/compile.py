@@ -24,7 +24,8 @@ from gpipe_sim.results.result import Layout
 from gpipe_sim.errors import ScenarioError, ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
-from gpipe_sim.costs.layer_time import layer_seconds, update_seconds
+from gpipe_sim.costs.layer_rows import pass_rows
+from gpipe_sim.costs.layer_time import update_seconds
 from gpipe_sim.model.layers import input_bytes_per_sample
 from gpipe_sim.schema.limits import MAX_PASSES
 from gpipe_sim.plan.layer_table import held_parameters, scenario_layers
@@ -231,9 +232,9 @@ def compile_plan(scenario: Scenario) -> Plan:
     M = p.micro_batches
     sizes = micro_batch_sizes(p.batch_size // p.data_parallel, M)  # one replica's share
     largest = max(sizes)
-    times = [layer_seconds(layer, largest, accel, dtype, dtype_bytes) for layer in layers]
+    times = pass_rows(layers, largest, accel, dtype, dtype_bytes)  # each layer's `layer_seconds` first
     remat_factor = 0.0 if p.remat == "none" or per_layer(p.remat) else 1.0  # whole chunks re-computed
-    time_weights = [f * (1 + remat_factor) + b for f, b in times]
+    time_weights = [f * (1 + remat_factor) + b for f, b, _, _ in times]
     bpp = training.bytes_per_param
     (weight_per_param, state_per_param), (expert_weight, expert_state) = (
         local_bytes_per_param(scenario), expert_bytes_per_param(scenario))
@@ -245,6 +246,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     distinct, size_index = np.unique(sizes, return_inverse=True)
     distinct = distinct.tolist()
     samples = np.asarray(sizes, dtype=float)
+    update_share, copied = _update_share(scenario), reduce_scatter_copy_bytes(scenario)
     chunks = []
     first = 0
     for c, count in enumerate(counts):
@@ -276,11 +278,10 @@ def compile_plan(scenario: Scenario) -> Plan:
                 activation_bytes=act_per_sample * samples,
                 input_bytes=input_per_sample * samples,
                 output_bytes=own[-1].output_bytes_per_sample * samples,
-                update_s=update_seconds(own, accel, dtype_bytes, bpp, scenario.optimizer_step)
-                / _update_share(scenario),
+                update_s=update_seconds(own, accel, dtype_bytes, bpp, scenario.optimizer_step) / update_share,
                 transient_bytes=chunk_transient_bytes(own, samples, fixed=False) + in_flight[0],
-                backward_transient_bytes=in_flight[1] + chunk_transient_bytes(
-                    own, samples, recomputed=True, copied=reduce_scatter_copy_bytes(scenario)),
+                backward_transient_bytes=in_flight[1] + chunk_transient_bytes(own, samples, recomputed=True,
+                                                                              copied=copied),
                 # the model's first chunk has nothing to do in its input pass: its weight pass is a
                 # full backward
                 weight_pass_transient_bytes=chunk_transient_bytes(own, samples, per_sample=c == 0),
