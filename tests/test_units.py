@@ -125,7 +125,7 @@ QUOTED: dict[str, float | None] = {
     "8 TB/s": 8e12, "130 TB/s": 130e12, "576 TB/s": 576e12,
     # sizes: bytes
     **{f"{x} GB": float(x.replace(",", "")) * GB for x in (
-        "6.26", "6.49", "8", "10", "16", "21.6", "24.62", "32", "64", "79.9", "80", "141", "186", "200", "372",
+        "0.62", "6.26", "6.49", "8", "10", "16", "21.6", "24.62", "32", "64", "79.9", "80", "141", "186", "200", "372",
         "640", "1,128")},
     "80GB": 80 * GB, "141GB": 141 * GB, "640GB": 640 * GB,  # "A100-80GB", "H200 141GB", "DGX A100 640GB"
     "13.4 TB": 13.4e12,
@@ -136,7 +136,7 @@ QUOTED: dict[str, float | None] = {
     "3.31 MiB": 3.31 * 2.0**20, "4.82 MiB": 4.82 * 2.0**20, "5.05 MiB": 5.05 * 2.0**20, "32 MiB": 32 * 2.0**20,
     "4 MB": 4e6, "8 MB": 8e6, "16 MB": 16e6, "160 MB": 160e6, "256 KB": 256e3, "370 MB": 370e6,
     "100 MB": 100e6, "200 MB": 200e6, "800 MB": 800e6,  # docs/guide/zero2-reduction.md: 25M fp32 parameters a layer
-    "1 byte": 1.0, "8 bytes": 8.0, "12 bytes": 12.0, "85,017,493,504 bytes": 85017493504.0,
+    "1 byte": 1.0, "6 bytes": 6.0, "8 bytes": 8.0, "12 bytes": 12.0, "85,017,493,504 bytes": 85017493504.0,
     "2 B": 2.0, "4 B": 4.0, "8 B": 8.0, "16 B": 16.0, "688,128 B": 688128.0, "787,456 B": 787456.0,
     # the executor's mixture-of-experts memory against the simulator (docs/guide/context-and-experts.md)
     **{f"{x} B": float(x.replace(",", "")) for x in (
