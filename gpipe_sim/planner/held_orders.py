@@ -66,8 +66,7 @@ def pass_events(name: str, K: int, M: int, v: int, remat: str) -> PassEvents:
     family = schedule_family(name)
     placement = tuple(int(r) for r in family.placement(K, v))
     local = local_chunks(placement, rank_chunks(placement, K))
-    kept = np.ones(M, dtype=np.int64) if saves_activations(remat, 0, M) else \
-        np.array([saves_activations(remat, m, M) for m in range(M)], dtype=np.int64)  # type: ignore[arg-type]
+    kept = np.array([saves_activations(remat, m, M) for m in range(M)], dtype=np.int64)  # type: ignore[arg-type]
     orders = [np.asarray(order, dtype=np.int64).reshape(-1, 3) for order in family.generate(K, M, v)]
     passes = np.concatenate(orders)  # every rank's, rank after rank
     op, chunk, micro = passes[:, 0], passes[:, 1], passes[:, 2]
