@@ -25,6 +25,7 @@ from gpipe_sim.errors import ScenarioError, ScheduleError
 from gpipe_sim.schedule import SCHEDULES, Action, GlobalProgram, Kind, Schedule, build_schedule, global_program, lower
 from gpipe_sim.schedule.registry import fill_drain_bubble
 from gpipe_sim.costs.layer_rows import pass_rows
+from gpipe_sim.costs.twins import pricing_key
 from gpipe_sim.costs.layer_time import update_seconds
 from gpipe_sim.model.layers import input_bytes_per_sample
 from gpipe_sim.schema.limits import MAX_PASSES
@@ -416,9 +417,31 @@ def partition_memory_table(scenario: Scenario, layers: list[LayerSpec], schedule
     )
 
 
-def chunk_transient_bytes(layers: list[LayerSpec], samples: np.ndarray, *, fixed: bool = True,
+_TRANSIENTS: dict[tuple, np.ndarray] = {}  # the last chunks' transients, by all `chunk_transient_bytes` reads
+_TRANSIENTS_SIZE = 1 << 14
+
+
+def chunk_transient_bytes(layers: Sequence[LayerSpec], samples: np.ndarray, *, fixed: bool = True,
                           per_sample: bool = True, recomputed: bool = False, kept: float = 0.0,
                           copied: float = 0.0) -> np.ndarray:
+    """`_transient_bytes`, a new array, remembered by the layers' content (`pricing_key`: every
+    field but the name), the samples and the flags: a search compiles the same chunks many times."""
+    samples = np.asarray(samples, dtype=float)
+    key = (tuple(map(pricing_key, layers)), samples.shape, samples.tobytes(), fixed, per_sample, recomputed, kept,
+           copied)
+    found = _TRANSIENTS.get(key)
+    if found is None:
+        if len(_TRANSIENTS) >= _TRANSIENTS_SIZE:
+            _TRANSIENTS.clear()
+        found = _TRANSIENTS[key] = _transient_bytes(layers, samples, fixed=fixed, per_sample=per_sample,
+                                                    recomputed=recomputed, kept=kept, copied=copied)
+        found.flags.writeable = False
+    return found.copy()
+
+
+def _transient_bytes(layers: Sequence[LayerSpec], samples: np.ndarray, *, fixed: bool = True,
+                     per_sample: bool = True, recomputed: bool = False, kept: float = 0.0,
+                     copied: float = 0.0) -> np.ndarray:
     """A chunk's transient bytes on micro-batches of `samples` each, beyond all its layers' saved
     bytes, counting the layers' fixed part (`fixed`: weight gradients, in a full backward and a
     weight pass) and their part per sample (`per_sample`: activations and their gradients, in a
