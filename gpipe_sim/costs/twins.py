@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from gpipe_sim.costs.content_tokens import ContentTokens
+from gpipe_sim.model.kernels import LayerKernels
 from gpipe_sim.model.model import LayerSpec
 
-# What a layer's cost depends on: every field but its name, and its kernels.
-pricing_key: ContentTokens[LayerSpec] = ContentTokens(
-    lambda layer: (layer.model_dump_json(exclude={"name"}), layer.ops))
+# What a layer's cost depends on: every field but its name, and its kernels (`ops` where it holds
+# them; the cost model reads nothing else there).
+pricing_key: ContentTokens[LayerSpec] = ContentTokens(lambda layer: (
+    layer.model_dump_json(exclude={"name"}), layer.ops if isinstance(layer.ops, LayerKernels) else None))
 
 
 def twins(layers: Sequence[LayerSpec]) -> list[int]:

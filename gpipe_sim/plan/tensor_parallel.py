@@ -98,7 +98,7 @@ def _layer_collectives(scenario: Scenario) -> tuple[list[Collectives], dict[tupl
         comms = recompute_collectives(transformer_collectives(model, p.tensor_parallel, p.sequence_parallel,
                                                               scenario.training.dtype_bytes), scenario.model, p.remat)
         if len(_COLLECTIVES) >= _COLLECTIVES_SIZE:
-            _COLLECTIVES.pop(next(iter(_COLLECTIVES)))
+            _COLLECTIVES.pop(next(iter(_COLLECTIVES)), None)
         got = _COLLECTIVES[key] = (comms, {})
     return got
 
