@@ -123,3 +123,16 @@ def test_collective_work_is_each_layers_collectives_however_often_asked(remat):
         for span in (slice(None), slice(2, 5)):
             want = [[stream_work(c, b, 2, bandwidth, latency) for b in (1, 4, 9)] for c in comms[span]]
             assert collective_work(scenario, device, [1, 4, 9], span) == want
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_cost_table_stream_work_is_the_simulators(sequence_parallel):
+    """The planner's table makes each alike layer's collectives once: per layer, what
+    `collective_work` gives the compiled plan's first rank."""
+    from gpipe_sim.planner.bounds import CostTable
+
+    scenario = _scenario(GPT, "dgx-h100", {"tensor_parallel": 2, "sequence_parallel": sequence_parallel})
+    costs = CostTable(scenario)
+    for b in (1, 3, 8):
+        want = [w[0] for w in collective_work(scenario, scenario.mesh.rank_devices[0], [b])]
+        assert costs.stream_work(b) == want

@@ -109,7 +109,9 @@ class CostTable:
         gpu = self.accel.gpu
         share = gpu.collective_efficiency if gpu is not None else 1.0
         bandwidth, latency = tp_ring(self.base.hardware, self.tp, 0)
-        tp = [[stream_work(c, b, self.tp, bandwidth * share, latency)] for c in self._collectives]
+        made: dict[Collectives, StreamWork] = {}  # the blocks' collectives are alike: each made once
+        tp = [[made[c] if c in made else made.setdefault(c, stream_work(c, b, self.tp, bandwidth * share, latency))]
+              for c in self._collectives]
         return [w[0] for w in combined(tp, ring)]
 
     def times(self, b: int) -> np.ndarray:
