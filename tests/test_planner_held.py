@@ -8,7 +8,7 @@ import pytest
 
 from gpipe_sim.plan.partition import held_activations, micro_batch_sizes
 from gpipe_sim.planner.bounds import CostTable, chunk_placement
-from gpipe_sim.planner.held_bound import held_memory_bound, held_samples, moment_bytes
+from gpipe_sim.planner.held_bound import held_memory_bound, held_memory_ceiling, held_samples, moment_bytes
 from gpipe_sim.planner.segments import SLACK
 from gpipe_sim.planner.space import Candidate
 from gpipe_sim.scenario.scenario import parse_scenario
@@ -107,3 +107,23 @@ def test_order_events_are_the_lowered_programs(name, K, M, v, remat):
     for got, ref in zip(events, want):
         for a, b in zip(got, ref):
             assert np.array_equal(a, b) and a.dtype.kind == b.dtype.kind
+
+
+def test_the_ceiling_is_every_rank_holding_the_whole_batch():
+    """`held_memory_ceiling` (its partition bytes kept per table and partition) is each rank's
+    static bytes plus the replica batch's activations of its chunks (and the 1e-9 margin), for
+    every D, ZeRO stage and partition asked in turn, and at least the held bound."""
+    base = parse_scenario({"model": {"preset": "transformer", "layers": 12, "d_model": 256, "d_ff": 1024,
+                                     "heads": 4, "seq_len": 128, "vocab": 1000},
+                           "hardware": {"preset": "a100-80gb"},
+                           "pipeline": {"stages": 2, "micro_batches": 2, "batch_size": 24, "schedule": "1f1b"}})
+    costs = CostTable(base)
+    for D, zero, counts in ((1, 0, (6, 6)), (2, 0, (6, 6)), (2, 3, (6, 6)), (2, 3, (5, 7)), (1, 0, (5, 7))):
+        cand = Candidate(D, 2, 1, 4, "1f1b", "none", "uniform", zero)
+        s_cum, a_cum = costs.static_cum(D, zero), costs.act_cum
+        edges = np.concatenate(([0], np.cumsum(counts)))
+        want = max(s_cum[edges[r + 1]] - s_cum[edges[r]] + (24 // D) * (a_cum[edges[r + 1]] - a_cum[edges[r]])
+                   for r in range(2))
+        got = held_memory_ceiling(costs, cand, counts)
+        assert got == pytest.approx(want * (1 + 1e-9), rel=1e-12), (D, zero, counts)
+        assert got >= held_memory_bound(costs, cand, counts)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -42,23 +44,18 @@ def held_memory_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] |
     one moment (or, where the moments are too many to list, the most one chunk holds); exactly
     minimised over the partitions (per chunk) when the counts are not given."""
     costs = costs.of(cand)
-    D, K = cand.data_parallel, cand.stages
     held = held_samples(cand, costs.base.pipeline.batch_size)
-    s_cum, a_cum = costs.static_cum(D * cand.context_parallel, cand.zero), costs.act_cum
     if counts is not None:
-        placement = held.placement
-        edges = partition_edges(tuple(counts))
-        chunk_static = s_cum[edges[1:]] - s_cum[edges[:-1]]
-        chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
-        rank_static = np.bincount(placement, weights=chunk_static, minlength=K)
-        rank_act = np.zeros(K)
-        np.maximum.at(rank_act, placement, chunk_act * held.per_chunk)
+        part = _partition_bytes(costs, cand, counts)
+        rank_act = np.zeros(cand.stages)
+        np.maximum.at(rank_act, held.placement, part.chunk_act[:-1] * held.per_chunk)
         if len(held.rows):
-            weights = np.append(chunk_act, 0.0)[held.owned]  # (K, width); past a rank's chunks, 0 bytes
+            weights = part.chunk_act[held.owned]  # (K, width); past a rank's chunks (-1), 0 bytes
             most = np.maximum.reduceat(moment_bytes(held.rows, weights[held.row_rank]), held.row_starts)
             rank_act[held.listed] = np.maximum(rank_act[held.listed], most)
-        return float((rank_static + rank_act).max()) * SLACK
-    seg_s, seg_a = segment_cost(s_cum), segment_cost(a_cum)
+        return float((part.rank_static + rank_act).max()) * SLACK
+    s_cum = costs.static_cum(cand.data_parallel * cand.context_parallel, cand.zero)
+    seg_s, seg_a = segment_cost(s_cum), segment_cost(costs.act_cum)
     return min_max_partition([seg_s + hc * seg_a for hc in held.per_chunk], [True] * len(held.per_chunk)) * SLACK
 
 
@@ -81,11 +78,40 @@ def held_memory_ceiling(costs: CostTable, cand: Candidate, counts: Sequence[int]
     its static bytes plus the batch's activations of each of its chunks. Where this is within the
     capacity, the held bound is too (and need not be computed)."""
     costs = costs.of(cand)
-    edges = partition_edges(tuple(counts))
-    s_cum = costs.static_cum(cand.data_parallel * cand.context_parallel, cand.zero)
-    a_cum = costs.act_cum
-    placement = chunk_placement(cand)
+    part = _partition_bytes(costs, cand, counts)
     share = costs.base.pipeline.batch_size // cand.data_parallel
-    rank_static = np.bincount(placement, weights=s_cum[edges[1:]] - s_cum[edges[:-1]], minlength=cand.stages)
-    rank_act = np.bincount(placement, weights=a_cum[edges[1:]] - a_cum[edges[:-1]], minlength=cand.stages)
-    return float((rank_static + share * rank_act).max()) * _ABOVE
+    return float((part.rank_static + share * part.rank_act).max()) * _ABOVE
+
+
+@dataclass(frozen=True)
+class _PartitionBytes:
+    """A partition's bytes on a table: per chunk its activation bytes per sample (then a 0 for
+    "no chunk"), per rank its static bytes and its chunks' activation bytes per sample."""
+
+    chunk_act: np.ndarray
+    rank_static: np.ndarray
+    rank_act: np.ndarray
+
+
+# per cost table (weakly: a table's entries go with it), per (D x C, ZeRO, schedule, K, v, counts)
+_PARTITIONS: "WeakKeyDictionary[CostTable, dict[tuple, _PartitionBytes]]" = WeakKeyDictionary()
+
+
+def _partition_bytes(costs: CostTable, cand: Candidate, counts: Sequence[int]) -> _PartitionBytes:
+    """The `_PartitionBytes` of the candidate's partition `counts` on table `costs` (one the
+    candidate's T, C, E and per-layer remat give), made once: the ceiling and the bound of every
+    M and remat mode share them."""
+    DC = cand.data_parallel * cand.context_parallel
+    key = (DC, cand.zero, cand.schedule, cand.stages, cand.chunks, tuple(counts))
+    table = _PARTITIONS.setdefault(costs, {})
+    got = table.get(key)
+    if got is None:
+        edges = partition_edges(key[-1])
+        s_cum, a_cum = costs.static_cum(DC, cand.zero), costs.act_cum
+        chunk_act = a_cum[edges[1:]] - a_cum[edges[:-1]]
+        placement = chunk_placement(cand)
+        got = table[key] = _PartitionBytes(
+            np.append(chunk_act, 0.0),
+            np.bincount(placement, weights=s_cum[edges[1:]] - s_cum[edges[:-1]], minlength=cand.stages),
+            np.bincount(placement, weights=chunk_act, minlength=cand.stages))
+    return got
