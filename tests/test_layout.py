@@ -76,7 +76,7 @@ def test_the_core_does_not_import_the_studies():
 # module belongs to one entry; a new folder is placed here and on that page.
 LAYERS = (
     ("gpipe_sim.errors", "gpipe_sim.process", "gpipe_sim.schema", "gpipe_sim.schedule", "gpipe_sim.mesh",
-     "gpipe_sim.reference"),
+     "gpipe_sim.reference", "gpipe_sim.kept"),
     ("gpipe_sim.hardware", "gpipe_sim.model"),
     ("gpipe_sim.costs",),
     ("gpipe_sim.scenario",),

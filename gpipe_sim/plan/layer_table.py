@@ -7,6 +7,7 @@ from gpipe_sim.costs.fp8 import FP8, fp8_layers
 from gpipe_sim.model.layers import build_layers, selective_bytes_per_token
 from gpipe_sim.model.model import LayerSpec, TableModel, TransformerModel
 from gpipe_sim.model.model_flops import tied_parameters
+from gpipe_sim.kept import Kept
 from gpipe_sim.model.recompute import per_layer, recompute_layers
 from gpipe_sim.scenario.scenario import Scenario
 
@@ -20,8 +21,7 @@ def scenario_layers(scenario: Scenario) -> list[LayerSpec]:
                        scenario.pipeline.context_parallel)
 
 
-_BUILT: dict[tuple, tuple[LayerSpec, ...]] = {}  # the last tables built, by what they depend on
-_BUILT_SIZE = 32
+_BUILT: Kept[tuple[LayerSpec, ...]] = Kept(32)  # the last tables built, by what they depend on
 
 
 def layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_parallel: int = 1,
@@ -35,16 +35,7 @@ def layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_pa
     key = (scenario.model, scenario.training.dtype, dtype_bytes,
            scenario.hardware.accelerator.dropout_mask_bytes(dtype_bytes),
            tensor_parallel, scenario.pipeline.sequence_parallel, remat, context_parallel, ep)
-    try:
-        kept = _BUILT.get(key)
-    except TypeError:  # a model with an unhashable field: built each time
-        return _layer_table(scenario, tensor_parallel, remat, context_parallel, ep)
-    if kept is None:
-        kept = tuple(_layer_table(scenario, tensor_parallel, remat, context_parallel, ep))
-        if len(_BUILT) >= _BUILT_SIZE:
-            _BUILT.pop(next(iter(_BUILT)))
-        _BUILT[key] = kept
-    return list(kept)
+    return list(_BUILT.get(key, lambda: tuple(_layer_table(scenario, tensor_parallel, remat, context_parallel, ep))))
 
 
 def _layer_table(scenario: Scenario, tensor_parallel: int, remat: str, context_parallel: int,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpipe_sim.hardware.hardware import Hardware
+from gpipe_sim.kept import Kept
 from gpipe_sim.mesh import node_of
 
 
@@ -19,8 +20,7 @@ def transfer_link_keys(hardware: Hardware, a: np.ndarray, b: np.ndarray, n_dev: 
     return np.where(between, n_dev * n_dev + hardware.network_ports(a, per_node), a * n_dev + b)
 
 
-_RINGS: dict[tuple, tuple[int, ...]] = {}  # the last rings' keys, by what `ring_link_keys` reads
-_RINGS_SIZE = 4096
+_RINGS: Kept[tuple[int, ...]] = Kept(4096)  # the last rings' keys, by what `ring_link_keys` reads
 
 
 def ring_link_keys(hardware: Hardware, ring: list[int], n_dev: int, per_node: int) -> list[int]:
@@ -30,15 +30,7 @@ def ring_link_keys(hardware: Hardware, ring: list[int], n_dev: int, per_node: in
     for the next call with the same network and ring (the planner compiles thousands of
     candidates over a few rings)."""
     key = (hardware.network, tuple(ring), n_dev, per_node)
-    try:
-        kept = _RINGS.get(key)
-    except TypeError:  # a network with an unhashable field: made each time
-        return _ring_keys(hardware, ring, n_dev, per_node)
-    if kept is None:
-        if len(_RINGS) >= _RINGS_SIZE:
-            _RINGS.pop(next(iter(_RINGS)))
-        kept = _RINGS[key] = tuple(_ring_keys(hardware, ring, n_dev, per_node))
-    return list(kept)
+    return list(_RINGS.get(key, lambda: tuple(_ring_keys(hardware, ring, n_dev, per_node))))
 
 
 def _ring_keys(hardware: Hardware, ring: list[int], n_dev: int, per_node: int) -> list[int]:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpipe_sim.kept import Kept
 from gpipe_sim.plan.links import ring_link_keys, transfer_link_keys
 from gpipe_sim.hardware.hardware import Hardware
 from gpipe_sim.schedule import Kind, Schedule
@@ -57,8 +58,7 @@ def _labels(rows: np.ndarray) -> np.ndarray:
     return np.take_along_axis(rank, first, axis=1)
 
 
-_KEPT: dict[tuple, ReplicaSymmetry] = {}  # the last layouts' answers, by all `_layout_symmetry` reads
-_KEPT_SIZE = 1024
+_KEPT: Kept[ReplicaSymmetry] = Kept(1024)  # the last layouts' answers, by all `_layout_symmetry` reads
 
 
 def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
@@ -77,16 +77,13 @@ def replica_symmetry(scenario: Scenario, schedule: Schedule) -> ReplicaSymmetry:
     code = np.unique(cols.rank[sends].astype(np.int64) * K + cols.peer[sends])  # the (rank, peer) pairs
     pairs = np.stack([code // K, code % K], axis=1)
     key = (hardware.network, mesh.devices_per_node, mesh.rank_devices, K, code.tobytes())
-    try:
-        kept = _KEPT.get(key)
-    except TypeError:  # a network with an unhashable field: found each time
-        return _layout_symmetry(hardware, mesh, K, pairs)
-    if kept is None:
-        if len(_KEPT) >= _KEPT_SIZE:
-            _KEPT.pop(next(iter(_KEPT)))
-        kept = _KEPT[key] = _layout_symmetry(hardware, mesh, K, pairs)
-        kept.foreign.flags.writeable = False
-    return kept
+    return _KEPT.get(key, lambda: _read_only(_layout_symmetry(hardware, mesh, K, pairs)))
+
+
+def _read_only(symmetry: ReplicaSymmetry) -> ReplicaSymmetry:
+    """`symmetry` with its array read-only (it is kept and shared)."""
+    symmetry.foreign.flags.writeable = False
+    return symmetry
 
 
 def _layout_symmetry(hardware: Hardware, mesh: Mesh, K: int, pairs: np.ndarray) -> ReplicaSymmetry:
