@@ -18,7 +18,19 @@ from dataclasses import replace
 import numpy as np
 
 from gpipe_sim.engines.fast import contention_free, evaluate_fast
+from gpipe_sim.engines.relaxed_replicas import replica_zero_stands_for_all
+from gpipe_sim.engines.transfer_pass import Collectives, events, run_events
 from gpipe_sim.plan.compile import Plan
+from gpipe_sim.plan.costed_program import Program
+
+
+def relaxed_links(prog: Program, num_ranks: int) -> np.ndarray:
+    """`prog.link` with each (link, sending rank) its own link, numbered from 0 (-1 kept)."""
+    link = prog.link.copy()
+    sends = np.flatnonzero(link >= 0)
+    own = link[sends].astype(np.int64) * num_ranks + prog.rank[sends]
+    link[sends] = np.unique(own, return_inverse=True)[1]
+    return link
 
 
 def relaxed_plan(plan: Plan) -> Plan:
@@ -27,11 +39,9 @@ def relaxed_plan(plan: Plan) -> Plan:
     if contention_free(plan):
         return plan
     prog = plan.program
-    link = prog.link.copy()
-    sends = np.flatnonzero(link >= 0)
-    own = link[sends].astype(np.int64) * plan.num_ranks + prog.rank[sends]
-    users, link[sends] = np.unique(own, return_inverse=True)
-    relaxed = replace(prog, link=link, dedicated=np.ones(len(users), dtype=bool),
+    link = relaxed_links(prog, plan.num_ranks)
+    users = int(link.max()) + 1 if len(link) else 0
+    relaxed = replace(prog, link=link, dedicated=np.ones(users, dtype=bool),
                       shared_device=np.zeros_like(prog.shared_device),
                       group_links=[np.zeros(0, dtype=np.int64) for _ in prog.group_links])
     out = replace(plan)
@@ -40,6 +50,37 @@ def relaxed_plan(plan: Plan) -> Plan:
 
 
 def relaxed_step(plan: Plan) -> float:
-    """Seconds the simulated step of `plan` is at least (its exact step where contention-free)."""
-    _, end = evaluate_fast(relaxed_plan(plan))
-    return float(end.max()) if len(end) else 0.0
+    """Seconds the simulated step of `plan` is at least (its exact step where contention-free):
+    the latest end of `evaluate_fast(relaxed_plan(plan))`, to the bit.
+
+    With all-reduces (which `evaluate_fast` times by the per-transfer pass) only that pass runs,
+    over replica 0 alone where it stands for every replica (`relaxed_replicas`), and only the
+    step's end is read: each rank's last chain time C + s and each message's arrival (a send's
+    end, or an all-reduce's: its group's start plus its seconds); every other action ends by its
+    rank's last."""
+    prog = plan.program
+    if not (prog.collective >= 0).any():
+        _, end = evaluate_fast(relaxed_plan(plan))  # the vectorised sweeps' path
+        return float(end.max()) if len(end) else 0.0
+    link = prog.link if contention_free(plan) else relaxed_links(prog, plan.num_ranks)
+    K, D = len(plan.ranks), prog.group_size
+    alike = replica_zero_stands_for_all(prog, link, K)
+    ranks = K if alike else plan.num_ranks
+    offsets = prog.offsets[: ranks + 1]
+    n = int(offsets[-1])
+    cumulative = np.empty(n)
+    lo_hi = list(zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+    for lo, hi in lo_hi:
+        np.cumsum(prog.duration[lo:hi], out=cumulative[lo:hi])
+    ev = events(prog.kind, prog.duration, cumulative, link, prog.message, prog.collective,
+                prog.serialization, prog.latency, offsets)
+    groups = len(prog.group_seconds)
+    wait_base = prog.num_messages - groups * D
+    collectives = Collectives(prog.group_seconds, 1 if alike else D, wait_base, D)
+    num_links = int(link.max()) + 1 if n else 0
+    arrival, slack, _ = run_events(plan, ev, prog.num_messages, num_links, collectives)
+    step = max(arrival, default=0.0)
+    for (lo, hi), s in zip(lo_hi, slack):
+        if hi > lo:
+            step = max(step, float(cumulative[hi - 1]) + s)
+    return step

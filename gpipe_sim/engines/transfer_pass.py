@@ -32,34 +32,51 @@ class _Events(NamedTuple):
 def _events(plan: Plan, ranks: list[RankSlices]) -> _Events:
     """The events of every rank, with C the prefix sum of each rank's own durations."""
     prog = plan.program
-    kind = prog.kind
-    receive, send, reduce = kind == RECV, kind == SEND, kind == ALLREDUCE
-    rows = np.flatnonzero(receive | send | reduce)
-    cumulative = np.empty(len(kind))
+    cumulative = np.empty(len(prog.kind))
     for rk in ranks:
         cumulative[rk.lo : rk.hi] = rk.cumulative
-    before = (cumulative - prog.duration)[rows]
+    return events(prog.kind, prog.duration, cumulative, prog.link, prog.message, prog.collective,
+                  prog.serialization, prog.latency, prog.offsets)
+
+
+def events(kind: np.ndarray, duration: np.ndarray, cumulative: np.ndarray, link: np.ndarray, message: np.ndarray,
+           collective: np.ndarray, serialization: np.ndarray, latency: np.ndarray, offsets: np.ndarray) -> _Events:
+    """The `_Events` of the ranks whose actions are rows offsets[0] .. offsets[-1] - 1 of these
+    program columns (`cumulative`: C, each rank's own prefix sum of `duration`); the columns may
+    run on past offsets[-1], their rows there are not read."""
+    n = int(offsets[-1])
+    kind = kind[:n]
+    receive, send, reduce = kind == RECV, kind == SEND, kind == ALLREDUCE
+    rows = np.flatnonzero(receive | send | reduce)
     receive, reduce = receive[rows], reduce[rows]
-    codes = np.where(receive, RECEIVE, np.where(reduce, REDUCE, prog.link[rows]))
+    at = cumulative[rows]
+    codes = np.where(receive, RECEIVE, np.where(reduce, REDUCE, link[rows]))
     return _Events(
-        rows, np.searchsorted(rows, prog.offsets).tolist(), codes.tolist(),
-        np.where(reduce, prog.collective[rows], prog.message[rows]).tolist(),
-        np.where(receive, before, cumulative[rows]).tolist(),
-        prog.serialization[rows].tolist(), prog.latency[rows].tolist(),
+        rows, np.searchsorted(rows, offsets).tolist(), codes.tolist(),
+        np.where(reduce, collective[rows], message[rows]).tolist(),
+        np.where(receive, at - duration[rows], at).tolist(),
+        serialization[rows].tolist(), latency[rows].tolist(),
     )
 
 
-class _Collectives:
-    """The data-parallel all-reduces: group g runs once its `size` members have started it, from
-    the latest start, for `seconds[g]`; its end is the arrival of messages wait_base + g*size + d."""
+class Collectives:
+    """The data-parallel all-reduces: group g runs once `members` members have started it, from
+    the latest start, for `seconds[g]`; its end is the arrival of messages first(g) .. first(g) +
+    members - 1, first(g) = wait_base + g * stride (the program's: members = stride = its
+    `group_size`; replica 0 alone standing for alike replicas: members 1, stride D)."""
 
-    def __init__(self, plan: Plan) -> None:
-        prog = plan.program
-        self.size = prog.group_size
-        self.seconds: list[float] = prog.group_seconds.tolist()
+    def __init__(self, seconds: np.ndarray, members: int, wait_base: int, stride: int) -> None:
+        self.size, self.wait_base, self.stride = members, wait_base, stride
+        self.seconds: list[float] = seconds.tolist()
         self.started = [0] * len(self.seconds)
         self.start: list[float] = [0.0] * len(self.seconds)  # the latest member's start so far
-        self.wait_base = prog.num_messages - len(self.seconds) * self.size
+
+    @classmethod
+    def of(cls, plan: Plan) -> "Collectives":
+        """Every group of the plan's program, every member run."""
+        prog = plan.program
+        size = prog.group_size
+        return cls(prog.group_seconds, size, prog.num_messages - len(prog.group_seconds) * size, size)
 
     def member_starts(self, group: int, posted: float) -> range:
         """Record one member's start at `posted`; the ids of the messages its end posts once this
@@ -69,7 +86,7 @@ class _Collectives:
             self.start[group] = posted
         if self.started[group] < self.size:
             return range(0)
-        first = self.wait_base + group * self.size
+        first = self.wait_base + group * self.stride
         return range(first, first + self.size)
 
 
@@ -80,11 +97,8 @@ def transfer_pass(plan: Plan, ranks: list[RankSlices], arrival: np.ndarray, link
     waits for the send to wake it. SimulationError naming the rank and action where the programs
     deadlock."""
     ev = _events(plan, ranks)
-    collectives = _Collectives(plan)
-    arrivals, pointer, begins = _advance(ev, plan.program.num_messages, len(plan.program.dedicated), collectives)
-    for r, e in enumerate(pointer):
-        if e < ev.bounds[r + 1]:
-            raise SimulationError(f"schedule deadlocks: rank {r} waits forever at {plan.action(int(ev.rows[e]))}")
+    collectives = Collectives.of(plan)
+    arrivals, _, begins = run_events(plan, ev, plan.program.num_messages, len(plan.program.dedicated), collectives)
     codes = np.asarray(ev.codes)
     sends = codes >= NO_LINK
     link_start[ev.rows[sends]] = np.asarray(begins)[sends]
@@ -94,12 +108,23 @@ def transfer_pass(plan: Plan, ranks: list[RankSlices], arrival: np.ndarray, link
     arrival[:] = arrivals
 
 
+def run_events(plan: Plan, ev: _Events, num_messages: int, num_links: int,
+               collectives: Collectives) -> tuple[list[float], list[float], list[float]]:
+    """`_advance` over `ev` (its arrivals, each rank's final wait s, each event's begin);
+    SimulationError naming the rank and action (of `plan`) where the programs deadlock."""
+    arrivals, pointer, slack, begins = _advance(ev, num_messages, num_links, collectives)
+    for r, e in enumerate(pointer):
+        if e < ev.bounds[r + 1]:
+            raise SimulationError(f"schedule deadlocks: rank {r} waits forever at {plan.action(int(ev.rows[e]))}")
+    return arrivals, slack, begins
+
+
 def _advance(ev: _Events, num_messages: int, num_links: int,
-             collectives: _Collectives) -> tuple[list[float], list[int], list[float]]:
+             collectives: Collectives) -> tuple[list[float], list[int], list[float], list[float]]:
     """Run every rank as far as its messages allow (the hot loop: plain Python over lists).
 
     Returns (the arrival of each message, UNKNOWN where never sent; the event each rank stopped
-    at, bounds[r+1] where it finished; each event's begin: a send's link start, an all-reduce
+    at, bounds[r+1] where it finished; each rank's s where it stopped; each event's begin: a send's link start, an all-reduce
     member's own start). A rank's time after action i is C[i] + s, with s the largest wait so far
     (max(0, arrival - (C - d)) over its receives)."""
     codes, messages, times, sers, lats, bounds = ev.codes, ev.messages, ev.times, ev.sers, ev.lats, ev.bounds
@@ -150,4 +175,4 @@ def _advance(ev: _Events, num_messages: int, num_links: int,
                         work.append(woken)
             e += 1
         pointer[r], slack[r] = e, s
-    return arrival, pointer, begin
+    return arrival, pointer, slack, begin
