@@ -6,6 +6,10 @@ that only it uses). It synchronises with SimPy's clock only to wait for a messag
 to take a resource that other ranks share (`gpipe_sim.engines.fcfs.Fcfs`: first come first served,
 event for event as `simpy.Resource` grants it), which keeps contention exact while most actions
 cost no SimPy event at all. A send over a shared link is a chain of callbacks, not a process.
+Where the event a process or callback would wait for is the next one SimPy would process (a grant
+of a free resource, a timeout, with nothing else due first), it goes on at once
+(`gpipe_sim.engines.next_event`): the same simulation, bit for bit, one event fewer. A ring taking
+the NICs of a node's every replica takes them so in one go where nothing else happens meanwhile.
 
 A link is the rank's own (`_owned_links`) where its only other users are all-reduce rings whose one
 member is that rank (a program holding replica 0 alone for alike replicas): its sends take it as
@@ -24,6 +28,7 @@ from simpy.events import URGENT
 
 from gpipe_sim.errors import SimulationError
 from gpipe_sim.engines.fcfs import Fcfs
+from gpipe_sim.engines.next_event import after, sleep
 from gpipe_sim.engines.chain import ALLREDUCE, RECV, SEND  # plain ints: the per-action loop compares them
 from gpipe_sim.plan.compile import Plan
 from gpipe_sim.plan.costed_program import Program
@@ -36,29 +41,28 @@ class _Run:
 
     def __init__(self, plan: Plan) -> None:
         prog = plan.program
-        self.env = simpy.Environment()
+        self.env = env = simpy.Environment()
         self.prog = prog
         n = len(prog.kind)
         self.start = [0.0] * n
         self.end = [0.0] * n
         self.arrival: list[float | None] = [None] * prog.num_messages
         self.waiting: dict[int, simpy.Event] = {}
-        self.link_free = [0.0] * len(prog.dedicated)
+        self.dedicated: list[bool] = prog.dedicated.tolist()
+        self.link_free = [0.0] * len(self.dedicated)
         self.owned = _owned_links(prog)
-        self.pending = [0] * len(prog.dedicated)  # per owned link: rings and queued sends holding or awaiting it
-        self.link_res = [
-            None if dedicated else Fcfs(self.env) for dedicated in prog.dedicated
-        ]
-        self.device_res: dict[int, Fcfs] = {}
-        for k, device in enumerate(plan.device_map[:plan.num_ranks]):
-            if prog.shared_device[k] and device not in self.device_res:
-                self.device_res[device] = Fcfs(self.env)
-        self.device_map = plan.device_map
+        self.pending = [0] * len(self.dedicated)  # per owned link: rings and queued sends holding or awaiting it
+        self.links = Fcfs(env, len(self.dedicated))  # the shared links' (a dedicated one's is never asked for)
+        self.device_map: list[int] = [int(d) for d in plan.device_map]
+        self.devices = Fcfs(env, max(self.device_map, default=-1) + 1)  # the shared devices' (likewise)
         self.host_on_device = plan.scenario.hardware.host.on_device
-        self.position = [int(o) for o in prog.offsets[:-1]]
+        self.offsets: list[int] = prog.offsets.tolist()
+        self.position = self.offsets[:-1]
         self.done = [False] * plan.num_ranks
         # data-parallel reductions: members started so far, the latest start, their actions
         groups = len(prog.group_seconds)
+        self.group_seconds: list[float] = prog.group_seconds.tolist()
+        self.group_size = prog.group_size
         self.group_started = [0] * groups
         self.group_ready = [0.0] * groups
         self.group_actions: list[list[int]] = [[] for _ in range(groups)]
@@ -71,27 +75,28 @@ class _Run:
             event.succeed()
 
     def rank(self, k: int) -> _Proc:
+        """Rank `k`'s program on its local clock `t` (module docstring); it yields only to wait for
+        a message or to take a shared device or link."""
         env, prog = self.env, self.prog
-        lo, hi = int(prog.offsets[k]), int(prog.offsets[k + 1])
+        lo, hi = self.offsets[k], self.offsets[k + 1]
         kinds = prog.kind[lo:hi].tolist()
         durs = prog.duration[lo:hi].tolist()
         msgs = prog.message[lo:hi].tolist()
         links = prog.link[lo:hi].tolist()
         sers = prog.serialization[lo:hi].tolist()
         lats = prog.latency[lo:hi].tolist()
+        groups = prog.collective[lo:hi].tolist()
         start, end, arrival, link_free = self.start, self.end, self.arrival, self.link_free
-        dedicated = prog.dedicated.tolist()
-        owned, pending = self.owned, self.pending
-        device = self.device_res.get(self.device_map[k]) if prog.shared_device[k] else None
-        host_device = device if self.host_on_device else None
+        dedicated, owned, pending, position = self.dedicated, self.owned, self.pending, self.position
+        device = self.device_map[k] if prog.shared_device[k] else -1  # in self.devices; -1: its own
+        host_device = device if self.host_on_device else -1
         t = 0.0
-        for j in range(hi - lo):
-            i = lo + j
-            self.position[k] = i
-            code = kinds[j]
+        for i, code, dur in zip(range(lo, hi), kinds, durs):
+            j = i - lo
             if code == RECV:
                 a = arrival[msgs[j]]
                 if a is None:
+                    position[k] = i
                     event = env.event()
                     self.waiting[msgs[j]] = event
                     yield event
@@ -100,17 +105,19 @@ class _Run:
                 if a > t:  # type: ignore[operator]
                     t = a  # type: ignore[assignment]
                 # host time to complete the receive
-                if host_device is not None and durs[j] > 0:
-                    t = yield from self._hold(host_device, t, durs[j])
+                if host_device >= 0 and dur > 0:
+                    position[k] = i
+                    t = yield from self._hold(host_device, t, dur)
                 else:
-                    t += durs[j]
+                    t += dur
                 end[i] = t
             elif code == SEND:
                 # host time to issue the send; the transfer leaves after it
-                if host_device is not None and durs[j] > 0:
-                    t = yield from self._hold(host_device, t, durs[j])
+                if host_device >= 0 and dur > 0:
+                    position[k] = i
+                    t = yield from self._hold(host_device, t, dur)
                 else:
-                    t += durs[j]
+                    t += dur
                 link = links[j]
                 if link < 0:
                     start[i] = end[i] = t
@@ -126,102 +133,100 @@ class _Run:
                     self.post(msgs[j], end[i])
                 else:
                     if t > env.now:
-                        yield env.timeout(t - env.now)
+                        position[k] = i
+                        yield from sleep(env, t - env.now)
                     if owned[link]:
                         pending[link] += 1
                     self._transfer(link, i, msgs[j], sers[j], lats[j])
             elif code == ALLREDUCE:  # asynchronous: the rank goes on; the update waits for it
-                self._join(int(prog.collective[i]), i, t)
-            elif device is None:
+                self._join(groups[j], i, t)
+            elif device < 0:
                 start[i] = t
-                t += durs[j]
+                t += dur
                 end[i] = t
             else:
-                if t > env.now:
-                    yield env.timeout(t - env.now)
-                yield device.request()
-                start[i] = env.now
-                yield env.timeout(durs[j])
-                device.release()
-                t = end[i] = env.now
+                position[k] = i
+                t = yield from self._hold(device, t, dur, i)
         self.done[k] = True
 
-    def _hold(self, device: Fcfs, t: float, duration: float) -> Generator[simpy.Event, object, float]:
-        """Take the shared device at local time `t` (first come first served) for `duration`;
-        return the time it is released."""
-        env = self.env
+    def _hold(self, device: int, t: float, duration: float, action: int = -1) -> Generator[simpy.Event, object, float]:
+        """Take shared `device` at local time `t` (first come first served) for `duration`;
+        return the time it is released. `action`: the action whose start and end this is, if any."""
+        env, devices = self.env, self.devices
         if t > env.now:
-            yield env.timeout(t - env.now)
-        yield device.request()
-        yield env.timeout(duration)
-        device.release()
+            yield from sleep(env, t - env.now)
+        if not devices.take_now(device):
+            yield devices.request(device)
+        if action >= 0:
+            self.start[action] = env.now
+        yield from sleep(env, duration)
+        devices.release(device)
+        if action >= 0:
+            self.end[action] = env.now
         return env.now
 
     def _join(self, group: int, i: int, t: float) -> None:
         """A member starts a reduction at local time `t`; the last of the D runs it."""
-        prog = self.prog
         self.group_actions[group].append(i)
         self.group_started[group] += 1
         if t > self.group_ready[group]:
             self.group_ready[group] = t
-        if self.group_started[group] < prog.group_size:
+        if self.group_started[group] < self.group_size:
             return
-        links = [int(x) for x in prog.group_links[group]]
-        if all(prog.dedicated[x] for x in links):
-            self._reduced(group, self.group_ready[group], self.group_ready[group] + prog.group_seconds[group])
+        links = sorted(set(self.prog.group_links[group].tolist()))
+        dedicated, owned = self.dedicated, self.owned
+        if all(dedicated[x] for x in links):
+            self._reduced(group, self.group_ready[group], self.group_ready[group] + self.group_seconds[group])
         else:
-            links = sorted(set(links))
-            for x in links:
-                if self.owned[x]:
-                    self.pending[x] += 1
-            self.env.process(self._contended_reduction(group, links))
+            mine = [x for x in links if owned[x]]
+            for x in mine:
+                self.pending[x] += 1
+            shared = [x for x in links if not dedicated[x]]
+            self.env.process(self._contended_reduction(group, shared, mine))
 
-    def _contended_reduction(self, group: int, links: list[int]) -> _Proc:
-        """A ring over links that pipeline transfers also use: it takes them all (in id order, so
-        two rings cannot hold each other up), first come first served, for its duration."""
-        env = self.env
+    def _contended_reduction(self, group: int, shared: list[int], mine: list[int]) -> _Proc:
+        """A ring over links that pipeline transfers also use: it takes its shared ones (`shared`)
+        in id order, so two rings cannot hold each other up, first come first served, for its
+        duration. `mine`: those of them that are a rank's own."""
+        env, links, owned, link_free = self.env, self.links, self.owned, self.link_free
         if self.group_ready[group] > env.now:
-            yield env.timeout(self.group_ready[group] - env.now)
-        held = []
-        for x in links:
-            resource = self.link_res[x]
-            if resource is not None:
-                yield from self._until_free(x)
-                held.append(resource)
-                yield resource.request()
+            yield from sleep(env, self.group_ready[group] - env.now)
+        for x in shared:
+            if owned[x] and link_free[x] > env.now:  # wait for the rank's sends taken as dedicated
+                yield from sleep(env, link_free[x] - env.now)
+            if not links.take_now(x):
+                yield links.request(x)
         begin = env.now
-        yield env.timeout(self.prog.group_seconds[group])
-        for resource in held:
-            resource.release()
-        for x in links:
-            self._released(x)
-        self._reduced(group, begin, env.now)
-
-    def _until_free(self, link: int) -> _Proc:
-        """On a rank's own link, wait for the time its sends taken as dedicated leave it free."""
-        if self.owned[link] and self.link_free[link] > self.env.now:
-            yield self.env.timeout(self.link_free[link] - self.env.now)
+        yield from sleep(env, self.group_seconds[group])
+        for x in shared:
+            links.release(x)
+        now, pending = env.now, self.pending
+        for x in mine:  # leaves the rank's own links (`_released`)
+            if link_free[x] < now:
+                link_free[x] = now
+            pending[x] -= 1
+        self._reduced(group, begin, now)
 
     def _released(self, link: int) -> None:
         """A ring or queued send leaves a rank's own link now."""
-        if self.owned[link]:
-            self.link_free[link] = max(self.link_free[link], self.env.now)
-            self.pending[link] -= 1
+        self.link_free[link] = max(self.link_free[link], self.env.now)
+        self.pending[link] -= 1
 
     def _reduced(self, group: int, begin: float, done: float) -> None:
         for i in self.group_actions[group]:
             self.start[i], self.end[i] = begin, done
-        for d in range(self.prog.group_size):
-            self.post(self.wait_base + group * self.prog.group_size + d, done)
+        base = self.wait_base + group * self.group_size
+        for d in range(self.group_size):
+            self.post(base + d, done)
 
     def _transfer(self, link: int, i: int, message: int, ser: float, lat: float) -> None:
         """Send action `i` over a shared link from now: wait for it (on a rank's own link, for the
         time its dedicated sends leave it free too), hold it for `ser` (first come first served),
         then arrive after `lat`. A chain of SimPy callbacks, not a process: the same events, at
         the same times and in the same order, as a process doing this would schedule (its start
-        an urgent event, as SimPy starts a process), less the end of the process, which nothing awaits."""
-        env, resource = self.env, self.link_res[link]
-        assert resource is not None
+        an urgent event, as SimPy starts a process), less the end of the process, which nothing
+        awaits, and less those processed in line (`gpipe_sim.engines.next_event`)."""
+        env, links = self.env, self.links
         owned = self.owned[link]
 
         def arrive(_: object = None) -> None:
@@ -229,26 +234,29 @@ class _Run:
             self.post(message, env.now)
 
         def sent(_: object) -> None:
-            resource.release()
+            links.release(link)
             if owned:
                 self._released(link)
             if lat:
-                env.timeout(lat).callbacks.append(arrive)
+                after(env, lat, arrive)
             else:
                 arrive()
 
         def granted(_: object) -> None:
             self.start[i] = env.now
-            env.timeout(ser).callbacks.append(sent)
+            after(env, ser, sent)
 
-        def ask(_: object = None) -> None:
-            resource.request().callbacks.append(granted)
+        def ask(_: object) -> None:
+            if links.take_now(link):
+                granted(None)
+            else:
+                links.request(link).callbacks.append(granted)
 
         def begin(_: object) -> None:
             if owned and self.link_free[link] > env.now:
-                env.timeout(self.link_free[link] - env.now).callbacks.append(ask)
+                after(env, self.link_free[link] - env.now, ask)
             else:
-                ask()
+                ask(None)
 
         _urgent(env, begin)
 
@@ -256,19 +264,27 @@ class _Run:
 def _owned_links(prog: Program) -> list[bool]:
     """Per link: whether it is one rank's own (module docstring): shared, every send over it from
     one rank, and every ring holding it a ring whose one member is that rank."""
-    n = len(prog.dedicated)
     sends = np.flatnonzero((prog.kind == SEND) & (prog.link >= 0))
-    lowest, highest = np.full(n, np.iinfo(np.int64).max), np.full(n, -1)
-    np.minimum.at(lowest, prog.link[sends], prog.rank[sends].astype(np.int64))
-    np.maximum.at(highest, prog.link[sends], prog.rank[sends].astype(np.int64))
-    owner = np.where(highest < 0, -1, np.where(lowest == highest, highest, -2))  # -1: no sends, -2: several ranks
     starts = np.flatnonzero(prog.kind == ALLREDUCE)
-    for group, links in enumerate(prog.group_links):
-        members = set(prog.rank[starts[prog.collective[starts] == group]].tolist())
-        member = members.pop() if prog.group_size == 1 and len(members) == 1 else -2
-        for x in set(links.tolist()):
-            owner[x] = member if owner[x] in (-1, member) else -2
-    return ((owner >= 0) & ~prog.dedicated).tolist()
+    groups = len(prog.group_links)
+    # each ring's one member (-1 where it has several members or none: it owns nothing)
+    lowest, highest = _extremes(prog.collective[starts], prog.rank[starts], groups)
+    member = np.where((prog.group_size == 1) & (lowest == highest), highest, -1)
+    sizes = [len(links) for links in prog.group_links]
+    ring_links = np.concatenate(prog.group_links) if groups else np.zeros(0, dtype=np.int64)
+    # every user of each link: the rank of each send over it, the member of each ring holding it
+    user_link = np.concatenate([prog.link[sends], ring_links])
+    user = np.concatenate([prog.rank[sends].astype(np.int64), np.repeat(member, sizes)])
+    lowest, highest = _extremes(user_link, user, len(prog.dedicated))
+    return ((lowest == highest) & (highest >= 0) & ~prog.dedicated).tolist()
+
+
+def _extremes(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per key in range(n): the lowest and highest of its `values` (lowest > highest where it has none)."""
+    lowest, highest = np.full(n, np.iinfo(np.int64).max), np.full(n, np.iinfo(np.int64).min)
+    np.minimum.at(lowest, keys, values.astype(np.int64))
+    np.maximum.at(highest, keys, values.astype(np.int64))
+    return lowest, highest
 
 
 def _urgent(env: simpy.Environment, callback: Callable[[simpy.Event], None]) -> None:
