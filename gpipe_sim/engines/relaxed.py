@@ -55,30 +55,36 @@ def relaxed_step(plan: Plan) -> float:
 
     With all-reduces (which `evaluate_fast` times by the per-transfer pass) only that pass runs,
     over replica 0 alone where it stands for every replica (`relaxed_replicas`), and only the
-    step's end is read: each rank's last chain time C + s and each message's arrival (a send's
-    end, or an all-reduce's: its group's start plus its seconds); every other action ends by its
-    rank's last."""
+    step's end is read (`_latest_end`)."""
     prog = plan.program
     if not (prog.collective >= 0).any():
         _, end = evaluate_fast(relaxed_plan(plan))  # the vectorised sweeps' path
         return float(end.max()) if len(end) else 0.0
     link = prog.link if contention_free(plan) else relaxed_links(prog, plan.num_ranks)
-    K, D = len(plan.ranks), prog.group_size
-    alike = replica_zero_stands_for_all(prog, link, K)
-    ranks = K if alike else plan.num_ranks
+    alike = replica_zero_stands_for_all(prog, link, len(plan.ranks))
+    return _latest_end(plan, link, len(plan.ranks) if alike else plan.num_ranks, alike)
+
+
+def _latest_end(plan: Plan, link: np.ndarray, ranks: int, replica_zero_only: bool) -> float:
+    """The latest end of any action of ranks 0 .. `ranks`-1 of `plan`'s program run with `link`
+    (no link shared by two ranks) by the per-transfer pass: the latest of each rank's last chain
+    time C + s and each message's arrival (a send's end, or an all-reduce's: its group's start
+    plus its seconds). A rank's chain time never decreases along its program, so every other
+    action ends by its rank's last; C and C + s are the full timeline's operations, so the bits
+    are its bits."""
+    prog = plan.program
     offsets = prog.offsets[: ranks + 1]
     n = int(offsets[-1])
+    if n == 0:
+        return 0.0
     cumulative = np.empty(n)
     lo_hi = list(zip(offsets[:-1].tolist(), offsets[1:].tolist()))
     for lo, hi in lo_hi:
         np.cumsum(prog.duration[lo:hi], out=cumulative[lo:hi])
     ev = events(prog.kind, prog.duration, cumulative, link, prog.message, prog.collective,
                 prog.serialization, prog.latency, offsets)
-    groups = len(prog.group_seconds)
-    wait_base = prog.num_messages - groups * D
-    collectives = Collectives(prog.group_seconds, 1 if alike else D, wait_base, D)
-    num_links = int(link.max()) + 1 if n else 0
-    arrival, slack, _ = run_events(plan, ev, prog.num_messages, num_links, collectives)
+    arrival, slack, _ = run_events(plan, ev, prog.num_messages, int(link.max()) + 1,
+                                   Collectives.of(prog, replica_zero_only))
     step = max(arrival, default=0.0)
     for (lo, hi), s in zip(lo_hi, slack):
         if hi > lo:

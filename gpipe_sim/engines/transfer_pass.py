@@ -9,6 +9,7 @@ import numpy as np
 from gpipe_sim.engines.chain import ALLREDUCE, RECV, SEND, RankSlices
 from gpipe_sim.errors import SimulationError
 from gpipe_sim.plan.compile import Plan
+from gpipe_sim.plan.costed_program import Program
 
 # An event's code: a send's link (>= 0), or one of these
 NO_LINK, RECEIVE, REDUCE = -1, -2, -3  # a send on no link (same device), a receive, an all-reduce start
@@ -72,11 +73,12 @@ class Collectives:
         self.start: list[float] = [0.0] * len(self.seconds)  # the latest member's start so far
 
     @classmethod
-    def of(cls, plan: Plan) -> "Collectives":
-        """Every group of the plan's program, every member run."""
-        prog = plan.program
+    def of(cls, prog: Program, replica_zero_only: bool = False) -> "Collectives":
+        """Every group of `prog`, each run by all its members, or, `replica_zero_only`, by replica
+        0's member alone (where it stands for every replica), which posts replica 0's wait."""
         size = prog.group_size
-        return cls(prog.group_seconds, size, prog.num_messages - len(prog.group_seconds) * size, size)
+        wait_base = prog.num_messages - len(prog.group_seconds) * size
+        return cls(prog.group_seconds, 1 if replica_zero_only else size, wait_base, size)
 
     def member_starts(self, group: int, posted: float) -> range:
         """Record one member's start at `posted`; the ids of the messages its end posts once this
@@ -97,7 +99,7 @@ def transfer_pass(plan: Plan, ranks: list[RankSlices], arrival: np.ndarray, link
     waits for the send to wake it. SimulationError naming the rank and action where the programs
     deadlock."""
     ev = _events(plan, ranks)
-    collectives = Collectives.of(plan)
+    collectives = Collectives.of(plan.program)
     arrivals, _, begins = run_events(plan, ev, plan.program.num_messages, len(plan.program.dedicated), collectives)
     codes = np.asarray(ev.codes)
     sends = codes >= NO_LINK
