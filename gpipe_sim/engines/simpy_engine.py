@@ -90,17 +90,16 @@ class _Run:
         dedicated, owned, pending, position = self.dedicated, self.owned, self.pending, self.position
         device = self.device_map[k] if prog.shared_device[k] else -1  # in self.devices; -1: its own
         host_device = device if self.host_on_device else -1
+        waiting = self.waiting
         t = 0.0
-        for i, code, dur in zip(range(lo, hi), kinds, durs):
-            j = i - lo
+        for i, code, dur, msg in zip(range(lo, hi), kinds, durs, msgs):
             if code == RECV:
-                a = arrival[msgs[j]]
+                a = arrival[msg]
                 if a is None:
                     position[k] = i
-                    event = env.event()
-                    self.waiting[msgs[j]] = event
+                    event = waiting[msg] = env.event()
                     yield event
-                    a = arrival[msgs[j]]
+                    a = arrival[msg]
                 start[i] = t
                 if a > t:  # type: ignore[operator]
                     t = a  # type: ignore[assignment]
@@ -118,28 +117,29 @@ class _Run:
                     t = yield from self._hold(host_device, t, dur)
                 else:
                     t += dur
-                link = links[j]
+                link = links[i - lo]
                 if link < 0:
-                    start[i] = end[i] = t
-                    self.post(msgs[j], t)
+                    start[i] = end[i] = arrival[msg] = t  # `post`, written out: the loop's commonest call
+                    if msg in waiting:
+                        waiting.pop(msg).succeed()
                 elif dedicated[link] or (owned[link] and not pending[link]):
                     s = link_free[link]
                     if t > s:
                         s = t
-                    free = s + sers[j]
-                    link_free[link] = free
+                    free = link_free[link] = s + sers[i - lo]
                     start[i] = s
-                    end[i] = free + lats[j]
-                    self.post(msgs[j], end[i])
+                    end[i] = arrival[msg] = free + lats[i - lo]
+                    if msg in waiting:
+                        waiting.pop(msg).succeed()
                 else:
                     if t > env.now:
                         position[k] = i
                         yield from sleep(env, t - env.now)
                     if owned[link]:
                         pending[link] += 1
-                    self._transfer(link, i, msgs[j], sers[j], lats[j])
+                    self._transfer(link, i, msg, sers[i - lo], lats[i - lo])
             elif code == ALLREDUCE:  # asynchronous: the rank goes on; the update waits for it
-                self._join(groups[j], i, t)
+                self._join(groups[i - lo], i, t)
             elif device < 0:
                 start[i] = t
                 t += dur
