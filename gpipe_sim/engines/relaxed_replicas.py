@@ -1,4 +1,4 @@
-"""Whether replica 0 of a contention-relaxed program stands for every replica: the replicas' programs alike to the bit."""
+"""Whether replica 0 of a contention-relaxed program stands for every replica: their programs alike to the bit."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ NO_LINK, RECEIVE, REDUCE = -1, -2, -3  # a send on no link (same device), a rece
 UNKNOWN = float("-inf")  # the arrival of a message not yet sent
 
 
-class _Events(NamedTuple):
+class Events(NamedTuple):
     """Every rank's receives, sends and all-reduce starts in program order, rank after rank, as
     parallel lists (the hot loop reads lists); rank r's events are bounds[r] .. bounds[r+1]-1."""
 
@@ -30,7 +30,7 @@ class _Events(NamedTuple):
     lats: list[float]  # a send's latency seconds (0 for the other events)
 
 
-def _events(plan: Plan, ranks: list[RankSlices]) -> _Events:
+def _events(plan: Plan, ranks: list[RankSlices]) -> Events:
     """The events of every rank, with C the prefix sum of each rank's own durations."""
     prog = plan.program
     cumulative = np.empty(len(prog.kind))
@@ -41,8 +41,8 @@ def _events(plan: Plan, ranks: list[RankSlices]) -> _Events:
 
 
 def events(kind: np.ndarray, duration: np.ndarray, cumulative: np.ndarray, link: np.ndarray, message: np.ndarray,
-           collective: np.ndarray, serialization: np.ndarray, latency: np.ndarray, offsets: np.ndarray) -> _Events:
-    """The `_Events` of the ranks whose actions are rows offsets[0] .. offsets[-1] - 1 of these
+           collective: np.ndarray, serialization: np.ndarray, latency: np.ndarray, offsets: np.ndarray) -> Events:
+    """The `Events` of the ranks whose actions are rows offsets[0] .. offsets[-1] - 1 of these
     program columns (`cumulative`: C, each rank's own prefix sum of `duration`); the columns may
     run on past offsets[-1], their rows there are not read."""
     n = int(offsets[-1])
@@ -52,7 +52,7 @@ def events(kind: np.ndarray, duration: np.ndarray, cumulative: np.ndarray, link:
     receive, reduce = receive[rows], reduce[rows]
     at = cumulative[rows]
     codes = np.where(receive, RECEIVE, np.where(reduce, REDUCE, link[rows]))
-    return _Events(
+    return Events(
         rows, np.searchsorted(rows, offsets).tolist(), codes.tolist(),
         np.where(reduce, collective[rows], message[rows]).tolist(),
         np.where(receive, at - duration[rows], at).tolist(),
@@ -110,7 +110,7 @@ def transfer_pass(plan: Plan, ranks: list[RankSlices], arrival: np.ndarray, link
     arrival[:] = arrivals
 
 
-def run_events(plan: Plan, ev: _Events, num_messages: int, num_links: int,
+def run_events(plan: Plan, ev: Events, num_messages: int, num_links: int,
                collectives: Collectives) -> tuple[list[float], list[float], list[float]]:
     """`_advance` over `ev` (its arrivals, each rank's final wait s, each event's begin);
     SimulationError naming the rank and action (of `plan`) where the programs deadlock."""
@@ -121,13 +121,13 @@ def run_events(plan: Plan, ev: _Events, num_messages: int, num_links: int,
     return arrivals, slack, begins
 
 
-def _advance(ev: _Events, num_messages: int, num_links: int,
+def _advance(ev: Events, num_messages: int, num_links: int,
              collectives: Collectives) -> tuple[list[float], list[int], list[float], list[float]]:
     """Run every rank as far as its messages allow (the hot loop: plain Python over lists).
 
     Returns (the arrival of each message, UNKNOWN where never sent; the event each rank stopped
-    at, bounds[r+1] where it finished; each rank's s where it stopped; each event's begin: a send's link start, an all-reduce
-    member's own start). A rank's time after action i is C[i] + s, with s the largest wait so far
+    at, bounds[r+1] where it finished; each rank's s where it stopped; each event's begin: a
+    send's link start, an all-reduce member's own start). A rank's time after action i is C[i] + s, with s the largest wait so far
     (max(0, arrival - (C - d)) over its receives)."""
     codes, messages, times, sers, lats, bounds = ev.codes, ev.messages, ev.times, ev.sers, ev.lats, ev.bounds
     arrival = [UNKNOWN] * num_messages
