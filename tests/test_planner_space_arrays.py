@@ -15,7 +15,7 @@ from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.search import PlanOptions, candidate_space, family, reserved_base
 from gpipe_sim.planner.space import space_blocks
 from gpipe_sim.planner.space_index import CandidateSpace
-from gpipe_sim.planner.work_rows import WorkCache
+from gpipe_sim.planner.work_rows import WorkCache, rows_key
 from gpipe_sim.scenario.scenario import parse_scenario
 
 # a transformer on 2 nodes of 2 with a batch that most M split unevenly, and ZeRO-3 at K=1 (its
@@ -68,6 +68,25 @@ def test_work_rows_equal_candidate_work(space):
         assert (want.largest, want.smallest) == (got.largest, got.smallest)
         rows = works.of(cand)
         assert rows.total[cand.micro_batches - 1] == want.total and rows.chain[cand.micro_batches - 1] == want.chain
+
+
+def test_work_rows_built_at_once_equal_one_by_one(space):
+    """Rows built together (every cost table priced once for all of them: `WorkCache.build`) equal
+    rows built one at a time from a fresh table, array for array, and `candidate_work`'s figures."""
+    base, listed, _ = space
+    costs = CostTable(base)
+    together = WorkCache(costs)
+    together.build(listed)
+    alone = WorkCache(CostTable(base))
+    assert len(together.rows) > 4
+    for key, rows in together.rows.items():
+        cand = next(c for c in listed if rows_key(c) == key)
+        one = alone.of(cand)
+        for name in ("work_", "trail_", "total", "chain", "largest", "size"):
+            assert np.array_equal(getattr(rows, name), getattr(one, name)), (cand, name)
+        for M in range(1, len(rows.total) + 1):
+            want = candidate_work(costs, cand._replace(micro_batches=M))
+            assert np.array_equal(rows.work(M).work, want.work) and rows.chain[M - 1] == want.chain
 
 
 def test_coarse_arrays_are_below_the_partition_free_bounds(space):

@@ -21,17 +21,18 @@ def coarse_arrays(costs: CostTable, space: CandidateSpace, works: WorkCache) -> 
     (`Work.total` / K), one micro-batch's forward and backward chain (`Work.chain`) and ZeRO-3's
     collectives without pipelining (`CostTable.fsdp_collectives`)."""
     memory, step = np.empty(len(space)), np.empty(len(space))
+    firsts = [(block, [[block.candidate(0)._replace(remat=remat, zero=zero) for zero in block.zeros]
+                       for remat in block.remats]) for block in space.blocks]
+    works.build(cand for _, grid in firsts for row in grid for cand in row)  # every cost table priced once
     by_m: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}  # over every M, per the rest of the key
-    for block in space.blocks:
+    for block, grid in firsts:
         Ms = np.array(block.micro_batches) - 1
         shape = (len(Ms), len(block.remats), len(block.partitions), len(block.zeros))
         mem, stp = np.empty((shape[0], shape[1], 1, shape[3])), np.empty((shape[0], shape[1], 1, shape[3]))
-        first = block.candidate(0)
-        for r, remat in enumerate(block.remats):
-            for z, zero in enumerate(block.zeros):
-                cand = first._replace(remat=remat, zero=zero)
+        for r, row in enumerate(grid):
+            for z, cand in enumerate(row):
                 key = (block.tensor_parallel, block.context_parallel, block.expert_parallel, block.data_parallel,
-                       remat, zero, block.stages, block.chunks, block.cleared)
+                       cand.remat, cand.zero, block.stages, block.chunks, block.cleared)
                 got = by_m.get(key)
                 if got is None:
                     got = by_m[key] = _over_m(costs, works, cand)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from functools import cached_property
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -13,6 +14,24 @@ from gpipe_sim.schedule.lower import saves_activations
 # The micro-batch size of each group `_group_counts` counts, past the smallest: (size, kept),
 # (size, re-computed), (size + 1, kept), (size + 1, re-computed).
 _SHIFTS = (0, 0, 1, 1)
+_RECOMPUTES = (0.0, 1.0, 0.0, 1.0)
+
+
+class _Split:
+    """How `candidate_work` splits a candidate's per-replica batch for every M = 1 .. batch / D
+    (row M - 1): the smallest micro-batch `size`, how many have one sample more (`extra`) and
+    each group's count (`_group_counts`)."""
+
+    def __init__(self, costs: CostTable, cand: Candidate) -> None:
+        self.share = costs.base.pipeline.batch_size // cand.data_parallel
+        self.size, self.extra = np.divmod(self.share, np.arange(1, self.share + 1))
+        self.counts = _group_counts(cand.remat, np.arange(1, self.share + 1), self.extra)
+
+    @cached_property
+    def sizes(self) -> list[int]:
+        """Every micro-batch size some M has, ascending: the smallest, and each group's that counts any."""
+        asked = [self.size] + [(self.size + shift)[self.counts[:, slot] > 0] for slot, shift in enumerate(_SHIFTS)]
+        return np.unique(np.concatenate(asked)).tolist()
 
 
 class WorkRows:
@@ -22,28 +41,20 @@ class WorkRows:
 
     The same sums in the same order: per M, the update, then n x (forward, re-computed or not, plus
     the cheaper backward) for each (micro-batch size, re-computation) in sorted order, a group
-    that M lacks adding n = 0."""
+    that M lacks adding n = 0. Each size's terms are read once and spread over the Ms that have it."""
 
-    def __init__(self, costs: CostTable, cand: Candidate) -> None:
+    def __init__(self, costs: CostTable, cand: Candidate, split: _Split | None = None) -> None:
         costs = costs.of(cand)
         self.costs = costs
-        D, remat = cand.data_parallel, cand.remat
-        share = costs.base.pipeline.batch_size // D
-        update = costs.update / (D * cand.context_parallel if cand.zero else 1)
-        Ms = np.arange(1, share + 1)
-        size, extra = np.divmod(share, Ms)
-        counts = _group_counts(remat, Ms, extra)
-        costs.price({*size.tolist(), *(b for slot, shift in enumerate(_SHIFTS)  # every size it asks for, at once
-                                       for b in (size + shift)[counts[:, slot] > 0].tolist())})
+        split = split or _Split(costs, cand)
+        share, size, extra, counts = split.share, split.size, split.extra, split.counts
+        update = costs.update / (cand.data_parallel * cand.context_parallel if cand.zero else 1)
+        costs.price(split.sizes)  # every size it asks for, at once
         work = np.broadcast_to(update, (share, costs.L))
         trail = work
-        for slot, (shift, recompute) in enumerate(zip(_SHIFTS, (0.0, 1.0, 0.0, 1.0))):
+        for slot, (shift, recompute) in enumerate(zip(_SHIFTS, _RECOMPUTES)):
             n = counts[:, slot]
-            per_pass = np.zeros((share, costs.L))
-            weight = np.zeros((share, costs.L))
-            for b in np.unique((size + shift)[n > 0]).tolist():  # the sizes some M has
-                rows = (size + shift == b) & (n > 0)
-                per_pass[rows], weight[rows] = costs.pass_terms(b, recompute)
+            per_pass, weight = self._spread(size + shift, n > 0, recompute)
             work = work + n[:, None] * per_pass
             trail = trail + n[:, None] * weight
         self.work_, self.trail_ = work, trail
@@ -52,7 +63,18 @@ class WorkRows:
         self.total = work.sum(axis=1)
         self._chain: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
         self._works: dict[int, Work] = {}
-        self.chain = np.array([self._pass(b)[2] for b in size.tolist()])
+        sizes, at = np.unique(size, return_inverse=True)
+        self.chain = np.array([self._pass(b)[2] for b in sizes.tolist()])[at]
+
+    def _spread(self, sizes: np.ndarray, live: np.ndarray, recompute: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per M (row M - 1), `pass_terms` of its micro-batch size in `sizes` where `live`, else 0."""
+        per_pass, weight = np.zeros((len(sizes), self.costs.L)), np.zeros((len(sizes), self.costs.L))
+        distinct, at = np.unique(sizes[live], return_inverse=True)
+        if len(distinct):
+            terms = [self.costs.pass_terms(b, recompute) for b in distinct.tolist()]
+            per_pass[live] = np.array([t[0] for t in terms])[at]
+            weight[live] = np.array([t[1] for t in terms])[at]
+        return per_pass, weight
 
     def _pass(self, b: int) -> tuple[np.ndarray, np.ndarray, float]:
         """One micro-batch of b samples: (forward, backward, their sum over the layers)."""
@@ -107,6 +129,24 @@ class WorkCache:
         if got is None:
             got = self.rows[key] = WorkRows(self.costs, cand)
         return got
+
+    def build(self, cands: Iterable[Candidate]) -> None:
+        """The rows of each of `cands` not built yet, every size each cost table needs for them
+        priced in one `CostTable.price` (one array pass per twin, not one per row): the rows `of`
+        gives, the same figures (`price` prices each size as `times` does, bit for bit)."""
+        todo: dict[tuple[Any, ...], tuple[Candidate, _Split]] = {}
+        for cand in cands:
+            key = rows_key(cand)
+            if key not in self.rows and key not in todo:
+                todo[key] = (cand, _Split(self.costs.of(cand), cand))
+        sizes: dict[int, tuple[CostTable, set[int]]] = {}
+        for cand, split in todo.values():
+            table = self.costs.of(cand)
+            sizes.setdefault(id(table), (table, set()))[1].update(split.sizes)
+        for table, asked in sizes.values():
+            table.price(asked)
+        for key, (cand, split) in todo.items():
+            self.rows[key] = WorkRows(self.costs, cand, split)
 
     def work(self, cand: Candidate) -> Work:
         """`candidate_work(costs, cand)`, from the rows."""
