@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from gpipe_sim.errors import ScenarioError
+from gpipe_sim.kept import Kept
 from gpipe_sim.plan.distinct import distinct_sorted
 
 
@@ -31,7 +32,17 @@ def balance_by_count(layers: int, stages: int) -> list[int]:
 _CANDIDATE_LAYERS = 256  # up to this many layers, search the contiguous sums themselves
 
 
+_BALANCED: Kept[tuple[int, ...]] = Kept(4096)  # the last splits, by weights and stages
+
+
 def balance_by_weight(weights: Sequence[float], stages: int) -> list[int]:
+    """`split_by_weight`, a new list, kept by the weights and stages (a search compiles the same
+    model into as many stages thousands of times)."""
+    return list(_BALANCED.get((tuple(map(float, weights)), stages),
+                              lambda: tuple(split_by_weight(weights, stages))))
+
+
+def split_by_weight(weights: Sequence[float], stages: int) -> list[int]:
     """Layer counts per stage that minimise the largest stage weight, exactly.
 
     The optimal bottleneck is the sum of some contiguous run of layers: for up to 256 layers the

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpipe_sim.kept import Kept
 from gpipe_sim.mesh import Mesh, tensor_parallel_rank
 from gpipe_sim.schedule.actions import Action, Kind, Tensor
 from gpipe_sim.schedule.program import ProgramColumns, Schedule
@@ -68,10 +69,23 @@ def global_program(schedule: Schedule, replicas: int, held: int | None = None,
     holds, S (default all D; 1: replica 0 alone, whose all-reduces stand for D replicas');
     `overlap`: each all-reduce starts with its chunk's last backward pass (`with_collectives`).
     `reduced`: whether the gradients are reduced at all (default D > 1; context parallelism reduces
-    them over D x C devices, so one replica does too: gpipe_sim.mesh.Mesh.gradient_group)."""
-    D, M, C = replicas, schedule.micro_batches, schedule.num_chunks
-    reduced = D > 1 if reduced is None else reduced
-    S = D if held is None else held
+    them over D x C devices, so one replica does too: gpipe_sim.mesh.Mesh.gradient_group).
+    Kept for the next call with the same schedule (the same object: a search asks for the
+    programs of each of its kept schedules many times) and arguments; its arrays are read-only."""
+    S = replicas if held is None else held
+    reduced = replicas > 1 if reduced is None else reduced
+    key = (id(schedule), replicas, S, overlap, reduced)
+    kept, program = _KEPT.get(key, lambda: (schedule, _global_program(schedule, replicas, S, overlap, reduced)))
+    # the key's schedule is alive while its entry is (the entry holds it), so its id names it alone
+    return program if kept is schedule else _global_program(schedule, replicas, S, overlap, reduced)
+
+
+_KEPT: Kept[tuple[Schedule, GlobalProgram]] = Kept(32)  # the last programs, by schedule and arguments
+
+
+def _global_program(schedule: Schedule, D: int, S: int, overlap: bool, reduced: bool) -> GlobalProgram:
+    """`global_program`'s programs for D replicas of which S are held, made afresh, read-only."""
+    M, C = schedule.micro_batches, schedule.num_chunks
     if not 1 <= S <= D:
         raise ValueError(f"held: {S} replicas of {D}")
     cols = with_collectives(schedule.columns, overlap) if reduced else schedule.columns
@@ -83,6 +97,9 @@ def global_program(schedule: Schedule, replicas: int, held: int | None = None,
     waits = np.flatnonzero((cols.kind == Kind.RECV) & (cols.tensor == Tensor.REDUCED))
     message[waits] = S * P + cols.chunk[waits].astype(np.int64) * S + replica[waits]
     num_messages = S * P + (C * S if reduced else 0)
+    fresh = (message,) if cols is schedule.columns else (*vars(cols).values(), message, keys)
+    for array in fresh:  # (the schedule's own columns and keys are its to mark)
+        array.flags.writeable = False
     return GlobalProgram(cols, message, num_messages, keys)
 
 
@@ -120,24 +137,17 @@ def with_collectives(columns: ProgramColumns, overlap: bool = False) -> ProgramC
 
 def replicate(columns: ProgramColumns, replicas: int) -> ProgramColumns:
     """Program ranks d*K + r (`Mesh.program_rank`) for every replica d: the same programs, each
-    peer that replica's rank."""
-    mesh = Mesh(replicas, len(columns.offsets) - 1)
-    parts = []
-    for d in range(replicas):
-        for r in range(mesh.stages):
-            lo, hi = int(columns.offsets[r]), int(columns.offsets[r + 1])
-            part = {name: getattr(columns, name)[lo:hi] for name in _COLUMNS}
-            part["peer"] = np.where(part["peer"] >= 0, mesh.program_rank(d, part["peer"]), part["peer"])
-            parts.append(part)
-    return _stack(parts)
-
-
-def _stack(parts: list[dict[str, np.ndarray]]) -> ProgramColumns:
-    lengths = [len(p["kind"]) for p in parts]
+    peer that replica's rank (every column tiled once, not rank by rank)."""
+    ranks, n = len(columns.offsets) - 1, len(columns.kind)
+    shift = np.repeat(np.arange(replicas, dtype=np.int64) * ranks, n)  # d*K on replica d's rows
+    peer = np.tile(columns.peer, replicas)
+    rank = (np.tile(columns.rank, replicas) + shift).astype(np.int32)
     return ProgramColumns(
-        offsets=np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
-        rank=np.repeat(np.arange(len(parts), dtype=np.int32), lengths),
-        **{name: np.concatenate([p[name] for p in parts]) for name in _COLUMNS},
+        offsets=np.concatenate(([0], (np.arange(replicas)[:, None] * n + columns.offsets[1:]).ravel())
+                               ).astype(np.int64),
+        rank=rank,
+        peer=np.where(peer >= 0, peer + shift, peer).astype(peer.dtype),
+        **{name: np.tile(getattr(columns, name), replicas) for name in _COLUMNS if name != "peer"},
     )
 
 

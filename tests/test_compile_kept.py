@@ -1,0 +1,91 @@
+"""What compile keeps between candidates (global programs, weight partitions) equals a fresh build."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from gpipe_sim.errors import ScenarioError
+from gpipe_sim.plan.balance import balance_by_weight, split_by_weight
+from gpipe_sim.schedule import SCHEDULES, build_schedule, global_program
+from gpipe_sim.schedule.global_program import _global_program, replicate, with_collectives
+
+_NAMES = ("kind", "chunk", "micro_batch", "peer", "tensor", "save")
+
+
+def _reference_replicate(columns, replicas):
+    """Rank by rank: replica d's rank r is program rank d*K + r, its peers d*K + peer."""
+    K = len(columns.offsets) - 1
+    rows = {n: [] for n in ("rank", *_NAMES)}
+    lengths = []
+    for d in range(replicas):
+        for r in range(K):
+            lo, hi = int(columns.offsets[r]), int(columns.offsets[r + 1])
+            lengths.append(hi - lo)
+            rows["rank"] += [d * K + r] * (hi - lo)
+            for n in _NAMES:
+                part = getattr(columns, n)[lo:hi].tolist()
+                rows[n] += [d * K + p if p >= 0 else p for p in part] if n == "peer" else part
+    return np.concatenate(([0], np.cumsum(lengths))).tolist(), rows
+
+
+def _schedules():
+    for name, K, M, v in itertools.product(sorted(SCHEDULES), (1, 2, 4), (3, 8), (1, 2)):
+        try:
+            yield build_schedule(K, M, name, "none", v)
+        except Exception:  # noqa: BLE001 (a schedule that does not take these sizes)
+            continue
+
+
+def test_replicate_gives_every_replica_the_rank_by_rank_programs():
+    for schedule in _schedules():
+        for columns, D in itertools.product((schedule.columns, with_collectives(schedule.columns, True)), (1, 2, 5)):
+            got = replicate(columns, D)
+            offsets, rows = _reference_replicate(columns, D)
+            assert got.offsets.tolist() == offsets
+            assert got.offsets.dtype == np.int64 and got.rank.dtype == np.int32
+            for n in ("rank", *_NAMES):
+                assert getattr(got, n).tolist() == rows[n], (schedule.name, D, n)
+                if n != "rank":
+                    assert getattr(got, n).dtype == getattr(columns, n).dtype
+
+
+def test_kept_global_program_equals_a_fresh_build_and_is_read_only():
+    for schedule in _schedules():
+        for D, held, overlap, reduced in itertools.product((1, 4), (None, 1), (False, True), (None, True)):
+            first = global_program(schedule, D, held, overlap, reduced)
+            again = global_program(schedule, D, held, overlap, reduced)
+            assert again is first
+            fresh = _global_program(schedule, D, D if held is None else held, overlap, D > 1 if reduced is None
+                                    else reduced)
+            assert first.num_messages == fresh.num_messages
+            for n in ("offsets", "rank", *_NAMES):
+                assert np.array_equal(getattr(first.columns, n), getattr(fresh.columns, n))
+                assert getattr(first.columns, n).dtype == getattr(fresh.columns, n).dtype
+            assert np.array_equal(first.message, fresh.message) and np.array_equal(first.keys, fresh.keys)
+            with pytest.raises(ValueError):
+                first.message[:1] = 0
+
+
+def test_kept_global_program_tells_schedules_of_equal_arguments_apart():
+    """A schedule read from a file may share its name and sizes with a registered one: the
+    programs are kept per schedule object, not per name."""
+    a = build_schedule(2, 4, "1f1b", "none", 1)
+    b = build_schedule(2, 4, "gpipe", "none", 1)
+    b = type(a)(a.name, a.ranks, a.micro_batches, a.chunks, a.remat, a.placement, b.columns)
+    assert not np.array_equal(global_program(a, 2).columns.kind, global_program(b, 2).columns.kind)
+    assert np.array_equal(global_program(b, 2).columns.kind, _global_program(b, 2, 2, False, True).columns.kind)
+
+
+def test_kept_weight_partition_equals_a_fresh_split():
+    rng = np.random.default_rng(3)
+    for layers, stages in ((26, 2), (26, 8), (40, 5), (300, 7)):
+        weights = rng.uniform(0.5, 2.0, layers).tolist()
+        got = balance_by_weight(weights, stages)
+        assert got == split_by_weight(weights, stages)
+        got[0] += 1  # the caller's list: the kept split is untouched
+        assert balance_by_weight(np.asarray(weights), stages) == split_by_weight(weights, stages)
+    with pytest.raises(ScenarioError, match="pipeline.partition"):
+        balance_by_weight([1.0, float("nan"), 1.0], 2)
