@@ -167,3 +167,28 @@ def test_per_layer_remat_modes_hold_what_none_holds(name, K, M, v):
         held = held_activations(build_schedule(K, M, name, remat, v), micro_batch_sizes(2 * M + 1, M))
         plain_held = held_activations(build_schedule(K, M, name, "none", v), micro_batch_sizes(2 * M + 1, M))
         assert all(np.array_equal(a, b) for a, b in zip(held.rows, plain_held.rows))
+
+
+def test_split_backward_read_from_the_orders_is_the_built_schedules():
+    """`_splits_backward` (read from the generator's orders) says what the built programs count, for
+    every registered family at every (K, M, v) it accepts here; each family check asked once per
+    (K, v, M) gives the reasons it gives asked one by one."""
+    from gpipe_sim.planner.space import _family_accepts, _splits_backward
+    from gpipe_sim.schedule import SCHEDULES, Kind
+    from gpipe_sim.schedule.lower import build_schedule
+
+    split = set()
+    for name, family in SCHEDULES.items():
+        for K, v, M in ((K, v, M) for K in (1, 2, 3, 4) for v in (1, 2, 3) for M in (1, 2, 3, 5, 8)):
+            if family.problem(K, M, v) is None:
+                built = build_schedule(K, M, name, "none", v).count(Kind.BACKWARD_INPUT) > 0
+                assert _splits_backward(name, K, v, M) == built, (name, K, v, M)
+                split |= {name} if built else set()
+        checked: dict = {}
+        for D, Ms in ((1, [1, 2, 3, 5, 8]), (2, [5, 1, 3]), (4, [1, 2, 3, 5, 8, 9])):
+            rejected: list = []
+            accepted = _family_accepts(family, (D, 2, 2, 1), name, Ms, rejected, checked)
+            assert accepted == [M for M in Ms if family.problem(2, M, 2) is None]
+            assert rejected == [(D, 2, 2, M, name, f"invalid for the schedule: {family.problem(2, M, 2)}", 1)
+                                for M in Ms if family.problem(2, M, 2) is not None]
+    assert {"zbv", "zb_h1"} <= split and "1f1b" not in split

@@ -104,3 +104,32 @@ def test_zero3_fits_where_only_t2_did_and_the_pick_says_why():
     text = plan_text(search)
     assert "ZeRO stage: picked 3" in text and "0: needs at least" in text and "does not fit" in text
     assert plan_dict(search)["why_zero"].startswith("ZeRO stage: picked 3")
+
+
+def test_values_kept_out_name_the_least_bound_and_the_memory_count():
+    """A T the search never simulated is explained from the pruned store: its least finite
+    step-time bound and how many of its configurations need more memory, as read one by one
+    from the pruned mapping (plain Python over every pruned configuration)."""
+    from gpipe_sim.planner.tp_choice import _kept_out, _pruned_by_value
+    from gpipe_sim.schema.units import format_seconds
+
+    base = parse_scenario(_with(GPT, devices_per_node=8, accelerator={"memory_bytes": "60 MB"}))
+    search = search_configurations(base, PlanOptions(devices=8, reserve=0.0))
+    by_value = _pruned_by_value(search, "T")
+    explained = 0
+    for T in sorted(search.candidates.values("T")):
+        memory = [f for i, (code, f, _) in search.pruned.items()
+                  if code == "memory" and search.candidates[i].tensor_parallel == T]
+        memory += [e.peak_memory_bytes for e in search.simulated_entries if e.get("T") == T and not e.fits]
+        bounds = [f for i, (code, f, _) in search.pruned.items()
+                  if code == "bound" and search.candidates[i].tensor_parallel == T and f == f and abs(f) != float("inf")]
+        preferred = sum(1 for i, (code, _, _) in search.pruned.items()
+                        if code == "preferred" and search.candidates[i].tensor_parallel == T)
+        text = _kept_out(search, T, search.pick, "T", by_value)
+        if preferred:
+            assert text.startswith(f"not simulated: {preferred:,} configurations")
+        elif bounds:
+            explained += 1
+            assert f"takes at least {format_seconds(min(bounds))} by the step-time bound" in text
+            assert (f"; {len(memory):,} others need more than" in text) == bool(memory)
+    assert explained >= 1

@@ -8,8 +8,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, NamedTuple
 
+import numpy as np
+
 from gpipe_sim.errors import GpipeError, ScenarioError
-from gpipe_sim.schedule import SCHEDULES, Kind, build_schedule
+from gpipe_sim.schedule import SCHEDULES, Kind
 from gpipe_sim.model.recompute import per_layer, remat_problem
 from gpipe_sim.schema import limits
 from gpipe_sim.scenario.scenario import PARTITION_METHODS, REMAT_MODES, ZERO_STAGES, Scenario
@@ -372,6 +374,7 @@ def space_blocks(base: Scenario, options: PlanOptions,
     partitions = options.partitions if options.partitions is not None else DEFAULT_PARTITIONS
     out: list[Block] = []
     start = 0
+    checked: dict[tuple[str, int, int], list[Any]] = {}  # `_family_accepts`' checks, made once
     for T, C, D, K in device_layouts(base, options):
         share = batch // D
         zeros = options.zero if options.zero is not None else (
@@ -386,7 +389,7 @@ def space_blocks(base: Scenario, options: PlanOptions,
         groups = [(DATA_PARALLEL_SCHEDULE, 1, partitions[:1])] if K == 1 else \
             [(name, v, partitions) for name in names for v in range(1, options.max_chunks + 1) if K * v <= layers]
         for name, v, parts in groups:
-            accepted = _family_accepts(SCHEDULES[name], (D, K, v, T), name, Ms, rejected)
+            accepted = _family_accepts(SCHEDULES[name], (D, K, v, T), name, Ms, rejected, checked)
             for E in expert_parallel_values(base, options, D):
                 kept = _schema_accepts(base, (D, K, v, T, C, E), name, accepted, cleared, rejected)
                 modes = _remats_for(base, remats, name, K, v, kept)
@@ -412,22 +415,37 @@ def _remats_for(base: Scenario, remats: tuple[str, ...], name: str, K: int, v: i
 
 @functools.lru_cache(maxsize=256)
 def _splits_backward(name: str, K: int, v: int, M: int) -> bool:
-    """Whether the schedule splits its backward passes (input and weight passes) at (K, v, M)."""
-    return build_schedule(K, M, name, "none", v).count(Kind.BACKWARD_INPUT) > 0
+    """Whether the schedule splits its backward passes (input and weight passes) at (K, v, M), an
+    (K, M, v) it accepts: whether its generator orders any input-gradient pass (lowering adds
+    transfers, re-computations and the update around the passes and keeps them, so its programs
+    count those: `build_schedule(...).count(Kind.BACKWARD_INPUT)`, without building them)."""
+    split = int(Kind.BACKWARD_INPUT)
+    return any(bool((np.asarray(order, dtype=np.int64).reshape(-1, 3)[:, 0] == split).any())
+               for order in SCHEDULES[name].generate(K, M, v))
 
 
 def _family_accepts(family: Any, layout: tuple[int, int, int, int], name: str, Ms: list[int],
-                    rejected: list[tuple[Any, ...]] | None) -> list[int]:
-    """The Ms the pass limit and the schedule family accept for (D, K, v, T); the others noted in `rejected`."""
+                    rejected: list[tuple[Any, ...]] | None, checked: dict[tuple[str, int, int], list[Any]]
+                    ) -> list[int]:
+    """The Ms the pass limit and the schedule family accept for (D, K, v, T); the others noted in
+    `rejected`. Each (family, K, v, M) is checked once per space (`checked`, by (name, K, v): per M
+    None where accepted, else the reason): the checks depend on K, M and v only, and the space
+    asks them again for every D and T with that K."""
     D, K, v, T = layout
-    accepted = []
+    reasons = checked.setdefault((name, K, v), [_UNCHECKED])
+    highest = max(Ms, default=0)
+    if highest >= len(reasons):
+        reasons.extend([_UNCHECKED] * (highest + 1 - len(reasons)))
     for M in Ms:
-        problem = ("over the pass limit" if K * v * M > limits.MAX_PASSES else family.problem(K, M, v))  # per replica
-        if problem is None:
-            accepted.append(M)
-        elif rejected is not None:
-            rejected.append((D, K, v, M, name, f"invalid for the schedule: {problem}", T))
-    return accepted
+        if reasons[M] is _UNCHECKED:
+            problem = ("over the pass limit" if K * v * M > limits.MAX_PASSES else family.problem(K, M, v))  # per replica
+            reasons[M] = None if problem is None else f"invalid for the schedule: {problem}"
+    if rejected is not None:
+        rejected.extend([(D, K, v, M, name, reasons[M], T) for M in Ms if reasons[M] is not None])
+    return [M for M in Ms if reasons[M] is None]
+
+
+_UNCHECKED = object()  # `_family_accepts`: an M not checked yet
 
 
 def enumerate_candidates(base: Scenario, options: PlanOptions) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@ value searched, or what kept that value out (memory, or a step-time bound)."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -40,12 +39,12 @@ def _figures(e: PlanEntry, pick: PlanEntry | None) -> str:
     return f"step {format_seconds(e.step_time_s)}{versus}, peak {format_bytes(e.peak_memory_bytes)}{comm}"
 
 
-def _pruned_by_value(search: PlanSearch, axis: str) -> dict[int, tuple[list[float], list[float], int]]:
-    """Per value of `axis`, its pruned configurations' (memory figures, step-time bounds, how many
-    were "preferred"), in one pass over the pruned."""
+def _pruned_by_value(search: PlanSearch, axis: str) -> dict[int, tuple[list[float], np.ndarray, int]]:
+    """Per value of `axis`, its pruned configurations' (memory figures, finite step-time bounds,
+    how many were "preferred"), in one pass over the pruned."""
     pruned = search.pruned
     values = search.candidates.column(axis)
-    out: dict[int, tuple[list[float], list[float], int]] = {}
+    out: dict[int, tuple[list[float], np.ndarray, int]] = {}
     held = np.flatnonzero(pruned.code >= 0)
     ids = {name: code for code, name in enumerate(pruned.names)}
     memory, bound, preferred = (ids.get(name, -1) for name in ("memory", "bound", "preferred"))
@@ -53,26 +52,26 @@ def _pruned_by_value(search: PlanSearch, axis: str) -> dict[int, tuple[list[floa
     for value in np.unique(held_values).tolist():
         mine = held[held_values == value]
         figures, codes = pruned.figure[mine], pruned.code[mine]
-        out[value] = (figures[codes == memory].tolist(), figures[codes == bound].tolist(),
+        bounds = figures[codes == bound]
+        out[value] = (figures[codes == memory].tolist(), bounds[np.isfinite(bounds)],
                       int((codes == preferred).sum()))
     return out
 
 
 def _kept_out(search: PlanSearch, T: int, pick: PlanEntry | None, axis: str,
-              pruned: dict[int, tuple[list[float], list[float], int]]) -> str:
+              pruned: dict[int, tuple[list[float], np.ndarray, int]]) -> str:
     """Why no configuration with this value of `axis` (T or C) fits or was simulated: the least
     memory one needs, or the step-time bound that every simulated-free one is at least
     (`pruned`: `_pruned_by_value`)."""
-    memory, bound, preferred = pruned.get(T, ([], [], 0))
+    memory, bound, preferred = pruned.get(T, ([], np.zeros(0), 0))
     memory = list(memory)
     memory += [e.peak_memory_bytes for e in search.simulated_entries if e.get(axis) == T and not e.fits]
-    bound = [b for b in bound if math.isfinite(b)]
     cap = format_bytes(search.limit_bytes)
     if preferred:
         return (f"not simulated: {preferred:,} configurations may be within the tie of the fastest, but "
                 "simpler tied ones rank before them (the tie's order: smaller T, C, E, fewer stages, ...)")
-    if bound:
-        least = min(bound)
+    if len(bound):
+        least = float(bound.min())
         versus = f" ({least / pick.step_time_s - 1.0:+.1%} on the pick)" if pick and pick.step_time_s > 0 else ""
         text = f"not simulated: every configuration that may fit takes at least {format_seconds(least)} by the step-time bound{versus}"
         return text + (f"; {len(memory):,} others need more than {cap} per device" if memory else "")
@@ -111,7 +110,7 @@ def _axis_choice(search: PlanSearch, describe: Callable[[PlanEntry], str], axis:
         best.setdefault(e.get(axis), e)
     parts = [f"{name}: picked {axis}={pick.get(axis)} ({_figures(pick, None)})" if pick is not None
              else f"{name}: nothing fits with any {axis}"]
-    pruned: dict[int, tuple[list[float], list[float], int]] | None = None
+    pruned: dict[int, tuple[list[float], np.ndarray, int]] | None = None
     for value in values:
         if pick is not None and value == pick.get(axis):
             continue
