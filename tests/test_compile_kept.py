@@ -89,3 +89,58 @@ def test_kept_weight_partition_equals_a_fresh_split():
         assert balance_by_weight(np.asarray(weights), stages) == split_by_weight(weights, stages)
     with pytest.raises(ScenarioError, match="pipeline.partition"):
         balance_by_weight([1.0, float("nan"), 1.0], 2)
+
+
+@pytest.mark.parametrize("remat", ["full", "selective"])
+def test_per_layer_remat_shares_the_programs_a_fresh_lowering_gives(remat):
+    from gpipe_sim.schedule.lower import _build
+
+    for name, K, M, v in itertools.product(("gpipe", "1f1b", "interleaved_1f1b"), (1, 2, 4), (3, 8), (1, 2)):
+        try:
+            fresh = _build(K, M, name, remat, v)
+        except Exception:  # noqa: BLE001 (a schedule that does not take these sizes)
+            continue
+        got = build_schedule(K, M, name, remat, v)
+        assert got.remat == remat and got.placement == fresh.placement
+        assert got.columns is build_schedule(K, M, name, "none", v).columns
+        for n in ("offsets", "rank", *_NAMES):
+            assert np.array_equal(getattr(got.columns, n), getattr(fresh.columns, n))
+
+
+def _reference_duration(plan, i):
+    """Action i's seconds on its rank's timeline, read action by action."""
+    from gpipe_sim.schedule import Kind, Tensor
+
+    p, host, K = plan.program, plan.scenario.hardware.host, len(plan.ranks)
+    kind, chunk, mb, tensor = int(p.kind[i]), int(p.chunk[i]), int(p.micro_batch[i]), int(p.tensor[i])
+    passes = {Kind.FORWARD: "forward_s", Kind.RECOMPUTE: "forward_s", Kind.BACKWARD: "backward_s",
+              Kind.BACKWARD_INPUT: "backward_input_s", Kind.BACKWARD_WEIGHT: "backward_weight_s"}
+    if kind in passes:
+        return float(getattr(plan.chunks[chunk], passes[Kind(kind)])[mb]) + host.action_s
+    if kind == Kind.UPDATE:
+        return plan.ranks[int(p.rank[i]) % K].update_s + host.action_s
+    if kind in (Kind.SEND, Kind.RECV) and tensor != Tensor.REDUCED:
+        # the boundary's lower chunk sends its activation and receives its gradient
+        lower_end = (kind == Kind.SEND) == (tensor == Tensor.ACTIVATION)
+        nbytes = float(plan.chunks[chunk if lower_end else chunk - 1].output_bytes[mb])
+        return host.send_seconds(nbytes) if kind == Kind.SEND else host.recv_seconds(nbytes)
+    return 0.0
+
+
+@pytest.mark.parametrize("schedule, remat, D, zero", [("1f1b", "always", 2, 0), ("zb_h1", "none", 2, 3),
+                                                      ("interleaved_1f1b", "except_last", 1, 1)])
+def test_program_durations_equal_an_action_by_action_reading(schedule, remat, D, zero):
+    from gpipe_sim.plan.compile import compile_plan
+    from gpipe_sim.scenario.scenario import parse_scenario
+
+    scenario = parse_scenario({
+        "model": {"preset": "transformer", "layers": 8, "d_model": 256, "d_ff": 1024, "heads": 4, "seq_len": 256},
+        "hardware": {"preset": "a100-80gb", "devices_per_node": 4,  # a100-80gb: host time per action and transfer
+                     "host": {"action_s": 1e-5, "send_s": 2e-5, "recv_s": 3e-5, "copy_bandwidth": 1e10}},
+        "pipeline": {"stages": 2, "chunks": 2 if schedule.startswith("interleaved") else 1, "micro_batches": 6,
+                     "batch_size": 22, "data_parallel": D, "schedule": schedule, "remat": remat},
+        "training": {"dtype": "bf16", "zero": zero}})
+    plan = compile_plan(scenario)
+    got = plan.program.duration
+    assert got.tolist() == [_reference_duration(plan, i) for i in range(len(got))]
+    assert (got > 0).sum() > 3 * plan.schedule.micro_batches

@@ -103,30 +103,31 @@ def costed_program(plan: Any) -> Program:
     )
 
 
+# per Kind code: the row of a chunk's [pass, micro-batch] seconds a compute action reads (-1: none)
+_PASS_ROW = np.full(len(Kind), -1, dtype=np.int64)
+_PASS_ROW[[Kind.FORWARD, Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT]] = [0, 0, 1, 2, 3]
+
+
 def _durations(plan: Any, out: np.ndarray) -> np.ndarray:
     """Seconds of every action on its rank's own timeline: a pass's (its chunk's, on its
     micro-batch), an update's (its rank's), a transfer's host time (of its boundary chunk's output
     `out` [chunk, micro-batch]), each compute action with the host's `action_s`; 0 elsewhere."""
     gp = plan.global_program
     c, host, M = gp.columns, plan.scenario.hardware.host, plan.schedule.micro_batches
-    kind, chunk, mb = c.kind, c.chunk, c.micro_batch
-    # [pass kind, chunk, micro-batch] seconds; row k of `table` serves Kind code `rows[k]`
-    rows = np.full(len(Kind), -1)
-    table = np.stack([np.stack([getattr(ch, name) for ch in plan.chunks]) for name in
-                      ("forward_s", "forward_s", "backward_s", "backward_input_s", "backward_weight_s")])
-    rows[[Kind.FORWARD, Kind.RECOMPUTE, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT]] = np.arange(5)
+    kind, mb = c.kind, c.micro_batch
+    table = np.array([(ch.forward_s, ch.backward_s, ch.backward_input_s, ch.backward_weight_s)
+                      for ch in plan.chunks])  # [chunk, pass row, micro-batch]
+    row = _PASS_ROW[kind]
+    passes = np.flatnonzero(row >= 0)
     duration = np.zeros(len(kind))
-    passes = np.flatnonzero(rows[kind] >= 0)
-    action_s = host.action_s
-    duration[passes] = table[rows[kind[passes]], chunk[passes], mb[passes]] + action_s
+    duration[passes] = table[c.chunk[passes], row[passes], mb[passes]] + host.action_s
     updates = np.flatnonzero(kind == Kind.UPDATE)
     update_s = np.array([r.update_s for r in plan.ranks])
-    duration[updates] = update_s[plan.mesh.pipeline_rank(c.rank[updates])] + action_s
-    keys = gp.keys  # a point-to-point transfer's key in its replica (-1 elsewhere)
-    sends = np.flatnonzero(kind == Kind.SEND)
-    recvs = np.flatnonzero((kind == Kind.RECV) & (keys >= 0))
-    for idx, seconds in ((sends, host.send_seconds), (recvs, host.recv_seconds)):
-        duration[idx] = seconds(out[keys[idx] // M // 2, mb[idx]])  # a message carries its boundary chunk's output
+    duration[updates] = update_s[plan.mesh.pipeline_rank(c.rank[updates])] + host.action_s
+    keys = gp.keys  # a point-to-point transfer's key in its replica (-1 elsewhere: not a send or receive)
+    transfers = np.flatnonzero(keys >= 0)
+    nbytes = out[keys[transfers] // M // 2, mb[transfers]]  # a message carries its boundary chunk's output
+    duration[transfers] = np.where(kind[transfers] == Kind.SEND, host.send_seconds(nbytes), host.recv_seconds(nbytes))
     return duration
 
 

@@ -10,6 +10,7 @@ a weight-gradient pass needs nothing from other ranks. The optimizer update ends
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -34,6 +35,8 @@ def saves_activations(remat: RematMode, micro_batch: int, micro_batches: int) ->
 
 _BUILT: dict[tuple, tuple[object, Schedule]] = {}  # the last schedules built: arguments -> (family, schedule)
 _BUILT_SIZE = 64
+# The per-layer modes keep every forward (`saves_activations`), as "none" does: the same programs.
+_SAME_PROGRAMS: dict[str, RematMode] = {"full": "none", "selective": "none"}
 
 
 def build_schedule(ranks: int, micro_batches: int, schedule: str = "gpipe", remat: RematMode = "none",
@@ -41,13 +44,16 @@ def build_schedule(ranks: int, micro_batches: int, schedule: str = "gpipe", rema
     """The programs of the registered schedule `schedule` for K=`ranks`, M=`micro_batches` and
     v=`chunks` chunks per rank; ScheduleError (one line naming the field) if it cannot run them.
     Kept for the next call with the same family and arguments (the planner asks for each many
-    times): its columns are read-only."""
+    times): its columns are read-only, and shared by the remat modes whose programs are the same."""
     family = SCHEDULES.get(schedule)
     key = (schedule, ranks, micro_batches, remat, chunks)
     kept = _BUILT.get(key)
     if kept is not None and kept[0] is family:  # the same registered generator
         return kept[1]
-    built = _build(ranks, micro_batches, schedule, remat, chunks)
+    if remat in _SAME_PROGRAMS:
+        built = replace(build_schedule(ranks, micro_batches, schedule, _SAME_PROGRAMS[remat], chunks), remat=remat)
+    else:
+        built = _build(ranks, micro_batches, schedule, remat, chunks)
     for column in vars(built.columns).values():
         if isinstance(column, np.ndarray):
             column.flags.writeable = False
