@@ -144,3 +144,15 @@ def test_program_durations_equal_an_action_by_action_reading(schedule, remat, D,
     got = plan.program.duration
     assert got.tolist() == [_reference_duration(plan, i) for i in range(len(got))]
     assert (got > 0).sum() > 3 * plan.schedule.micro_batches
+
+
+def test_small_schedules_are_kept_past_a_hundred_others():
+    from gpipe_sim.schedule.lower import SMALL_ACTIONS, _build
+
+    first = build_schedule(2, 7, "1f1b", "always", 1)
+    for M in range(8, 108):  # a search's hundred small schedules in turn
+        assert len(build_schedule(2, M, "1f1b", "always", 1).columns.kind) <= SMALL_ACTIONS
+    assert build_schedule(2, 7, "1f1b", "always", 1) is first
+    fresh = _build(2, 7, "1f1b", "always", 1)
+    for n in ("offsets", "rank", *_NAMES):
+        assert np.array_equal(getattr(first.columns, n), getattr(fresh.columns, n))

@@ -33,8 +33,14 @@ def saves_activations(remat: RematMode, micro_batch: int, micro_batches: int) ->
     return False
 
 
-_BUILT: dict[tuple, tuple[object, Schedule]] = {}  # the last schedules built: arguments -> (family, schedule)
+# The last schedules built, by arguments: (family, schedule), each memo dropping its oldest past its
+# size. A search asks for a hundred small ones in turn, so those of at most SMALL_ACTIONS actions
+# (about 27 B an action: 28 MB in all) are kept in a longer memo than the larger ones.
+_BUILT: dict[tuple, tuple[object, Schedule]] = {}
 _BUILT_SIZE = 64
+_BUILT_SMALL: dict[tuple, tuple[object, Schedule]] = {}
+_BUILT_SMALL_SIZE = 256
+SMALL_ACTIONS = 4096
 # The per-layer modes keep every forward (`saves_activations`), as "none" does: the same programs.
 _SAME_PROGRAMS: dict[str, RematMode] = {"full": "none", "selective": "none"}
 
@@ -47,7 +53,7 @@ def build_schedule(ranks: int, micro_batches: int, schedule: str = "gpipe", rema
     times): its columns are read-only, and shared by the remat modes whose programs are the same."""
     family = SCHEDULES.get(schedule)
     key = (schedule, ranks, micro_batches, remat, chunks)
-    kept = _BUILT.get(key)
+    kept = _BUILT_SMALL.get(key) or _BUILT.get(key)
     if kept is not None and kept[0] is family:  # the same registered generator
         return kept[1]
     if remat in _SAME_PROGRAMS:
@@ -57,9 +63,11 @@ def build_schedule(ranks: int, micro_batches: int, schedule: str = "gpipe", rema
     for column in vars(built.columns).values():
         if isinstance(column, np.ndarray):
             column.flags.writeable = False
-    if len(_BUILT) >= _BUILT_SIZE:
-        _BUILT.pop(next(iter(_BUILT)))
-    _BUILT[key] = (family, built)
+    memo, size = (_BUILT_SMALL, _BUILT_SMALL_SIZE) if len(built.columns.kind) <= SMALL_ACTIONS else (_BUILT, _BUILT_SIZE)
+    _BUILT_SMALL.pop(key, None), _BUILT.pop(key, None)  # another family's, registered under this name before
+    if len(memo) >= size:
+        memo.pop(next(iter(memo)))
+    memo[key] = (family, built)
     return built
 
 
