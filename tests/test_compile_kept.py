@@ -156,3 +156,28 @@ def test_small_schedules_are_kept_past_a_hundred_others():
     fresh = _build(2, 7, "1f1b", "always", 1)
     for n in ("offsets", "rank", *_NAMES):
         assert np.array_equal(getattr(first.columns, n), getattr(fresh.columns, n))
+
+
+def test_kept_chunk_times_equal_a_fresh_pricing_and_tell_accelerators_apart():
+    from gpipe_sim.plan.chunk_times import chunk_pass_times, chunk_times
+    from gpipe_sim.plan.layer_table import scenario_layers
+    from gpipe_sim.scenario.scenario import parse_scenario
+
+    def scenario(preset):
+        return parse_scenario({
+            "model": {"preset": "transformer", "layers": 6, "d_model": 256, "d_ff": 1024, "heads": 4, "seq_len": 256},
+            "hardware": {"preset": preset}, "pipeline": {"stages": 2, "micro_batches": 3, "batch_size": 7},
+            "training": {"dtype": "bf16"}})
+
+    seen = []
+    for preset in ("a100-80gb", "h100-sxm"):
+        s = scenario(preset)
+        layers = scenario_layers(s)
+        for first, count in ((0, 3), (3, 5), (1, 3)):
+            own = layers[first:first + count]
+            got, tp = chunk_times(s, own, first, 0, [2, 3])
+            fresh, fresh_tp = chunk_pass_times(s, own, first, 0, [2, 3])
+            assert tp is None and fresh_tp is None and np.array_equal(got, fresh)
+            assert chunk_times(s, own, first, 0, [2, 3])[0] is got and not got.flags.writeable
+            seen.append(got)
+    assert not np.array_equal(seen[0], seen[3])  # the same chunk on another accelerator

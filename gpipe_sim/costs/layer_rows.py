@@ -14,7 +14,7 @@ from gpipe_sim.model.model import LayerSpec
 Row = tuple[float, float, float, float]
 
 # Accelerators by content: each candidate a search compiles parses its own, equal to the others.
-_ACCELERATORS: ContentTokens[Accelerator] = ContentTokens(lambda accel: accel.model_dump_json(), size=64)
+accelerator_token: ContentTokens[Accelerator] = ContentTokens(lambda accel: accel.model_dump_json(), size=64)
 _ROWS: dict[tuple[Any, ...], Row] = {}
 _HOSTS: dict[tuple[int, int], tuple[float, float]] = {}
 # The most rows (and host rows) remembered before starting afresh.
@@ -27,7 +27,7 @@ def pass_rows(layers: Sequence[LayerSpec], b: int, accel: Accelerator, dtype: st
     where `work` is None), priced once per (layer's `pricing_key`, accelerator's content, b,
     dtype, stream work) and remembered: twins, and the same layers of every candidate, are
     priced once."""
-    a = _ACCELERATORS(accel)
+    a = accelerator_token(accel)
     rows = []
     for i, layer in enumerate(layers):
         w = None if work is None else work[i]
@@ -55,4 +55,4 @@ def host_rows(layers: Sequence[LayerSpec], b: int) -> list[tuple[float, float]]:
     return rows
 
 
-__all__ = ["Row", "host_rows", "pass_rows"]
+__all__ = ["Row", "accelerator_token", "host_rows", "pass_rows"]
