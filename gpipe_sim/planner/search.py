@@ -21,6 +21,7 @@ from gpipe_sim.planner.bounds import (
 from gpipe_sim.planner.program_bounds import program_step_bound, relaxed_step_bound
 from gpipe_sim.planner.held_bound import held_memory_bound, held_memory_ceiling, held_samples
 from gpipe_sim.planner.coarse import coarse_arrays
+from gpipe_sim.planner.coarse_order import CoarseOrder
 from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.space_index import CandidateSpace
 from gpipe_sim.planner.work_rows import WorkCache
@@ -150,18 +151,15 @@ def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
 _Refined = tuple[float, int, "list[int] | None"]
 
 
-def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache, pruned: Pruned
-                  ) -> tuple[list[float], list[int]]:
+def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache, pruned: Pruned) -> CoarseOrder:
     """Every candidate whose partition-free memory bound fits (the others noted in `pruned`),
-    with its coarse step-time bound (`coarse_arrays`), as (bounds, indices) in the order of
-    (bound, index)."""
+    with its coarse step-time bound (`coarse_arrays`), in the order of (bound, index)."""
     memory, step = coarse_arrays(costs, candidates, works)
     cap = costs.capacity
     over = np.flatnonzero(memory > cap)
     pruned.set_many(over, "memory", memory[over], cap)
     kept = np.flatnonzero(~(memory > cap))
-    order = kept[np.argsort(step[kept], kind="stable")]  # ties in index order
-    return step[order].tolist(), order.tolist()
+    return CoarseOrder(step[kept], kept)
 
 
 class _Refiner:
@@ -348,18 +346,20 @@ def search_configurations(base: Scenario, options: PlanOptions, *,
 
 
 def _run_queue(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: CandidateSpace,
-               queue: tuple[list[float], list[int]], refine: _Refiner, outcomes: Counter[str],
+               queue: CoarseOrder, refine: _Refiner, outcomes: Counter[str],
                progress: Callable[[int, int], None] | None) -> None:
     """Decide the queued candidates in the order of their bounds, (bound, index): the coarse
     queue's in its order, each refined when it comes up first and put back in a heap of the
     refined, until the least bound is above the threshold; the rest pruned by it."""
     total = len(candidates)
-    bounds, indices = queue
+    bounds, indices = queue.bounds, queue.indices  # sorted a chunk at a time (`queue.more`)
     refined: list[_Refined] = []
-    p, n = 0, len(bounds)
+    p, n = 0, len(queue)
     if progress:
         progress(total - n, total)
     while p < n or refined:
+        if p == len(bounds) < n:
+            queue.more()
         coarse = p < n and (not refined or (bounds[p], indices[p]) < refined[0][:2])
         bound = bounds[p] if coarse else refined[0][0]
         if bound > ranking.threshold():
@@ -379,7 +379,8 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: 
         if progress and sum(outcomes.values()) % 64 == 0:
             progress(total - (n - p) - len(refined), total)
     limit = ranking.threshold()
-    ranking.pruned.set_many(indices[p:], "bound", bounds[p:], limit)
+    rest_bounds, rest_indices = queue.rest(p)
+    ranking.pruned.set_many(rest_indices, "bound", rest_bounds, limit)
     if refined:
         ranking.pruned.set_many([i for _, i, _ in refined], "bound", [bound for bound, _, _ in refined], limit)
     outcomes["bound"] += n - p + len(refined)
