@@ -181,3 +181,14 @@ def test_kept_chunk_times_equal_a_fresh_pricing_and_tell_accelerators_apart():
             assert chunk_times(s, own, first, 0, [2, 3])[0] is got and not got.flags.writeable
             seen.append(got)
     assert not np.array_equal(seen[0], seen[3])  # the same chunk on another accelerator
+
+
+def test_with_collectives_keeps_every_column_dtype_and_each_rank_ends_with_its_update():
+    from gpipe_sim.schedule import Kind
+
+    for schedule in _schedules():
+        for overlap in (False, True):
+            got = with_collectives(schedule.columns, overlap)
+            for n in ("offsets", "rank", *_NAMES):
+                assert getattr(got, n).dtype == getattr(schedule.columns, n).dtype, (schedule.name, n)
+            assert (got.kind[got.offsets[1:] - 1] == Kind.UPDATE).all()

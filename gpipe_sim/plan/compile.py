@@ -252,6 +252,7 @@ def compile_plan(scenario: Scenario) -> Plan:
     first = 0
     for c, count in enumerate(counts):
         own = layers[first : first + count]
+        content = tuple(map(pricing_key, own))  # the layers' content, for the transients' memo
         per_size, tp_seconds = chunk_times(scenario, own, first, mesh.rank_devices[schedule.placement[c]],
                                             distinct)
         params, experts = held_parameters(scenario, own, count == len(layers)), sum(x.expert_params for x in own)
@@ -280,12 +281,12 @@ def compile_plan(scenario: Scenario) -> Plan:
                 input_bytes=input_per_sample * samples,
                 output_bytes=own[-1].output_bytes_per_sample * samples,
                 update_s=update_seconds(own, accel, dtype_bytes, bpp, scenario.optimizer_step) / update_share,
-                transient_bytes=chunk_transient_bytes(own, samples, fixed=False) + in_flight[0],
+                transient_bytes=chunk_transient_bytes(own, samples, fixed=False, content=content) + in_flight[0],
                 backward_transient_bytes=in_flight[1] + chunk_transient_bytes(own, samples, recomputed=True,
-                                                                              copied=copied),
+                                                                              copied=copied, content=content),
                 # the model's first chunk has nothing to do in its input pass: its weight pass is a
                 # full backward
-                weight_pass_transient_bytes=chunk_transient_bytes(own, samples, per_sample=c == 0),
+                weight_pass_transient_bytes=chunk_transient_bytes(own, samples, per_sample=c == 0, content=content),
                 kept_for_weight_bytes=(0.0 if c == 0 else math.fsum(
                     layer.kept_for_weight_bytes_per_sample for layer in own)) * samples,
                 output_saved_bytes=(layers[first + count].saved_with_previous_bytes_per_sample
@@ -423,11 +424,12 @@ _TRANSIENTS_SIZE = 1 << 14
 
 def chunk_transient_bytes(layers: Sequence[LayerSpec], samples: np.ndarray, *, fixed: bool = True,
                           per_sample: bool = True, recomputed: bool = False, kept: float = 0.0,
-                          copied: float = 0.0) -> np.ndarray:
+                          copied: float = 0.0, content: tuple[int, ...] | None = None) -> np.ndarray:
     """`_transient_bytes`, a new array, remembered by the layers' content (`pricing_key`: every
-    field but the name), the samples and the flags: a search compiles the same chunks many times."""
+    field but the name; `content`, where the caller has made it), the samples and the flags: a
+    search compiles the same chunks many times."""
     samples = np.asarray(samples, dtype=float)
-    key = (tuple(map(pricing_key, layers)), samples.shape, samples.tobytes(), fixed, per_sample, recomputed, kept,
+    key = (tuple(map(pricing_key, layers)) if content is None else content, samples.shape, samples.tobytes(), fixed, per_sample, recomputed, kept,
            copied)
     found = _TRANSIENTS.get(key)
     if found is None:

@@ -120,18 +120,27 @@ def with_collectives(columns: ProgramColumns, overlap: bool = False) -> ProgramC
     np.maximum.at(update, rank[updates], updates)  # each rank's last update
     owner = rank[last]
     n = len(last)
-    # (insert before, rank, allreduce 0 / wait 1, reduction order): np.insert keeps ties in this order
+    # (insert before, rank, allreduce 0 / wait 1, reduction order): ties kept in this order
     at = np.concatenate([last + (0 if overlap else 1), update[owner]])
     order = np.lexsort((np.tile(np.arange(n), 2), np.repeat([0, 1], n), np.tile(owner, 2), at))
     at, who = at[order], np.tile(owner, 2)[order]
     new = {"kind": np.where(order < n, Kind.ALLREDUCE, Kind.RECV), "chunk": np.tile(columns.chunk[last], 2)[order],
            "micro_batch": -1, "peer": -1, "tensor": Tensor.REDUCED, "save": True}
     added = np.bincount(owner, minlength=n_ranks)
+    # as np.insert places them (`at` sorted): insert j lands at at[j] + j, the old rows in the rest
+    dest = at + np.arange(len(at))
+    old = np.ones(len(kind) + len(at), dtype=bool)
+    old[dest] = False
+
+    def inserted(column: np.ndarray, values: object) -> np.ndarray:
+        out = np.empty(len(old), dtype=column.dtype)
+        out[old], out[dest] = column, values
+        return out
+
     return ProgramColumns(
         offsets=(columns.offsets + np.concatenate(([0], np.cumsum(2 * added)))).astype(np.int64),
-        rank=np.insert(columns.rank, at, who).astype(np.int32),
-        **{name: np.insert(getattr(columns, name), at, np.asarray(new[name], dtype=getattr(columns, name).dtype))
-           for name in _COLUMNS},
+        rank=inserted(columns.rank, who).astype(np.int32, copy=False),
+        **{name: inserted(getattr(columns, name), new[name]) for name in _COLUMNS},
     )
 
 
