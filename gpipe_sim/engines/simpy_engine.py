@@ -200,17 +200,16 @@ class _Run:
         yield from sleep(env, self.group_seconds[group])
         for x in shared:
             links.release(x)
-        now, pending = env.now, self.pending
-        for x in mine:  # leaves the rank's own links (`_released`)
+        self._released(mine)
+        self._reduced(group, begin, env.now)
+
+    def _released(self, own_links: list[int]) -> None:
+        """A ring or queued send leaves these links of a rank's own now."""
+        now, link_free, pending = self.env.now, self.link_free, self.pending
+        for x in own_links:
             if link_free[x] < now:
                 link_free[x] = now
             pending[x] -= 1
-        self._reduced(group, begin, now)
-
-    def _released(self, link: int) -> None:
-        """A ring or queued send leaves a rank's own link now."""
-        self.link_free[link] = max(self.link_free[link], self.env.now)
-        self.pending[link] -= 1
 
     def _reduced(self, group: int, begin: float, done: float) -> None:
         for i in self.group_actions[group]:
@@ -236,7 +235,7 @@ class _Run:
         def sent(_: object) -> None:
             links.release(link)
             if owned:
-                self._released(link)
+                self._released([link])
             if lat:
                 after(env, lat, arrive)
             else:
