@@ -192,3 +192,25 @@ def test_split_backward_read_from_the_orders_is_the_built_schedules():
             assert rejected == [(D, 2, 2, M, name, f"invalid for the schedule: {family.problem(2, M, 2)}", 1)
                                 for M in Ms if family.problem(2, M, 2) is not None]
     assert {"zbv", "zb_h1"} <= split and "1f1b" not in split
+
+
+def test_work_rows_of_a_deep_model_equal_candidate_work():
+    """With more layers than NumPy sums in one block (26 here), each M's chain and work from the
+    stacked sizes (`SizeTerms`) are still `candidate_work`'s, bit for bit."""
+    data = {**SCENARIO, "model": {**SCENARIO["model"], "layers": 24}}
+    options = PlanOptions(devices=4, max_chunks=1, reserve=0.0, schedules=("1f1b",), tensor_parallel=(1, 2),
+                          remat=("none", "except_last", "full"))
+    base = reserved_base(parse_scenario(data), options)
+    costs = CostTable(base)
+    works = WorkCache(costs)
+    firsts = {rows_key(c): c for c in candidate_space(base, options)}
+    works.build(firsts.values())
+    assert costs.L > 16 and len(works.terms) > 1
+    for cand in firsts.values():
+        rows = works.of(cand)
+        for M in range(1, len(rows.total) + 1):
+            want = candidate_work(costs, cand._replace(micro_batches=M))
+            got = rows.work(M)
+            assert rows.chain[M - 1] == want.chain and rows.total[M - 1] == want.total, (cand, M)
+            for name in ("work", "trail", "forward", "backward"):
+                assert np.array_equal(getattr(got, name), getattr(want, name)), (cand, M, name)

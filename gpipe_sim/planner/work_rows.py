@@ -8,6 +8,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from gpipe_sim.planner.bounds import CostTable, Work
+from gpipe_sim.planner.size_terms import SizeTerms
 from gpipe_sim.planner.space import Candidate
 from gpipe_sim.schedule.lower import saves_activations
 
@@ -41,57 +42,37 @@ class WorkRows:
 
     The same sums in the same order: per M, the update, then n x (forward, re-computed or not, plus
     the cheaper backward) for each (micro-batch size, re-computation) in sorted order, a group
-    that M lacks adding n = 0. Each size's terms are read once and spread over the Ms that have it."""
+    that M lacks adding n = 0. Each size's terms are read from its table's `SizeTerms` (`terms`,
+    holding every size of `split`) for all the Ms that have it at once."""
 
-    def __init__(self, costs: CostTable, cand: Candidate, split: _Split | None = None) -> None:
+    def __init__(self, costs: CostTable, cand: Candidate, split: _Split, terms: SizeTerms) -> None:
         costs = costs.of(cand)
-        self.costs = costs
-        split = split or _Split(costs, cand)
+        self.costs, self.terms = costs, terms
         share, size, extra, counts = split.share, split.size, split.extra, split.counts
         update = costs.update / (cand.data_parallel * cand.context_parallel if cand.zero else 1)
-        costs.price(split.sizes)  # every size it asks for, at once
         work = np.broadcast_to(update, (share, costs.L))
         trail = work
         for slot, (shift, recompute) in enumerate(zip(_SHIFTS, _RECOMPUTES)):
             n = counts[:, slot]
-            per_pass, weight = self._spread(size + shift, n > 0, recompute)
-            work = work + n[:, None] * per_pass
-            trail = trail + n[:, None] * weight
+            live = (n > 0)[:, None]  # a group M lacks adds 0
+            at = terms.rows(size + shift)
+            work = work + n[:, None] * np.where(live, terms.per_pass[recompute][at], 0.0)
+            trail = trail + n[:, None] * np.where(live, terms.weight[recompute][at], 0.0)
         self.work_, self.trail_ = work, trail
         self.size, self.largest = size, size + (extra > 0)
         self.largest_of: list[int] = self.largest.tolist()  # row M - 1's, as ints
         self.total = work.sum(axis=1)
-        self._chain: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
+        self._at = terms.rows(size)  # each M's smallest micro-batch's row
+        self.chain = terms.chain[self._at]
         self._works: dict[int, Work] = {}
-        sizes, at = np.unique(size, return_inverse=True)
-        self.chain = np.array([self._pass(b)[2] for b in sizes.tolist()])[at]
-
-    def _spread(self, sizes: np.ndarray, live: np.ndarray, recompute: float) -> tuple[np.ndarray, np.ndarray]:
-        """Per M (row M - 1), `pass_terms` of its micro-batch size in `sizes` where `live`, else 0."""
-        per_pass, weight = np.zeros((len(sizes), self.costs.L)), np.zeros((len(sizes), self.costs.L))
-        distinct, at = np.unique(sizes[live], return_inverse=True)
-        if len(distinct):
-            terms = [self.costs.pass_terms(b, recompute) for b in distinct.tolist()]
-            per_pass[live] = np.array([t[0] for t in terms])[at]
-            weight[live] = np.array([t[1] for t in terms])[at]
-        return per_pass, weight
-
-    def _pass(self, b: int) -> tuple[np.ndarray, np.ndarray, float]:
-        """One micro-batch of b samples: (forward, backward, their sum over the layers)."""
-        got = self._chain.get(b)
-        if got is None:
-            small = self.costs.times(b)
-            forward, backward = small[:, 0].copy(), np.minimum(small[:, 1], small[:, 2])
-            got = self._chain[b] = (forward, backward, float(forward.sum() + backward.sum()))
-        return got
 
     def work(self, M: int) -> Work:
         """The `Work` of M micro-batches (1 <= M <= batch / D), made once."""
         got = self._works.get(M)
         if got is None:
-            forward, backward, _ = self._pass(int(self.size[M - 1]))
-            got = self._works[M] = Work(self.work_[M - 1], self.trail_[M - 1], forward, backward,
-                                        int(self.largest[M - 1]), int(self.size[M - 1]))
+            at = self._at[M - 1]
+            got = self._works[M] = Work(self.work_[M - 1], self.trail_[M - 1], self.terms.forward[at],
+                                        self.terms.backward[at], int(self.largest[M - 1]), int(self.size[M - 1]))
         return got
 
 
@@ -116,24 +97,25 @@ def rows_key(cand: Candidate) -> tuple[Any, ...]:
 
 
 class WorkCache:
-    """Each `WorkRows` of a search, built once."""
+    """Each `WorkRows` of a search, built once, and each cost table's `SizeTerms` they read."""
 
     def __init__(self, costs: CostTable) -> None:
         self.costs = costs
         self.rows: dict[tuple[Any, ...], WorkRows] = {}
+        self.terms: dict[int, SizeTerms] = {}  # by the table's id (the tables live as long as the search)
 
     def of(self, cand: Candidate) -> WorkRows:
         """The candidate's rows (its M is any)."""
-        key = rows_key(cand)
-        got = self.rows.get(key)
+        got = self.rows.get(rows_key(cand))
         if got is None:
-            got = self.rows[key] = WorkRows(self.costs, cand)
+            self.build([cand])
+            got = self.rows[rows_key(cand)]
         return got
 
     def build(self, cands: Iterable[Candidate]) -> None:
         """The rows of each of `cands` not built yet, every size each cost table needs for them
-        priced in one `CostTable.price` (one array pass per twin, not one per row): the rows `of`
-        gives, the same figures (`price` prices each size as `times` does, bit for bit)."""
+        priced in one `CostTable.price` (one array pass per twin, not one per row) and stacked
+        once (`SizeTerms`): the figures the table gives each size, bit for bit."""
         todo: dict[tuple[Any, ...], tuple[Candidate, _Split]] = {}
         for cand in cands:
             key = rows_key(cand)
@@ -143,10 +125,12 @@ class WorkCache:
         for cand, split in todo.values():
             table = self.costs.of(cand)
             sizes.setdefault(id(table), (table, set()))[1].update(split.sizes)
-        for table, asked in sizes.values():
-            table.price(asked)
+        for key, (table, asked) in sizes.items():
+            held = self.terms.get(key)
+            if held is None or not held.has(asked):
+                self.terms[key] = SizeTerms(table, sorted(asked | set(held.sizes.tolist() if held else ())))
         for key, (cand, split) in todo.items():
-            self.rows[key] = WorkRows(self.costs, cand, split)
+            self.rows[key] = WorkRows(self.costs, cand, split, self.terms[id(self.costs.of(cand))])
 
     def work(self, cand: Candidate) -> Work:
         """`candidate_work(costs, cand)`, from the rows."""
