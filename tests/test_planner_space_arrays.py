@@ -196,7 +196,8 @@ def test_split_backward_read_from_the_orders_is_the_built_schedules():
 
 def test_work_rows_of_a_deep_model_equal_candidate_work():
     """With more layers than NumPy sums in one block (26 here), each M's chain and work from the
-    stacked sizes (`SizeTerms`) are still `candidate_work`'s, bit for bit."""
+    stacked sizes (`SizeTerms`), and the sums its `Work` is given, are still `candidate_work`'s
+    (which computes them from its arrays), bit for bit."""
     data = {**SCENARIO, "model": {**SCENARIO["model"], "layers": 24}}
     options = PlanOptions(devices=4, max_chunks=1, reserve=0.0, schedules=("1f1b",), tensor_parallel=(1, 2),
                           remat=("none", "except_last", "full"))
@@ -214,3 +215,5 @@ def test_work_rows_of_a_deep_model_equal_candidate_work():
             assert rows.chain[M - 1] == want.chain and rows.total[M - 1] == want.total, (cand, M)
             for name in ("work", "trail", "forward", "backward"):
                 assert np.array_equal(getattr(got, name), getattr(want, name)), (cand, M, name)
+            assert (got.total, got.chain) == (want.total, want.chain)
+            assert all(np.array_equal(a, b) for a, b in zip(got.cums, want.cums)), (cand, M)

@@ -14,6 +14,12 @@ def cumulative(values: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(values)))
 
 
+def cumulative_rows(values: np.ndarray) -> np.ndarray:
+    """`cumulative` of each row of a 2-D array at once (row r: `cumulative(values[r])`, the same
+    sums in the same order: a running sum adds one element at a time)."""
+    return np.concatenate((np.zeros((len(values), 1)), np.cumsum(values, axis=1)), axis=1)
+
+
 def min_max_partition(cost: np.ndarray | Sequence[np.ndarray], priced: Sequence[bool]) -> float:
     """min over partitions of L layers into len(priced) contiguous non-empty chunks of the largest
     cost[s, e] of a priced chunk (layers s .. e-1; `cost` may also be one matrix per chunk): an

@@ -7,6 +7,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from gpipe_sim.planner.bounds import CostTable
+from gpipe_sim.planner.segments import cumulative_rows
 
 _RECOMPUTES = (0.0, 1.0)
 
@@ -23,7 +24,8 @@ class SizeTerms:
     table's own figure for sizes[s], bit for bit: `per_pass[r]` and `weight[r]` its
     `CostTable.pass_terms(b, r)` (r = 0.0 kept, 1.0 re-computed); `forward` and `backward` one
     micro-batch's forward and the cheaper of its full and input-gradient backward per layer
-    (`candidate_work`'s), `chain` their sum over the layers (each row summed alone, as a copy)."""
+    (`candidate_work`'s), `chain` their sum over the layers (each row summed alone, as a copy) and
+    `forward_cum`, `backward_cum` their running sums (`segments.cumulative` of each row)."""
 
     def __init__(self, table: CostTable, sizes: Sequence[int]) -> None:
         table.price(sizes)  # each twin at every size in one array pass
@@ -37,6 +39,7 @@ class SizeTerms:
         self.forward = _stacked(t[:, 0] for t in times)
         self.backward = _stacked(np.minimum(t[:, 1], t[:, 2]) for t in times)
         self.chain = np.array([float(f.sum() + b.sum()) for f, b in zip(self.forward, self.backward)])
+        self.forward_cum, self.backward_cum = cumulative_rows(self.forward), cumulative_rows(self.backward)
 
     def has(self, sizes: Iterable[int]) -> bool:
         """Whether every one of `sizes` has its row."""

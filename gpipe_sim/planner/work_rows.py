@@ -8,6 +8,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from gpipe_sim.planner.bounds import CostTable, Work
+from gpipe_sim.planner.segments import cumulative_rows
 from gpipe_sim.planner.size_terms import SizeTerms
 from gpipe_sim.planner.space import Candidate
 from gpipe_sim.schedule.lower import saves_activations
@@ -65,14 +66,23 @@ class WorkRows:
         self._at = terms.rows(size)  # each M's smallest micro-batch's row
         self.chain = terms.chain[self._at]
         self._works: dict[int, Work] = {}
+        self._cums: tuple[np.ndarray, np.ndarray] | None = None  # running sums of work_ and trail_, when asked
 
     def work(self, M: int) -> Work:
-        """The `Work` of M micro-batches (1 <= M <= batch / D), made once."""
+        """The `Work` of M micro-batches (1 <= M <= batch / D), made once, its cached figures
+        (`Work.total`, `chain`, `cums`) read from the rows: the sums `Work` makes of its arrays,
+        made for every M at once (`cumulative_rows`; a row's sum along the rows is its own sum)."""
         got = self._works.get(M)
         if got is None:
-            at = self._at[M - 1]
-            got = self._works[M] = Work(self.work_[M - 1], self.trail_[M - 1], self.terms.forward[at],
-                                        self.terms.backward[at], int(self.largest[M - 1]), int(self.size[M - 1]))
+            at, terms = self._at[M - 1], self.terms
+            got = self._works[M] = Work(self.work_[M - 1], self.trail_[M - 1], terms.forward[at],
+                                        terms.backward[at], int(self.largest[M - 1]), int(self.size[M - 1]))
+            if self._cums is None:
+                self._cums = cumulative_rows(self.work_), cumulative_rows(self.trail_)
+            # functools.cached_property keeps each figure in the instance's __dict__ under its name
+            vars(got).update(total=float(self.total[M - 1]), chain=float(self.chain[M - 1]),
+                             cums=(self._cums[0][M - 1], terms.forward_cum[at], terms.backward_cum[at],
+                                   self._cums[1][M - 1]))
         return got
 
 
