@@ -217,3 +217,23 @@ def test_work_rows_of_a_deep_model_equal_candidate_work():
                 assert np.array_equal(getattr(got, name), getattr(want, name)), (cand, M, name)
             assert (got.total, got.chain) == (want.total, want.chain)
             assert all(np.array_equal(a, b) for a, b in zip(got.cums, want.cums)), (cand, M)
+
+
+def test_counted_bounds_from_kept_frames_equal_fresh_ones(space):
+    """The step bound with layer counts reads what it keeps per (D, K, v, schedule, ZeRO class,
+    counts) and per (smallest micro-batch, M): asked for every configuration of the space through
+    one table, each equals the bound a fresh table computes for that configuration alone."""
+    from gpipe_sim.planner.bounds import quick_counts
+
+    base, listed, _ = space
+    shared = CostTable(base)
+    asked = 0
+    for cand in listed:
+        counts = quick_counts(shared, cand, max(1, -(-(14 // cand.data_parallel) // cand.micro_batches)))
+        if counts is None:
+            continue
+        fresh = CostTable(base)
+        assert step_lower_bound(shared, cand, counts) == step_lower_bound(fresh, cand, counts), cand
+        assert memory_lower_bound(shared, cand, counts) == memory_lower_bound(fresh, cand, counts), cand
+        asked += 1
+    assert asked > 100

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from gpipe_sim.mesh import Mesh
-from gpipe_sim.plan.partition import micro_batch_sizes, resolve_partition
+from gpipe_sim.plan.partition import resolve_partition
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.plan.sharding import bytes_per_param
 from gpipe_sim.schedule import SCHEDULES
@@ -473,8 +473,8 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
     costs = costs.of(cand)
     D, K, v = cand.data_parallel, cand.stages, cand.chunks
     M = cand.micro_batches
-    largest = max(micro_batch_sizes(costs.base.pipeline.batch_size // D, M))
-    static = costs.params * costs.static_per_param(D * cand.context_parallel, cand.zero)
+    size, extra = divmod(costs.base.pipeline.batch_size // D, M)  # as `micro_batch_sizes` splits
+    largest = size + (extra > 0)  # the first `extra` micro-batches have one sample more
     act = costs.act * largest
     if counts is not None:
         placement = chunk_placement(cand)
@@ -489,6 +489,7 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
     key = ("memory", D, M, cand.zero, K, v)
     bound = costs.cache.get(key)
     if bound is None:
+        static = costs.params * costs.static_per_param(D * cand.context_parallel, cand.zero)
         per_chunk = min_max_partition(segment_cost(cumulative(static + act)), [True] * (K * v))
         bound = costs.cache[key] = max((static.sum() + act.sum() / v) / K, per_chunk)
     return bound * SLACK
@@ -546,27 +547,27 @@ def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | 
 
 def _counted_bound(costs: CostTable, cand: Candidate, counts: tuple[int, ...], w: Work) -> float:
     """`step_lower_bound` (before its SLACK) with the layer counts given: what does not depend on
-    M made once per (D, K, v, schedule, ZeRO 0, 1-2 or 3, counts), the transfers once per
-    smallest micro-batch too; the same terms in the same order."""
-    K, v = cand.stages, cand.chunks
+    M made once per (D, K, v, schedule, ZeRO 0, 1-2 or 3, counts), the transfers and the host's
+    share of them once per (smallest micro-batch, M) too; the same terms in the same order."""
+    K, v, M = cand.stages, cand.chunks, cand.micro_batches
     key = (cand.data_parallel, K, v, cand.schedule, 1 if cand.zero == 2 else cand.zero, cand.cleared, counts)
     frame = costs.frames.get(key)
     if frame is None:
         placement = chunk_placement(cand)
         edges = partition_edges(counts)
         _, lowest = placement_arrays(placement, K)
-        frame = costs.frames[key] = (placement, lowest, edges[1:], edges[:-1], edges[lowest],
+        frame = costs.frames[key] = (placement, np.asarray(placement), lowest, edges[1:], edges[:-1], edges[lowest],
                                      costs.least_reduce(cand, placement, counts), {})
-    placement, lowest, ends, starts, start, reduce, by_size = frame
-    hop = by_size.get(w.smallest)
+    placement, ranks, lowest, ends, starts, start, reduce, by_size = frame
+    hop = by_size.get((w.smallest, M))
     if hop is None:
         h_cum = costs.hop_cums(cand, w.smallest, placement)  # transfers before chunk c: h_cum[c]
-        hop = by_size[w.smallest] = (h_cum[-1], h_cum[lowest])
-    last_hop, h_low = hop
+        host = costs.host_transfers(cand, w.smallest, placement)  # per rank
+        hop = by_size[(w.smallest, M)] = (h_cum[-1], h_cum[lowest], host)
+    last_hop, h_low, host = hop
     w_cum, f_cum, b_cum, t_cum = w.cums
-    host = costs.host_transfers(cand, w.smallest, placement)  # per rank
     bound = max(w.total / K, w.chain, float(w.chain + 2 * last_hop), costs.fsdp_collectives(cand))
-    busy = np.bincount(placement, weights=w_cum[ends] - w_cum[starts], minlength=K) + host
+    busy = np.bincount(ranks, weights=w_cum[ends] - w_cum[starts], minlength=K) + host
     forward = f_cum[start]
     bound = max(bound, float((forward + h_low + busy + reduce).max()))
     if v == 1:
