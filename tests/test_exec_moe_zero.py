@@ -57,35 +57,24 @@ def test_distributed_optimizer_with_experts_equals_plain_training() -> None:
 
 
 @pytest.mark.slow
-def test_memory_with_experts_held_whole_agrees_with_the_simulator() -> None:
-    """D = E = 2 (each expert on one process, the dense parameters over two), momentum, fp32,
-    `host.step_buffers`: each device's master parts and momentum are the simulator's master shard
-    exactly (dense / 2 + every local expert), its peak within 3% of the simulated one (-0.1% seen)."""
+@pytest.mark.parametrize("replicas, experts", [
+    # each expert on one process, the dense parameters over two (-0.1% seen)
+    (2, 2),
+    # every bucket over the four replicas: the peak is the update's (the bucket's all-gather beside
+    # the shard's gradient) or the reduction's (each bucket's padded copy and received part); -0.1%
+    # seen, -11.2% when the bucket was concatenated then padded, holding the gradients twice
+    (4, 1),
+])
+def test_zero1_memory_with_experts_agrees_with_the_simulator(replicas: int, experts: int) -> None:
+    """D replicas, E experts' groups, momentum, fp32, `host.step_buffers`: each device's master
+    parts and momentum are the simulator's master shard exactly (dense / D x E + every local
+    expert), its peak within 3% of the simulated one."""
     from test_sim_zero_experts import _scenario
 
     from gpipe_exec.execute import execute
     from gpipe_sim.api import simulate
 
-    sc = _scenario(2, 2)
-    predicted = simulate(sc).stages[0]
-    measured = execute(sc, steps=1, warmup=1).result
-    assert measured.stages[0].memory_breakdown["optimizer_states"] == 2 * predicted.memory_breakdown["zero_master_shard"]
-    for peak in measured.device_peak_memory_bytes.values():
-        assert peak == pytest.approx(predicted.peak_memory_bytes, rel=0.03)
-
-
-@pytest.mark.slow
-def test_memory_with_every_bucket_over_four_replicas_agrees_with_the_simulator() -> None:
-    """D = 4, E = 1 (every bucket over the four replicas), momentum, fp32, `host.step_buffers`: the
-    peak is the update's (the bucket's all-gather beside the shard's gradient) or the reduction's
-    (each bucket's padded copy and received part), each device's within 3% of the simulated one
-    (-0.1% seen; -11.2% when the bucket was concatenated then padded, holding the gradients twice)."""
-    from test_sim_zero_experts import _scenario
-
-    from gpipe_exec.execute import execute
-    from gpipe_sim.api import simulate
-
-    sc = _scenario(4, 1)
+    sc = _scenario(replicas, experts)
     predicted = simulate(sc).stages[0]
     measured = execute(sc, steps=1, warmup=1).result
     assert measured.stages[0].memory_breakdown["optimizer_states"] == 2 * predicted.memory_breakdown["zero_master_shard"]
