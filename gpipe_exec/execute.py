@@ -42,6 +42,11 @@ def check_model(scenario: Scenario) -> None:
     if getattr(scenario.model, "experts", 0) and p.tensor_parallel > 1 and not p.sequence_parallel:
         raise ScenarioError(f"pipeline.sequence_parallel: gpipe-exec runs a mixture of experts at tensor_parallel "
                             f"{p.tensor_parallel} with sequence parallelism only, as Megatron-LM trains it")
+    if p.tensor_parallel > 1 and scenario.training.overlap_grad_reduce and \
+            p.data_parallel * p.context_parallel > 1 and scenario.training.zero < 2:
+        raise ScenarioError(f"training.overlap_grad_reduce: gpipe-exec's gradient buckets run at tensor_parallel 1 "
+                            f"(at {p.tensor_parallel} they would reduce the tensor-parallel shards before they "
+                            "hold their gradients); gpipe-sim predicts it")
     if scenario.training.dtype == "fp8":
         raise ScenarioError("training.dtype: gpipe-exec has no FP8 GEMMs (Transformer Engine and torchao's float8 "
                             "need an H100 or H200); gpipe-sim predicts fp8, run bf16")
@@ -73,9 +78,10 @@ def check_sharding(scenario: Scenario) -> None:
         return
     pipelined = p.stages > 1
     split = pipelined and scenario_schedule(scenario).count(Kind.BACKWARD_INPUT) > 0
-    if p.tensor_parallel > 1 and pipelined and shard_degree(scenario) < p.data_parallel:
+    if p.tensor_parallel > 1 and (pipelined or p.context_parallel > 1) and shard_degree(scenario) < p.data_parallel:
         raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{zero} (FSDP2 fully_shard) with tensor_parallel "
-                            f"{p.tensor_parallel} and hybrid sharding (shard_within_node) with one stage only; "
+                            f"{p.tensor_parallel} and hybrid sharding (shard_within_node) with one stage and "
+                            "context_parallel 1 only; "
                             "gpipe-sim predicts the rest")
     if pipelined and (p.context_parallel > 1 or split):
         raise ScenarioError(f"training.zero: gpipe-exec runs ZeRO-{zero} (FSDP2 fully_shard) with pipelining at "

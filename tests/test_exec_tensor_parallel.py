@@ -100,6 +100,20 @@ def test_sequence_parallel_needs_a_sequence_that_splits_in_one_line() -> None:
     check_model(scenario(Case(T=2, K=1, M=1, schedule="gpipe", sp=True)))
 
 
+def test_overlapped_gradient_buckets_at_t2_are_refused_in_one_line() -> None:
+    """The buckets' hooks would reduce the tensor-parallel shards before they hold their gradients
+    (ZeRO-1 trained on unreduced gradients; ZeRO 0 failed in torch): refused, ZeRO-2/3 (FSDP2,
+    no buckets) and T = 1 kept."""
+    overlap = {"training.overlap_grad_reduce": True}
+    for zero in (0, 1):
+        sc = scenario(Case(T=2, K=1, M=1, schedule="gpipe", D=2, zero=zero)).with_updates(overlap)
+        with pytest.raises(ScenarioError, match=r"^training.overlap_grad_reduce: gpipe-exec's gradient buckets run "
+                                                r"at tensor_parallel 1"):
+            check_model(sc)
+    check_model(scenario(Case(T=2, K=1, M=1, schedule="gpipe", D=2, zero=2)).with_updates(overlap))
+    check_model(scenario(Case(T=1, K=1, M=1, schedule="gpipe", D=2, zero=1)).with_updates(overlap))
+
+
 def test_one_process_t1_k1() -> None:
     assert_equal_to_reference(run_cases(1, [Case(1, 1, 2, "gpipe"), Case(1, 1, 4, "1f1b", "always")]))
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 from torch import nn
 
-from gpipe_sim.plan.buckets import bucket_bytes, buckets
+from gpipe_sim.plan.buckets import buckets, reduction_size
 from gpipe_sim.scenario.scenario import Scenario
 
 
@@ -144,14 +144,8 @@ def chunk_buckets(modules: dict[int, nn.Sequential], scenario: Scenario, replica
     FSDP2 (which reduces in the backward itself); else none."""
     if not scenario.training.overlap_grad_reduce or replicas == 1 or sharded:
         return {}
-    size = bucket_bytes(scenario)
+    size = reduction_size(scenario)
     return {c: GradBuckets(c, list(module), size, comm, group, clock, zero) for c, module in modules.items()}
 
 
-def reduction_size(scenario: Scenario) -> float:
-    """Bytes of gradients a reduction bucket holds: `training.bucket_bytes` (or Megatron-LM's default)
-    with `overlap_grad_reduce`, else a chunk's whole (Megatron-LM's one bucket without overlap)."""
-    return bucket_bytes(scenario) if scenario.training.overlap_grad_reduce else float("inf")
-
-
-__all__ = ["Collectives", "GradBuckets", "ShardedReduction", "bucket_groups", "chunk_buckets", "reduction_size"]
+__all__ = ["Collectives", "GradBuckets", "ShardedReduction", "bucket_groups", "chunk_buckets"]

@@ -43,7 +43,8 @@ from gpipe_exec.runtime.context_parallel import (context_groups, context_loss, s
 from gpipe_exec.runtime.device_lock import device_lock, holding
 from gpipe_exec.runtime.experts import expert_groups, expert_mask, flat, global_names, reduction_buckets, unflat
 from gpipe_exec.measure.records import StepRecord
-from gpipe_exec.runtime.grad_buckets import bucket_groups, chunk_buckets, reduction_size
+from gpipe_exec.runtime.grad_buckets import bucket_groups, chunk_buckets
+from gpipe_sim.plan.buckets import reduction_size
 from gpipe_exec.runtime.job import Job
 from gpipe_exec.runtime.tensor_parallel import (LocalShards, device_mesh, full_parameters, sequence_shards,
                                                 split_chunk, vocab_parallel_loss)

@@ -132,7 +132,8 @@ class ZeroShardUpdate:
         self.layouts = [ShardLayout(sum(q.numel() for q in b), g.parts, g.replica)
                         for b, g in zip(self.buckets, self.groups)]
         owned = [_read([q.detach() for q in b], s.lo, s.hi) for b, s in zip(self.buckets, self.layouts)]
-        self.master = nn.Parameter(torch.cat(owned).to(torch.float32, copy=True))  # fp32 like every master
+        flat = torch.cat(owned) if owned else torch.zeros(0)  # a rank whose chunks hold no parameters
+        self.master = nn.Parameter(flat.to(torch.float32, copy=True))  # fp32 like every master
         self.optimizer = make_optimizer([self.master], scenario)
         self.masters = [self.master]
         self.pending: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}

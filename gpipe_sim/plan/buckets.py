@@ -44,6 +44,12 @@ def bucket_bytes(scenario: Scenario) -> float:
     return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_REPLICA * D) * training.dtype_bytes
 
 
+def reduction_size(scenario: Scenario) -> float:
+    """Bytes of gradients a reduction bucket holds: `bucket_bytes` with `overlap_grad_reduce`, else
+    a chunk's whole (Megatron-LM's one bucket without overlap). The simulator's and gpipe-exec's rule."""
+    return bucket_bytes(scenario) if scenario.training.overlap_grad_reduce else float("inf")
+
+
 def buckets(grad_bytes: Sequence[float], size: float) -> list[tuple[int, float]]:
     """(index of its last layer, its bytes) per bucket, the layers `grad_bytes` given in the order
     their gradients are made: a bucket closes once it holds at least `size` bytes, and the last

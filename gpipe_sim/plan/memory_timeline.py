@@ -50,7 +50,7 @@ sharded apart over N_e = D x C / E (`gpipe_sim.plan.zero_shards`), held whole wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

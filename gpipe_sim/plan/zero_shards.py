@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from gpipe_sim.plan.buckets import bucket_bytes, buckets
+from gpipe_sim.plan.buckets import buckets, reduction_size
 from gpipe_sim.plan.compile import Plan
 
 
@@ -36,7 +36,7 @@ def bucket_sizes(plan: Plan, chunk: Any) -> list[tuple[int, int]]:
     (gpipe_sim.plan.buckets), else one; the experts' counted apart only with expert parallelism."""
     scenario = plan.scenario
     element = scenario.training.dtype_bytes
-    size = bucket_bytes(scenario) if scenario.training.overlap_grad_reduce else float("inf")
+    size = reduction_size(scenario)
     apart = plan.mesh.expert_parallel > 1
     layers = list(reversed(plan.layers[chunk.first_layer:chunk.last_layer + 1]))
     out, first = [], 0

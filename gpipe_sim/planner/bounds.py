@@ -9,7 +9,6 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from gpipe_sim.mesh import Mesh
 from gpipe_sim.plan.partition import resolve_partition
 from gpipe_sim.plan.replicas import ring_allreduce_seconds
 from gpipe_sim.plan.sharding import bytes_per_param
@@ -216,7 +215,7 @@ class CostTable:
         network = hw.network or hw.link
         placed = hw.placement is not None and not cand.clears("hardware.placement")
         per_node = hw.devices_per_node or T * C * D * K
-        mesh = _mesh(cand, hw.devices_per_node)  # Megatron-LM's order, as compile places the candidate
+        mesh = cand.mesh(hw.devices_per_node)  # Megatron-LM's order, as compile places the candidate
         out = []
         for r in range(K):
             within = len({mesh.node(device) for device in mesh.gradient_members(r)}) == 1
@@ -251,7 +250,7 @@ class CostTable:
         if C < 2 or (hw.placement is not None and not cand.clears("hardware.placement")) or \
                 (hw.stage_to_device is not None and not cand.clears("hardware.stage_to_device")):
             return np.zeros(max(C - 1, 0))
-        mesh = _mesh(cand, hw.devices_per_node)  # Megatron-LM's order, as compile places the candidate
+        mesh = cand.mesh(hw.devices_per_node)  # Megatron-LM's order, as compile places the candidate
         network = hw.network or hw.link
         # a boundary follows any layer but the last
         least = self.least_output_bytes * samples
@@ -495,6 +494,12 @@ def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] 
     return bound * SLACK
 
 
+def step_zero(zero: int) -> int:
+    """The ZeRO stage as `step_lower_bound` tells them apart: 0 (the update unsharded), 1 for ZeRO 1
+    and 2 (sharded alike, no collective of their own counted) and 3 (its collectives counted)."""
+    return 1 if zero == 2 else zero
+
+
 def step_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None,
                      work: Work | None = None) -> float:
     """Seconds that the simulated step is at least, for any partition (or the given layer counts).
@@ -550,7 +555,7 @@ def _counted_bound(costs: CostTable, cand: Candidate, counts: tuple[int, ...], w
     M made once per (D, K, v, schedule, ZeRO 0, 1-2 or 3, counts), the transfers and the host's
     share of them once per (smallest micro-batch, M) too; the same terms in the same order."""
     K, v, M = cand.stages, cand.chunks, cand.micro_batches
-    key = (cand.data_parallel, K, v, cand.schedule, 1 if cand.zero == 2 else cand.zero, cand.cleared, counts)
+    key = (cand.data_parallel, K, v, cand.schedule, step_zero(cand.zero), cand.cleared, counts)
     frame = costs.frames.get(key)
     if frame is None:
         placement = chunk_placement(cand)
@@ -592,8 +597,3 @@ def quick_counts(costs: CostTable, cand: Candidate, largest: int) -> list[int] |
 def _resolve_cached(method: str, chunks: int, weights: tuple[float, ...]) -> list[int]:
     return resolve_partition(method, chunks, list(weights))
 
-
-def _mesh(cand: Candidate, devices_per_node: int | None) -> Mesh:
-    """The candidate's mesh where it places itself (Megatron-LM's order), as compile would make it."""
-    return Mesh(cand.data_parallel, cand.stages, cand.chunks, cand.tensor_parallel, cand.context_parallel,
-                cand.expert_parallel, (), devices_per_node)

@@ -16,7 +16,7 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import Plan, compile_plan
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
-    CostTable, chunk_placement, memory_lower_bound, min_max_partition, quick_counts, step_lower_bound,
+    CostTable, chunk_placement, memory_lower_bound, min_max_partition, quick_counts, step_lower_bound, step_zero,
 )
 from gpipe_sim.planner.program_bounds import program_step_bound, relaxed_step_bound
 from gpipe_sim.planner.held_bound import held_memory_bound, held_memory_ceiling, held_samples
@@ -204,7 +204,7 @@ class _Refiner:
             memory = self.memory[mkey] = memory_lower_bound(costs, cand, counts)
         if memory > costs.capacity:
             return memory, math.nan, counts
-        bkey = (T, C, E, D, remat, M, 1 if zero == 2 else zero, K, v, placement, counts_id)
+        bkey = (T, C, E, D, remat, M, step_zero(zero), K, v, placement, counts_id)
         step = self.cache.get(bkey)
         if step is None:
             step = self.cache[bkey] = step_lower_bound(costs, cand, counts, rows.work(M))

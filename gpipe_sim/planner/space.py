@@ -11,6 +11,7 @@ from typing import Any, Iterator, Mapping, NamedTuple
 import numpy as np
 
 from gpipe_sim.errors import GpipeError, ScenarioError
+from gpipe_sim.mesh import Mesh
 from gpipe_sim.schedule import SCHEDULES, Kind
 from gpipe_sim.model.recompute import per_layer, remat_problem
 from gpipe_sim.schema import limits
@@ -110,6 +111,11 @@ class Candidate(NamedTuple):
     def data_parallel_only(self) -> bool:
         """K=1: plain data parallelism with gradient accumulation, no pipeline schedule."""
         return self.stages == 1
+
+    def mesh(self, devices_per_node: int | None) -> Mesh:
+        """Its mesh where it places itself (Megatron-LM's order), as compile makes it."""
+        return Mesh(self.data_parallel, self.stages, self.chunks, self.tensor_parallel, self.context_parallel,
+                    self.expert_parallel, (), devices_per_node)
 
     def clears(self, field_name: str) -> bool:
         """Whether the candidate overrides the base's hardware field (e.g. "hardware.placement") with None."""

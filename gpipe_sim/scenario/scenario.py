@@ -343,16 +343,14 @@ class Scenario(_Strict):
         """A copy with dotted-name fields replaced, e.g. {"pipeline.stages": 8}; revalidated: the
         sections they name as data, the others as they are (valid already), then the whole."""
         named = {dotted.split(".", 1)[0] for dotted in updates}
-        if named <= set(_SECTIONS) and not any(dotted.endswith(".preset") for dotted in updates):
-            data: dict[str, Any] = {name: getattr(self, name) for name in _SECTIONS}
+        sections = type(self).model_fields
+        if named <= sections.keys() and not any(dotted.endswith(".preset") for dotted in updates):
+            data: dict[str, Any] = {name: getattr(self, name) for name in sections}
             data.update({name: getattr(self, name).model_dump(mode="json", exclude_none=True) for name in named})
         else:  # a preset switch clears fields of its section; an unknown name is refused
             data = self.to_dict()
         apply_updates(data, updates)
         return parse_scenario(data)
-
-
-_SECTIONS = ("model", "hardware", "pipeline", "training")  # a Scenario's fields
 
 
 def apply_updates(data: dict[str, Any], updates: dict[str, Any]) -> None:

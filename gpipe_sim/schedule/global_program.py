@@ -118,6 +118,8 @@ def with_collectives(columns: ProgramColumns, overlap: bool = False) -> ProgramC
     updates = np.flatnonzero(kind == Kind.UPDATE)
     update = np.zeros(n_ranks, dtype=np.int64)
     np.maximum.at(update, rank[updates], updates)  # each rank's last update
+    if len(np.unique(rank[updates])) < n_ranks:  # the waits go before each rank's update
+        raise ValueError("with_collectives: a rank's program has no update")
     owner = rank[last]
     n = len(last)
     # (insert before, rank, allreduce 0 / wait 1, reduction order): ties kept in this order
