@@ -39,9 +39,6 @@ def check_model(scenario: Scenario) -> None:
         raise ScenarioError("model.experts: gpipe-exec runs a mixture of experts with training.zero 2 or 3 at "
                             "tensor_parallel > 1 only where each expert is on one process of its tensor rank "
                             "(data_parallel x context_parallel = expert_parallel); gpipe-sim predicts the rest")
-    if getattr(scenario.model, "experts", 0) and p.tensor_parallel > 1 and not p.sequence_parallel:
-        raise ScenarioError(f"pipeline.sequence_parallel: gpipe-exec runs a mixture of experts at tensor_parallel "
-                            f"{p.tensor_parallel} with sequence parallelism only, as Megatron-LM trains it")
     if p.tensor_parallel > 1 and scenario.training.overlap_grad_reduce and \
             p.data_parallel * p.context_parallel > 1 and scenario.training.zero < 2:
         raise ScenarioError(f"training.overlap_grad_reduce: gpipe-exec's gradient buckets run at tensor_parallel 1 "

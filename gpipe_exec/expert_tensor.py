@@ -58,8 +58,9 @@ def sum_rows(rows: torch.Tensor, counts: list[int], group: TensorGroup) -> torch
     padded = rows.new_zeros(len(counts), max(counts), *rows.shape[1:])
     for j, part in enumerate(rows.split(counts)):
         padded[j, : counts[j]] = part
-    dist.all_reduce(padded, group=group.group)
-    return padded[group.rank, : counts[group.rank]].clone()
+    mine = padded.new_empty(padded.shape[1:])  # a reduce-scatter, as Megatron-LM's and the simulator's
+    dist.reduce_scatter_tensor(mine, padded.flatten(0, 1), group=group.group)  # member j's rows: its block
+    return mine[: counts[group.rank]]
 
 
 class GatherRows(torch.autograd.Function):

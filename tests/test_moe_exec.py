@@ -192,11 +192,14 @@ def test_experts_split_over_tensor_parallel_ranks_equal_plain_training() -> None
 
 
 def test_experts_at_t2_need_sequence_parallelism_in_one_line() -> None:
+    """Megatron-LM's rule, the scenario's: the simulator and gpipe-exec refuse MoE at T > 1 without
+    sequence parallelism alike (one line naming the field), and run it with."""
     from gpipe_exec.execute import check_model
     from gpipe_sim.errors import ScenarioError
 
-    sc = parse_scenario({"model": MOE_MODEL, "hardware": {"preset": "cpu"},
-                         "pipeline": {"stages": 1, "micro_batches": 2, "batch_size": 4, "tensor_parallel": 2}})
-    with pytest.raises(ScenarioError, match=r"^pipeline.sequence_parallel: gpipe-exec runs a mixture of experts at "):
-        check_model(sc)
-    check_model(sc.with_updates({"pipeline.sequence_parallel": True}))
+    data = {"model": MOE_MODEL, "hardware": {"preset": "cpu"},
+            "pipeline": {"stages": 1, "micro_batches": 2, "batch_size": 4, "tensor_parallel": 2}}
+    with pytest.raises(ScenarioError, match=r"^pipeline.sequence_parallel: a mixture of experts at tensor_parallel 2 "
+                                            r"needs sequence parallelism"):
+        parse_scenario(data)
+    check_model(parse_scenario({**data, "pipeline": {**data["pipeline"], "sequence_parallel": True}}))

@@ -26,9 +26,12 @@ from gpipe_sim.model.block_shape import BlockShape
 from gpipe_sim.model.model import LayerSpec, ModelSpec, TableModel, TransformerModel
 
 
-def expert_parallel_problem(model: ModelSpec, ep: int, tp: int, data_parallel: int) -> str | None:
+def expert_parallel_problem(model: ModelSpec, ep: int, tp: int, data_parallel: int,
+                            sequence_parallel: bool = True) -> str | None:
     """One line naming the field where the model's experts cannot be split over `ep` devices or
-    `tp` tensor-parallel ones; None where they can (always for a dense model at E = 1). A measured
+    `tp` tensor-parallel ones; None where they can (always for a dense model at E = 1). Tensor
+    parallelism of a mixture of experts needs `sequence_parallel` (Megatron-LM refuses MoE with
+    tensor parallelism without it; gpipe-exec runs it so). A measured
     layer table runs at the E it was profiled at only (its MoE rows hold one device's experts,
     the all-to-alls inside their times: `TableModel.expert_parallel`)."""
     if isinstance(model, TableModel):
@@ -46,6 +49,9 @@ def expert_parallel_problem(model: ModelSpec, ep: int, tp: int, data_parallel: i
     problem = _carved_problem(ep, data_parallel)
     if problem:
         return problem
+    if tp > 1 and not sequence_parallel:
+        return (f"pipeline.sequence_parallel: a mixture of experts at tensor_parallel {tp} needs sequence "
+                "parallelism (Megatron-LM refuses MoE with tensor parallelism without it)")
     if model.moe_ffn % tp:
         return (f"model.expert_d_ff: {model.moe_ffn:,} does not split over pipeline.tensor_parallel {tp} "
                 f"(give a multiple of {tp})")

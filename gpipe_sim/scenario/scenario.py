@@ -314,7 +314,8 @@ class Scenario(_Strict):
         problem = (tensor_parallel_problem(self.model, p.tensor_parallel)
                    or context_parallel_problem(self.model, p.context_parallel)
                    or layout_problem(p, self.hardware)
-                   or expert_parallel_problem(self.model, p.expert_parallel, p.tensor_parallel, p.data_parallel)
+                   or expert_parallel_problem(self.model, p.expert_parallel, p.tensor_parallel, p.data_parallel,
+                                              p.sequence_parallel)
                    or remat_problem(self.model, p.remat))
         if problem:
             raise ValueError(problem)
