@@ -109,3 +109,28 @@ def test_a_bucket_reduction_allocates_its_padded_copy_and_its_part_only() -> Non
     _, flat, mine = update.pending[0]
     assert torch.equal(flat, torch.cat([torch.ones(11), torch.zeros(1)]))  # the gradients, then zeros
     assert tracker.peak - 11 * 4 == (N + 1) * 6 * 4 == flat.untyped_storage().nbytes() + mine.untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_simulated_buckets_are_the_executors_a_tied_table_held_once(tied: bool) -> None:
+    """ZeRO-1's buckets of a one-chunk transformer in 4 kB buckets: the simulator's (dense,
+    experts') elements per bucket (`bucket_sizes`) are what gpipe-exec's `bucket_groups` puts in
+    each, a tied token table counted once, in the head's bucket, as both hold it."""
+    from gpipe_exec.runtime.grad_buckets import bucket_groups
+    from gpipe_exec.zoo import build_layers_range
+    from gpipe_sim.plan.buckets import reduction_size
+    from gpipe_sim.plan.compile import compile_plan
+    from gpipe_sim.plan.zero_shards import bucket_sizes
+
+    sc = parse_scenario({
+        "model": {"preset": "transformer", "layers": 2, "d_model": 16, "d_ff": 32, "heads": 2, "seq_len": 8,
+                  "vocab": 64, "tied_embeddings": tied},
+        "hardware": {"preset": "cpu"},
+        "pipeline": {"stages": 1, "data_parallel": 2, "micro_batches": 1, "batch_size": 2},
+        "training": {"optimizer": "sgd", "zero": 1, "overlap_grad_reduce": True, "bucket_bytes": "4 kB"}})
+    plan = compile_plan(sc)
+    simulated = bucket_sizes(plan, plan.chunks[0])
+    layers = build_layers_range(sc.model, 0, len(plan.layers) - 1)
+    executed = [sum(p.numel() for p in group) for group in bucket_groups(layers, reduction_size(sc))]
+    assert [dense + experts for dense, experts in simulated] == executed
+    assert sum(executed) == plan.chunks[0].params

@@ -9,6 +9,7 @@ import numpy as np
 
 from gpipe_sim.plan.buckets import buckets, reduction_size
 from gpipe_sim.plan.compile import Plan
+from gpipe_sim.plan.layer_table import held_parameters
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,16 @@ def bucket_sizes(plan: Plan, chunk: Any) -> list[tuple[int, int]]:
     element = scenario.training.dtype_bytes
     size = reduction_size(scenario)
     apart = plan.mesh.expert_parallel > 1
-    layers = list(reversed(plan.layers[chunk.first_layer:chunk.last_layer + 1]))
+    own = plan.layers[chunk.first_layer:chunk.last_layer + 1]
+    params = [layer.params for layer in own]
+    # a tied token table is held once (`held_parameters`): in the head's bucket, the first its
+    # backward fills, as gpipe-exec's buckets take a shared tensor where they meet it first
+    params[0] -= sum(params) - held_parameters(plan.scenario, own, len(own) == len(plan.layers))
+    layers, params = own[::-1], params[::-1]
     out, first = [], 0
-    for last, _ in buckets([layer.params * element for layer in layers], size):
-        held = layers[first:last + 1]
-        expert = sum(layer.expert_params for layer in held) if apart else 0
-        out.append((sum(layer.params for layer in held) - expert, expert))
+    for last, _ in buckets([n * element for n in params], size):
+        expert = sum(layer.expert_params for layer in layers[first:last + 1]) if apart else 0
+        out.append((sum(params[first:last + 1]) - expert, expert))
         first = last + 1
     return [b for b in out if sum(b)] or [(0, 0)]
 
