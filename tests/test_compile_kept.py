@@ -158,6 +158,21 @@ def test_small_schedules_are_kept_past_a_hundred_others():
         assert np.array_equal(getattr(first.columns, n), getattr(fresh.columns, n))
 
 
+def test_a_per_layer_mode_shares_its_programs_after_their_owner_was_dropped():
+    """A mode kept past its programs' owner ("none") would hold the old columns while the owner
+    is built anew: the two are dropped together."""
+    from gpipe_sim.schedule.lower import _BUILT_SMALL, _BUILT_SMALL_SIZE
+
+    build_schedule(2, 5, "1f1b", "full", 1)
+    for M in range(300, 300 + _BUILT_SMALL_SIZE):  # small schedules until the owner is dropped
+        build_schedule(1, M, "gpipe", "none", 1)
+        if ("1f1b", 2, 5, "none", 1) not in _BUILT_SMALL:
+            break
+    full = build_schedule(2, 5, "1f1b", "full", 1)
+    assert full.columns is build_schedule(2, 5, "1f1b", "none", 1).columns
+    assert build_schedule(2, 5, "1f1b", "selective", 1).columns is full.columns
+
+
 def test_kept_chunk_times_equal_a_fresh_pricing_and_tell_accelerators_apart():
     from gpipe_sim.plan.chunk_times import chunk_pass_times, chunk_times
     from gpipe_sim.plan.layer_table import scenario_layers

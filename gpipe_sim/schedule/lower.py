@@ -66,9 +66,19 @@ def build_schedule(ranks: int, micro_batches: int, schedule: str = "gpipe", rema
     memo, size = (_BUILT_SMALL, _BUILT_SMALL_SIZE) if len(built.columns.kind) <= SMALL_ACTIONS else (_BUILT, _BUILT_SIZE)
     _BUILT_SMALL.pop(key, None), _BUILT.pop(key, None)  # another family's, registered under this name before
     if len(memo) >= size:
-        memo.pop(next(iter(memo)))
+        _drop(memo, next(iter(memo)))
     memo[key] = (family, built)
     return built
+
+
+def _drop(memo: dict[tuple, tuple[object, Schedule]], key: tuple) -> None:
+    """Drop a kept schedule and, with a remat mode's own programs, the modes that share them: a
+    mode kept past its programs' owner would no longer share the owner's next build."""
+    memo.pop(key)
+    name, ranks, micro_batches, remat, chunks = key
+    for mode, owner in _SAME_PROGRAMS.items():
+        if owner == remat:
+            memo.pop((name, ranks, micro_batches, mode, chunks), None)
 
 
 def _build(ranks: int, micro_batches: int, schedule: str, remat: RematMode, chunks: int) -> Schedule:
