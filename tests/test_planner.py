@@ -193,6 +193,14 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
     assert sum(1 + e.alike for e in search.distinct) == len(search.ranked)
     assert (search.enumerated == search.simulated + search.reused + search.pruned_by_memory
             + search.pruned_by_bound + search.infeasible)
+    # every entry (a reused twin's too) is its configuration's simulation, every step figure a
+    # candidate was pruned by (a bound, its timed step, its twin's) at most its simulated step
+    assert [c.overrides() for c in search.candidates] == [o for o, _ in brute]
+    for e in search.simulated_entries:
+        assert e.step_time_s == pytest.approx(brute[e.index][1].step_time_s, rel=1e-12), e.overrides
+    for i, (reason, figure, _) in search.pruned.items():
+        if reason in ("bound", "preferred") and brute[i][1] is not None:
+            assert figure <= brute[i][1].step_time_s * (1 + 1e-12), (brute[i][0], reason, figure)
     costs = CostTable(base)
     for o, result in brute:
         if result is None:

@@ -24,7 +24,7 @@ from gpipe_sim.planner import command, search
 # The search's phases (queue, ties, families) and the steps its decisions take, by their names in
 # gpipe_sim.planner.search
 TIMED = ("space_blocks", "_coarse_queue", "_run_queue", "_resolve_ties", "_family_bests", "_finish", "_decide",
-         "compile_plan", "simulate_plan", "relaxed_step_bound", "program_step_bound", "held_memory_bound",
+         "compile_plan", "run_engine", "result_from_times", "simulate_plan", "relaxed_step_bound", "program_step_bound", "held_memory_bound",
          "held_memory_ceiling")
 
 

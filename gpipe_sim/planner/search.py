@@ -11,9 +11,9 @@ from typing import Any, Callable, MutableMapping, Sequence
 
 import numpy as np
 
-from gpipe_sim.api import simulate_plan
+from gpipe_sim.api import result_from_times, run_engine, simulate_plan
 from gpipe_sim.errors import GpipeError
-from gpipe_sim.plan.compile import Plan, compile_plan
+from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
     CostTable, chunk_placement, memory_lower_bound, min_max_partition, quick_counts, step_lower_bound, step_zero,
@@ -24,9 +24,10 @@ from gpipe_sim.planner.coarse import coarse_arrays
 from gpipe_sim.planner.coarse_order import CoarseOrder
 from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.space_index import CandidateSpace
+from gpipe_sim.planner.ranking import Ranking
 from gpipe_sim.planner.work_rows import WorkCache
 from gpipe_sim.planner.entries import (
-    LIMITERS, MEMORY_LIMITED, NEGLIGIBLE_LOSS, PlanEntry, _copy_entry, _entry, collapse_alike, limiter_of,
+    LIMITERS, MEMORY_LIMITED, NEGLIGIBLE_LOSS, PlanEntry, _entry, collapse_alike, limiter_of,
     pareto_front,
 )
 from gpipe_sim.planner.space import (
@@ -96,12 +97,6 @@ class PlanSearch:
     def configs_per_second(self) -> float:
         """Configurations decided (enumerated) per second of search."""
         return self.enumerated / self.seconds if self.seconds > 0 else float("inf")
-
-
-def _dedup_key(cand: Candidate, counts: Sequence[int]) -> tuple[Any, ...]:
-    """Two candidates with equal keys compile to the same plan (the partition method only picks counts)."""
-    axes = cand.axes()
-    return tuple(repr(value) for value in axes[:6] + axes[7:]) + (cand.cleared, tuple(counts))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,59 +206,20 @@ class _Refiner:
         return memory, step, counts
 
 
-class _Ranking:
-    """The search's state: every entry recorded, the simulated ones by `_dedup_key`, the step
-    times of the `top` best fitting signatures (whose worst is the threshold a bound must beat)
-    and the fastest."""
-
-    def __init__(self, top: int, space: int) -> None:
-        self.top = top
-        self.entries: list[PlanEntry] = []
-        self.seen: dict[Any, PlanEntry] = {}
-        self.pruned = Pruned(space)  # index -> (reason, figure, threshold)
-        self._best_steps: list[float] = []  # max-heap (negated) of the top fitting step times, one per signature
-        self._signatures: set[tuple[Any, ...]] = set()
-        self.fastest = math.inf
-        self.fixed: float | None = None  # while ties are resolved: the tie's limit
-        self.compiled: set[int] = set()  # candidates pruned by a bound from their compiled program
-
-    def threshold(self) -> float:
-        """The `top`-th best fitting step time found (inf until `top` signatures fit); while
-        ties are resolved, the fastest's step time plus the tie."""
-        if self.fixed is not None:
-            return self.fixed
-        return -self._best_steps[0] if len(self._best_steps) >= self.top else math.inf
-
-    def record(self, entry: PlanEntry) -> None:
-        """Keep the entry; a fitting one of a new signature may lower the threshold."""
-        self.entries.append(entry)
-        if entry.fits:
-            self.fastest = min(self.fastest, entry.step_time_s)
-        if entry.fits and entry.signature not in self._signatures:
-            self._signatures.add(entry.signature)
-            if len(self._best_steps) < self.top:
-                heapq.heappush(self._best_steps, -entry.step_time_s)
-            elif entry.step_time_s < -self._best_steps[0]:
-                heapq.heapreplace(self._best_steps, -entry.step_time_s)
-
-    def reuse(self, key: Any, index: int, cand: Candidate) -> bool:
-        """Record the figures of the entry simulated under `key` for this candidate; False if none."""
-        if key is None or key not in self.seen:
-            return False
-        self.record(_copy_entry(self.seen[key], index, cand))
-        return True
-
-
-def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, cand: Candidate,
+def _decide(base: Scenario, costs: CostTable, ranking: Ranking, index: int, cand: Candidate,
             counts: list[int] | None) -> str:
     """Decide one queued candidate and record any entry it gives: "reused" (its plan was simulated
-    already), "memory" (a finer memory bound exceeds the capacity), "infeasible" (it does not
-    compile), "bound" (a finer step-time bound is above the threshold) or "simulated"; the
-    reason of the pruned ones noted in `ranking.pruned`."""
+    already: `Twins`), "repeat" (its plan's step is bounded already above the threshold), "memory" (a
+    finer memory bound exceeds the capacity), "infeasible" (it does not compile), "bound" (a
+    finer step-time bound is above the threshold), "timed" (its timed step is: pruned before its
+    memory is accounted, as by a bound, the step its figure) or "simulated"; the reason of the
+    pruned ones noted in `ranking.pruned` ("bound" for "repeat" and "timed")."""
     cap = costs.capacity
-    key = _dedup_key(cand, counts) if counts is not None else None
+    key = ranking.twins.key(cand, counts) if counts is not None else None
     if ranking.reuse(key, index, cand):
         return "reused"
+    if ranking.repeats(key, index):
+        return "repeat"
     try:
         # the schedule's held activations bounded only where the batch's could exceed the capacity
         held = 0.0 if counts is not None and held_memory_ceiling(costs, cand, counts) <= cap else \
@@ -278,34 +234,29 @@ def _decide(base: Scenario, costs: CostTable, ranking: _Ranking, index: int, can
         return "infeasible"
     if counts is None:
         counts = plan_.layer_counts
-        key = _dedup_key(cand, counts)
+        key = ranking.twins.key(cand, counts)
         if ranking.reuse(key, index, cand):
             return "reused"
+        if ranking.repeats(key, index):
+            return "repeat"
         for what, bound, limit in (("memory", memory_lower_bound(costs, cand, counts), cap),
                                    ("bound", step_lower_bound(costs, cand, counts), ranking.threshold())):
             if bound > limit:
                 ranking.pruned[index] = (what, bound, limit)
                 return what
-    if _step_bound_prunes(costs, ranking, index, cand, plan_):
+    # the compiled plan's step bound: for a plan the SimPy engine would time (links or devices
+    # shared), the fast evaluator's step of it with the contention relaxed (`relaxed_step_bound`),
+    # else `program_step_bound` (cheaper than the timing and the memory accounting it may spare)
+    if ranking.floor_prunes(index, key, relaxed_step_bound(plan_) or program_step_bound(costs, cand, plan_)):
         return "bound"
-    entry = _entry(index, cand, simulate_plan(plan_), cap)
+    # timed before its memory is accounted: a step above the threshold prunes it as a bound would
+    start, end = run_engine(plan_)
+    if ranking.floor_prunes(index, key, float(end.max()) if len(end) else 0.0):
+        return "timed"
+    entry = _entry(index, cand, result_from_times(plan_, start, end), cap)
     ranking.seen[key] = entry
     ranking.record(entry)
     return "simulated"
-
-
-def _step_bound_prunes(costs: CostTable, ranking: _Ranking, index: int, cand: Candidate, plan_: Plan) -> bool:
-    """Whether the compiled plan's step bound exceeds the threshold (then noted in `ranking.pruned`):
-    for a plan the SimPy engine would time (links or devices shared), the fast evaluator's step of
-    it with the contention relaxed (`relaxed_step_bound`), else `program_step_bound` (cheaper than
-    the fast evaluator's timing and the memory accounting it may spare)."""
-    limit = ranking.threshold()
-    bound = relaxed_step_bound(plan_) or program_step_bound(costs, cand, plan_)
-    if bound > limit:
-        ranking.pruned[index] = ("bound", bound, limit)
-        ranking.compiled.add(index)
-        return True
-    return False
 
 
 def search_configurations(base: Scenario, options: PlanOptions, *,
@@ -329,7 +280,7 @@ def search_configurations(base: Scenario, options: PlanOptions, *,
     candidates = CandidateSpace(space_blocks(base, options, rejected))
     costs = CostTable(base)
     costs.capacity *= 1.0 - options.headroom
-    ranking = _Ranking(options.top, len(candidates))
+    ranking = Ranking(options.top, len(candidates))
     works = WorkCache(costs)
     queue = _coarse_queue(costs, candidates, works, ranking.pruned)
     outcomes: Counter[str] = Counter(memory=len(ranking.pruned))
@@ -345,7 +296,7 @@ def search_configurations(base: Scenario, options: PlanOptions, *,
     return search
 
 
-def _run_queue(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: CandidateSpace,
+def _run_queue(base: Scenario, costs: CostTable, ranking: Ranking, candidates: CandidateSpace,
                queue: CoarseOrder, refine: _Refiner, outcomes: Counter[str],
                progress: Callable[[int, int], None] | None) -> None:
     """Decide the queued candidates in the order of their bounds, (bound, index): the coarse
@@ -388,7 +339,7 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: 
         progress(total, total)
 
 
-def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: Sequence[Candidate],
+def _resolve_ties(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate],
                   refine: _Refiner, outcomes: Counter[str], options: PlanOptions) -> None:
     """Simulate what the tie needs: the candidates pruned by a bound within the tie of the
     fastest, by `structure` (the preferred first), until `top` distinct tied configurations of
@@ -417,7 +368,7 @@ def _resolve_ties(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
     ranking.fixed = None
 
 
-def _reconsider(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: Sequence[Candidate], i: int,
+def _reconsider(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate], i: int,
                 limit: float, refine: _Refiner, outcomes: Counter[str]) -> str:
     """Take candidate i, pruned by the coarse bound, out of the pruned; prune it again by its
     refined memory or step bound where that exceeds the capacity or `limit`, else decide it
@@ -474,9 +425,12 @@ MAX_FAMILY_DECISIONS = 48  # per family, after the main search (a bound on the e
 # what a decision pruned by a step bound counts of one (it compiles the plan and bounds its program,
 # the relaxed evaluation included: about a quarter of the cost of simulating and accounting memory)
 PROGRAM_BOUND_SHARE = 0.25
+# and one pruned by its timed step (compiled and timed, its memory not accounted)
+TIMED_SHARE = 1.0
+SHARES = {"bound": PROGRAM_BOUND_SHARE, "timed": TIMED_SHARE, "reused": 0.0, "repeat": 0.0}
 
 
-def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidates: Sequence[Candidate],
+def _family_bests(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate],
                   refine: _Refiner, outcomes: Counter[str], unproven: set[str],
                   progress: Callable[[int, int], None] | None = None) -> list[PlanEntry]:
     """Each family's fastest fitting configuration, fastest family first. The main search proves
@@ -508,7 +462,7 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: _Ranking, candidate
         done = len(ranking.entries)
         outcome = _reconsider(base, costs, ranking, candidates, i, limit, refine, outcomes)
         keep(ranking.entries[done:])
-        return 0.0 if not outcome else PROGRAM_BOUND_SHARE if outcome == "bound" else 1.0
+        return 0.0 if not outcome else SHARES.get(outcome, 1.0)
 
     for name, (bounds, indices) in pending.items():
         spent = 0.0
@@ -559,7 +513,7 @@ def _finish(base: Scenario, options: PlanOptions, candidates: Sequence[Candidate
     search = PlanSearch(
         base=base, options=options, ranked=ranked, distinct=distinct, simulated_entries=entries,
         front=pareto_front(entries), enumerated=len(candidates), simulated=outcomes["simulated"],
-        reused=outcomes["reused"], pruned_by_memory=outcomes["memory"], pruned_by_bound=outcomes["bound"],
+        reused=outcomes["reused"], pruned_by_memory=outcomes["memory"], pruned_by_bound=outcomes["bound"] + outcomes["timed"] + outcomes["repeat"],
         infeasible=outcomes["infeasible"], seconds=time.perf_counter() - t0,
         capacity_bytes=base.hardware.accelerator.usable_memory_bytes, order=order, tied=tied,
         limit_bytes=costs.capacity, candidates=candidates,
