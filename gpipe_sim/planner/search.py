@@ -215,11 +215,6 @@ def _decide(base: Scenario, costs: CostTable, ranking: Ranking, index: int, cand
     memory is accounted, as by a bound, the step its figure) or "simulated"; the reason of the
     pruned ones noted in `ranking.pruned` ("bound" for "repeat" and "timed")."""
     cap = costs.capacity
-    key = ranking.twins.key(cand, counts) if counts is not None else None
-    if ranking.reuse(key, index, cand):
-        return "reused"
-    if ranking.repeats(key, index):
-        return "repeat"
     try:
         # the schedule's held activations bounded only where the batch's could exceed the capacity
         held = 0.0 if counts is not None and held_memory_ceiling(costs, cand, counts) <= cap else \
@@ -227,6 +222,11 @@ def _decide(base: Scenario, costs: CostTable, ranking: Ranking, index: int, cand
         if held > cap:
             ranking.pruned[index] = ("memory", held, cap)
             return "memory"
+        key = ranking.twins.key(cand, counts) if counts is not None else None
+        if ranking.reuse(key, index, cand):
+            return "reused"
+        if ranking.repeats(key, index):
+            return "repeat"
         # alike replicas timed once (replicas that differ over the pass limit: infeasible, said why)
         plan_ = compile_plan(base.with_updates(cand.overrides())).simulated()
     except GpipeError as exc:
