@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any, Iterable, Sequence
 
@@ -29,6 +28,7 @@ from gpipe_sim.model.tensor_parallel import Collectives, transformer_collectives
 from gpipe_sim.planner.chunk_arrays import partition_edges, placement_arrays
 from gpipe_sim.planner.segments import SLACK, cumulative, min_max_partition, segment_cost
 from gpipe_sim.planner.space import Candidate
+from gpipe_sim.planner.work import Work
 
 class CostTable:
     """Per-layer costs of the base model split over T devices per rank, its sequence over C and
@@ -386,36 +386,6 @@ class CostTable:
         tt = self.compute_times(largest)
         factor = 0.0 if remat == "none" or per_layer(remat) else 1.0
         return (tt[:, 0] * (1 + factor) + tt[:, 1]).tolist()
-
-
-@dataclass(frozen=True)
-class Work:
-    """A candidate's per-layer figures for one replica: `work`, compute seconds over all
-    micro-batches (re-computation, the cheaper of full or split backward, the update); `trail`,
-    the part of it that may run after a chunk's last input-gradient pass (the update and every
-    weight-gradient pass); and one (the smallest) micro-batch's forward and backward seconds."""
-
-    work: np.ndarray
-    trail: np.ndarray
-    forward: np.ndarray
-    backward: np.ndarray
-    largest: int  # samples in the largest micro-batch
-    smallest: int  # samples in the smallest micro-batch
-
-    @cached_property
-    def total(self) -> float:
-        """Compute seconds of a replica over every layer."""
-        return float(self.work.sum())
-
-    @cached_property
-    def chain(self) -> float:
-        """One micro-batch's forward and backward through every layer."""
-        return float(self.forward.sum() + self.backward.sum())
-
-    @cached_property
-    def cums(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Running sums (from 0) of `work`, `forward`, `backward` and `trail` over the layers."""
-        return cumulative(self.work), cumulative(self.forward), cumulative(self.backward), cumulative(self.trail)
 
 
 def candidate_work(costs: CostTable, cand: Candidate) -> Work:

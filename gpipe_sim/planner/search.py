@@ -24,6 +24,7 @@ from gpipe_sim.planner.coarse import coarse_arrays
 from gpipe_sim.planner.coarse_order import CoarseOrder
 from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.space_index import CandidateSpace
+from gpipe_sim.planner.order_bound import OrderBounds
 from gpipe_sim.planner.ranking import Ranking
 from gpipe_sim.planner.work_rows import WorkCache
 from gpipe_sim.planner.entries import (
@@ -174,6 +175,7 @@ class _Refiner:
         self.placement_ids: dict[tuple[int, ...], int] = {}
         self.memory: dict[Any, float] = {}
         self.cache: dict[Any, float] = {}
+        self.order = OrderBounds(costs)  # the pass orders' bound, asked before compiling
 
     def __call__(self, cand: Candidate) -> tuple[float, float, list[int] | None]:
         """(memory bound, step-time bound, counts or None); the step-time bound is nan where the
@@ -206,7 +208,7 @@ class _Refiner:
         return memory, step, counts
 
 
-def _decide(base: Scenario, costs: CostTable, ranking: Ranking, index: int, cand: Candidate,
+def _decide(base: Scenario, costs: CostTable, ranking: Ranking, refine: _Refiner, index: int, cand: Candidate,
             counts: list[int] | None) -> str:
     """Decide one queued candidate and record any entry it gives: "reused" (its plan was simulated
     already: `Twins`), "repeat" (its plan's step is bounded already above the threshold), "memory" (a
@@ -227,6 +229,9 @@ def _decide(base: Scenario, costs: CostTable, ranking: Ranking, index: int, cand
             return "reused"
         if ranking.repeats(key, index):
             return "repeat"
+        # the passes in the schedule's orders, before compiling (`order_bound`)
+        if counts is not None and ranking.floor_prunes(index, key, refine.order(cand, counts, chunk_placement(cand))):
+            return "ordered"
         # alike replicas timed once (replicas that differ over the pass limit: infeasible, said why)
         plan_ = compile_plan(base.with_updates(cand.overrides())).simulated()
     except GpipeError as exc:
@@ -326,7 +331,7 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: Ranking, candidates: C
                 heapq.heappush(refined, (step, i, counts))
             continue
         _, i, counts = heapq.heappop(refined)
-        outcomes[_decide(base, costs, ranking, i, candidates[i], counts)] += 1
+        outcomes[_decide(base, costs, ranking, refine, i, candidates[i], counts)] += 1
         if progress and sum(outcomes.values()) % 64 == 0:
             progress(total - (n - p) - len(refined), total)
     limit = ranking.threshold()
@@ -380,7 +385,7 @@ def _reconsider(base: Scenario, costs: CostTable, ranking: Ranking, candidates: 
     mem, step, counts = refine(candidates[i])
     decided = ""
     if not (mem > costs.capacity or step > limit):
-        decided = _decide(base, costs, ranking, i, candidates[i], counts)
+        decided = _decide(base, costs, ranking, refine, i, candidates[i], counts)
         outcomes[decided] += 1
     else:
         what = "memory" if mem > costs.capacity else "bound"
@@ -425,9 +430,12 @@ MAX_FAMILY_DECISIONS = 48  # per family, after the main search (a bound on the e
 # what a decision pruned by a step bound counts of one (it compiles the plan and bounds its program,
 # the relaxed evaluation included: about a quarter of the cost of simulating and accounting memory)
 PROGRAM_BOUND_SHARE = 0.25
-# and one pruned by its timed step (compiled and timed, its memory not accounted)
-TIMED_SHARE = 1.0
-SHARES = {"bound": PROGRAM_BOUND_SHARE, "timed": TIMED_SHARE, "reused": 0.0, "repeat": 0.0}
+# one pruned by its timed step (compiled and timed, its memory not accounted) counts as the
+# simulation it was before it was pruned so; one pruned by its pass orders' bound (not compiled)
+# counts as a tenth; one that reuses what a twin's decision found, nothing
+TIMED_SHARE, ORDER_BOUND_SHARE = 1.0, 0.1
+SHARES = {"bound": PROGRAM_BOUND_SHARE, "timed": TIMED_SHARE, "ordered": ORDER_BOUND_SHARE, "reused": 0.0,
+          "repeat": 0.0}
 
 
 def _family_bests(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate],
@@ -513,7 +521,7 @@ def _finish(base: Scenario, options: PlanOptions, candidates: Sequence[Candidate
     search = PlanSearch(
         base=base, options=options, ranked=ranked, distinct=distinct, simulated_entries=entries,
         front=pareto_front(entries), enumerated=len(candidates), simulated=outcomes["simulated"],
-        reused=outcomes["reused"], pruned_by_memory=outcomes["memory"], pruned_by_bound=outcomes["bound"] + outcomes["timed"] + outcomes["repeat"],
+        reused=outcomes["reused"], pruned_by_memory=outcomes["memory"], pruned_by_bound=sum(outcomes[k] for k in ("bound", "ordered", "timed", "repeat")),
         infeasible=outcomes["infeasible"], seconds=time.perf_counter() - t0,
         capacity_bytes=base.hardware.accelerator.usable_memory_bytes, order=order, tied=tied,
         limit_bytes=costs.capacity, candidates=candidates,

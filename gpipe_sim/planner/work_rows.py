@@ -7,7 +7,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from gpipe_sim.planner.bounds import CostTable, Work
+from gpipe_sim.planner.bounds import CostTable
+from gpipe_sim.planner.work import Work
 from gpipe_sim.planner.segments import cumulative_rows
 from gpipe_sim.planner.size_terms import SizeTerms
 from gpipe_sim.planner.space import Candidate
@@ -75,14 +76,13 @@ class WorkRows:
         got = self._works.get(M)
         if got is None:
             at, terms = self._at[M - 1], self.terms
-            got = self._works[M] = Work(self.work_[M - 1], self.trail_[M - 1], terms.forward[at],
-                                        terms.backward[at], int(self.largest[M - 1]), int(self.size[M - 1]))
             if self._cums is None:
                 self._cums = cumulative_rows(self.work_), cumulative_rows(self.trail_)
-            # functools.cached_property keeps each figure in the instance's __dict__ under its name
-            vars(got).update(total=float(self.total[M - 1]), chain=float(self.chain[M - 1]),
-                             cums=(self._cums[0][M - 1], terms.forward_cum[at], terms.backward_cum[at],
-                                   self._cums[1][M - 1]))
+            got = self._works[M] = Work.with_sums(
+                self.work_[M - 1], self.trail_[M - 1], terms.forward[at], terms.backward[at],
+                int(self.largest[M - 1]), int(self.size[M - 1]), total=float(self.total[M - 1]),
+                chain=float(self.chain[M - 1]), cums=(self._cums[0][M - 1], terms.forward_cum[at],
+                                                      terms.backward_cum[at], self._cums[1][M - 1]))
         return got
 
 
