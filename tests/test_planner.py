@@ -17,7 +17,9 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.schedule import SCHEDULES
 from gpipe_sim.scenario.scenario import parse_scenario
+from gpipe_sim.planner.bounds import chunk_placement
 from gpipe_sim.planner.held_bound import held_memory_ceiling
+from gpipe_sim.planner.order_bound import OrderBounds
 from gpipe_sim.planner.report import family_heads, schedules_text
 from gpipe_sim.schema.units import format_seconds
 from gpipe_sim.planner.search import (
@@ -210,6 +212,7 @@ def test_planner_matches_brute_force_and_bounds_hold(data, options):
         counts = compiled.layer_counts
         cand = Candidate.from_overrides(o)
         assert program_step_bound(costs, cand, compiled) <= result.step_time_s, o
+        assert OrderBounds(costs)(cand, counts, chunk_placement(cand)) <= result.step_time_s, o
         assert relaxed_step_bound(compiled.simulated()) <= result.step_time_s, o
         for given in (None, counts):
             assert memory_lower_bound(costs, cand, given) <= peak, (o, given)
