@@ -29,7 +29,7 @@ class Ranking:
         self._signatures: set[tuple[Any, ...]] = set()
         self.fastest = math.inf
         self.fixed: float | None = None  # while ties are resolved: the tie's limit
-        self.compiled: set[int] = set()  # candidates pruned by a bound from their compiled program
+        self.close: set[int] = set()  # candidates pruned by a close bound: their pass orders', program's or timed step
 
     def threshold(self) -> float:
         """The `top`-th best fitting step time found (inf until `top` signatures fit); while
@@ -51,13 +51,14 @@ class Ranking:
                 heapq.heapreplace(self._best_steps, -entry.step_time_s)
 
     def floor_prunes(self, index: int, key: Any, floor: float) -> bool:
-        """Note `floor` (at most the step of the plan under `key`) and prune the candidate where
-        it is above the threshold (noted "bound" in `pruned`, from its compiled plan)."""
-        self.floors[key] = max(floor, self.floors.get(key, -math.inf))
+        """Note `floor` (at most the step of the plan under `key`, where not None) and prune the
+        candidate where it is above the threshold (noted "bound" in `pruned`, a close bound)."""
+        if key is not None:
+            self.floors[key] = max(floor, self.floors.get(key, -math.inf))
         limit = self.threshold()
         if floor > limit:
             self.pruned[index] = ("bound", floor, limit)
-            self.compiled.add(index)
+            self.close.add(index)
             return True
         return False
 

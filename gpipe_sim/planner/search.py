@@ -224,14 +224,14 @@ def _decide(base: Scenario, costs: CostTable, ranking: Ranking, refine: _Refiner
         if held > cap:
             ranking.pruned[index] = ("memory", held, cap)
             return "memory"
+        # the passes in the schedule's orders, before compiling (`order_bound`)
+        if counts is not None and ranking.floor_prunes(index, None, refine.order(cand, counts, chunk_placement(cand))):
+            return "ordered"
         key = ranking.twins.key(cand, counts) if counts is not None else None
         if ranking.reuse(key, index, cand):
             return "reused"
         if ranking.repeats(key, index):
             return "repeat"
-        # the passes in the schedule's orders, before compiling (`order_bound`)
-        if counts is not None and ranking.floor_prunes(index, key, refine.order(cand, counts, chunk_placement(cand))):
-            return "ordered"
         # alike replicas timed once (replicas that differ over the pass limit: infeasible, said why)
         plan_ = compile_plan(base.with_updates(cand.overrides())).simulated()
     except GpipeError as exc:
@@ -445,11 +445,10 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: Ranking, candidates
     only the top N; a family whose configurations all rank below them has candidates pruned by a
     bound above the N-th step, which may still beat the family's best found: those are decided
     in the order of their bounds, against that family's best (`ranking.fixed`), until the next
-    bound is above it (at most MAX_FAMILY_DECISIONS a family, those its refined bounds prune not
-    counted and those its program's bounds prune counted PROGRAM_BOUND_SHARE: where reached, it
-    goes in `unproven`). Each family first decides its candidate of least bound among those
-    bounded from their compiled programs (`ranking.compiled`: close bounds, so a close best early,
-    which prunes the rest sooner).
+    bound is above it (at most MAX_FAMILY_DECISIONS a family, each decision counted its share of
+    one, `SHARES`: where reached, it goes in `unproven`). Each family first decides its candidate
+    of least bound among those bounded closely (`ranking.close`: by their pass orders, compiled
+    programs or timed steps: a close best early, which prunes the rest sooner).
     `progress(total, total)` is called before each decision (where a caller may stop the search)."""
     best: dict[str, PlanEntry] = {}
 
@@ -474,8 +473,8 @@ def _family_bests(base: Scenario, costs: CostTable, ranking: Ranking, candidates
 
     for name, (bounds, indices) in pending.items():
         spent = 0.0
-        # first the least bound taken from a compiled program (a close one: a close best soon)
-        seeds = np.flatnonzero(np.isin(indices, np.fromiter(ranking.compiled, dtype=np.int64)))
+        # first the least close bound (a close best soon)
+        seeds = np.flatnonzero(np.isin(indices, np.fromiter(ranking.close, dtype=np.int64)))
         if len(seeds) and bounds[seeds[0]] <= (best[name].step_time_s if name in best else math.inf):
             spent += decide(int(indices[seeds[0]]), best[name].step_time_s if name in best else math.inf)
         for bound, i in zip(bounds.tolist(), indices.tolist()):
