@@ -17,21 +17,22 @@ from gpipe_sim.schedule.registry import schedule_family
 _F, _B, _W = int(Kind.FORWARD), int(Kind.BACKWARD), int(Kind.BACKWARD_WEIGHT)
 _UNSET = -1.0
 
-Orders = list[list[tuple[int, int, int]]]
-_ORDERS: Kept[Orders] = Kept(256)  # (schedule, K, M, v) -> every rank's passes as (kind, chunk, micro-batch)
+Orders = list[list[list[int]]]
+# (schedule, K, M, v) -> every rank's passes as [kind, chunk, micro-batch]: a few, as a search asks
+# them in turn (K = 64, M = 128, v = 2 hold 49,152 passes, a few MB)
+_ORDERS: Kept[Orders] = Kept(16)
 
 
 def pass_orders(name: str, K: int, M: int, v: int) -> Orders:
-    """Every rank's passes (kind, chunk, micro-batch) in its order, as the family generates them
+    """Every rank's passes [kind, chunk, micro-batch] in its order, as the family generates them
     (the lowering keeps them in that order, adding transfers, re-computations and the update);
-    kept for the next call."""
+    kept for the next calls."""
     def make() -> Orders:
-        orders = schedule_family(name).generate(K, M, v)
-        return [[tuple(p) for p in np.asarray(order, dtype=np.int64).reshape(-1, 3).tolist()] for order in orders]
+        return [np.asarray(order, dtype=np.int64).reshape(-1, 3).tolist() for order in schedule_family(name).generate(K, M, v)]
     return _ORDERS.get((name, K, M, v), make)
 
 
-def order_step(orders: Orders, times: np.ndarray, hops: np.ndarray, saved: Sequence[bool],
+def order_step(orders: Sequence[Sequence[Sequence[int]]], times: np.ndarray, hops: np.ndarray, saved: Sequence[bool],
                host: np.ndarray | None = None) -> float:
     """The last pass's end when every rank runs its passes in its order, one at a time, each
     starting after the rank's previous one and after what it depends on: a forward of chunk c > 0

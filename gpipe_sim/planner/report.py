@@ -183,8 +183,8 @@ def memory_text(search: PlanSearch) -> str:
 def counts_text(search: PlanSearch) -> str:
     """The counts line: how many configurations were enumerated, simulated and pruned, and how fast."""
     return (f"{search.enumerated:,} configurations: {search.simulated:,} simulated, {search.reused:,} reused "
-            f"(same partition), {search.pruned_by_memory:,} pruned by memory bound, {search.pruned_by_bound:,} "
-            f"pruned by step-time bound, {search.infeasible:,} infeasible; {search.seconds:.2f} s "
+            f"(the same plan as one simulated), {search.pruned_by_memory:,} pruned by memory bound, "
+            f"{search.pruned_by_bound:,} pruned by step-time bound, {search.infeasible:,} infeasible; {search.seconds:.2f} s "
             f"({search.configs_per_second:,.0f} configurations/s)")
 
 

@@ -520,7 +520,8 @@ def _finish(base: Scenario, options: PlanOptions, candidates: Sequence[Candidate
     search = PlanSearch(
         base=base, options=options, ranked=ranked, distinct=distinct, simulated_entries=entries,
         front=pareto_front(entries), enumerated=len(candidates), simulated=outcomes["simulated"],
-        reused=outcomes["reused"], pruned_by_memory=outcomes["memory"], pruned_by_bound=sum(outcomes[k] for k in ("bound", "ordered", "timed", "repeat")),
+        reused=outcomes["reused"], pruned_by_memory=outcomes["memory"],
+        pruned_by_bound=sum(outcomes[k] for k in ("bound", "ordered", "timed", "repeat")),
         infeasible=outcomes["infeasible"], seconds=time.perf_counter() - t0,
         capacity_bytes=base.hardware.accelerator.usable_memory_bytes, order=order, tied=tied,
         limit_bytes=costs.capacity, candidates=candidates,
