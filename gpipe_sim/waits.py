@@ -100,6 +100,21 @@ PLANNER = (
          lambda tree, tmp: ["plan", str(tree / "scenarios/default.yaml"), "--devices", "8", "--stages", "8",
                             "--tensor-parallel", "1", "--quiet"]),
 )
+# `plan-bench --narrowings`: the default scenario's 8-device question narrowed by each option a user
+# may give it (none of them should take longer than the whole question)
+NARROWINGS = ("--stages 8", "--stages 4", "--stages 2", "--tensor-parallel 1", "--tensor-parallel 2",
+              "--schedules 1f1b", "--remat none", "--remat always", "--zero 0", "--micro-batches 8", "--even-m",
+              "--partitions uniform", "--max-chunks 1")
+
+
+def _narrowed(options: str) -> Wait:
+    """The default scenario's 8-device question with `options`."""
+    return Wait(f"plan: the same, {options}",
+                lambda tree, tmp: ["plan", str(tree / "scenarios/default.yaml"), "--devices", "8", *options.split(),
+                                   "--quiet"])
+
+
+NARROWED = tuple(_narrowed(options) for options in NARROWINGS)
 # `plan-bench --large`: the 1,024-GPU question too
 LARGE = (
     Wait("plan: Llama-3-70B on 1,024 H100s",

@@ -114,3 +114,16 @@ def test_plan_bench_large_needs_a_baseline_and_names_the_70b_question(tmp_path):
     scenario = parse_scenario(yaml.safe_load(LLAMA_70B_1024))
     assert (scenario.model.layers, scenario.model.d_model, scenario.pipeline.batch_size) == (80, 8192, 1024)
     assert LARGE[0].argv(Path("."), tmp_path)[-3:] == ["--devices", "1024", "--quiet"]
+
+
+def test_plan_bench_narrowings_need_a_baseline_and_narrow_the_8_gpu_question(tmp_path):
+    from gpipe_sim.waits import NARROWED, NARROWINGS
+
+    done = subprocess.run([sys.executable, "-m", "gpipe_sim.cli", "plan-bench", "--narrowings"], capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and done.stderr.startswith("gpipe-sim: error: --narrowings:"), done.stderr
+    assert len(NARROWED) == len(NARROWINGS)
+    for wait, options in zip(NARROWED, NARROWINGS):
+        argv = wait.argv(Path("/tree"), tmp_path)
+        assert argv[:4] == ["plan", "/tree/scenarios/default.yaml", "--devices", "8"] and argv[-1] == "--quiet"
+        assert argv[4:-1] == options.split() and options in wait.label

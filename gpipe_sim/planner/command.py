@@ -238,18 +238,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=3, help="with --against: alternating runs (default 3)")
     p.add_argument("--large", action="store_true",
                    help="with --against: a Llama-3-70B question on 1,024 H100s too (minutes)")
+    p.add_argument("--narrowings", action="store_true",
+                   help="with --against: the 8-GPU question narrowed by each of a dozen options too")
     p.set_defaults(func=_cmd_plan_bench)
 
 
 def _cmd_plan_bench(args: argparse.Namespace) -> int:
     if args.against is not None:
-        from gpipe_sim.waits import LARGE, PLANNER, checkout, compare_waits
+        from gpipe_sim.waits import LARGE, NARROWED, PLANNER, checkout, compare_waits
 
-        waits = PLANNER + LARGE if args.large else PLANNER
+        waits = PLANNER + (NARROWED if args.narrowings else ()) + (LARGE if args.large else ())
         sys.stdout.write(compare_waits(checkout(args.against), waits, args.repeat) + "\n")
         return 0
-    if args.large:
-        raise GpipeError("--large: only with --against DIR (the questions timed beside a baseline checkout)")
+    for flag, given in (("--large", args.large), ("--narrowings", args.narrowings)):
+        if given:
+            raise GpipeError(f"{flag}: only with --against DIR (the questions timed beside a baseline checkout)")
     from gpipe_sim.planner.bench import run_plan_benchmark
 
     sys.stdout.write(run_plan_benchmark() + "\n")
