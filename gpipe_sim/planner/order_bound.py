@@ -18,7 +18,7 @@ _F, _B, _W = int(Kind.FORWARD), int(Kind.BACKWARD), int(Kind.BACKWARD_WEIGHT)
 _UNSET = -1.0
 
 Orders = list[list[list[int]]]
-# (schedule, K, M, v) -> every rank's passes as [kind, chunk, micro-batch]: a few, as a search asks
+# (family, K, M, v) -> every rank's passes as [kind, chunk, micro-batch]: a few, as a search asks
 # them in turn (K = 64, M = 128, v = 2 hold 49,152 passes, a few MB)
 _ORDERS: Kept[Orders] = Kept(16)
 
@@ -27,9 +27,11 @@ def pass_orders(name: str, K: int, M: int, v: int) -> Orders:
     """Every rank's passes [kind, chunk, micro-batch] in its order, as the family generates them
     (the lowering keeps them in that order, adding transfers, re-computations and the update);
     kept for the next calls."""
+    family = schedule_family(name)  # the registered one now: a family registered anew is asked anew
+
     def make() -> Orders:
-        return [np.asarray(order, dtype=np.int64).reshape(-1, 3).tolist() for order in schedule_family(name).generate(K, M, v)]
-    return _ORDERS.get((name, K, M, v), make)
+        return [np.asarray(order, dtype=np.int64).reshape(-1, 3).tolist() for order in family.generate(K, M, v)]
+    return _ORDERS.get((family, K, M, v), make)
 
 
 def order_step(orders: Sequence[Sequence[Sequence[int]]], times: np.ndarray, hops: np.ndarray, saved: Sequence[bool],
