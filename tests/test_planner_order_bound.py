@@ -81,3 +81,23 @@ def test_order_step_by_hand():
     times[:, :, 2], times[:, :, 3] = 1.0, 4.0
     # rank 1: F 1.5-3.5, I 3.5-4.5, W to 8.5; rank 0: F 0-1, I after 4.5 + 0.5 = 5 to 6, W to 10
     assert order_step(split, times[:, :1], hops[:, :1], [True]) == 10.0
+
+
+def test_generated_orders_are_kept_read_only_and_asked_anew_of_a_family_registered_anew():
+    from gpipe_sim.planner.order_bound import pass_orders
+    from gpipe_sim.schedule.registry import generated_orders, register
+
+    first = generated_orders("1f1b", 2, 3, 1)
+    assert generated_orders("1f1b", 2, 3, 1) is first
+    assert all(not order.flags.writeable for order in first)
+    assert [order.tolist() for order in first] == pass_orders("1f1b", 2, 3, 1)
+    F, B = 0, 1
+    try:
+        for passes in ([[(F, 0, 0), (B, 0, 0)], [(F, 1, 0), (B, 1, 0)]],
+                       [[(F, 0, 0), (B, 0, 0)], [(F, 1, 0), (B, 1, 0), (B, 1, 0)]]):
+            register("orders-anew-test")(lambda ranks, micro_batches, chunks, passes=passes: passes)
+            assert [order.tolist() for order in generated_orders("orders-anew-test", 2, 1, 1)] == \
+                [[list(p) for p in rank] for rank in passes]
+            assert pass_orders("orders-anew-test", 2, 1, 1) == [[list(p) for p in rank] for rank in passes]
+    finally:
+        del SCHEDULES["orders-anew-test"]

@@ -9,7 +9,7 @@ import numpy as np
 from gpipe_sim.plan.held import INPUT_ONLY, KEPT, RECOMPUTED, local_chunks
 from gpipe_sim.schedule.actions import Kind
 from gpipe_sim.schedule.lower import saves_activations
-from gpipe_sim.schedule.registry import rank_chunks, schedule_family
+from gpipe_sim.schedule.registry import generated_orders, rank_chunks, schedule_family
 
 _F, _B, _I, _W = int(Kind.FORWARD), int(Kind.BACKWARD), int(Kind.BACKWARD_INPUT), int(Kind.BACKWARD_WEIGHT)
 _NONE = -1  # no event in that slot
@@ -67,7 +67,7 @@ def pass_events(name: str, K: int, M: int, v: int, remat: str) -> PassEvents:
     placement = tuple(int(r) for r in family.placement(K, v))
     local = local_chunks(placement, rank_chunks(placement, K))
     kept = np.array([saves_activations(remat, m, M) for m in range(M)], dtype=np.int64)  # type: ignore[arg-type]
-    orders = [np.asarray(order, dtype=np.int64).reshape(-1, 3) for order in family.generate(K, M, v)]
+    orders = generated_orders(name, K, M, v)
     passes = np.concatenate(orders)  # every rank's, rank after rank
     op, chunk, micro = passes[:, 0], passes[:, 1], passes[:, 2]
     pass_cuts = np.cumsum([0] + [len(o) for o in orders])

@@ -12,26 +12,21 @@ from gpipe_sim.planner.chunk_arrays import partition_edges
 from gpipe_sim.planner.segments import SLACK
 from gpipe_sim.schedule.actions import Kind
 from gpipe_sim.schedule.lower import saves_activations
-from gpipe_sim.schedule.registry import schedule_family
+from gpipe_sim.schedule.registry import generated_orders, schedule_family
 
 _F, _B, _W = int(Kind.FORWARD), int(Kind.BACKWARD), int(Kind.BACKWARD_WEIGHT)
 _UNSET = -1.0
 
 Orders = list[list[list[int]]]
-# (family, K, M, v) -> every rank's passes as [kind, chunk, micro-batch]: a few, as a search asks
-# them in turn (K = 64, M = 128, v = 2 hold 49,152 passes, a few MB)
-_ORDERS: Kept[Orders] = Kept(16)
+_ORDERS: Kept[Orders] = Kept(16)  # (family, K, M, v) -> `generated_orders` as lists, a few in turn
 
 
 def pass_orders(name: str, K: int, M: int, v: int) -> Orders:
     """Every rank's passes [kind, chunk, micro-batch] in its order, as the family generates them
-    (the lowering keeps them in that order, adding transfers, re-computations and the update);
-    kept for the next calls."""
-    family = schedule_family(name)  # the registered one now: a family registered anew is asked anew
-
-    def make() -> Orders:
-        return [np.asarray(order, dtype=np.int64).reshape(-1, 3).tolist() for order in family.generate(K, M, v)]
-    return _ORDERS.get((family, K, M, v), make)
+    (`generated_orders`; the lowering keeps them in that order, adding transfers, re-computations
+    and the update), as lists; kept for the next calls."""
+    return _ORDERS.get((schedule_family(name), K, M, v),
+                       lambda: [order.tolist() for order in generated_orders(name, K, M, v)])
 
 
 def order_step(orders: Sequence[Sequence[Sequence[int]]], times: np.ndarray, hops: np.ndarray, saved: Sequence[bool],

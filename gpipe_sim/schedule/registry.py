@@ -8,6 +8,7 @@ from typing import Callable, Sequence, Union
 import numpy as np
 
 from gpipe_sim.errors import ScheduleError
+from gpipe_sim.kept import Kept
 from gpipe_sim.schedule.actions import Pass
 
 # A generator's output: for each rank, its passes in order, as (kind, chunk, micro_batch) rows
@@ -125,3 +126,24 @@ def schedule_family(name: str) -> ScheduleFamily:
     if name not in SCHEDULES:
         raise ScheduleError(f"pipeline.schedule: unknown schedule {name!r} (choose from {', '.join(SCHEDULES)})")
     return SCHEDULES[name]
+
+
+# (family, K, M, v) -> its generated orders as read-only (n, 3) arrays; the planner's bounds ask a
+# few in turn (K = 64, M = 128, v = 2 hold 49,152 passes, 1.2 MB)
+_GENERATED: Kept[list[np.ndarray]] = Kept(32)
+
+
+def generated_orders(name: str, ranks: int, micro_batches: int, chunks: int) -> list[np.ndarray]:
+    """The registered family `name`'s passes for (K, M, v), rank by rank, each rank's an (n, 3)
+    int64 array of (kind, chunk, micro_batch) rows in its order, read-only; kept for the next
+    calls per family object (a family registered anew under the name is asked anew). For a (K,
+    M, v) the family accepts (`ScheduleFamily.problem`)."""
+    family = schedule_family(name)
+
+    def make() -> list[np.ndarray]:
+        orders = [np.asarray(order, dtype=np.int64).reshape(-1, 3)
+                  for order in family.generate(ranks, micro_batches, chunks)]
+        for order in orders:
+            order.flags.writeable = False
+        return orders
+    return _GENERATED.get((family, ranks, micro_batches, chunks), make)
