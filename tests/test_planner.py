@@ -338,3 +338,21 @@ def test_plan_prints_each_schedule_familys_fastest(scenario_file, capsys):
     assert len(set(names)) == len(names)
     for e in heads[1:]:
         assert f"{family(e.candidate)} {format_seconds(e.step_time_s)} (" in line
+
+
+def test_the_tie_line_counts_past_the_rows_shown_only_what_was_found():
+    """The search makes its first `top` rows exact and stops resolving the tie there: past them
+    the line says how many more it found, as a least count."""
+    from gpipe_sim.planner.report import choice_text
+
+    base = parse_scenario({**TRANSFORMER, "hardware": {"preset": "a100-80gb"}})
+    search = search_configurations(base, PlanOptions(devices=2, micro_batches=(1, 2, 4), top=2, tie=1.0,
+                                                     schedules=("gpipe", "1f1b")))
+    assert search.tied > 2
+    assert choice_text(search).startswith(f"rows 1-2 (and at least {search.tied - 2:,} more configurations) are "
+                                          "within 100% of the fastest step")
+    assert choice_text(search, top=1).startswith(f"row 1 (and at least {search.tied - 1:,} more configurations) is ")
+    assert choice_text(search, top=search.tied).startswith("rows 1-2 (and")  # no more exact than `top`
+    wide = search_configurations(base, PlanOptions(devices=2, micro_batches=(1, 2, 4), top=50, tie=1.0,
+                                                   schedules=("gpipe", "1f1b")))
+    assert choice_text(wide).startswith(f"rows 1-{wide.tied} are within 100%")

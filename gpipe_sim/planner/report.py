@@ -152,12 +152,18 @@ def _axis_text(e: PlanEntry, key: str) -> str:
     return f"{value}{UNEVEN}" if key == "M" and not e.even else str(value)
 
 
-def choice_text(search: PlanSearch) -> str:
-    """What the first rows are and why the first is the pick."""
+def choice_text(search: PlanSearch, top: int | None = None) -> str:
+    """What the first rows are and why the first is the pick. Past the `top` rows shown (at most
+    the options' `top`, which the search makes exact) the tied configurations are those the search
+    found, not all: it stops resolving the tie once those rows are known."""
     o = search.options
     if not search.order:
         return ""
-    return (f"rows 1-{search.tied} are within {o.tie:.0%} of the fastest step, the model's error "
+    shown = o.top if top is None else min(top, o.top)
+    first = "row 1" if shown == 1 else f"rows 1-{shown}"
+    rows = (f"rows 1-{search.tied} are" if search.tied <= shown else
+            f"{first} (and at least {search.tied - shown:,} more configurations) {'is' if shown == 1 else 'are'}")
+    return (f"{rows} within {o.tie:.0%} of the fastest step, the model's error "
             f"(docs/measurements/accuracy.md), so a tie: ordered simplest first (T=1, then smaller T, fewer stages, no "
             f"re-computation, no "
             f"ZeRO, v=1, even M, plainer schedule), then by memory headroom; row 1 is the pick"
@@ -210,7 +216,7 @@ def plan_text(search: PlanSearch, top: int = 10) -> str:
         for r in rows:
             lines.append("  ".join(cell.ljust(w) if name in _LEFT else cell.rjust(w)
                                    for name, cell, w in zip(columns, r, widths)).rstrip())
-        lines.append(choice_text(search))
+        lines.append(choice_text(search, top))
         for why in (tp_text(search, config_text), cp_text(search, config_text), ep_text(search, config_text),
                     axis_text(search, "remat"),
                     axis_text(search, "zero")):
@@ -407,7 +413,7 @@ def plan_html(search: PlanSearch, top: int = 10, title: str = "gpipe-sim plan") 
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
                        for row in table_rows(search, top))
         table = (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-                 f"<p>{html.escape(choice_text(search))}</p><p>{html.escape(tp_text(search, config_text))}</p>")
+                 f"<p>{html.escape(choice_text(search, top))}</p><p>{html.escape(tp_text(search, config_text))}</p>")
     else:
         table = f"<p><b>{html.escape(nothing_fits_text(search))}</b></p>"
     chart = pareto_figure(search.simulated_entries, search.front, search.capacity_bytes,
