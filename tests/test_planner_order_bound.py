@@ -101,3 +101,16 @@ def test_generated_orders_are_kept_read_only_and_asked_anew_of_a_family_register
             assert pass_orders("orders-anew-test", 2, 1, 1) == [[list(p) for p in rank] for rank in passes]
     finally:
         del SCHEDULES["orders-anew-test"]
+
+
+def test_chunk_placement_is_the_family_registered_now():
+    from gpipe_sim.schedule.registry import looped, register, v_shape
+
+    cand = Candidate(1, 2, 2, 4, "placement-anew-test", "none", "time", 0)
+    try:
+        for placement in (looped, v_shape):
+            register("placement-anew-test", placement=placement)(lambda ranks, micro_batches, chunks: [[], []])
+            assert chunk_placement(cand) == placement(2, 2)
+    finally:
+        del SCHEDULES["placement-anew-test"]
+    assert chunk_placement(cand) == looped(2, 2)  # unregistered

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from functools import cached_property, lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -416,15 +416,16 @@ def candidate_work(costs: CostTable, cand: Candidate) -> Work:
 
 
 def chunk_placement(cand: Candidate) -> tuple[int, ...]:
-    """The rank of each chunk under the candidate's schedule family (`looped` where unregistered)."""
-    return _family_placement(cand.schedule, cand.stages, cand.chunks)
+    """The rank of each chunk under the candidate's schedule family (`looped` where unregistered),
+    the family registered now (one registered anew under the name gives its own)."""
+    family = SCHEDULES.get(cand.schedule)
+    return _placement(family.placement if family is not None else looped, cand.stages, cand.chunks)
 
 
 @lru_cache(maxsize=1024)
-def _family_placement(name: str, K: int, v: int) -> tuple[int, ...]:
-    """The registry's placement, cached: the planner asks for it for every candidate."""
-    family = SCHEDULES.get(name)
-    return (family.placement if family is not None else looped)(K, v)
+def _placement(placement: Callable[[int, int], tuple[int, ...]], K: int, v: int) -> tuple[int, ...]:
+    """A family's placement of K x v chunks, cached: the planner asks for it for every candidate."""
+    return tuple(int(r) for r in placement(K, v))
 
 
 def memory_lower_bound(costs: CostTable, cand: Candidate, counts: Sequence[int] | None = None) -> float:
