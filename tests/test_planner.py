@@ -356,3 +356,15 @@ def test_the_tie_line_counts_past_the_rows_shown_only_what_was_found():
     wide = search_configurations(base, PlanOptions(devices=2, micro_batches=(1, 2, 4), top=50, tie=1.0,
                                                    schedules=("gpipe", "1f1b")))
     assert choice_text(wide).startswith(f"rows 1-{wide.tied} are within 100%")
+
+
+def test_tied_candidates_past_the_top_are_bounded_again_before_they_are_called_tied():
+    """Past the tie's top rows, candidates are noted "preferred" only where even their pass
+    orders' bound is within the tie; the others are noted with that bound ("bound")."""
+    base = reserved_base(parse_scenario(yaml.safe_load(open("scenarios/default.yaml"))), PlanOptions(devices=8))
+    search = search_configurations(base, PlanOptions(devices=8, stages=(4,)))
+    limit = search.best.step_time_s * (1 + search.options.tie)
+    preferred = search.pruned.where("preferred")
+    assert 0 < len(preferred) <= 512
+    assert (search.pruned.figure[preferred] <= limit).all()
+    assert {search.candidates[i].tensor_parallel for i in preferred} == {1}  # T = 2's bounds leave the tie

@@ -361,16 +361,40 @@ def _resolve_ties(base: Scenario, costs: CostTable, ranking: Ranking, candidates
         if e.fits and e.step_time_s <= limit:
             groups.setdefault(structure(e.candidate, batch), [])
     tied: set[tuple[Any, ...]] = set()
+    rest: list[int] = []
     for key in sorted(groups):
         if len(tied) >= options.top:
-            for i in groups[key]:
-                ranking.pruned[i] = ("preferred", ranking.pruned[i][1], limit)  # its bound kept
+            rest += groups[key]
             continue
         for i in sorted(groups[key]):
             _reconsider(base, costs, ranking, candidates, i, limit, refine, outcomes)
         tied |= {e.signature for e in ranking.entries if e.fits and e.step_time_s <= limit
                  and structure(e.candidate, batch) == key}
+    _mark_preferred(costs, ranking, candidates, rest, limit, refine, outcomes)
     ranking.fixed = None
+
+
+PREFERRED_TIGHTENED = 512  # at most this many candidates past the tie's top are bounded again
+
+
+def _mark_preferred(costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate], indices: list[int],
+                    limit: float, refine: _Refiner, outcomes: Counter[str]) -> None:
+    """Note the candidates of the tie's later groups "preferred" (simpler tied ones rank before
+    them) with their bound; where they are at most PREFERRED_TIGHTENED, each is first bounded by
+    its refined memory bound and its pass orders (cheap, uncompiled), and one those put over the
+    capacity or above the tie is noted so ("memory", "bound"), as the report then explains it."""
+    tighten = len(indices) <= PREFERRED_TIGHTENED
+    for i in indices:
+        figure = ranking.pruned[i][1]
+        if tighten:
+            cand = candidates[i]
+            memory, step, counts = refine(cand)
+            if memory > costs.capacity:
+                ranking.pruned[i] = ("memory", memory, costs.capacity)
+                outcomes["bound"], outcomes["memory"] = outcomes["bound"] - 1, outcomes["memory"] + 1
+                continue
+            figure = max(figure, step, refine.order(cand, counts, chunk_placement(cand)) if counts is not None else 0.0)
+        ranking.pruned[i] = ("bound" if figure > limit else "preferred", figure, limit)
 
 
 def _reconsider(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate], i: int,
