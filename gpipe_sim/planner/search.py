@@ -455,11 +455,12 @@ MAX_FAMILY_DECISIONS = 48  # per family, after the main search (a bound on the e
 # the relaxed evaluation included: about a quarter of the cost of simulating and accounting memory)
 PROGRAM_BOUND_SHARE = 0.25
 # one pruned by its timed step (compiled and timed, its memory not accounted) counts as the
-# simulation it was before it was pruned so; one pruned by its pass orders' bound (not compiled)
-# counts as a tenth; one that reuses what a twin's decision found, nothing
+# simulation it was before it was pruned so; one pruned by its pass orders' bound (not compiled) or
+# by the activations its schedule holds (`held_memory_bound`, not compiled) counts as a tenth; one
+# that reuses what a twin's decision found, nothing
 TIMED_SHARE, ORDER_BOUND_SHARE = 1.0, 0.1
-SHARES = {"bound": PROGRAM_BOUND_SHARE, "timed": TIMED_SHARE, "ordered": ORDER_BOUND_SHARE, "reused": 0.0,
-          "repeat": 0.0}
+SHARES = {"bound": PROGRAM_BOUND_SHARE, "timed": TIMED_SHARE, "ordered": ORDER_BOUND_SHARE,
+          "memory": ORDER_BOUND_SHARE, "reused": 0.0, "repeat": 0.0}
 
 
 def _family_bests(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate],
