@@ -143,8 +143,8 @@ def preference(e: PlanEntry, batch: int) -> tuple[Any, ...]:
     return (*structure(e.candidate, batch), e.peak_memory_bytes, e.step_time_s, e.index)
 
 
-# a refined candidate: (step-time lower bound, index, layer counts where known)
-_Refined = tuple[float, int, "list[int] | None"]
+# a refined candidate: (step-time lower bound, index, layer counts where known, whether that bound is
+_Refined = tuple[float, int, "list[int] | None", bool]  # its pass orders' already)
 
 
 def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache, pruned: Pruned) -> CoarseOrder:
@@ -306,7 +306,8 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: Ranking, candidates: C
                progress: Callable[[int, int], None] | None) -> None:
     """Decide the queued candidates in the order of their bounds, (bound, index): the coarse
     queue's in its order, each refined when it comes up first and put back in a heap of the
-    refined, until the least bound is above the threshold; the rest pruned by it."""
+    refined, and bounded by its pass orders when it comes up there (put back where that is
+    higher), until the least bound is above the threshold; the rest pruned by it."""
     total = len(candidates)
     bounds, indices = queue.bounds, queue.indices  # sorted a chunk at a time (`queue.more`)
     refined: list[_Refined] = []
@@ -328,9 +329,16 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: Ranking, candidates: C
                 ranking.pruned[i] = ("memory", mem, costs.capacity)
                 outcomes["memory"] += 1
             else:
-                heapq.heappush(refined, (step, i, counts))
+                heapq.heappush(refined, (step, i, counts, False))
             continue
-        _, i, counts = heapq.heappop(refined)
+        bound, i, counts, tight = heapq.heappop(refined)
+        if not tight and counts is not None:
+            # its pass orders' bound first: back in the heap where that is higher, so candidates
+            # are decided in the order of their close bounds (the threshold falls sooner)
+            ordered = _order_bound(refine, candidates[i], counts)
+            if ordered > bound:
+                heapq.heappush(refined, (ordered, i, counts, True))
+                continue
         outcomes[_decide(base, costs, ranking, refine, i, candidates[i], counts)] += 1
         if progress and sum(outcomes.values()) % 64 == 0:
             progress(total - (n - p) - len(refined), total)
@@ -338,10 +346,20 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: Ranking, candidates: C
     rest_bounds, rest_indices = queue.rest(p)
     ranking.pruned.set_many(rest_indices, "bound", rest_bounds, limit)
     if refined:
-        ranking.pruned.set_many([i for _, i, _ in refined], "bound", [bound for bound, _, _ in refined], limit)
+        ranking.pruned.set_many([r[1] for r in refined], "bound", [r[0] for r in refined], limit)
+        ranking.close.update(r[1] for r in refined if r[3])  # bounded by their pass orders
     outcomes["bound"] += n - p + len(refined)
     if progress:
         progress(total, total)
+
+
+def _order_bound(refine: _Refiner, cand: Candidate, counts: list[int]) -> float:
+    """`refine.order` of the candidate (kept: `_decide` reads it again), 0 where its orders cannot
+    be generated (`_decide` then says why it does not compile)."""
+    try:
+        return refine.order(cand, counts, chunk_placement(cand))
+    except GpipeError:
+        return 0.0
 
 
 def _resolve_ties(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate],
