@@ -218,11 +218,7 @@ def _decide(base: Scenario, costs: CostTable, ranking: Ranking, refine: _Refiner
     pruned ones noted in `ranking.pruned` ("bound" for "repeat" and "timed")."""
     cap = costs.capacity
     try:
-        # the schedule's held activations bounded only where the batch's could exceed the capacity
-        held = 0.0 if counts is not None and held_memory_ceiling(costs, cand, counts) <= cap else \
-            held_memory_bound(costs, cand, counts)
-        if held > cap:
-            ranking.pruned[index] = ("memory", held, cap)
+        if _held_prunes(costs, ranking, index, cand, counts):
             return "memory"
         # the passes in the schedule's orders, before compiling (`order_bound`)
         if counts is not None and ranking.floor_prunes(index, None, refine.order(cand, counts, chunk_placement(cand))):
@@ -333,8 +329,12 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: Ranking, candidates: C
             continue
         bound, i, counts, tight = heapq.heappop(refined)
         if not tight and counts is not None:
-            # its pass orders' bound first: back in the heap where that is higher, so candidates
-            # are decided in the order of their close bounds (the threshold falls sooner)
+            # its held activations, then its pass orders' bound: back in the heap where that is
+            # higher, so candidates are decided in the order of their close bounds (the threshold
+            # falls sooner)
+            if _held_prunes_or_fails(costs, ranking, i, candidates[i], counts):
+                outcomes["memory"] += 1
+                continue
             ordered = _order_bound(refine, candidates[i], counts)
             if ordered > bound:
                 heapq.heappush(refined, (ordered, i, counts, True))
@@ -351,6 +351,27 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: Ranking, candidates: C
     outcomes["bound"] += n - p + len(refined)
     if progress:
         progress(total, total)
+
+
+def _held_prunes(costs: CostTable, ranking: Ranking, index: int, cand: Candidate, counts: list[int] | None) -> bool:
+    """Whether the activations the candidate's schedule holds at once exceed the capacity (then
+    noted "memory" in `ranking.pruned`); bounded only where the batch's could exceed it."""
+    cap = costs.capacity
+    held = 0.0 if counts is not None and held_memory_ceiling(costs, cand, counts) <= cap else \
+        held_memory_bound(costs, cand, counts)
+    if held > cap:
+        ranking.pruned[index] = ("memory", held, cap)
+        return True
+    return False
+
+
+def _held_prunes_or_fails(costs: CostTable, ranking: Ranking, index: int, cand: Candidate,
+                          counts: list[int] | None) -> bool:
+    """`_held_prunes`, False where the schedule cannot be built (`_decide` then says why)."""
+    try:
+        return _held_prunes(costs, ranking, index, cand, counts)
+    except GpipeError:
+        return False
 
 
 def _order_bound(refine: _Refiner, cand: Candidate, counts: list[int]) -> float:
