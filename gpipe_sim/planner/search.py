@@ -16,7 +16,7 @@ from gpipe_sim.errors import GpipeError
 from gpipe_sim.plan.compile import compile_plan
 from gpipe_sim.scenario.scenario import Scenario
 from gpipe_sim.planner.bounds import (
-    CostTable, chunk_placement, memory_lower_bound, min_max_partition, quick_counts, step_lower_bound, step_zero,
+    CostTable, chunk_placement, memory_lower_bound, min_max_partition, step_lower_bound,
 )
 from gpipe_sim.planner.program_bounds import program_step_bound, relaxed_step_bound
 from gpipe_sim.planner.held_bound import held_memory_bound, held_memory_ceiling, held_samples
@@ -24,7 +24,7 @@ from gpipe_sim.planner.coarse import coarse_arrays
 from gpipe_sim.planner.coarse_order import CoarseOrder
 from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.space_index import CandidateSpace
-from gpipe_sim.planner.order_bound import OrderBounds
+from gpipe_sim.planner.refiner import Refiner
 from gpipe_sim.planner.ranking import Ranking
 from gpipe_sim.planner.work_rows import WorkCache
 from gpipe_sim.planner.entries import (
@@ -158,57 +158,7 @@ def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache
     return CoarseOrder(step[kept], kept)
 
 
-class _Refiner:
-    """The finer bounds of a candidate (with the layer counts of its partition where known
-    without compiling), each computed once per distinct set of what it depends on: the memory
-    bound first, the step-time bound only where the memory bound fits. ZeRO 1 and 2 share a
-    step-time bound (`step_lower_bound` tells ZeRO 0, which does not shard the update, and 3,
-    whose collectives it counts, from the others only)."""
-
-    def __init__(self, costs: CostTable, works: WorkCache) -> None:
-        self.costs = costs
-        self.works = works
-        # counts by what they depend on, each distinct counts with a number (cheaper to hash in a key)
-        self.counts: dict[Any, tuple[list[int] | None, int]] = {}
-        self.count_ids: dict[tuple[int, ...] | None, int] = {None: -1}
-        self.placements: dict[tuple[str, int, int], int] = {}  # by (schedule, K, v), its placement's number
-        self.placement_ids: dict[tuple[int, ...], int] = {}
-        self.memory: dict[Any, float] = {}
-        self.cache: dict[Any, float] = {}
-        self.order = OrderBounds(costs)  # the pass orders' bound, asked before compiling
-
-    def __call__(self, cand: Candidate) -> tuple[float, float, list[int] | None]:
-        """(memory bound, step-time bound, counts or None); the step-time bound is nan where the
-        memory bound exceeds the capacity (the candidate is pruned by memory: not computed)."""
-        costs = self.costs
-        D, K, v, M, schedule, remat, partition, zero, T, C, E, _ = cand
-        rows = self.works.of(cand)
-        largest = rows.largest_of[M - 1]
-        ckey = (T, C, E, remat, partition, K * v, largest)
-        got = self.counts.get(ckey)
-        if got is None:
-            counts = quick_counts(costs, cand, largest)
-            key = None if counts is None else tuple(counts)
-            got = self.counts[ckey] = (counts, self.count_ids.setdefault(key, len(self.count_ids)))
-        counts, counts_id = got
-        placement = self.placements.get((schedule, K, v))
-        if placement is None:
-            placement = self.placements[(schedule, K, v)] = self.placement_ids.setdefault(
-                chunk_placement(cand), len(self.placement_ids))
-        mkey = (T, C, E, remat, D, largest if counts is not None else M, zero, K, v, placement, counts_id)
-        memory = self.memory.get(mkey)
-        if memory is None:
-            memory = self.memory[mkey] = memory_lower_bound(costs, cand, counts)
-        if memory > costs.capacity:
-            return memory, math.nan, counts
-        bkey = (T, C, E, D, remat, M, step_zero(zero), K, v, placement, counts_id)
-        step = self.cache.get(bkey)
-        if step is None:
-            step = self.cache[bkey] = step_lower_bound(costs, cand, counts, rows.work(M))
-        return memory, step, counts
-
-
-def _decide(base: Scenario, costs: CostTable, ranking: Ranking, refine: _Refiner, index: int, cand: Candidate,
+def _decide(base: Scenario, costs: CostTable, ranking: Ranking, refine: Refiner, index: int, cand: Candidate,
             counts: list[int] | None) -> str:
     """Decide one queued candidate and record any entry it gives: "reused" (its plan was simulated
     already: `Twins`), "repeat" (its plan's step is bounded already above the threshold), "memory" (a
@@ -285,7 +235,7 @@ def search_configurations(base: Scenario, options: PlanOptions, *,
     works = WorkCache(costs)
     queue = _coarse_queue(costs, candidates, works, ranking.pruned)
     outcomes: Counter[str] = Counter(memory=len(ranking.pruned))
-    refine = _Refiner(costs, works)
+    refine = Refiner(costs, works)
     _run_queue(base, costs, ranking, candidates, queue, refine, outcomes, progress)
     if options.tie > 0 and math.isfinite(ranking.fastest):
         _resolve_ties(base, costs, ranking, candidates, refine, outcomes, options)
@@ -298,7 +248,7 @@ def search_configurations(base: Scenario, options: PlanOptions, *,
 
 
 def _run_queue(base: Scenario, costs: CostTable, ranking: Ranking, candidates: CandidateSpace,
-               queue: CoarseOrder, refine: _Refiner, outcomes: Counter[str],
+               queue: CoarseOrder, refine: Refiner, outcomes: Counter[str],
                progress: Callable[[int, int], None] | None) -> None:
     """Decide the queued candidates in the order of their bounds, (bound, index): the coarse
     queue's in its order, each refined when it comes up first and put back in a heap of the
@@ -374,7 +324,7 @@ def _held_prunes_or_fails(costs: CostTable, ranking: Ranking, index: int, cand: 
         return False
 
 
-def _order_bound(refine: _Refiner, cand: Candidate, counts: list[int]) -> float:
+def _order_bound(refine: Refiner, cand: Candidate, counts: list[int]) -> float:
     """`refine.order` of the candidate (kept: `_decide` reads it again), 0 where its orders cannot
     be generated (`_decide` then says why it does not compile)."""
     try:
@@ -384,7 +334,7 @@ def _order_bound(refine: _Refiner, cand: Candidate, counts: list[int]) -> float:
 
 
 def _resolve_ties(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate],
-                  refine: _Refiner, outcomes: Counter[str], options: PlanOptions) -> None:
+                  refine: Refiner, outcomes: Counter[str], options: PlanOptions) -> None:
     """Simulate what the tie needs: the candidates pruned by a bound within the tie of the
     fastest, by `structure` (the preferred first), until `top` distinct tied configurations of
     the groups done are known (a later group's cannot rank before them); the rest noted
@@ -417,7 +367,7 @@ PREFERRED_TIGHTENED = 512  # at most this many candidates past the tie's top are
 
 
 def _mark_preferred(costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate], indices: list[int],
-                    limit: float, refine: _Refiner, outcomes: Counter[str]) -> None:
+                    limit: float, refine: Refiner, outcomes: Counter[str]) -> None:
     """Note the candidates of the tie's later groups "preferred" (simpler tied ones rank before
     them) with their bound; where they are at most PREFERRED_TIGHTENED, each is first bounded by
     its refined memory bound and its pass orders (cheap, uncompiled), and one those put over the
@@ -437,7 +387,7 @@ def _mark_preferred(costs: CostTable, ranking: Ranking, candidates: Sequence[Can
 
 
 def _reconsider(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate], i: int,
-                limit: float, refine: _Refiner, outcomes: Counter[str]) -> str:
+                limit: float, refine: Refiner, outcomes: Counter[str]) -> str:
     """Take candidate i, pruned by the coarse bound, out of the pruned; prune it again by its
     refined memory or step bound where that exceeds the capacity or `limit`, else decide it
     (`_decide`: simulate, or reuse a simulated twin). Counts the outcome and returns `_decide`'s
@@ -503,7 +453,7 @@ SHARES = {"bound": PROGRAM_BOUND_SHARE, "timed": TIMED_SHARE, "ordered": ORDER_B
 
 
 def _family_bests(base: Scenario, costs: CostTable, ranking: Ranking, candidates: Sequence[Candidate],
-                  refine: _Refiner, outcomes: Counter[str], unproven: set[str],
+                  refine: Refiner, outcomes: Counter[str], unproven: set[str],
                   progress: Callable[[int, int], None] | None = None) -> list[PlanEntry]:
     """Each family's fastest fitting configuration, fastest family first. The main search proves
     only the top N; a family whose configurations all rank below them has candidates pruned by a
