@@ -6,10 +6,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpipe_sim.hardware.hardware import Host
 from gpipe_sim.kept import Kept
 from gpipe_sim.plan.balance import micro_batch_sizes
+from gpipe_sim.planner.bounds import CostTable
 from gpipe_sim.planner.chunk_arrays import partition_edges
 from gpipe_sim.planner.segments import SLACK
+from gpipe_sim.planner.space import Candidate
 from gpipe_sim.schedule.actions import Kind
 from gpipe_sim.schedule.lower import saves_activations
 from gpipe_sim.schedule.registry import generated_orders, schedule_family
@@ -103,12 +106,12 @@ class OrderBounds:
     table's hops and host transfer times at that size; made once per (cost table, M, remat,
     schedule, K, v, counts, layout) of a search."""
 
-    def __init__(self, costs: Any) -> None:
+    def __init__(self, costs: CostTable) -> None:
         self.costs = costs
         self.kept: dict[tuple[Any, ...], float] = {}
 
-    def __call__(self, cand: Any, counts: Sequence[int], placement: Sequence[int]) -> float:
-        """The bound (seconds) of candidate `cand` (a `Candidate`) split by `counts` over `placement`."""
+    def __call__(self, cand: Candidate, counts: Sequence[int], placement: Sequence[int]) -> float:
+        """The bound (seconds) of candidate `cand` split by `counts` over `placement`."""
         table = self.costs.of(cand)
         M = cand.micro_batches
         key = (id(table), M, cand.remat, cand.schedule, cand.stages, cand.chunks, tuple(counts),
@@ -136,7 +139,7 @@ class OrderBounds:
         return got
 
 
-def _host(hops: np.ndarray, least_bytes: float, host: Any) -> np.ndarray:
+def _host(hops: np.ndarray, least_bytes: float, host: Host) -> np.ndarray:
     """Per chunk: the host seconds of its forward's receive and send and its first backward's
     receive and send (`order_step`), at the least bytes a boundary carries, where `hops` has a
     transfer (a boundary between two ranks' chunks; none where `CostTable.hops` counts none)."""

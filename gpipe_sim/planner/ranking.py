@@ -9,11 +9,11 @@ from typing import Any
 from gpipe_sim.planner.entries import PlanEntry, _copy_entry
 from gpipe_sim.planner.pruned import Pruned
 from gpipe_sim.planner.space import Candidate
-from gpipe_sim.planner.twins import Twins
+from gpipe_sim.planner.plan_keys import PlanKeys
 
 
 class Ranking:
-    """The search's state: every entry recorded, the simulated ones by their plan (`Twins.key`),
+    """The search's state: every entry recorded, the simulated ones by their plan (`PlanKeys.key`),
     a lower bound of the step of each plan compiled (`floors`), the step
     times of the `top` best fitting signatures (whose worst is the threshold a bound must beat)
     and the fastest."""
@@ -22,7 +22,7 @@ class Ranking:
         self.top = top
         self.entries: list[PlanEntry] = []
         self.seen: dict[Any, PlanEntry] = {}
-        self.twins = Twins()
+        self.plans = PlanKeys()
         self.floors: dict[Any, float] = {}
         self.pruned = Pruned(space)  # index -> (reason, figure, threshold)
         self._best_steps: list[float] = []  # max-heap (negated) of the top fitting step times, one per signature

@@ -159,21 +159,23 @@ def _coarse_queue(costs: CostTable, candidates: CandidateSpace, works: WorkCache
 
 
 def _decide(base: Scenario, costs: CostTable, ranking: Ranking, refine: Refiner, index: int, cand: Candidate,
-            counts: list[int] | None) -> str:
-    """Decide one queued candidate and record any entry it gives: "reused" (its plan was simulated
-    already: `Twins`), "repeat" (its plan's step is bounded already above the threshold), "memory" (a
-    finer memory bound exceeds the capacity), "infeasible" (it does not compile), "bound" (a
-    finer step-time bound is above the threshold), "timed" (its timed step is: pruned before its
-    memory is accounted, as by a bound, the step its figure) or "simulated"; the reason of the
-    pruned ones noted in `ranking.pruned` ("bound" for "repeat" and "timed")."""
+            counts: list[int] | None, held_checked: bool = False) -> str:
+    """Decide one queued candidate and record any entry it gives: "memory" (the activations its
+    schedule holds, or after compiling a finer memory bound, exceed the capacity; not asked again
+    where `held_checked`), "ordered" (its pass orders' bound is above the threshold), "reused" (its
+    plan was simulated already: `PlanKeys`), "repeat" (its plan's step is bounded already above the
+    threshold), "infeasible" (it does not compile), "bound" (a finer step-time bound is above the
+    threshold), "timed" (its timed step is: pruned before its memory is accounted, as by a bound,
+    the step its figure) or "simulated"; the reason of the pruned ones noted in `ranking.pruned`
+    ("bound" for "ordered", "repeat" and "timed")."""
     cap = costs.capacity
     try:
-        if _held_prunes(costs, ranking, index, cand, counts):
+        if not held_checked and _held_prunes(costs, ranking, index, cand, counts):
             return "memory"
         # the passes in the schedule's orders, before compiling (`order_bound`)
         if counts is not None and ranking.floor_prunes(index, None, refine.order(cand, counts, chunk_placement(cand))):
             return "ordered"
-        key = ranking.twins.key(cand, counts) if counts is not None else None
+        key = ranking.plans.key(cand, counts) if counts is not None else None
         if ranking.reuse(key, index, cand):
             return "reused"
         if ranking.repeats(key, index):
@@ -185,7 +187,7 @@ def _decide(base: Scenario, costs: CostTable, ranking: Ranking, refine: Refiner,
         return "infeasible"
     if counts is None:
         counts = plan_.layer_counts
-        key = ranking.twins.key(cand, counts)
+        key = ranking.plans.key(cand, counts)
         if ranking.reuse(key, index, cand):
             return "reused"
         if ranking.repeats(key, index):
@@ -289,7 +291,8 @@ def _run_queue(base: Scenario, costs: CostTable, ranking: Ranking, candidates: C
             if ordered > bound:
                 heapq.heappush(refined, (ordered, i, counts, True))
                 continue
-        outcomes[_decide(base, costs, ranking, refine, i, candidates[i], counts)] += 1
+        # a candidate with counts had its held activations bounded when it first came up here
+        outcomes[_decide(base, costs, ranking, refine, i, candidates[i], counts, held_checked=counts is not None)] += 1
         if progress and sum(outcomes.values()) % 64 == 0:
             progress(total - (n - p) - len(refined), total)
     limit = ranking.threshold()

@@ -1,4 +1,4 @@
-"""Candidates that compile to the same plan: the key the search keeps a plan's figures under, schedules told apart by their programs."""
+"""The key the search keeps a plan's figures under: equal for candidates that compile to the same plan, schedules told apart by their programs."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from gpipe_sim.planner.space import Candidate
 from gpipe_sim.schedule import build_schedule
 from gpipe_sim.schedule.program import ProgramColumns
 
-_SCHEDULE = 4  # the schedule's place among `Candidate.axes()`
-_PARTITION = 6  # the partition method's: it only picks the counts, which the key holds
+_SCHEDULE = Candidate._fields.index("schedule")  # its place among `Candidate.axes()`
+_PARTITION = Candidate._fields.index("partition")  # the partition method only picks the counts, which the key holds
 
 
-class Twins:
+class PlanKeys:
     """Numbers the programs of the candidates' schedules by their content: two registered
     schedules that lower to the same programs and placement (GPipe and looped BFS at v = 1,
     ZB-H1 and interleaved ZB at v = 1, any two at K = 1) get one number, unless the schedule's

@@ -6,7 +6,7 @@ import numpy as np
 
 from gpipe_sim.api import simulate
 from gpipe_sim.planner.space import Candidate
-from gpipe_sim.planner.twins import Twins
+from gpipe_sim.planner.plan_keys import PlanKeys
 from gpipe_sim.scenario.scenario import parse_scenario
 from gpipe_sim.schedule import build_schedule
 
@@ -24,7 +24,7 @@ def _same_programs(a: str, b: str, K: int, M: int, v: int) -> bool:
 
 
 def test_schedules_of_equal_programs_share_a_key_and_no_others_do():
-    twins = Twins()
+    twins = PlanKeys()
     names = ("gpipe", "looped_bfs", "1f1b", "interleaved_1f1b", "zb_h1", "interleaved_zb", "zb_h2")
     for K, M, v in ((4, 8, 1), (4, 8, 2), (1, 4, 1)):
         for a in names:
@@ -42,7 +42,7 @@ def test_schedules_of_equal_programs_share_a_key_and_no_others_do():
 
 
 def test_the_key_holds_every_other_axis_and_the_counts_not_the_partition_method():
-    twins = Twins()
+    twins = PlanKeys()
     key = twins.key(_cand("gpipe"), [3, 3, 3, 3])
     assert key == twins.key(_cand("looped_bfs", partition="uniform"), [3, 3, 3, 3])
     assert key != twins.key(_cand("looped_bfs"), [2, 4, 3, 3])
@@ -51,7 +51,7 @@ def test_the_key_holds_every_other_axis_and_the_counts_not_the_partition_method(
 
 
 def test_schedules_that_cannot_run_get_numbers_of_their_own():
-    twins = Twins()
+    twins = PlanKeys()
     a, b = twins.programs(_cand("zbv", K=4, v=1)), twins.programs(_cand("dualpipev", K=4, v=1))  # V needs v = 2
     assert a < 0 and b < 0 and a != b
 
